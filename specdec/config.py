@@ -1,0 +1,83 @@
+"""Configuration: the one source of every user-facing default.
+
+Frozen dataclasses, one comment per field. The CLI builds its flags and defaults from these
+classes, and the Python API validates its keyword arguments through them, so a default or a
+bound lives here and nowhere else. Each class checks its fields in ``__post_init__`` and raises
+a ``ValueError`` that names the field, the bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a token is chosen from logits; applied identically to target (p) and drafter (q)."""
+
+    temperature: float = 0.0  # 0 = greedy (argmax); > 0 divides the logits before softmax
+    top_k: int = 0  # keep only the k most probable tokens; 0 = off
+    top_p: float = 1.0  # nucleus sampling: keep the smallest set with mass >= top_p; 1.0 = off
+    seed: int | None = None  # seed of the torch.Generator used for sampling; None = from torch's global RNG
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when tokens are chosen by argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """The round loop: how much to draft and how long to generate."""
+
+    gamma: int = 4  # tokens drafted per round (shrinks near the context limit and the token budget)
+    max_new_tokens: int = 128  # upper bound on generated tokens, prompt excluded
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
+            raise ValueError(f"gamma must be an int >= 1 (tokens drafted per round), got {self.gamma!r}")
+        if (
+            not isinstance(self.max_new_tokens, int)
+            or isinstance(self.max_new_tokens, bool)
+            or self.max_new_tokens < 0
+        ):
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """Prompt-lookup drafting (the "ngram" drafter): copy what followed an earlier match."""
+
+    max_ngram: int = 3  # longest suffix of the text so far to look up (tried first)
+    min_ngram: int = 1  # shortest suffix to fall back to before proposing nothing
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.min_ngram, int) or self.min_ngram < 1:
+            raise ValueError(f"min_ngram must be an int >= 1, got {self.min_ngram!r}")
+        if not isinstance(self.max_ngram, int) or self.max_ngram < self.min_ngram:
+            raise ValueError(
+                f"max_ngram must be an int >= min_ngram ({self.min_ngram}), got {self.max_ngram!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which models to load and where (see specdec.loading)."""
+
+    target: str = "code-target"  # target model: a shipped name (code-target) or a folder with config + safetensors
+    drafter: str = "code-drafter"  # drafter: a shipped name, a folder, or "ngram" for prompt lookup
+    device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
+    dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"

@@ -1,0 +1,60 @@
+"""Prompt lookup: a model-free drafter that copies what followed an earlier occurrence.
+
+Like ``transformers``' ``prompt_lookup_num_tokens`` (Saxena 2023, "Prompt Lookup Decoding"): take
+the last n tokens of the committed sequence (n from ``max_ngram`` down to ``min_ngram``), find
+their earliest earlier occurrence, and propose the tokens that followed it. Drafts are
+deterministic, so ``q`` is None and verification treats them as one-hot, which keeps sampling
+lossless. An index from each n-gram to its earliest end position is updated as tokens are
+committed, so a lookup costs O(max_ngram) instead of a scan of the whole text.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.config import NgramConfig
+from specdec.drafters.base import Proposal
+from specdec.sampling import Sampler
+
+
+class NgramDrafter:
+    """Proposes continuations of the latest n-gram's earliest earlier occurrence."""
+
+    def __init__(self, config: NgramConfig | None = None) -> None:
+        self.config = config or NgramConfig()
+        self.tokens: list[int] = []  # the committed sequence, prompt included
+        self._first_end: dict[tuple[int, ...], int] = {}  # n-gram -> end index of its earliest occurrence
+        self._draft: list[int] = []
+        self.device = torch.device("cpu")
+
+    def _append(self, tokens: list[int]) -> None:
+        """Commit ``tokens`` and index the n-grams they complete."""
+        lo, hi = self.config.min_ngram, self.config.max_ngram
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens)
+            for n in range(lo, min(hi, end) + 1):
+                self._first_end.setdefault(tuple(self.tokens[end - n : end]), end)
+
+    def prefill(self, input_ids: torch.Tensor) -> int:
+        """Index the prompt [1, T]."""
+        self.device = input_ids.device
+        self.tokens, self._first_end = [], {}
+        self._append(input_ids[0].tolist())
+        return 0
+
+    def propose(self, k: int, sampler: Sampler) -> Proposal:
+        """Up to ``k`` tokens that followed the longest matching suffix; possibly none."""
+        end = len(self.tokens)
+        self._draft = []
+        for n in range(min(self.config.max_ngram, end), self.config.min_ngram - 1, -1):
+            start = self._first_end.get(tuple(self.tokens[end - n :]), end)
+            if start < end:  # an earlier occurrence with a continuation
+                self._draft = self.tokens[start : start + k]
+                break
+        tokens = torch.tensor([self._draft], dtype=torch.long, device=self.device).reshape(1, -1)  # [1, k']
+        return Proposal(tokens, None, 0)
+
+    def commit(self, n_accepted: int, next_token: int) -> None:
+        """Append the accepted drafts and the next token."""
+        self._append([*self._draft[:n_accepted], next_token])

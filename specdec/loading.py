@@ -1,0 +1,145 @@
+"""Loading models and tokenizers, and the few model facts the decoder needs.
+
+Contract: ``load_model(path_or_name)`` takes a folder with a ``config.json`` and safetensors
+weights (``from_pretrained`` with ``use_safetensors=True``, ``trust_remote_code=False``), or one of
+the shipped names ("code-target", "code-drafter") that resolve to ``models/<name>`` at the repo
+root; ``None`` means the shipped default target. A path that does not exist is a ``ValueError``
+naming it. The model comes back in eval mode.
+
+Devices: None = "cuda" when available, else "cpu"; "cpu", "cuda", "cuda:N"; "auto" spreads a
+model too large for one GPU over all of them (accelerate ``device_map="auto"``).
+Dtypes: None = float32 on CPU (fast and exact there) and bfloat16 on CUDA; or "fp32", "bf16",
+"fp16", or a ``torch.dtype``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+import specdec
+
+SHIPPED_MODELS = ("code-target", "code-drafter")  # names resolved to models/<name> at the repo root
+DEFAULT_TARGET = "code-target"  # what load_model(None) loads
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def models_dir() -> Path:
+    """The shipped models' folder: ``models/`` next to the package (editable install)."""
+    return Path(specdec.__file__).resolve().parent.parent / "models"
+
+
+def default_model_path(name: str) -> Path:
+    """The folder of a shipped model name ("code-target" / "code-drafter")."""
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"unknown shipped model {name!r}; the shipped models are {', '.join(SHIPPED_MODELS)}")
+    return models_dir() / name
+
+
+def resolve_model_path(path_or_name: str | Path | None) -> Path:
+    """A shipped name, None (the default target) or a folder -> an existing folder, else ValueError."""
+    if path_or_name is None:
+        path_or_name = DEFAULT_TARGET
+    if isinstance(path_or_name, str) and path_or_name in SHIPPED_MODELS:
+        path = default_model_path(path_or_name)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"the shipped model {path_or_name!r} is not at {path}: train or download it into that folder "
+                "(see README), or pass the path of a model folder with config.json and safetensors weights"
+            )
+        return path
+    path = Path(path_or_name).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"model path {str(path)!r} does not exist: pass a folder with config.json and safetensors weights "
+            f"or one of the shipped names {', '.join(SHIPPED_MODELS)} (the model hub is not used)"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model path {str(path)!r} has no config.json: it is not a transformers model folder")
+    return path
+
+
+def resolve_device(device: str | torch.device | None) -> str:
+    """None -> "cuda" if available else "cpu"; validates "cpu" / "cuda" / "cuda:N" / "auto"."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(device)
+    if device == "auto":
+        return device
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda, cuda:N or auto") from err
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for but CUDA is not available: use device='cpu'")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """None -> float32 on CPU, bfloat16 elsewhere; strings from ``DTYPES``; a torch.dtype as is."""
+    if dtype is None:
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of bf16, fp16, fp32")
+    return DTYPES[dtype]
+
+
+def load_model(
+    path_or_name: str | Path | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> PreTrainedModel:
+    """Load a causal LM from a local folder or shipped name, on ``device`` in ``dtype``, in eval mode."""
+    path = resolve_model_path(path_or_name)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch_dtype,
+        device_map="auto" if device == "auto" else None,
+        use_safetensors=True,
+        trust_remote_code=False,
+    )
+    if device != "auto":
+        model = model.to(device)
+    return model.eval()
+
+
+def load_tokenizer(path_or_name: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer stored with a model (same resolution as ``load_model``)."""
+    return AutoTokenizer.from_pretrained(resolve_model_path(path_or_name), trust_remote_code=False)
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    """Size of the model's logits (its output embedding rows, padding included)."""
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return head.weight.shape[0]
+    return model.config.get_text_config().vocab_size
+
+
+def context_limit(model: PreTrainedModel) -> int | None:
+    """The longest sequence the model accepts (positions), or None when its config sets none."""
+    config = model.config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def input_device(model: PreTrainedModel) -> torch.device:
+    """Where the model's input ids must live (its input embedding's device)."""
+    return model.get_input_embeddings().weight.device
