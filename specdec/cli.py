@@ -1,0 +1,248 @@
+"""The ``specdec`` command line: ``generate``, ``chat``, ``train`` and ``bench``.
+
+Flags and defaults are generated from the config dataclasses (``specdec.config``): each field
+becomes ``--field-name`` (plus ``--field_name``), typed from its annotation, its help taken from
+its comment; so the command line and the Python API cannot disagree on a default (DESIGN.md rule
+5). LMFlow's ``speculative_inference.py`` flags are aliases (``--model --draft_model --temperature
+--gamma --max_new_tokens --gpu``).
+
+Subcommands plug in through ``SUBCOMMANDS``: modules with a ``register(subparsers)`` function
+that adds a parser and sets ``func`` (``args -> exit status``) as its default.
+
+Bad input (a missing model, an out-of-range value, an incompatible pair) is one line on stderr
+and exit status 2, never a traceback; Ctrl-C stops a generation and keeps what it produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import io
+import json
+import sys
+import time
+import tokenize
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+
+# Modules whose register(subparsers) adds a subcommand: generate (here), chat, train, bench.
+SUBCOMMANDS = ("specdec.cli", "specdec.console", "specdec.train.cli", "specdec.bench.cli")
+EXIT_USAGE = 2  # bad input: what argparse uses too
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
+# LMFlow's speculative_inference.py spellings, accepted beside ours.
+ALIASES: Mapping[str, Sequence[str]] = {
+    "target": ("--model",),
+    "drafter": ("--draft-model", "--draft_model"),
+}
+MODES = ("speculative", "target", "drafter")  # what decodes: draft + verify, the target or the drafter alone
+
+
+class UsageError(Exception):
+    """Input the command line refuses; reported as one line on stderr with exit status 2."""
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """The ``# comment`` after each field of a config dataclass, read from its source."""
+    import inspect
+
+    comments: dict[str, str] = {}
+    tokens = tokenize.generate_tokens(io.StringIO(inspect.getsource(cls)).readline)
+    line_field: tuple[int, str] | None = None
+    previous: tokenize.TokenInfo | None = None
+    for tok in tokens:
+        if tok.type == tokenize.OP and tok.string == ":" and previous and previous.type == tokenize.NAME:
+            line_field = (tok.start[0], previous.string)
+        elif tok.type == tokenize.COMMENT and line_field and line_field[0] == tok.start[0]:
+            comments[line_field[1]] = tok.string.lstrip("#").strip()
+        previous = tok
+    return comments
+
+
+def _scalar_type(hint: object) -> type:
+    """``int``, ``float`` or ``str`` from a field's annotation (``X | None`` -> X)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint  # type: ignore[return-value]
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, cls: type, aliases: Mapping[str, Sequence[str]] = ALIASES
+) -> None:
+    """One flag per field of the dataclass ``cls``, with its default, type and comment."""
+    comments = field_comments(cls)
+    hints = typing.get_type_hints(cls)
+    group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip())
+    for f in dataclasses.fields(cls):
+        flags = [f"--{f.name.replace('_', '-')}"]
+        if "_" in f.name:
+            flags.append(f"--{f.name}")
+        flags.extend(aliases.get(f.name, ()))
+        kind = _scalar_type(hints[f.name])
+        help_text = comments.get(f.name, "").replace("%", "%%")
+        group.add_argument(
+            *flags, dest=f.name, type=kind, default=f.default, metavar=kind.__name__.upper(),
+            help=f"{help_text} (default: %(default)s)",
+        )
+
+
+def config_from(args: argparse.Namespace, cls: type):
+    """Build (and so validate) a config dataclass from the parsed flags of its fields."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser, modes: Sequence[str] = MODES) -> None:
+    """The flags ``generate`` and ``chat`` share: models, sampling, the round loop, stops, display."""
+    for cls in (ModelConfig, SpecConfig, SamplingConfig):
+        add_config_arguments(parser, cls)
+    parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
+    parser.add_argument("--mode", choices=modes, default=modes[0],
+                        help="decode with draft + verify (speculative), the target alone or the drafter "
+                        "alone (default: %(default)s)")
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="stop once the decoded text ends with TEXT (repeatable)")
+    parser.add_argument("--chat-template", action="store_true",
+                        help="wrap the prompt in the tokenizer's chat template (instruction-tuned models)")
+    parser.add_argument("--show-acceptance", action="store_true",
+                        help="colour accepted, recovered and bonus tokens, with a legend")
+
+
+def settings_from(args: argparse.Namespace):
+    """Validate the shared flags into a ``console.Settings`` and a ``ModelConfig``."""
+    from specdec.console import Settings
+
+    if args.gpu is not None:
+        if args.device is not None:
+            raise UsageError("give --device or --gpu, not both")
+        args.device = f"cuda:{args.gpu}"
+    models = config_from(args, ModelConfig)
+    settings = Settings(
+        sampling=config_from(args, SamplingConfig),
+        spec=config_from(args, SpecConfig),
+        mode=args.mode,
+        stop_strings=tuple(args.stop),
+        chat_template=args.chat_template,
+        show_acceptance=args.show_acceptance,
+    )
+    return models, settings
+
+
+# ---------------------------------------------------------------------------------------- generate
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None and args.prompt_file is not None:
+        raise UsageError("give the prompt as an argument or with --prompt-file, not both")
+    if args.prompt_file is not None:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"cannot read --prompt-file {args.prompt_file!r}: {err.strerror}") from err
+    if args.prompt is not None:
+        return args.prompt
+    if sys.stdin.isatty():
+        raise UsageError("no prompt: give it as an argument, with --prompt-file FILE, or on standard input")
+    return sys.stdin.read()
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from specdec.console import Session, TokenStream, print_legend, summary_line
+
+    prompt = _read_prompt(args)
+    models, settings = settings_from(args)
+    session = Session(models)
+    prompt_ids = session.encode(prompt, settings)
+    stream = TokenStream(session.tokenizer(settings.mode), prompt_ids,
+                         show_acceptance=settings.show_acceptance, echo=not args.json)
+    if settings.show_acceptance and not args.json:
+        print_legend(settings.mode)
+    start = time.perf_counter()
+    try:
+        result = session.generate(prompt_ids, settings, on_round=stream.add)
+    except KeyboardInterrupt:
+        stream.finish()
+        elapsed = time.perf_counter() - start
+        if args.json:
+            print(json.dumps({"text": stream.text, "tokens": stream.ids, "prompt_ids": prompt_ids,
+                              "stop_reason": "interrupted", "mode": settings.mode, "stats": None}))
+        else:
+            print(f"[interrupted: {len(stream.ids)} new tokens in {elapsed:.2f} s]", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    stream.finish()
+    if args.json:
+        print(json.dumps({
+            "text": stream.text,
+            "tokens": result.tokens,
+            "prompt_ids": prompt_ids,
+            "stop_reason": result.stop_reason,
+            "mode": settings.mode,
+            "target": models.target,
+            "drafter": models.drafter,
+            **dataclasses.asdict(settings.spec),
+            **dataclasses.asdict(settings.sampling),
+            "stop": list(settings.stop_strings),
+            "stats": result.stats.to_dict(),
+        }))
+    else:
+        print(summary_line(result, settings.mode), file=sys.stderr)
+    return 0
+
+
+def _register_generate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="complete one prompt, streaming, with the figures of speculation",
+        description="Complete PROMPT (or --prompt-file, or standard input). The text streams to "
+        "stdout as each round commits; the summary line goes to stderr.",
+    )
+    parser.add_argument("prompt", nargs="?", metavar="PROMPT", help="the text to complete")
+    parser.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (text, token ids, settings, all stats) and nothing else")
+    add_decoding_arguments(parser)
+    parser.set_defaults(func=_run_generate)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``specdec generate``."""
+    _register_generate(subparsers)
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``specdec`` parser with every subcommand of ``SUBCOMMANDS`` registered."""
+    parser = argparse.ArgumentParser(
+        prog="specdec", description="Speculative decoding for Hugging Face transformers models."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:
+                raise
+            continue  # a subcommand not written yet must not break the others
+        module.register(subparsers)
+    return parser
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``specdec`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ValueError, TypeError, OSError) as err:
+        print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+

@@ -1,0 +1,448 @@
+"""What the terminal shows, and the interactive ``specdec chat`` console.
+
+- ``Session`` loads the models once (target, drafter model or "ngram", tokenizers) and runs one
+  decoding mode on a prompt; switching the drafter loads the new one once and keeps it.
+- ``TokenStream`` turns the ``RoundEvent``s of ``on_round`` into text as each round commits, with
+  incremental detokenisation (a window of earlier tokens gives context, and text that ends in an
+  incomplete character waits for the next token), coloured by kind with rich when asked.
+- ``Chat`` is the console, in the spirit of the Speculative-Decoding reference project's
+  ``infer.py``: a prompt streams its output, then its figures; ``/commands`` change the settings.
+  In a terminal it reads lines with prompt_toolkit (editing, history); from a pipe, one prompt
+  per line.
+
+Figures use the DESIGN.md vocabulary: acceptance rate alpha = accepted / drafted, mean accepted
+length tau = tokens per round including the recovered or bonus token; tokens/s counts tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+import specdec
+from specdec.cli import MODES, UsageError, add_decoding_arguments, settings_from
+from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, GenerationResult, RoundEvent
+
+NGRAM = "ngram"  # the --drafter value that selects prompt lookup
+COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
+STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # token kind -> rich style
+LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
+          (BONUS, "bonus: the target's extra token after a full acceptance"))
+DETOKENIZE_CONTEXT = 5  # earlier tokens decoded with each new one (vLLM's incremental detokenizer)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that decides one generation besides the models."""
+
+    sampling: SamplingConfig  # temperature, top-k, top-p, seed
+    spec: SpecConfig  # gamma, max_new_tokens
+    mode: str  # one of cli.MODES (or COMPARE in chat)
+    stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these
+    chat_template: bool = False  # wrap the prompt in the tokenizer's chat template
+    show_acceptance: bool = False  # colour tokens by kind
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+class Session:
+    """The models of one process, loaded on first use and kept: the console never reloads them."""
+
+    def __init__(self, models: ModelConfig) -> None:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        logging.set_verbosity_error()
+        self.models = models
+        self._models: dict[str, object] = {}
+        self._tokenizers: dict[str, object] = {}
+
+    def _name(self, mode: str) -> str:
+        """The model whose tokenizer and vocabulary a mode uses."""
+        if mode == "drafter":
+            if self.models.drafter == NGRAM:
+                raise UsageError("mode 'drafter' decodes with a drafter model; the ngram drafter has none")
+            return self.models.drafter
+        return self.models.target
+
+    def model(self, name: str):
+        """The causal LM at ``name`` (a shipped name or a folder), loaded once and warmed up."""
+        if name not in self._models:
+            model = specdec.load_model(name, device=self.models.device, dtype=self.models.dtype)
+            specdec.autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[])  # warm-up
+            self._models[name] = model
+        return self._models[name]
+
+    def tokenizer(self, mode: str):
+        """The tokenizer of the model that decodes in ``mode``."""
+        name = self._name(mode)
+        if name not in self._tokenizers:
+            self._tokenizers[name] = specdec.load_tokenizer(name)
+        return self._tokenizers[name]
+
+    def drafter(self):
+        """The drafter as the API takes it: a loaded model, or the string "ngram"."""
+        return NGRAM if self.models.drafter == NGRAM else self.model(self.models.drafter)
+
+    def set_drafter(self, name: str) -> None:
+        """Switch the drafter (a model name/folder or "ngram"), loading a new model now."""
+        previous = self.models
+        self.models = dataclasses.replace(self.models, drafter=name)
+        try:
+            self.drafter()
+        except Exception:
+            self.models = previous
+            raise
+
+    def load(self, mode: str) -> None:
+        """Load what ``mode`` needs now rather than at the first prompt."""
+        self.tokenizer(mode)
+        if mode in ("target", "speculative", COMPARE):
+            self.model(self.models.target)
+        if mode in ("drafter", "speculative", COMPARE):
+            self.drafter()
+
+    def encode(self, prompt: str, settings: Settings) -> list[int]:
+        """Prompt text -> token ids, through the chat template when asked."""
+        tokenizer = self.tokenizer(settings.mode)
+        if not settings.chat_template:
+            return list(tokenizer(prompt).input_ids)
+        if not getattr(tokenizer, "chat_template", None):
+            raise UsageError(f"the tokenizer of {self._name(settings.mode)!r} has no chat template")
+        messages = [{"role": "user", "content": prompt}]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+                    ["input_ids"])
+
+    def generate(self, prompt_ids: list[int], settings: Settings,
+                 on_round: Callable[[RoundEvent], None] | None = None) -> GenerationResult:
+        """Decode ``prompt_ids`` in ``settings.mode`` (speculative, target or drafter)."""
+        kwargs = dict(
+            max_new_tokens=settings.spec.max_new_tokens,
+            **dataclasses.asdict(settings.sampling),
+            stop_strings=list(settings.stop_strings) or None,
+            tokenizer=self.tokenizer(settings.mode),
+            on_round=on_round,
+        )
+        if settings.mode == "speculative":
+            return specdec.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
+                                                gamma=settings.spec.gamma, **kwargs)
+        return specdec.autoregressive_generate(self.model(self._name(settings.mode)), prompt_ids, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def stdout_console() -> Console:
+    """A rich console on stdout that writes text as given (no markup, highlighting or wrapping)."""
+    return Console(file=sys.stdout, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def stderr_console() -> Console:
+    """The same on stderr."""
+    return Console(file=sys.stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+class TokenStream:
+    """Text of the committed tokens, printed as each round commits (``add`` is an ``on_round``)."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int], *, show_acceptance: bool = False,
+                 echo: bool = True, console: Console | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.show_acceptance = show_acceptance
+        self.echo = echo
+        self.console = console or stdout_console()
+        self.ids: list[int] = []  # new tokens so far
+        self.kinds: list[str] = []  # their kinds
+        self.text = ""  # text printed so far
+        self._window = list(prompt_ids[-DETOKENIZE_CONTEXT:])  # prompt context + new tokens
+        self._prefix = 0  # window[_prefix:_read] is already printed context
+        self._read = len(self._window)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _emit(self, piece: str, kind: str) -> None:
+        self.text += piece
+        if self.echo and piece:
+            style = STYLES.get(kind, "") if self.show_acceptance else ""
+            self.console.print(Text(piece, style=style), end="")
+
+    def add(self, event: RoundEvent) -> None:
+        """Print the text of one round's tokens, each piece in the colour of its kind."""
+        for token, kind in zip(event.tokens, event.kinds):
+            self.ids.append(token)
+            self.kinds.append(kind)
+            self._window.append(token)
+            before = self._decode(self._window[self._prefix:self._read])
+            after = self._decode(self._window[self._prefix:])
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                self._emit(after[len(before):], kind)
+                self._prefix, self._read = self._read, len(self._window)
+                if self._prefix > 4 * DETOKENIZE_CONTEXT:  # keep the window short
+                    self._window = self._window[self._prefix - DETOKENIZE_CONTEXT:]
+                    self._prefix, self._read = DETOKENIZE_CONTEXT, len(self._window)
+
+    def finish(self) -> None:
+        """Print what a trailing incomplete character held back, then end the line."""
+        before = self._decode(self._window[self._prefix:self._read])
+        after = self._decode(self._window[self._prefix:])
+        if len(after) > len(before):
+            self._emit(after[len(before):], self.kinds[-1])
+        if self.echo:
+            self.console.print()
+
+
+def print_legend(mode: str, console: Console | None = None) -> None:
+    """The colour key of ``--show-acceptance`` (speculative mode only: plain decoding has no kinds)."""
+    if mode not in ("speculative", COMPARE):
+        return
+    console = console or stderr_console()
+    legend = Text("colours: ")
+    for i, (kind, label) in enumerate(LEGEND):
+        legend.append(("  " if i else "") + label, style=STYLES[kind])
+    console.print(legend)
+
+
+def summary_line(result: GenerationResult, mode: str) -> str:
+    """New tokens, tokens/s, rounds, alpha, tau and why it stopped, on one line."""
+    s = result.stats
+    parts = [f"{s.new_tokens} new tokens in {s.wall_time_s:.2f} s ({s.tokens_per_s:.1f} tokens/s)",
+             f"{s.rounds} rounds"]
+    if mode == "speculative":
+        parts += [f"acceptance rate α {s.acceptance_rate:.2f}", f"mean accepted length τ {s.mean_accepted_length:.2f}"]
+    else:
+        parts += [f"{mode} alone: nothing drafted, τ {s.mean_accepted_length:.2f}"]
+    parts.append(f"stop: {result.stop_reason}")
+    return " | ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- chat
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``/command`` of the console."""
+
+    run: Callable[[Chat, str], None]  # (console, argument text) -> None; raises ValueError on bad input
+    usage: str  # argument syntax shown by /help
+    help: str  # one line shown by /help
+
+
+class Chat:
+    """The interactive console: prompts stream their output; ``/commands`` change the settings."""
+
+    def __init__(self, session: Session, settings: Settings, *, drafter_model: str = ModelConfig().drafter,
+                 echo_input: bool = False) -> None:
+        self.session = session
+        self.settings = settings
+        self.drafter_model = drafter_model  # what "/drafter model" loads
+        self.echo_input = echo_input  # print "> line" for input that did not come from a terminal
+        self.out = stdout_console()
+        self.last: GenerationResult | None = None
+        self.running = True
+
+    def say(self, message: str, style: str = "dim") -> None:
+        """A line of the console's own (not model output)."""
+        self.out.print(Text(message, style=style))
+
+    def banner(self) -> None:
+        """What is loaded and how to get help."""
+        m = self.session.models
+        self.say(f"specdec chat: target {m.target}, drafter {m.drafter}, mode {self.settings.mode}. "
+                 "Type a prompt, /help for commands, /quit or Ctrl-D to leave.")
+
+    def run(self, lines: Iterable[str]) -> None:
+        """Handle lines until /quit or the end of input."""
+        for line in lines:
+            if self.echo_input:
+                self.out.print(Text(f"> {line}", style="bold"))
+            self.handle(line)
+            if not self.running:
+                return
+
+    def handle(self, line: str) -> None:
+        """One line: a /command or a prompt. Bad input is reported and the console goes on."""
+        try:
+            if line.startswith("/"):
+                name, _, argument = line[1:].strip().partition(" ")
+                if name not in COMMANDS:
+                    raise ValueError(f"unknown command /{name}: /help lists the commands")
+                COMMANDS[name].run(self, argument.strip())
+            elif line.strip():
+                self.prompt(line)
+        except (UsageError, ValueError, TypeError, OSError) as err:
+            self.out.print(Text(f"error: {' '.join(str(err).split())}", style="bold red"))
+
+    def _generate(self, prompt_ids: list[int], settings: Settings) -> GenerationResult | None:
+        """Stream one generation; None when Ctrl-C stopped it (what came out stays on screen)."""
+        stream = TokenStream(self.session.tokenizer(settings.mode), prompt_ids,
+                             show_acceptance=settings.show_acceptance, console=self.out)
+        start = time.perf_counter()
+        try:
+            result = self.session.generate(prompt_ids, settings, on_round=stream.add)
+        except KeyboardInterrupt:
+            stream.finish()
+            self.say(f"[interrupted: {len(stream.ids)} new tokens in {time.perf_counter() - start:.2f} s]")
+            return None
+        stream.finish()
+        self.say(summary_line(result, settings.mode))
+        self.last = result
+        return result
+
+    def prompt(self, text: str) -> None:
+        """Generate for one prompt in the current mode."""
+        prompt_ids = self.session.encode(text, self.settings)
+        if self.settings.mode != COMPARE:
+            self._generate(prompt_ids, self.settings)
+            return
+        runs = {}
+        for mode in ("target", "speculative"):
+            self.say(f"[{mode}]", style="bold")
+            runs[mode] = self._generate(prompt_ids, dataclasses.replace(self.settings, mode=mode))
+            if runs[mode] is None:
+                return
+        plain, spec = runs["target"].stats, runs["speculative"].stats
+        speedup = spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else float("nan")
+        same = "same tokens" if runs["target"].tokens == runs["speculative"].tokens else "different tokens"
+        self.say(f"target {plain.tokens_per_s:.1f} tokens/s, speculative {spec.tokens_per_s:.1f} tokens/s: "
+                 f"speedup {speedup:.2f}x ({same})", style="bold")
+
+    # ------------------------------------------------------------------------------- commands
+
+    def _set(self, **changes) -> None:
+        """Replace settings fields (validated by the config dataclasses) and say what changed."""
+        self.settings = dataclasses.replace(self.settings, **changes)
+        self.say(", ".join(f"{k} = {v}" for k, v in changes.items()))
+
+    def cmd_help(self, _: str) -> None:
+        table = Table(show_header=False, box=None, padding=(0, 2))
+        for name, command in COMMANDS.items():
+            table.add_row(f"/{name} {command.usage}".rstrip(), command.help)
+        self.out.print(table)
+
+    def cmd_quit(self, _: str) -> None:
+        self.running = False
+
+    def cmd_mode(self, argument: str) -> None:
+        if argument not in (*MODES, COMPARE):
+            raise ValueError(f"unknown mode {argument!r}: use one of {', '.join((*MODES, COMPARE))}")
+        self.session.load(argument)
+        self._set(mode=argument)
+
+    def cmd_drafter(self, argument: str) -> None:
+        if not argument:
+            raise ValueError("usage: /drafter model|ngram|PATH")
+        name = self.drafter_model if argument == "model" else argument
+        self.session.set_drafter(name)
+        if name != NGRAM:
+            self.drafter_model = name
+        self.say(f"drafter = {name}")
+
+    def _spec(self, **changes) -> None:
+        self._set(spec=dataclasses.replace(self.settings.spec, **changes))
+
+    def _sampling(self, **changes) -> None:
+        self._set(sampling=dataclasses.replace(self.settings.sampling, **changes))
+
+    def cmd_stats(self, _: str) -> None:
+        if self.last is None:
+            self.say("no generation yet")
+            return
+        table = Table(show_header=False, box=None, padding=(0, 2))
+        for key, value in self.last.stats.to_dict().items():
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        table.add_row("stop_reason", self.last.stop_reason)
+        self.out.print(table)
+
+    def cmd_show(self, argument: str) -> None:
+        if argument not in ("on", "off"):
+            raise ValueError("usage: /show on|off")
+        self._set(show_acceptance=argument == "on")
+        if argument == "on":
+            print_legend(self.settings.mode, self.out)
+
+
+def _number(kind: type, argument: str):
+    try:
+        return kind(argument)
+    except ValueError:
+        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {argument!r}") from None
+
+
+def _seed(argument: str) -> int | None:
+    return None if argument.lower() == "none" else _number(int, argument)
+
+
+COMMANDS: dict[str, Command] = {
+    "help": Command(Chat.cmd_help, "", "this list"),
+    "quit": Command(Chat.cmd_quit, "", "leave (also Ctrl-D)"),
+    "mode": Command(Chat.cmd_mode, "speculative|target|drafter|compare",
+                    "decode with draft + verify, the target alone, the drafter alone, or target then speculative"),
+    "drafter": Command(Chat.cmd_drafter, "model|ngram|PATH", "draft with the drafter model, prompt lookup, or "
+                       "another model folder"),
+    "gamma": Command(lambda c, a: c._spec(gamma=_number(int, a)), "N", "tokens drafted per round"),
+    "length": Command(lambda c, a: c._spec(max_new_tokens=_number(int, a)), "N", "max new tokens"),
+    "temperature": Command(lambda c, a: c._sampling(temperature=_number(float, a)), "X", "0 = greedy"),
+    "top_k": Command(lambda c, a: c._sampling(top_k=_number(int, a)), "N", "keep the N most probable tokens; 0 = off"),
+    "top_p": Command(lambda c, a: c._sampling(top_p=_number(float, a)), "X", "nucleus mass; 1.0 = off"),
+    "seed": Command(lambda c, a: c._sampling(seed=_seed(a)), "N|none", "seed of the sampler"),
+    "stats": Command(Chat.cmd_stats, "", "all figures of the last generation"),
+    "show": Command(Chat.cmd_show, "on|off", "colour accepted, recovered and bonus tokens"),
+}
+
+
+def _terminal_lines() -> Iterator[str]:
+    """Lines typed in a terminal, with line editing and history; Ctrl-C clears, Ctrl-D ends."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import InMemoryHistory
+
+    session: PromptSession[str] = PromptSession(history=InMemoryHistory())
+    while True:
+        try:
+            yield session.prompt("> ")
+        except KeyboardInterrupt:
+            continue
+        except EOFError:
+            return
+
+
+def _stream_lines(stream: TextIO) -> Iterator[str]:
+    """One prompt or command per line of a pipe."""
+    for line in stream:
+        yield line.rstrip("\r\n")
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    models, settings = settings_from(args)
+    session = Session(models)
+    session.load(settings.mode)
+    drafter_model = ModelConfig().drafter if models.drafter == NGRAM else models.drafter
+    chat = Chat(session, settings, drafter_model=drafter_model, echo_input=not sys.stdin.isatty())
+    chat.banner()
+    if settings.show_acceptance:
+        print_legend(settings.mode, chat.out)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    chat.run(_terminal_lines() if interactive else _stream_lines(sys.stdin))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``specdec chat``."""
+    parser = subparsers.add_parser(
+        "chat", help="interactive console: prompts stream, /commands change the settings",
+        description="An interactive console. Type a prompt to see its output stream, then its figures; "
+        "/help lists the commands. Reads one prompt per line from a pipe.",
+    )
+    add_decoding_arguments(parser, modes=(*MODES, COMPARE))
+    parser.set_defaults(func=_run_chat)

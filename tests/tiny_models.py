@@ -1,0 +1,99 @@
+"""A tiny target/drafter pair saved to disk, for tests that drive the command line.
+
+`save_tiny_pair(root)` writes `root/target` and `root/drafter`: two Llama causal LMs with random
+weights, saved with `save_pretrained` (safetensors), each with the same byte-level BPE tokenizer
+(a `PreTrainedTokenizerFast` with `<|endoftext|>` as eos) trained in memory on a few lines of
+Python. Both models are then trained for a few seconds on that text (without end-of-text tokens,
+so they keep writing), the drafter smaller and for fewer steps: the output reads as Python and the
+drafter agrees with the target often but not always, so rounds see accepted, recovered and bonus
+tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+EOS = "<|endoftext|>"
+_CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n    return parser.parse_args(argv)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    print(i, i * i)\n",
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n",
+]
+
+
+@dataclass(frozen=True)
+class TinyPair:
+    """Paths of a saved tiny pair."""
+
+    target: Path
+    drafter: Path
+
+
+def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A byte-level BPE over the tiny corpus, wrapped as a transformers fast tokenizer."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
+
+
+def _llama(vocab_size: int, eos_id: int, hidden: int, layers: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = eos_id
+    return model
+
+
+def _fit(model: LlamaForCausalLM, ids: torch.Tensor, steps: int, lr: float) -> LlamaForCausalLM:
+    """A few Adam steps of next-token loss on random windows of `ids` (memorising the corpus)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        starts = torch.randint(0, len(ids) - 64, (8,))
+        batch = torch.stack([ids[s : s + 64] for s in starts.tolist()])  # [8, 64]
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def save_tiny_pair(root: Path) -> TinyPair:
+    """Build and save the pair under `root`; return its paths."""
+    tokenizer = build_tokenizer()
+    vocab_size = len(tokenizer)
+    eos_id = tokenizer.eos_token_id
+    torch.manual_seed(0)
+    ids = torch.tensor(tokenizer("".join(_CORPUS) * 2).input_ids)  # [T]
+    target = _fit(_llama(vocab_size, eos_id, hidden=64, layers=3), ids, steps=80, lr=5e-3)
+    drafter = _fit(_llama(vocab_size, eos_id, hidden=32, layers=1), ids, steps=40, lr=1e-2)
+    pair = TinyPair(target=root / "target", drafter=root / "drafter")
+    for path, model in ((pair.target, target), (pair.drafter, drafter)):
+        model.save_pretrained(path, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    return pair
