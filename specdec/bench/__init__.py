@@ -1,0 +1,37 @@
+"""specdec.bench: speed, acceptance, memory and exactness of speculative decoding, side by side.
+
+Methods (``RUNNERS``): plain-hf (the target's ``generate``, the baseline), plain (ours), spec and
+ngram (our speculative decoding with the drafter model / prompt lookup), hf-assisted (transformers'
+assisted generation with the same drafter: our gamma, and its defaults) and hf-prompt-lookup, all
+run in one process on the same prompts. Re-exports only; see the modules for the contracts.
+"""
+
+from specdec.bench.cli import register
+from specdec.bench.config import BenchConfig, quick
+from specdec.bench.harness import BenchRun, Block, run_benchmark
+from specdec.bench.records import Record, read_records
+from specdec.bench.report import BenchReport, build_report, print_report, write_outputs
+from specdec.bench.runners import BASELINE, RUNNERS, Runner, RunOutput, Setting
+from specdec.bench.summary import Row, leviathan_speedup
+
+__all__ = [
+    "BASELINE",
+    "RUNNERS",
+    "BenchConfig",
+    "BenchReport",
+    "BenchRun",
+    "Block",
+    "Record",
+    "Row",
+    "RunOutput",
+    "Runner",
+    "Setting",
+    "build_report",
+    "leviathan_speedup",
+    "print_report",
+    "quick",
+    "read_records",
+    "register",
+    "run_benchmark",
+    "write_outputs",
+]

@@ -1,0 +1,107 @@
+"""`specdec bench` (and `python -m specdec.bench`): flags generated from ``BenchConfig``.
+
+Each field of :class:`specdec.bench.config.BenchConfig` becomes ``--field-name`` with the field's
+comment as help; tuple fields take several values (``--gamma 1 2 4 8`` sweeps), booleans have a
+``--no-`` form. ``--quick`` starts from :func:`specdec.bench.config.quick`; flags given explicitly
+win over it. Exit status: 0 when every method ran and every greedy output equals plain-hf's, 1
+otherwise (the report says which), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from specdec.bench.config import BenchConfig, quick
+from specdec.bench.harness import run_benchmark
+from specdec.bench.report import build_report, print_report, write_outputs
+from specdec.bench.runners import RUNNERS
+from specdec.cli import field_comments
+
+EXIT_USAGE = 2
+
+
+def _element_type(hint: object) -> tuple[type, bool]:
+    """(scalar type, takes several values) of a field annotation like ``tuple[int, ...]`` or ``str | None``."""
+    if typing.get_origin(hint) is tuple:
+        return typing.get_args(hint)[0], True
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return (args[0] if args else hint), False  # type: ignore[return-value]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per BenchConfig field (default None: "not given", so --quick can tell), plus --quick/--list."""
+    comments = field_comments(BenchConfig)
+    hints = typing.get_type_hints(BenchConfig)
+    for f in dataclasses.fields(BenchConfig):
+        kind, several = _element_type(hints[f.name])
+        shown = (" ".join(map(str, f.default)) or "all") if several else f.default
+        default = f" (default: {shown})"
+        help_text = (comments.get(f.name, "") + default).replace("%", "%%")
+        flag = f"--{f.name.replace('_', '-')}"
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(
+                flag, dest=f.name, type=kind, nargs="+" if several else None, default=None,
+                metavar=kind.__name__.upper(), help=help_text,
+            )
+    parser.add_argument("--quick", action="store_true", help="few prompts, short outputs, one repeat: < 1 minute on a CPU")
+    parser.add_argument("--list", action="store_true", help="list the methods and exit")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """The defaults (or --quick's), overridden by every flag given."""
+    base = quick(BenchConfig()) if args.quick else BenchConfig()
+    given = {}
+    for f in dataclasses.fields(BenchConfig):
+        value = getattr(args, f.name)
+        if value is not None:
+            given[f.name] = tuple(value) if isinstance(value, list) else value
+    return dataclasses.replace(base, **given)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark the flags describe; print the report and write the outputs."""
+    console = Console()
+    if not console.is_terminal:  # a file or pipe: do not fold the wide table to 80 columns
+        console = Console(width=200)
+    if args.list:
+        for name, runner in RUNNERS.items():
+            console.print(f"{name:<20} (group {runner.group}): {runner.description}")
+        return 0
+    config = config_from_args(args)
+    report = build_report(run_benchmark(config))
+    paths = write_outputs(report, Path(config.output), plots=config.plots)
+    print_report(report, console)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", style="dim")
+    return 0 if report.ok else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `specdec bench` to the `specdec` command line."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure speed, acceptance, memory and exactness against plain decoding and transformers",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m specdec.bench`: the same command without the `specdec` front end."""
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, TypeError, OSError) as err:
+        print(f"specdec bench: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,68 @@
+"""Benchmark settings: the one source of the `bench` command's defaults.
+
+A frozen dataclass, one comment per field, in the style of :mod:`specdec.config`; the command line
+of :mod:`specdec.bench.cli` is built from it. Defaults shared with generation (gamma, the number of
+new tokens, the models, the sampling knobs) are read from the core config classes, so they cannot
+drift. ``quick()`` is the setting that finishes in under a minute on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+
+_MODELS = ModelConfig()
+_SAMPLING = SamplingConfig()
+_SPEC = SpecConfig()
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to benchmark, on which prompts, and how to time it."""
+
+    target: str = _MODELS.target  # target model: a shipped name or a folder with config + safetensors
+    drafter: str = _MODELS.drafter  # drafter model used by `spec` and `hf-assisted` (a name or a folder)
+    methods: tuple[str, ...] = ()  # methods to run, by name or group (see --list); empty = all
+    prompts: str | None = None  # a JSONL file with {"id", "prompt"} per line; None = built-in code prompts
+    num_prompts: int = 20  # prompts taken from the set (the first N of a file; N drawn for the built-in set)
+    max_new_tokens: int = 64  # tokens generated per prompt (stop tokens may end a run earlier)
+    gamma: tuple[int, ...] = (_SPEC.gamma,)  # tokens drafted per round; several values sweep it
+    temperature: tuple[float, ...] = (_SAMPLING.temperature,)  # 0 = greedy; several values sweep it
+    top_k: int = _SAMPLING.top_k  # top-k filter for sampled runs; 0 = off
+    top_p: float = _SAMPLING.top_p  # nucleus filter for sampled runs; 1.0 = off
+    repeats: int = 3  # timed runs per prompt and method; the median time is reported
+    warmup: int = 2  # untimed runs per method and setting before timing (first prompts of the set)
+    device: str | None = _MODELS.device  # None = cuda if available else cpu; also "cpu", "cuda:N"
+    dtype: str | None = _MODELS.dtype  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
+    seed: int = 0  # seeds prompt selection and sampling (the same seed for every method)
+    output: str = "bench-out"  # directory for records.jsonl, summary.json and the plots
+    plots: bool = True  # write the PNG plots
+    progress: bool = True  # show a progress bar over prompts
+
+    def __post_init__(self) -> None:
+        """Check every field; sampling knobs by the core's own rules (SamplingConfig, SpecConfig)."""
+        for name in ("num_prompts", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if not self.gamma or any(g < 1 for g in self.gamma):
+            raise ValueError(f"gamma must be one or more ints >= 1, got {self.gamma}")
+        if not self.temperature:
+            raise ValueError("temperature needs at least one value (0 = greedy)")
+        for t in self.temperature:
+            SamplingConfig(temperature=t, top_k=self.top_k, top_p=self.top_p)
+        SpecConfig(gamma=self.gamma[0], max_new_tokens=self.max_new_tokens)
+
+
+def quick(config: BenchConfig) -> BenchConfig:
+    """The `--quick` setting: few prompts, short outputs, one timed repeat (< 1 minute on 2 CPU cores)."""
+    return dataclasses.replace(
+        config,
+        num_prompts=4,
+        max_new_tokens=32,
+        repeats=1,
+        warmup=1,
+    )

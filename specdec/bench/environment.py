@@ -1,0 +1,105 @@
+"""What a benchmark ran on: device, dtype, threads, library versions, model sizes, load.
+
+Every figure is only meaningful next to these; ``summary.json`` carries them and the table's
+caption repeats the essentials. The load average is recorded at the start and the end because
+other jobs sharing the CPU make timings noisy.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+import torch
+import transformers
+from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Size of one benchmarked model."""
+
+    path: str  # where it was loaded from (as given)
+    architecture: str  # the transformers class
+    parameters: int  # number of parameters
+    weight_mib: float  # bytes of parameters and buffers in memory, MiB
+    layers: int | None  # decoder layers (num_hidden_layers), when the config says
+    hidden_size: int | None  # width, when the config says
+
+
+def model_info(path: str, model: PreTrainedModel) -> ModelInfo:
+    """Size facts of a loaded model."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return ModelInfo(
+        path=path,
+        architecture=type(model).__name__,
+        parameters=sum(p.numel() for p in model.parameters()),
+        weight_mib=sum(t.numel() * t.element_size() for t in tensors) / 2**20,
+        layers=getattr(model.config, "num_hidden_layers", None),
+        hidden_size=getattr(model.config, "hidden_size", None),
+    )
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The machine and software of a run."""
+
+    device: str  # where the models ran, e.g. "cpu" or "cuda:0"
+    device_name: str  # CPU model or GPU name
+    dtype: str  # parameter dtype of the target
+    torch_threads: int  # torch.get_num_threads()
+    cpu_count: int | None  # logical CPUs of the machine
+    torch_version: str
+    transformers_version: str
+    python_version: str
+    platform: str
+    load_average_start: tuple[float, float, float] | None  # 1, 5, 15-minute load when the run began
+    load_average_end: tuple[float, float, float] | None  # the same when it ended
+    target: ModelInfo
+    drafter: ModelInfo | None  # None when no drafter model was loaded
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15-minute load averages (None where the OS does not say)."""
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())  # type: ignore[return-value]
+    except OSError:
+        return None
+
+
+def capture_environment(
+    target: tuple[str, PreTrainedModel],
+    drafter: tuple[str, PreTrainedModel] | None,
+    load_average_start: tuple[float, float, float] | None,
+) -> Environment:
+    """Describe this process's machine and the two models (called at the end of a run)."""
+    model = target[1]
+    device = model.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    return Environment(
+        device=str(device),
+        device_name=name,
+        dtype=str(model.dtype).removeprefix("torch."),
+        torch_threads=torch.get_num_threads(),
+        cpu_count=os.cpu_count(),
+        torch_version=torch.__version__,
+        transformers_version=transformers.__version__,
+        python_version=platform.python_version(),
+        platform=platform.platform(),
+        load_average_start=load_average_start,
+        load_average_end=load_average(),
+        target=model_info(*target),
+        drafter=model_info(*drafter) if drafter else None,
+    )

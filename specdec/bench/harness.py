@@ -1,0 +1,238 @@
+"""The benchmark loop: load once, warm up, time every method on the same prompts, never crash.
+
+Order of work (one process, one machine, the same prompts for every method):
+1. load the target (and the drafter model when a selected method needs it), tokenize the prompts;
+2. measure the single-token step time of each model (the cost ratio c);
+3. warm up every (method, setting) block on the first prompts, untimed;
+4. for each repeat, run every block over all prompts: repeats are interleaved across methods, so a
+   slow spell of a shared machine hits all methods alike; each block's peak memory is measured;
+5. a method that raises is recorded as failed and skipped from then on; the others go on.
+
+Every run is timed by the same clock (CUDA synchronized) and its forward passes are counted by the
+same hooks, whatever the method.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers import PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from specdec.bench.config import BenchConfig
+from specdec.bench.environment import Environment, capture_environment, load_average
+from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_time
+from specdec.bench.prompts import Prompt, load_prompts
+from specdec.bench.records import Record
+from specdec.bench.runners import BenchModels, Meters, Runner, RunOutput, Setting, select_runners
+from specdec.loading import load_model, load_tokenizer
+
+_STEP_TIME_STEPS = 16  # timed single-token forwards per model for the cost ratio c
+
+
+@dataclass
+class Block:
+    """One method at one setting: its records, peak memory and, if it failed, why."""
+
+    runner: Runner
+    setting: Setting
+    records: list[Record] = field(default_factory=list)
+    memory: MemoryReading | None = None  # the highest peak over the repeats
+    error: str | None = None  # "ExceptionType: message" of the first failure
+
+
+@dataclass
+class BenchRun:
+    """Everything a run measured; :mod:`specdec.bench.summary` turns it into figures."""
+
+    config: BenchConfig
+    environment: Environment
+    prompts: list[Prompt]
+    blocks: list[Block]
+    target_step_s: float  # median single-token cached forward of the target
+    drafter_step_s: float | None  # the same for the drafter model (None when not loaded)
+
+
+def _stop_token_ids(target: PreTrainedModel) -> list[int]:
+    eos = target.generation_config.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _record(prompt: Prompt, block: Block, repeat: int, out: RunOutput, wall: float, meters: Meters) -> Record:
+    n = len(out.tokens)
+    speculative = block.runner.speculative
+    return Record(
+        prompt_id=prompt.id,
+        method=block.runner.name,
+        gamma=block.setting.gamma,
+        temperature=block.setting.temperature,
+        repeat=repeat,
+        tokens=out.tokens,
+        generated_length=n,
+        wall_time_s=wall,
+        tokens_per_s=n / wall if wall > 0 else 0.0,
+        num_LM_call=meters.target.calls,
+        drafter_calls=meters.drafter.calls if meters.drafter else 0,
+        rounds=out.rounds,
+        target_time_s=out.target_time_s,
+        drafter_time_s=out.drafter_time_s,
+        spec_time=wall if speculative else None,
+        target_time=None if speculative else wall,
+        generated_length_target=None if speculative else n,
+        num_mismatched_tokens=None if out.drafted is None else out.drafted - (out.accepted or 0),
+        drafted=out.drafted,
+        accepted=out.accepted,
+        acceptance_rate=(out.accepted or 0) / out.drafted if out.drafted else None,
+        mean_accepted_length=n / out.rounds if out.rounds else 0.0,
+        accepted_per_position=out.accepted_per_position,
+        drafted_per_position=out.drafted_per_position,
+    )
+
+
+class _Harness:
+    """Runs blocks with shared models, clock and progress bar."""
+
+    def __init__(self, models: BenchModels, prompts: list[Prompt], clock: Clock, progress: Progress) -> None:
+        self.models = models
+        self.prompts = prompts
+        self.clock = clock
+        self.progress = progress
+
+    def _meters(self) -> Meters:
+        drafter = self.models.drafter
+        return Meters(
+            target=ForwardMeter(self.models.target, self.clock),
+            drafter=ForwardMeter(drafter, self.clock) if drafter is not None else None,
+        )
+
+    def run_once(self, block: Block, prompt: Prompt) -> tuple[RunOutput, float, Meters]:
+        """One generate call of the block's method, timed, with its forwards counted."""
+        meters = self._meters()
+        with meters.target, meters.drafter or contextlib.nullcontext():
+            start = self.clock.now()
+            out = block.runner.run(self.models, prompt.input_ids, block.setting, meters)
+            wall = self.clock.now() - start
+        return out, wall, meters
+
+    def warm_up(self, block: Block, count: int) -> None:
+        """Untimed runs on the first prompts; a failure marks the block."""
+        try:
+            for i in range(count):
+                self.run_once(block, self.prompts[i % len(self.prompts)])
+        except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
+            block.error = f"{type(err).__name__}: {err}"
+
+    def timed_pass(self, block: Block, repeat: int, task: int) -> None:
+        """All prompts once, timed, inside a memory meter; a failure marks the block and drops its records."""
+        setting = block.setting
+        gamma = f" γ={setting.gamma}" if setting.gamma is not None else ""
+        self.progress.update(task, description=f"{block.runner.name}{gamma} T={setting.temperature:g} #{repeat + 1}")
+        meter = MemoryMeter(self.models.target.device)
+        try:
+            with meter:
+                for prompt in self.prompts:
+                    out, wall, meters = self.run_once(block, prompt)
+                    block.records.append(_record(prompt, block, repeat, out, wall, meters))
+                    self.progress.advance(task)
+        except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
+            block.error = f"{type(err).__name__}: {err}"
+            block.records.clear()
+            return
+        reading = meter.reading
+        if reading is not None and (block.memory is None or reading.peak_mib > block.memory.peak_mib):
+            block.memory = reading
+
+
+def _blocks(config: BenchConfig, runners: list[Runner]) -> list[Block]:
+    blocks = []
+    for temperature in config.temperature:
+        for runner in runners:
+            for gamma in config.gamma if runner.uses_gamma else (None,):
+                setting = Setting(
+                    temperature=temperature,
+                    gamma=gamma,
+                    top_k=config.top_k,
+                    top_p=config.top_p,
+                    max_new_tokens=config.max_new_tokens,
+                    seed=config.seed,
+                )
+                blocks.append(Block(runner=runner, setting=setting))
+    return blocks
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' loading bars and generate's advice on flags (they would drown the progress bar)."""
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def run_benchmark(
+    config: BenchConfig, registry: dict[str, Runner] | None = None, console: Console | None = None
+) -> BenchRun:
+    """Run every selected method on the same prompts; return all records and measurements."""
+    with _quiet_transformers():
+        return _run(config, select_runners(config.methods, registry), console)
+
+
+def _run(config: BenchConfig, runners: list[Runner], console: Console | None) -> BenchRun:
+    load_start = load_average()
+    target = load_model(config.target, device=config.device, dtype=config.dtype)
+    drafter = None
+    if any(r.needs_drafter_model for r in runners):
+        drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
+    tokenizer = load_tokenizer(config.target)
+    prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
+    models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target))
+    clock = Clock(target.device)
+
+    context = prompts[0].input_ids[None].to(target.device)  # [1, T]
+    target_step = step_time(target, context, _STEP_TIME_STEPS, clock)
+    drafter_step = step_time(drafter, context, _STEP_TIME_STEPS, clock) if drafter is not None else None
+
+    blocks = _blocks(config, runners)
+    progress = Progress(
+        TextColumn("{task.description:<32}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console or Console(stderr=True),
+        disable=not config.progress,
+        transient=True,
+    )
+    harness = _Harness(models, prompts, clock, progress)
+    with progress:
+        task = progress.add_task("warm-up", total=config.repeats * len(blocks) * len(prompts))
+        for block in blocks:
+            harness.warm_up(block, config.warmup)
+        for repeat in range(config.repeats):
+            for block in blocks:
+                if block.error is None:
+                    harness.timed_pass(block, repeat, task)
+                else:
+                    progress.advance(task, len(prompts))
+
+    environment = capture_environment(
+        (config.target, target), (config.drafter, drafter) if drafter is not None else None, load_start
+    )
+    return BenchRun(
+        config=config,
+        environment=environment,
+        prompts=prompts,
+        blocks=blocks,
+        target_step_s=target_step,
+        drafter_step_s=drafter_step,
+    )

@@ -1,0 +1,175 @@
+"""Measuring instruments: clocks, forward-pass meters, peak memory, and the cost ratio c.
+
+- ``Clock``: wall time that synchronizes CUDA before reading (``torch.cuda.synchronize()``), so
+  asynchronous kernels are counted where they run.
+- ``ForwardMeter``: hooks on a model's ``forward`` that count its calls and the time inside them.
+  It is attached the same way to every method, so each pays the same (microseconds per call); it
+  is the one source of the number of target forwards (``num_LM_call``) for every method and of
+  the time split for ``transformers``' generate, which reports none.
+- ``MemoryMeter``: peak memory over a block of runs. On CUDA, ``torch.cuda.max_memory_allocated``
+  after a reset. On CPU, the process's resident set: Linux's high-water mark (``VmHWM`` in
+  /proc/self/status) is reset to the current RSS before the block (``echo 5 >
+  /proc/self/clear_refs``, after a garbage collection and ``malloc_trim`` so freed memory of an
+  earlier block is returned first) and read after it; where the reset is not allowed a thread
+  samples the RSS every millisecond instead.
+- ``step_time``: the median time of a single-token cached forward, used for the cost ratio
+  c = drafter step / target step of Leviathan et al.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from typing_extensions import Self
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_MIB = 1024 * 1024
+
+
+class Clock:
+    """perf_counter that waits for the device's queued work first."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        """Seconds, after all queued CUDA work has finished."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class ForwardMeter:
+    """Counts forward calls of one model and the seconds spent inside them (while attached)."""
+
+    def __init__(self, model: torch.nn.Module, clock: Clock) -> None:
+        self.model = model
+        self.clock = clock
+        self.calls = 0
+        self.seconds = 0.0
+        self._started = 0.0
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def _pre(self, *_: object) -> None:
+        self._started = self.clock.now()
+
+    def _post(self, *_: object) -> None:
+        self.calls += 1
+        self.seconds += self.clock.now() - self._started
+
+    def __enter__(self) -> Self:
+        self.calls, self.seconds = 0, 0.0
+        self._handles = [
+            self.model.register_forward_pre_hook(self._pre),
+            self.model.register_forward_hook(self._post),
+        ]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _status_kib(field: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS, so RSS reflects live memory."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc
+        pass
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """Peak memory of a block of runs, in MiB."""
+
+    peak_mib: float  # highest resident (CPU) or allocated (CUDA) memory during the block
+    start_mib: float  # the same quantity just before the block
+    source: str  # how it was measured: "cuda_allocated", "rss_hwm" or "rss_sampled"
+
+    @property
+    def growth_mib(self) -> float:
+        """Memory the block needed beyond what was already live (caches, logits, buffers)."""
+        return max(0.0, self.peak_mib - self.start_mib)
+
+
+class MemoryMeter:
+    """Context manager measuring peak memory over its block; ``reading`` is set on exit."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reading: MemoryReading | None = None
+        self._start = 0.0
+        self._source = ""
+        self._sampled_peak = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        _release_freed_memory()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._source = "cuda_allocated"
+            self._start = torch.cuda.memory_allocated(self.device) / _MIB
+            return self
+        self._start = _status_kib("VmRSS") / 1024
+        try:
+            _CLEAR_REFS.write_text("5")
+            self._source = "rss_hwm"
+        except OSError:
+            self._source = "rss_sampled"
+            self._sampled_peak = self._start
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self._sampled_peak = max(self._sampled_peak, _status_kib("VmRSS") / 1024)
+
+    def __exit__(self, *_: object) -> None:
+        if self._source == "cuda_allocated":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) / _MIB
+        elif self._source == "rss_hwm":
+            peak = _status_kib("VmHWM") / 1024
+        else:
+            self._stop.set()
+            assert self._thread is not None
+            self._thread.join()
+            peak = max(self._sampled_peak, _status_kib("VmRSS") / 1024)
+        self.reading = MemoryReading(peak_mib=peak, start_mib=self._start, source=self._source)
+
+
+@torch.inference_mode()
+def step_time(model: torch.nn.Module, context: torch.Tensor, steps: int, clock: Clock) -> float:
+    """Median seconds of one single-token forward with a KV cache after `context` ([1, T])."""
+    out = model(input_ids=context, use_cache=True)
+    cache = out.past_key_values
+    token = out.logits[:, -1:].argmax(-1)  # [1, 1]
+    times = []
+    for _ in range(steps + 2):  # the first two steps warm up
+        start = clock.now()
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        times.append(clock.now() - start)
+        cache = out.past_key_values
+        token = out.logits[:, -1:].argmax(-1)  # [1, 1]
+    return statistics.median(times[2:])

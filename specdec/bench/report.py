@@ -1,0 +1,177 @@
+"""Reading a benchmark: figures, the rich tables printed at the end, and the files written.
+
+``build_report`` turns a run into rows, goal checks and the gamma sweep; ``print_report`` shows
+the main table (one row per method and setting), the environment, the goals of issue 5, the
+sweep (LMFlow's "speedup in time / in target forwards") and any failure or greedy mismatch;
+``write_outputs`` writes records.jsonl, summary.json (the same content as plain JSON) and the plots.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from specdec.bench.harness import BenchRun
+from specdec.bench.plots import write_plots
+from specdec.bench.records import write_records
+from specdec.bench.summary import GoalCheck, Row, SweepCell, check_goals, gamma_sweep, summarize
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """A run and the figures derived from it."""
+
+    run: BenchRun
+    rows: list[Row]  # one per (method, setting)
+    goals: list[GoalCheck]  # issue 5's throughput goals at each greedy gamma
+    sweep: list[SweepCell]  # the gamma-dependent rows, for the sweep table
+
+    @property
+    def ok(self) -> bool:
+        """No method failed and every greedy output equals plain-hf's."""
+        return all(r.error is None and r.greedy_equal == r.greedy_total for r in self.rows)
+
+
+def build_report(run: BenchRun) -> BenchReport:
+    """Summarize a run."""
+    rows = summarize(run)
+    return BenchReport(run=run, rows=rows, goals=check_goals(rows, run.config.gamma), sweep=gamma_sweep(rows))
+
+
+def _f(value: float | None, fmt: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _gamma(value: int | None) -> str:
+    return "–" if value is None else str(value)
+
+
+def describe_environment(run: BenchRun) -> str:
+    """One paragraph: where and on what the figures were taken."""
+    env, cfg = run.environment, run.config
+    drafter = (
+        f"drafter {env.drafter.parameters / 1e6:.2f}M params ({env.drafter.weight_mib:.0f} MiB)"
+        if env.drafter
+        else "no drafter model"
+    )
+    load = f", load avg {env.load_average_start[0]:.2f}→{env.load_average_end[0]:.2f}" if (
+        env.load_average_start and env.load_average_end
+    ) else ""
+    return (
+        f"{env.device} ({env.device_name}), {env.dtype}, {env.torch_threads} threads{load}; "
+        f"torch {env.torch_version}, transformers {env.transformers_version}; "
+        f"target {env.target.parameters / 1e6:.2f}M params ({env.target.weight_mib:.0f} MiB), {drafter}; "
+        f"{len(run.prompts)} prompts, max {cfg.max_new_tokens} new tokens, top-k {cfg.top_k}, top-p {cfg.top_p:g}, "
+        f"{cfg.repeats} repeats (median), {cfg.warmup} warm-up runs; "
+        f"step time target {run.target_step_s * 1e3:.2f} ms"
+        + (f", drafter {run.drafter_step_s * 1e3:.2f} ms" if run.drafter_step_s is not None else "")
+    )
+
+
+def main_table(rows: list[Row]) -> Table:
+    """One row per method and setting."""
+    table = Table(title="specdec bench", title_justify="left")
+    for name, justify in (
+        ("method", "left"), ("γ", "right"), ("T", "right"), ("tok/s", "right"), ("speedup", "right"),
+        ("fwd×", "right"), ("tau", "right"), ("alpha", "right"), ("greedy =", "right"), ("c", "right"),
+        ("theory", "right"), ("eff.", "right"), ("peak MiB", "right"), ("extra MiB", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        greedy = "–" if r.greedy_total is None else f"{r.greedy_equal}/{r.greedy_total}"
+        style = "red" if r.error or (r.greedy_total and r.greedy_equal != r.greedy_total) else None
+        table.add_row(
+            r.method + (" ★" if r.peer else ""), _gamma(r.gamma), f"{r.temperature:g}", _f(r.tokens_per_s, ".1f"),
+            _f(r.speedup, ".2f", "×"), _f(r.forward_speedup, ".2f", "×"), _f(r.tau), _f(r.alpha), greedy,
+            _f(r.cost_ratio, ".3f"), _f(r.theoretical_speedup, ".2f", "×"), _f(r.efficiency),
+            _f(r.peak_mib, ".0f"), _f(r.extra_mib, "+.0f"),
+            style=style,
+        )
+    return table
+
+
+def goals_table(checks: list[GoalCheck]) -> Table:
+    """The throughput goals of issue 5, measured."""
+    table = Table(title="goals (greedy, ratio of mean tokens/s)", title_justify="left")
+    for name in ("method", "γ", "over", "ratio", "goal", "met"):
+        table.add_column(name)
+    for c in checks:
+        table.add_row(
+            c.goal.method, _gamma(c.gamma), c.versus, f"{c.ratio:.2f}×", f"≥ {c.goal.at_least:g}×",
+            "yes" if c.met else "no", style=None if c.met else "red",
+        )
+    return table
+
+
+def sweep_table(cells: list[SweepCell]) -> Table:
+    """Speedup in wall time / in target forwards, per gamma (rows) and method (columns)."""
+    methods = list(dict.fromkeys((c.method, c.temperature) for c in cells))
+    table = Table(title="gamma sweep: speedup in time / in target forwards", title_justify="left")
+    table.add_column("γ", justify="right")
+    for method, temperature in methods:
+        table.add_column(f"{method} T={temperature:g}", justify="right")
+    for gamma in sorted({c.gamma for c in cells}):
+        by_method = {(c.method, c.temperature): c for c in cells if c.gamma == gamma}
+        cells_text = []
+        for key in methods:
+            cell = by_method.get(key)
+            cells_text.append("–" if cell is None else f"{_f(cell.speedup)} / {_f(cell.forward_speedup)}")
+        table.add_row(str(gamma), *cells_text)
+    return table
+
+
+def print_report(report: BenchReport, console: Console) -> None:
+    """Print everything a reader needs, tables first."""
+    run, rows, checks, cells = report.run, report.rows, report.goals, report.sweep
+    console.print(main_table(rows))
+    console.print(describe_environment(run), style="dim")
+    console.print(
+        "tok/s: median over prompts; speedup: mean tokens/s over plain-hf's (Spec-Bench); fwd×: tokens per "
+        "target forward over plain-hf's; tau: tokens per round incl. recovered/bonus; alpha: accepted/drafted; "
+        "c: drafter/target step time; theory: Leviathan et al.; eff.: speedup/theory; ★: the peer of its group",
+        style="dim",
+    )
+    if checks:
+        console.print(goals_table(checks))
+    if len({c.gamma for c in cells}) > 1:
+        console.print(sweep_table(cells))
+    for r in rows:
+        if r.error:
+            gamma = f" γ={r.gamma}" if r.gamma is not None else ""
+            console.print(f"[red]{r.method}{gamma} T={r.temperature:g} failed:[/red] {r.error}")
+        if r.greedy_mismatches:
+            console.print(f"[red]{r.method}: greedy output differs from plain-hf on[/red] {', '.join(r.greedy_mismatches)}")
+
+
+def summary_dict(report: BenchReport) -> dict:
+    """summary.json: configuration, environment, rows, goals, sweep, failures."""
+    run, rows, checks, cells = report.run, report.rows, report.goals, report.sweep
+    return {
+        "config": asdict(run.config),
+        "environment": asdict(run.environment),
+        "prompts": [p.id for p in run.prompts],
+        "target_step_s": run.target_step_s,
+        "drafter_step_s": run.drafter_step_s,
+        "rows": [asdict(r) for r in rows],
+        "goals": [asdict(c) for c in checks],
+        "gamma_sweep": [asdict(c) for c in cells],
+        "failures": [
+            {"method": r.method, "gamma": r.gamma, "temperature": r.temperature, "error": r.error}
+            for r in rows
+            if r.error
+        ],
+    }
+
+
+def write_outputs(report: BenchReport, out_dir: Path, plots: bool = True) -> list[Path]:
+    """Write records.jsonl, summary.json and (optionally) the plots into out_dir; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = out_dir / "records.jsonl"
+    write_records([r for b in report.run.blocks for r in b.records], records)
+    summary = out_dir / "summary.json"
+    summary.write_text(json.dumps(summary_dict(report), indent=2) + "\n", encoding="utf-8")
+    return [records, summary, *(write_plots(report.rows, out_dir) if plots else [])]

@@ -1,0 +1,316 @@
+"""The methods a benchmark compares, as runner objects behind one registry.
+
+A runner turns (prompt ids, setting) into a ``RunOutput``: the new tokens plus what it can say
+about rounds, drafts and time. The harness (:mod:`specdec.bench.harness`) times every call with
+the same clock and counts forward passes with the same hooks, so a runner only generates.
+
+Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assisted variants):
+
+- ``plain-hf``: the target's own ``generate``: the baseline every speedup is divided by.
+- ``plain``: our ``autoregressive_generate``.
+- ``spec``: our ``speculative_generate`` with the drafter model.
+- ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
+- ``hf-assisted``: ``generate(assistant_model=drafter)`` with our gamma as a constant schedule
+  (``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"``, the confidence
+  stop off), and ``hf-assisted-default``: the same with transformers' own defaults. The better of
+  the two is reported as the peer.
+- ``hf-prompt-lookup``: ``generate(prompt_lookup_num_tokens=gamma)``.
+
+``transformers`` returns no metrics, so for its assisted generation the rounds are the target
+forwards (each verifies one draft and emits accepted + 1 tokens), the drafted tokens are the
+drafter forwards (one per drafted token), and accepted = tokens - rounds: derived, not reported.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+import specdec
+from specdec.bench.measure import ForwardMeter
+from specdec.stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the benchmark grid; every method at a point sees the same values."""
+
+    temperature: float  # 0 = greedy
+    gamma: int | None  # tokens drafted per round; None for methods that draft nothing or choose
+    top_k: int  # 0 = off
+    top_p: float  # 1.0 = off
+    max_new_tokens: int  # generation budget per prompt
+    seed: int  # sampling seed, the same for every method and repeat
+
+    @property
+    def greedy(self) -> bool:
+        """True for argmax decoding, where outputs must equal plain-hf token for token."""
+        return self.temperature == 0.0
+
+
+@dataclass
+class BenchModels:
+    """The models and stop tokens shared by every runner of a run."""
+
+    target: PreTrainedModel
+    drafter: PreTrainedModel | None  # None when no selected method needs a drafter model
+    stop_token_ids: list[int]  # the target's end-of-sequence ids, passed to every method
+
+
+@dataclass(frozen=True)
+class Meters:
+    """Forward meters attached by the harness around one run."""
+
+    target: ForwardMeter
+    drafter: ForwardMeter | None  # None when no drafter model is loaded
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """What one generate call produced and what it can tell about its rounds."""
+
+    tokens: list[int]  # new tokens only
+    rounds: int  # rounds (plain decoding: one per token)
+    target_time_s: float  # time inside target forwards
+    drafter_time_s: float  # time inside drafting (0.0 for plain decoding)
+    drafted: int | None = None  # draft tokens proposed; None when the method cannot tell
+    accepted: int | None = None  # draft tokens accepted; None when the method cannot tell
+    accepted_per_position: list[int] | None = None  # [i]: rounds whose draft i was accepted
+    drafted_per_position: list[int] | None = None  # [i]: rounds that drafted a token at i
+
+
+class DrafterCost(enum.Enum):
+    """Where the cost ratio c of the Leviathan et al. formula comes from for a method."""
+
+    NONE = "none"  # no drafter, or a schedule without a fixed gamma: no theoretical speedup
+    MODEL_STEP = "model_step"  # the drafter model's single-token step / the target's
+    MEASURED_DRAFT = "measured_draft"  # drafting seconds per round (from the run) / target step
+    UNKNOWN_ALPHA = "unknown_alpha"  # drafts exist but the method does not report them
+
+
+class Runner(Protocol):
+    """One benchmarked method."""
+
+    name: str  # the method's name in records and tables
+    description: str  # one line for --list
+    group: str  # --methods accepts a group to select all its runners
+    uses_gamma: bool  # run once per gamma of the sweep (else once per temperature)
+    speculative: bool  # records carry SpecDec++'s spec_time (else target_time)
+    needs_drafter_model: bool  # the drafter model must be loaded (and its weights count as extra memory)
+    cost: DrafterCost  # how c is obtained for the theoretical speedup
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        """Generate for one prompt (`input_ids` [T]) and describe the run."""
+        ...
+
+
+def _from_stats(tokens: list[int], stats: GenerationStats) -> RunOutput:
+    return RunOutput(
+        tokens=list(tokens),
+        rounds=stats.rounds,
+        target_time_s=stats.target_time_s,
+        drafter_time_s=stats.drafter_time_s,
+        drafted=stats.drafted,
+        accepted=stats.accepted,
+        accepted_per_position=list(stats.accepted_per_position),
+        drafted_per_position=list(stats.drafted_per_position),
+    )
+
+
+def _hf_kwargs(models: BenchModels, input_ids: torch.Tensor, setting: Setting) -> dict:
+    """Arguments of `generate` matching our API's semantics (top_k=0 must be explicit: HF's default is 50)."""
+    ids = input_ids.to(models.target.device)[None]  # [1, T]
+    kwargs: dict = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "max_new_tokens": setting.max_new_tokens,
+        "eos_token_id": models.stop_token_ids or None,
+        "pad_token_id": (models.stop_token_ids or [0])[0],
+        "do_sample": not setting.greedy,
+    }
+    if setting.greedy:
+        kwargs.update(temperature=None, top_k=None, top_p=None)
+    else:
+        torch.manual_seed(setting.seed)
+        kwargs.update(temperature=setting.temperature, top_k=setting.top_k, top_p=setting.top_p)
+    return kwargs
+
+
+def _hf_output(out: torch.Tensor, input_ids: torch.Tensor, meters: Meters) -> RunOutput:
+    tokens = out[0, input_ids.numel() :].tolist()
+    drafter = meters.drafter
+    return RunOutput(
+        tokens=tokens,
+        rounds=meters.target.calls,
+        target_time_s=meters.target.seconds,
+        drafter_time_s=drafter.seconds if drafter else 0.0,
+    )
+
+
+@contextmanager
+def _assistant_config(drafter: PreTrainedModel, **overrides: object) -> Iterator[None]:
+    """Temporarily set fields of the drafter's generation config (where transformers reads them)."""
+    saved = drafter.generation_config
+    drafter.generation_config = copy.deepcopy(saved)
+    for key, value in overrides.items():
+        setattr(drafter.generation_config, key, value)
+    try:
+        yield
+    finally:
+        drafter.generation_config = saved
+
+
+class PlainHF:
+    """The target's own `generate`: the baseline."""
+
+    name = group = "plain-hf"
+    description = "the target's own generate(): the baseline every speedup is divided by"
+    uses_gamma = speculative = needs_drafter_model = False
+    cost = DrafterCost.NONE
+
+    @torch.inference_mode()
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        out = models.target.generate(**_hf_kwargs(models, input_ids, setting))
+        return _hf_output(out, input_ids, meters)
+
+
+class Plain:
+    """Our `autoregressive_generate`."""
+
+    name = group = "plain"
+    description = "our autoregressive_generate"
+    uses_gamma = speculative = needs_drafter_model = False
+    cost = DrafterCost.NONE
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        res = specdec.autoregressive_generate(
+            models.target,
+            input_ids,
+            max_new_tokens=setting.max_new_tokens,
+            temperature=setting.temperature,
+            top_k=setting.top_k,
+            top_p=setting.top_p,
+            stop_token_ids=models.stop_token_ids,
+            seed=setting.seed,
+        )
+        return _from_stats(res.tokens, res.stats)
+
+
+class Speculative:
+    """Our `speculative_generate` with a drafter: the model (`spec`) or prompt lookup (`ngram`)."""
+
+    uses_gamma = speculative = True
+
+    def __init__(self, name: str, use_model: bool) -> None:
+        self.name = self.group = name
+        drafter = "the drafter model" if use_model else "the prompt-lookup (n-gram) drafter"
+        self.description = f"our speculative_generate with {drafter}"
+        self.needs_drafter_model = use_model
+        self.cost = DrafterCost.MODEL_STEP if use_model else DrafterCost.MEASURED_DRAFT
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        assert setting.gamma is not None
+        res = specdec.speculative_generate(
+            models.target,
+            models.drafter if self.needs_drafter_model else "ngram",
+            input_ids,
+            max_new_tokens=setting.max_new_tokens,
+            gamma=setting.gamma,
+            temperature=setting.temperature,
+            top_k=setting.top_k,
+            top_p=setting.top_p,
+            stop_token_ids=models.stop_token_ids,
+            seed=setting.seed,
+        )
+        return _from_stats(res.tokens, res.stats)
+
+
+class HFAssisted:
+    """transformers' assisted generation with the drafter model, with our gamma or its defaults."""
+
+    group = "hf-assisted"
+    speculative = needs_drafter_model = True
+
+    def __init__(self, name: str, our_gamma: bool) -> None:
+        self.name = name
+        self.uses_gamma = our_gamma
+        schedule = "our gamma, constant schedule, no confidence stop" if our_gamma else "transformers' defaults"
+        self.description = f"generate(assistant_model=drafter), {schedule}"
+        self.cost = DrafterCost.MODEL_STEP if our_gamma else DrafterCost.NONE
+
+    @torch.inference_mode()
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        assert models.drafter is not None
+        overrides: dict[str, object] = {}
+        if self.uses_gamma:
+            overrides = {
+                "num_assistant_tokens": setting.gamma,
+                "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0,
+            }
+        with _assistant_config(models.drafter, **overrides):
+            out = models.target.generate(
+                **_hf_kwargs(models, input_ids, setting), assistant_model=models.drafter
+            )
+        run = _hf_output(out, input_ids, meters)
+        assert meters.drafter is not None
+        drafted = meters.drafter.calls  # one drafter forward per drafted token
+        return RunOutput(
+            tokens=run.tokens,
+            rounds=run.rounds,
+            target_time_s=run.target_time_s,
+            drafter_time_s=run.drafter_time_s,
+            drafted=drafted,
+            accepted=min(drafted, max(0, len(run.tokens) - run.rounds)),
+        )
+
+
+class HFPromptLookup:
+    """transformers' prompt-lookup decoding (`prompt_lookup_num_tokens=gamma`)."""
+
+    name = group = "hf-prompt-lookup"
+    description = "generate(prompt_lookup_num_tokens=gamma)"
+    uses_gamma = speculative = True
+    needs_drafter_model = False
+    cost = DrafterCost.UNKNOWN_ALPHA
+
+    @torch.inference_mode()
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        out = models.target.generate(
+            **_hf_kwargs(models, input_ids, setting), prompt_lookup_num_tokens=setting.gamma
+        )
+        return _hf_output(out, input_ids, meters)
+
+
+BASELINE = "plain-hf"
+
+RUNNERS: dict[str, Runner] = {
+    runner.name: runner
+    for runner in (
+        PlainHF(),
+        Plain(),
+        Speculative("spec", use_model=True),
+        Speculative("ngram", use_model=False),
+        HFAssisted("hf-assisted", our_gamma=True),
+        HFAssisted("hf-assisted-default", our_gamma=False),
+        HFPromptLookup(),
+    )
+}
+
+
+def select_runners(methods: tuple[str, ...], registry: dict[str, Runner] | None = None) -> list[Runner]:
+    """Runners named (or grouped) by `methods` in registry order; () = all. The baseline is always included."""
+    registry = RUNNERS if registry is None else registry
+    known = set(registry) | {r.group for r in registry.values()}
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+    wanted = set(methods) | {BASELINE} if methods else known
+    return [r for r in registry.values() if r.name in wanted or r.group in wanted]
