@@ -1,0 +1,92 @@
+"""``specdec train``: train the tokenizer, a target or a distilled drafter, and export for shipping.
+
+    specdec train tokenizer --out runs/tokenizer
+    specdec train lm --preset code-target --out runs/code-target --tokenizer runs/tokenizer
+    specdec train lm --preset code-drafter --out runs/code-drafter --tokenizer runs/tokenizer \
+        --teacher runs/code-target/final
+    specdec train export runs/code-target/final models/code-target --dtype bf16
+
+Run ``lm`` again with the same ``--out`` to resume. Every ``TrainConfig`` field of the preset can be
+overridden (``--max-steps``, ``--lr``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from specdec.train.presets import PRESETS, TrainConfig
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in ("shape",):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            parser.add_argument(flag, dest=f.name, type=kind, default=None,
+                                help="override the preset's value")
+
+
+def _config_from(args: argparse.Namespace) -> TrainConfig:
+    base = PRESETS[args.preset]
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                 if f.name != "shape" and getattr(args, f.name, None) is not None}
+    return dataclasses.replace(base, **overrides)
+
+
+def _cmd_tokenizer(args: argparse.Namespace) -> int:
+    from specdec.data.tokenizer import train_code_tokenizer
+
+    tok = train_code_tokenizer(args.out, vocab_size=args.vocab_size)
+    print(f"tokenizer with {len(tok)} tokens saved to {args.out}")
+    return 0
+
+
+def _cmd_lm(args: argparse.Namespace) -> int:
+    from specdec.train.lm import train
+
+    final = train(_config_from(args), args.out, args.tokenizer, device=args.device,
+                  stop_after_s=args.stop_after, stop_at_step=args.stop_at_step)
+    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from specdec.train.lm import export
+
+    print(f"exported to {export(args.src, args.dst, dtype=args.dtype)}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``specdec train`` and its subcommands."""
+    train = subparsers.add_parser("train", help="train the tokenizer and models (resumable)",
+                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = train.add_subparsers(dest="train_command", required=True)
+
+    tok = sub.add_parser("tokenizer", help="train the byte-level BPE on the stdlib train split")
+    tok.add_argument("--out", required=True, help="folder to save the tokenizer to")
+    tok.add_argument("--vocab-size", type=int, default=8192)
+    tok.set_defaults(func=_cmd_tokenizer)
+
+    lm = sub.add_parser("lm", help="train or resume a target (LM loss) or drafter (distillation)")
+    lm.add_argument("--preset", choices=sorted(PRESETS), default="code-target")
+    lm.add_argument("--out", required=True, help="run folder: checkpoint/ (resume) and final/")
+    lm.add_argument("--tokenizer", required=True, help="tokenizer folder (from `specdec train tokenizer`)")
+    lm.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    lm.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="checkpoint and stop after this long (resume later)")
+    lm.add_argument("--stop-at-step", type=int, default=None, metavar="STEP",
+                    help="checkpoint and stop at this step (resume later)")
+    _add_config_flags(lm)
+    lm.set_defaults(func=_cmd_lm)
+
+    exp = sub.add_parser("export", help="save a trained model for shipping (bf16 safetensors shards)")
+    exp.add_argument("src")
+    exp.add_argument("dst")
+    exp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    exp.set_defaults(func=_cmd_export)

@@ -1,0 +1,57 @@
+"""Named model shapes and training settings for the shipped default models.
+
+A preset is the whole recipe of one shipped model; ``specdec train lm --preset NAME`` uses it and
+every field can be overridden on the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama-style decoder (what ``transformers.LlamaConfig`` needs)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 512  # the context the model is trained on, and its limit
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Defaults are the shipped target's recipe."""
+
+    shape: ModelShape = field(default_factory=lambda: ModelShape(512, 6, 8, 1408))
+    teacher: str | None = None  # a trained target to distil from (drafters); None = plain LM loss
+    kd_weight: float = 0.8  # share of the distillation loss KL(p_teacher || q) when a teacher is set
+    seq_len: int = 512  # tokens per training window
+    batch_size: int = 8  # windows per step
+    lr: float = 1.2e-3  # peak AdamW learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 100  # linear warm-up
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    max_steps: int = 1400  # total optimizer steps (the schedule's length; resume keeps it)
+    eval_every: int = 100  # steps between validation-loss measurements
+    save_every: int = 50  # steps between checkpoints (resume point)
+    eval_windows: int = 48  # validation windows (fixed, same for every evaluation)
+    bf16: bool = True  # bf16 autocast for forward/backward (weights and optimizer stay fp32)
+    seed: int = 0
+
+
+PRESETS: dict[str, TrainConfig] = {
+    # ~23.5M parameters with the 8192-token vocabulary (tied embeddings).
+    "code-target": TrainConfig(),
+    # ~1.9M parameters: 12x smaller, distilled from the target.
+    "code-drafter": TrainConfig(
+        shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target/final", lr=3e-3, max_steps=900
+    ),
+    # seconds-long run for tests and smoke checks
+    "tiny": TrainConfig(
+        shape=ModelShape(32, 1, 2, 64, 64), seq_len=32, batch_size=4, max_steps=20, eval_every=10,
+        save_every=10, eval_windows=4, warmup_steps=2, lr=3e-3,
+    ),
+}
