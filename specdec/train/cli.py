@@ -5,6 +5,7 @@
     specdec train lm --preset code-drafter --out runs/code-drafter --tokenizer runs/tokenizer \
         --teacher runs/code-target/final
     specdec train export runs/code-target/final models/code-target --dtype bf16
+    specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
 
 Run ``lm`` again with the same ``--out`` to resume. Every ``TrainConfig`` field of the preset can be
 overridden (``--max-steps``, ``--lr``, ...).
@@ -62,6 +63,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_card(args: argparse.Namespace) -> int:
+    import json
+
+    from specdec.train.card import write_cards
+
+    figures = write_cards(args.target, args.drafter, args.bench_dir, args.target_run, args.drafter_run)
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
 def register(subparsers) -> None:
     """Add ``specdec train`` and its subcommands."""
     train = subparsers.add_parser("train", help="train the tokenizer and models (resumable)",
@@ -90,3 +101,12 @@ def register(subparsers) -> None:
     exp.add_argument("dst")
     exp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     exp.set_defaults(func=_cmd_export)
+
+    card = sub.add_parser("card", help="measure the shipped pair and write both model cards (README.md)")
+    card.add_argument("--target", default="models/code-target")
+    card.add_argument("--drafter", default="models/code-drafter")
+    card.add_argument("--target-run", default="runs/code-target", help="the target's training run folder")
+    card.add_argument("--drafter-run", default="runs/code-drafter", help="the drafter's training run folder")
+    card.add_argument("--bench-dir", default="bench-out/card",
+                      help="a `specdec bench --methods plain-hf,plain,spec --temperature 0 1` output folder")
+    card.set_defaults(func=_cmd_card)

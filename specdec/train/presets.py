@@ -34,7 +34,7 @@ class TrainConfig:
     warmup_steps: int = 100  # linear warm-up
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    max_steps: int = 1400  # total optimizer steps (the schedule's length; resume keeps it)
+    max_steps: int = 1000  # total optimizer steps (the schedule's length; resume keeps it)
     eval_every: int = 100  # steps between validation-loss measurements
     save_every: int = 50  # steps between checkpoints (resume point)
     eval_windows: int = 48  # validation windows (fixed, same for every evaluation)

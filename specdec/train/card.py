@@ -1,0 +1,195 @@
+"""Model cards for the shipped pair: how each model was trained and what it measures.
+
+Contract: ``write_cards(target_dir, drafter_dir, bench_dir)`` measures each model's loss and
+perplexity on the stdlib test split, writes greedy and sampled sample completions of held-out
+prompts, counts degenerate loops in the benchmark's greedy outputs, and takes the pair's figures
+(acceptance, mean accepted length, cost ratio, speedups) from a ``specdec bench`` run's
+``summary.json`` / ``records.jsonl``, so every figure in a card is reproducible by a command
+the card names. Training histories come from the run folders' checkpoint ``state.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from specdec.data.prompts import code_completion_prompts
+from specdec.data.stdlib import corpus_stats
+from specdec.loading import load_model, load_tokenizer
+from specdec.train.lm import stream_loss, tokenize_split
+
+EVAL_WINDOWS = 200  # 512-token windows of the test split scored per model (about 100k tokens)
+
+
+def is_degenerate_loop(tokens: list[int], max_period: int = 16, min_repeats: int = 3) -> bool:
+    """True when the output ends in one short pattern (period <= max_period) repeated at least
+    ``min_repeats`` times over at least 24 tokens: the classic greedy loop of a small LM."""
+    for period in range(1, max_period + 1):
+        span = max(period * min_repeats, 24)
+        if len(tokens) < span:
+            continue
+        tail = tokens[-span:]
+        if all(tail[i] == tail[i - period] for i in range(period, span)):
+            return True
+    return False
+
+
+def test_split_loss(model_dir: str | Path, seq_len: int = 512) -> dict[str, float]:
+    """Cross-entropy (nats/token) and perplexity on the held-out test split."""
+    model = load_model(str(model_dir), dtype="fp32")
+    tok = load_tokenizer(str(model_dir))
+    stream = tokenize_split(tok, "test")
+    loss = stream_loss(model, stream, seq_len, EVAL_WINDOWS)
+    return {"test_loss": round(loss, 4), "test_perplexity": round(math.exp(loss), 2),
+            "test_tokens_scored": min(EVAL_WINDOWS, (len(stream) - 1) // seq_len) * seq_len}
+
+
+def samples(model_dir: str | Path, n: int = 3, max_new_tokens: int = 64) -> list[dict[str, str]]:
+    """Greedy and sampled (temperature 0.8, top-p 0.95) completions of held-out prompts."""
+    from specdec.decode import autoregressive_generate
+
+    model = load_model(str(model_dir), dtype="fp32")
+    tok = load_tokenizer(str(model_dir))
+    out = []
+    for p in code_completion_prompts(n, seed=1):
+        ids = tok(p["prompt"])["input_ids"]
+        greedy = autoregressive_generate(model, ids, max_new_tokens=max_new_tokens)
+        sampled = autoregressive_generate(model, ids, max_new_tokens=max_new_tokens, temperature=0.8,
+                                          top_p=0.95, seed=0)
+        out.append({"id": p["id"], "prompt": p["prompt"], "greedy": tok.decode(greedy.tokens),
+                    "sampled": tok.decode(sampled.tokens)})
+    return out
+
+
+def pair_figures(bench_dir: str | Path) -> dict:
+    """The pair's figures from a bench run (methods plain-hf, plain, spec; temperatures 0 and 1)."""
+    bench = Path(bench_dir)
+    summary = json.loads((bench / "summary.json").read_text())
+    rows = {(r["method"], r["temperature"]): r for r in summary["rows"] if not r.get("error")}
+    records = [json.loads(line) for line in (bench / "records.jsonl").read_text().splitlines() if line]
+    greedy_plain = [r for r in records if r["method"] == "plain-hf" and r["temperature"] == 0 and r["repeat"] == 0]
+
+    def rate(method: str, temperature: float) -> float | None:
+        row = rows.get((method, temperature))
+        return row and row["mean_tokens_per_s"]
+
+    spec0, spec1 = rows.get(("spec", 0.0), {}), rows.get(("spec", 1.0), {})
+    return {
+        "prompts": len(summary["prompts"]),
+        "max_new_tokens": summary["config"]["max_new_tokens"],
+        "gamma": summary["config"]["gamma"][0],
+        "greedy_alpha": spec0.get("alpha"), "greedy_tau": spec0.get("tau"),
+        "sampled_alpha": spec1.get("alpha"), "sampled_tau": spec1.get("tau"),
+        "cost_ratio": spec0.get("cost_ratio"),
+        "greedy_speedup_vs_plain": (rate("spec", 0.0) / rate("plain", 0.0)) if rate("plain", 0.0) else None,
+        "greedy_speedup_vs_plain_hf": spec0.get("speedup"),
+        "sampled_speedup_vs_plain_hf": spec1.get("speedup"),
+        "greedy_equal": f"{spec0.get('greedy_equal')}/{spec0.get('greedy_total')}",
+        "degenerate_loops": f"{sum(is_degenerate_loop(r['tokens']) for r in greedy_plain)}/{len(greedy_plain)}",
+        "environment": summary["environment"],
+    }
+
+
+def _history(run_dir: Path) -> list[dict]:
+    state = run_dir / "checkpoint" / "state.json"
+    return json.loads(state.read_text())["state"]["history"] if state.exists() else []
+
+
+def _fmt(v: object, spec: str = ".3f") -> str:
+    return format(v, spec) if isinstance(v, float) else str(v)
+
+
+def render_card(name: str, role: str, model_dir: Path, lm: dict, pair: dict, run_dir: Path,
+                samples_: list[dict], recipe: str) -> str:
+    """The README.md of one shipped model."""
+    model = load_model(str(model_dir), dtype="fp32")
+    n_params = sum(p.numel() for p in model.parameters())
+    cfg = model.config
+    hist = _history(run_dir)
+    vals = ", ".join(f"{h['step']}: {h['val_loss']:.3f}" for h in hist if "val_loss" in h)
+    stats = corpus_stats()
+    env = pair["environment"]
+    lines = [
+        f"# {name}", "",
+        (f"The {role} of specdec's shipped default pair: a Llama-style causal LM for Python code, "
+        "trained by this project on the Python standard library (no data or weights from a hub)."), "",
+        "| | |", "|---|---|",
+        f"| parameters | {n_params / 1e6:.2f}M (tied input/output embeddings) |",
+        (f"| shape | hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads, "
+        f"MLP {cfg.intermediate_size}, vocabulary {cfg.vocab_size}, context {cfg.max_position_embeddings} |"),
+        (f"| weights | safetensors, {str(getattr(cfg, 'dtype', None) or cfg.torch_dtype).replace('torch.', '')} "
+        "(loaded as fp32 on CPU by default) |"),
+        f"| tokenizer | byte-level BPE ({cfg.vocab_size} tokens) trained on the train split; eos `<|endoftext|>` |",
+        "", "## Training", "",
+        f"Corpus: `*.py` files of CPython {'.'.join(map(str, __import__('sys').version_info[:3]))}'s "
+        "standard library (no site-packages), split by a hash of each file's path: "
+        + ", ".join(f"{s} {v['files']} files / {v['chars'] / 1e6:.1f}M characters" for s, v in stats.items())
+        + ". The test split is never trained on.", "",
+        recipe, "",
+        f"Validation loss by step: {vals or 'n/a'}.", "",
+        "## Figures", "",
+        (f"Test split ({lm['test_tokens_scored']} tokens in 512-token windows): loss **{lm['test_loss']:.3f}** "
+        f"nats/token, perplexity **{lm['test_perplexity']:.2f}**."), "",
+        (f"With the pair, on {pair['prompts']} held-out prompts from the test split (function prefixes), "
+        f"{pair['max_new_tokens']} new tokens, gamma {pair['gamma']}, {env.get('device')} "
+        f"{env.get('dtype')}, {env.get('threads')} threads ({env.get('cpu', '')}):"), "",
+        "| figure | value |", "|---|---|",
+        f"| greedy acceptance rate α | {_fmt(pair['greedy_alpha'])} |",
+        f"| greedy mean accepted length τ (incl. recovered/bonus token) | {_fmt(pair['greedy_tau'], '.2f')} |",
+        f"| sampled (temperature 1) α | {_fmt(pair['sampled_alpha'])} |",
+        f"| sampled (temperature 1) τ | {_fmt(pair['sampled_tau'], '.2f')} |",
+        f"| cost ratio c (drafter step / target step) | {_fmt(pair['cost_ratio'])} |",
+        (f"| greedy speedup of `speculative_generate` over `autoregressive_generate` | "
+        f"{_fmt(pair['greedy_speedup_vs_plain'], '.2f')}x |"),
+        f"| greedy speedup over the target's own `generate` | {_fmt(pair['greedy_speedup_vs_plain_hf'], '.2f')}x |",
+        f"| greedy outputs equal to plain decoding | {pair['greedy_equal']} |",
+        f"| greedy outputs of plain decoding that are degenerate loops | {pair['degenerate_loops']} |",
+        "", ("Reproduce: `specdec train card` (see the command in the project README, "
+        "section *Shipped models*)."), "",
+        "## Samples (held-out prompts)", "",
+    ]
+    for s in samples_:
+        lines += [f"### `{s['id']}`", "", "Prompt (end):", "", "```python",
+                  "\n".join(s["prompt"].rstrip("\n").splitlines()[-6:]), "```", "",
+                  "Greedy continuation:", "", "```python", s["greedy"], "```", "",
+                  "Sampled (temperature 0.8, top-p 0.95):", "", "```python", s["sampled"], "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+RECIPES = {
+    "target": ("Trained from scratch with `specdec train lm --preset code-target` (next-token "
+               "cross-entropy; AdamW, betas 0.9/0.95, weight decay 0.1, peak learning rate {lr}, "
+               "{warmup} warm-up steps then cosine decay to 10%, {steps} steps of {batch} windows of "
+               "{seq} tokens = {tokens:.1f}M tokens, bf16 autocast, on this project's 2-core CPU)."),
+    "drafter": ("Distilled from the target with `specdec train lm --preset code-drafter --teacher ...`: "
+                "loss = {kd} x KL(p_target || q_drafter) + {ce} x cross-entropy; AdamW, peak learning "
+                "rate {lr}, {steps} steps of {batch} windows of {seq} tokens = {tokens:.1f}M tokens, "
+                "bf16 autocast, CPU."),
+}
+
+
+def _recipe(role: str, run_dir: Path) -> str:
+    cfg = json.loads((run_dir / "checkpoint" / "state.json").read_text())["config"]
+    tokens = cfg["max_steps"] * cfg["batch_size"] * cfg["seq_len"] / 1e6
+    return RECIPES[role].format(lr=cfg["lr"], warmup=cfg["warmup_steps"], steps=cfg["max_steps"],
+                                batch=cfg["batch_size"], seq=cfg["seq_len"], tokens=tokens,
+                                kd=cfg["kd_weight"], ce=round(1 - cfg["kd_weight"], 2))
+
+
+def write_cards(target_dir: str | Path, drafter_dir: str | Path, bench_dir: str | Path,
+                target_run: str | Path, drafter_run: str | Path) -> dict:
+    """Measure and write README.md into both model folders; return the figures."""
+    torch.manual_seed(0)
+    pair = pair_figures(bench_dir)
+    figures = {"pair": {k: v for k, v in pair.items() if k != "environment"}}
+    for name, role, model_dir, run_dir in (("code-target", "target", target_dir, target_run),
+                                           ("code-drafter", "drafter", drafter_dir, drafter_run)):
+        lm = test_split_loss(model_dir)
+        figures[name] = lm
+        card = render_card(name, role, Path(model_dir), lm, pair, Path(run_dir), samples(model_dir),
+                           _recipe(role, Path(run_dir)))
+        (Path(model_dir) / "README.md").write_text(card, encoding="utf-8")
+    return figures
