@@ -46,6 +46,13 @@ class UsageError(Exception):
     """Input the command line refuses; reported as one line on stderr with exit status 2."""
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit status 2), not the usage block."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def field_comments(cls: type) -> dict[str, str]:
     """The ``# comment`` after each field of a config dataclass, read from its source."""
     import inspect
@@ -215,7 +222,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``specdec`` parser with every subcommand of ``SUBCOMMANDS`` registered."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="specdec", description="Speculative decoding for Hugging Face transformers models."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

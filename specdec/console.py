@@ -320,9 +320,13 @@ class Chat:
 
     # ------------------------------------------------------------------------------- commands
 
-    def _set(self, **changes) -> None:
-        """Replace settings fields (validated by the config dataclasses) and say what changed."""
-        self.settings = dataclasses.replace(self.settings, **changes)
+    def _set(self, part: str | None = None, **changes) -> None:
+        """Replace settings fields, or fields of the config ``part`` ("spec" or "sampling", which
+        validates them); say what changed."""
+        replacing = changes
+        if part is not None:
+            replacing = {part: dataclasses.replace(getattr(self.settings, part), **changes)}
+        self.settings = dataclasses.replace(self.settings, **replacing)
         self.say(", ".join(f"{k} = {v}" for k, v in changes.items()))
 
     def cmd_help(self, _: str) -> None:
@@ -348,12 +352,6 @@ class Chat:
         if name != NGRAM:
             self.drafter_model = name
         self.say(f"drafter = {name}")
-
-    def _spec(self, **changes) -> None:
-        self._set(spec=dataclasses.replace(self.settings.spec, **changes))
-
-    def _sampling(self, **changes) -> None:
-        self._set(sampling=dataclasses.replace(self.settings.sampling, **changes))
 
     def cmd_stats(self, _: str) -> None:
         if self.last is None:
@@ -391,12 +389,12 @@ COMMANDS: dict[str, Command] = {
                     "decode with draft + verify, the target alone, the drafter alone, or target then speculative"),
     "drafter": Command(Chat.cmd_drafter, "model|ngram|PATH", "draft with the drafter model, prompt lookup, or "
                        "another model folder"),
-    "gamma": Command(lambda c, a: c._spec(gamma=_number(int, a)), "N", "tokens drafted per round"),
-    "length": Command(lambda c, a: c._spec(max_new_tokens=_number(int, a)), "N", "max new tokens"),
-    "temperature": Command(lambda c, a: c._sampling(temperature=_number(float, a)), "X", "0 = greedy"),
-    "top_k": Command(lambda c, a: c._sampling(top_k=_number(int, a)), "N", "keep the N most probable tokens; 0 = off"),
-    "top_p": Command(lambda c, a: c._sampling(top_p=_number(float, a)), "X", "nucleus mass; 1.0 = off"),
-    "seed": Command(lambda c, a: c._sampling(seed=_seed(a)), "N|none", "seed of the sampler"),
+    "gamma": Command(lambda c, a: c._set("spec", gamma=_number(int, a)), "N", "tokens drafted per round"),
+    "length": Command(lambda c, a: c._set("spec", max_new_tokens=_number(int, a)), "N", "max new tokens"),
+    "temperature": Command(lambda c, a: c._set("sampling", temperature=_number(float, a)), "X", "0 = greedy"),
+    "top_k": Command(lambda c, a: c._set("sampling", top_k=_number(int, a)), "N", "keep the N most probable tokens; 0 = off"),
+    "top_p": Command(lambda c, a: c._set("sampling", top_p=_number(float, a)), "X", "nucleus mass; 1.0 = off"),
+    "seed": Command(lambda c, a: c._set("sampling", seed=_seed(a)), "N|none", "seed of the sampler"),
     "stats": Command(Chat.cmd_stats, "", "all figures of the last generation"),
     "show": Command(Chat.cmd_show, "on|off", "colour accepted, recovered and bonus tokens"),
 }
