@@ -26,15 +26,9 @@ from specdec.sampling import Sampler, check_finite
 PADDING_TOLERANCE = 256
 
 
-def _special_ids(model: PreTrainedModel) -> dict[str, object]:
-    """The special token ids a model's configs declare (None entries dropped)."""
-    ids: dict[str, object] = {}
-    for source in (model.config.get_text_config(), getattr(model, "generation_config", None)):
-        for name in ("bos_token_id", "eos_token_id"):
-            value = getattr(source, name, None) if source is not None else None
-            if value is not None:
-                ids[name] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    return ids
+def _bos_id(model: PreTrainedModel) -> object:
+    """The beginning-of-sequence id(s) a model's config declares, or None."""
+    return getattr(model.config.get_text_config(), "bos_token_id", None)
 
 
 def check_vocabularies(
@@ -43,8 +37,8 @@ def check_vocabularies(
     """Refuse a drafter whose vocabulary is not the target's (padding aside), with a clear ValueError.
 
     Compared: the tokens both can emit. With a tokenizer, both models must cover all of its tokens;
-    without one, the sizes may differ only by padding (``PADDING_TOLERANCE``) and the declared
-    bos/eos ids must agree.
+    without one, the sizes may differ only by padding (``PADDING_TOLERANCE``). Declared bos ids must
+    agree (eos ids may differ legitimately, e.g. a base model and its chat variant).
     """
     v_target, v_drafter = vocab_size(target), vocab_size(drafter)
     fix = "use a drafter trained with the target's tokenizer"
@@ -58,13 +52,9 @@ def check_vocabularies(
             f"drafter vocabulary ({v_drafter} tokens) differs from the target's ({v_target}) by more than "
             f"padding: {fix} (or pass tokenizer= to check the shared tokens)"
         )
-    t_ids, d_ids = _special_ids(target), _special_ids(drafter)
-    for name in t_ids.keys() & d_ids.keys():
-        if not set(t_ids[name]) & set(d_ids[name]):
-            raise ValueError(
-                f"drafter and target disagree on {name} ({d_ids[name]} vs {t_ids[name]}): "
-                f"their vocabularies differ; {fix}"
-            )
+    t_bos, d_bos = _bos_id(target), _bos_id(drafter)
+    if t_bos is not None and d_bos is not None and t_bos != d_bos:
+        raise ValueError(f"drafter and target disagree on bos_token_id ({d_bos} vs {t_bos}): {fix}")
 
 
 class ModelDrafter:

@@ -1,0 +1,224 @@
+"""Shared fixtures of the core tests: tiny causal LMs built from configs, with random weights.
+
+Helpers (import them in other tests with ``from conftest import ...``):
+- ``build_tiny(arch, vocab_size=..., layers=..., seed=...)``: a tiny Llama / GPT-2 / Qwen2 /
+  GPT-NeoX causal LM in eval mode; ``initializer_range`` is large so logits are spread out and
+  greedy near-ties are rare.
+- ``truncated_copy(model, layers)``: a drafter that shares the target's embeddings, head and first
+  layers, so it agrees with the target often (random weights otherwise agree ~1/V of the time).
+- ``ToyLM``: a one-matrix "causal LM" whose logits depend on the whole prefix through its KV
+  cache; a real ``PreTrainedModel`` that is fast enough for tens of thousands of generations.
+- ``char_tokenizer(vocab_size)``: a character-level fast tokenizer for stop-string tests.
+- ``assert_same_greedy(target, prompt, ours, reference)``: token equality, allowing a divergence
+  only at a near tie of the target's top-2 logits (recomputed without a cache).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import (
+    GenerationMixin,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+torch.set_num_threads(1)  # tiny models: threads only add contention on a shared 2-core machine
+
+ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox")
+TIE_TOL = 1e-4  # a greedy divergence is acceptable only where the target's top-2 logits are this close
+
+
+def build_tiny(
+    arch: str = "llama",
+    *,
+    vocab_size: int = 96,
+    hidden: int = 32,
+    layers: int = 2,
+    max_positions: int = 256,
+    seed: int = 0,
+    bos_token_id: int = 1,
+    eos_token_id: int = 2,
+    init_range: float = 0.3,
+) -> PreTrainedModel:
+    """A tiny causal LM of ``arch`` with random weights (seeded), in eval mode."""
+    common = {"vocab_size": vocab_size, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
+                  "initializer_range": init_range, "pad_token_id": 0}
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=max_positions, **common)
+        model = LlamaForCausalLM(config)
+    elif arch == "gpt2":
+        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, **common)
+        model = GPT2LMHeadModel(config)
+    elif arch == "qwen2":
+        config = Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=max_positions, **common)
+        model = Qwen2ForCausalLM(config)
+    elif arch == "gpt_neox":
+        config = GPTNeoXConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                               num_attention_heads=4, max_position_embeddings=max_positions, **common)
+        model = GPTNeoXForCausalLM(config)
+    else:
+        raise ValueError(f"unknown arch {arch!r}; choose from {ARCHS}")
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def truncated_copy(model: PreTrainedModel, layers: int = 1) -> PreTrainedModel:
+    """A drafter sharing ``model``'s weights but keeping only its first ``layers`` blocks."""
+    drafter = copy.deepcopy(model)
+    for attr in ("model", "transformer", "gpt_neox"):
+        body = getattr(drafter, attr, None)
+        if body is None:
+            continue
+        blocks_name = "layers" if hasattr(body, "layers") else "h"
+        setattr(body, blocks_name, getattr(body, blocks_name)[:layers])
+        break
+    text = drafter.config
+    for name in ("num_hidden_layers", "n_layer"):
+        if hasattr(text, name):
+            setattr(text, name, layers)
+    if getattr(text, "layer_types", None) is not None:
+        text.layer_types = text.layer_types[:layers]
+    return drafter.eval()
+
+
+class ToyConfig(PretrainedConfig):
+    model_type = "specdec-toy"
+
+    def __init__(self, vocab_size: int = 12, hidden_size: int = 8, max_position_embeddings: int = 64,
+                 num_hidden_layers: int = 1, **kwargs):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.max_position_embeddings = max_position_embeddings
+        self.num_hidden_layers = num_hidden_layers
+        super().__init__(**kwargs)
+
+
+class ToyLM(PreTrainedModel, GenerationMixin):
+    """logits_t = W tanh(e(x_t) + 3 * mean(e(x_<=t))): the prefix enters only through the KV cache."""
+
+    config_class = ToyConfig
+    base_model_prefix = "toy"
+
+    def __init__(self, config: ToyConfig) -> None:
+        super().__init__(config)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, **kwargs):
+        x = self.embed(input_ids)  # [1, n, H]
+        n = x.shape[1]
+        if past_key_values is not None:
+            keys, _ = past_key_values.update(x[:, None], x[:, None], 0)  # [1, 1, L, H]
+            ctx = keys[:, 0]  # [1, L, H]
+        else:
+            ctx = x
+        length = ctx.shape[1]
+        counts = torch.arange(length - n + 1, length + 1, dtype=x.dtype)[:, None]  # [n, 1]
+        mean = ctx.cumsum(dim=1)[:, length - n :] / counts  # [1, n, H]
+        logits = self.lm_head(torch.tanh(x + 3 * mean))  # [1, n, V]
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)
+
+
+def build_toy(vocab_size: int = 12, hidden_size: int = 8, seed: int = 0, scale: float = 1.0) -> ToyLM:
+    """A seeded ToyLM; ``scale`` multiplies the head (larger = peakier distributions)."""
+    torch.manual_seed(seed)
+    model = ToyLM(ToyConfig(vocab_size=vocab_size, hidden_size=hidden_size, eos_token_id=None))
+    with torch.no_grad():
+        nn.init.normal_(model.embed.weight)
+        nn.init.normal_(model.lm_head.weight, std=scale)
+    return model.eval()
+
+
+def char_tokenizer(chars: str = "abcdefghijklmnopqrstuvwxyz .,!?\n") -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer: id 0 <pad>, 1 <s>, 2 </s>, then one id per character."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def hf_greedy(target: PreTrainedModel, prompt: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
+    """The target's own greedy decoding via ``generate`` (new tokens only)."""
+    out = target.generate(
+        torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
+        eos_token_id=stop_ids or None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    tokens = out[0, len(prompt):].tolist()
+    if stop_ids:  # generate pads finished rows; cut at the first stop token (kept)
+        for i, t in enumerate(tokens):
+            if t in stop_ids:
+                return tokens[: i + 1]
+    return tokens
+
+
+def top2_gap(target: PreTrainedModel, sequence: list[int]) -> float:
+    """Gap between the target's two largest next-token logits after ``sequence`` (no cache)."""
+    with torch.no_grad():
+        logits = target(torch.tensor([sequence]), use_cache=False).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def assert_same_greedy(target: PreTrainedModel, prompt: list[int], ours: list[int], reference: list[int]) -> None:
+    """``ours == reference``, except a divergence at a near tie (then the rest may differ)."""
+    for i, (a, b) in enumerate(zip(ours, reference)):
+        if a != b:
+            gap = top2_gap(target, prompt + reference[:i])
+            assert gap < TIE_TOL, (
+                f"greedy mismatch at new token {i}: ours {a}, target {b}, top-2 logit gap {gap:.2e} "
+                f"(not a tie)\nours {ours}\nref  {reference}"
+            )
+            return
+    assert len(ours) == len(reference), f"lengths differ: ours {len(ours)}, reference {len(reference)}"
+
+
+@pytest.fixture(scope="session", params=("llama", "gpt2", "qwen2"))
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def llama_target() -> PreTrainedModel:
+    return build_tiny("llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def llama_drafter(llama_target) -> PreTrainedModel:
+    """A drafter that agrees with ``llama_target`` often (its truncated copy)."""
+    return truncated_copy(llama_target, 1)
+
+
+@pytest.fixture(scope="session")
+def llama_wild_drafter() -> PreTrainedModel:
+    """A drafter with independent random weights: it disagrees with the target almost always."""
+    return build_tiny("llama", seed=1, layers=1, hidden=16)
