@@ -9,8 +9,8 @@
 - ``MemoryMeter``: peak memory over a block of runs. On CUDA, ``torch.cuda.max_memory_allocated``
   after a reset. On CPU, the process's resident set: Linux's high-water mark (``VmHWM`` in
   /proc/self/status) is reset to the current RSS before the block (``echo 5 >
-  /proc/self/clear_refs``, after a garbage collection and ``malloc_trim`` so freed memory of an
-  earlier block is returned first) and read after it; where the reset is not allowed a thread
+  /proc/self/clear_refs``, after collecting the young garbage generations and ``malloc_trim`` so
+  freed memory of an earlier block is returned first) and read after it; where the reset is not allowed a thread
   samples the RSS every millisecond instead.
 - ``step_time``: the median time of a single-token cached forward, used for the cost ratio
   c = drafter step / target step of Leviathan et al.
@@ -87,8 +87,12 @@ def _status_kib(field: str) -> int:
 
 
 def _release_freed_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS, so RSS reflects live memory."""
-    gc.collect()
+    """Collect young garbage and hand freed heap pages back to the OS, so RSS reflects live memory.
+
+    Only generations 0 and 1: a full collection walks every object transformers created at import
+    (over a second on a busy 2-core machine, before every block).
+    """
+    gc.collect(1)
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:  # not glibc

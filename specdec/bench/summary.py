@@ -225,13 +225,11 @@ def summarize(run: BenchRun) -> list[Row]:
 
 
 def peer_row(rows: list[Row], name: str, temperature: float, gamma: int | None) -> Row | None:
-    """The row standing for `name` at a setting: the method itself, or a group's peer."""
+    """The row standing for `name` at a setting: the method itself, or the fastest member of a group."""
     candidates = [
         r
         for r in rows
-        if r.temperature == temperature
-        and r.gamma in (gamma, None)
-        and (r.method == name or (r.group == name and r.peer))
+        if r.temperature == temperature and r.gamma in (gamma, None) and name in (r.method, r.group)
     ]
     return max(candidates, key=lambda r: r.mean_tokens_per_s or 0.0, default=None)
 

@@ -1,0 +1,244 @@
+"""The benchmark harness on a tiny random-weight pair: records, figures, outputs, and its checks.
+
+One full run of every registered method is shared by several tests (module fixture); the rest use
+a registry with only the baseline and an injected runner, so the whole file stays within seconds.
+The greedy-equality check must be able to fail: a runner whose output differs is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import save_tiny_pair
+
+from specdec.bench import (
+    BASELINE,
+    RUNNERS,
+    BenchConfig,
+    RunOutput,
+    build_report,
+    leviathan_speedup,
+    read_records,
+    run_benchmark,
+    write_outputs,
+)
+from specdec.bench.cli import config_from_args, main, register
+from specdec.bench.measure import MemoryMeter
+from specdec.bench.prompts import read_jsonl
+from specdec.bench.report import print_report
+from specdec.bench.runners import BenchModels, DrafterCost, Meters, Setting, select_runners
+from specdec.bench.summary import peer_row
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: tiny models gain nothing from two, and two threads on a shared, busy CPU
+    spin against each other (runs 20-40x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(target, drafter, prompts.jsonl) on disk."""
+    root = tmp_path_factory.mktemp("bench")
+    tiny = save_tiny_pair(root)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    return tiny.target, tiny.drafter, prompts
+
+
+def _config(pair: tuple[Path, Path, Path], **overrides: object) -> BenchConfig:
+    target, drafter, prompts = pair
+    base = BenchConfig(
+        target=str(target), drafter=str(drafter), prompts=str(prompts), num_prompts=2, max_new_tokens=8,
+        repeats=1, warmup=0, device="cpu", progress=False,
+    )
+    return replace(base, **overrides)
+
+
+@pytest.fixture(scope="module")
+def full_report(pair: tuple[Path, Path, Path]):
+    """Every registered method, a gamma sweep of two values, two repeats."""
+    return build_report(run_benchmark(_config(pair, gamma=(1, 3), repeats=2, warmup=1)))
+
+
+class _Changed:
+    """Plain decoding with its output changed by `edit`: a method the greedy check must catch."""
+
+    group = "changed"
+    description = "test runner"
+    uses_gamma = speculative = needs_drafter_model = False
+    cost = DrafterCost.NONE
+
+    def __init__(self, name: str, edit) -> None:
+        self.name = name
+        self.edit = edit
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        out = RUNNERS["plain"].run(models, input_ids, setting, meters)
+        return replace(out, tokens=self.edit(out.tokens))
+
+
+class _Broken:
+    """A method that always raises."""
+
+    name = group = "broken"
+    description = "test runner"
+    uses_gamma = speculative = needs_drafter_model = False
+    cost = DrafterCost.NONE
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        raise RuntimeError("this method is broken")
+
+
+def test_leviathan_formula() -> None:
+    assert leviathan_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
+    assert leviathan_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    alpha, gamma, c = 0.8, 3, 0.1
+    assert leviathan_speedup(alpha, gamma, c) == pytest.approx((1 - alpha**4) / ((1 - alpha) * (gamma * c + 1)))
+
+
+def test_method_selection() -> None:
+    names = [r.name for r in select_runners(("spec", "hf-assisted"))]
+    assert names == [BASELINE, "spec", "hf-assisted", "hf-assisted-default"]  # baseline always, groups expand
+    assert len(select_runners(())) == len(RUNNERS)
+    with pytest.raises(ValueError, match="unknown method"):
+        select_runners(("fast",))
+
+
+def test_command_line_quick_and_overrides() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--quick", "--gamma", "2", "8", "--temperature", "0", "0.7", "--no-plots"])
+    config = config_from_args(args)
+    assert (config.num_prompts, config.repeats, config.max_new_tokens) == (4, 1, 32)  # from --quick
+    assert (config.gamma, config.temperature, config.plots) == ((2, 8), (0.0, 0.7), False)  # given flags win
+    assert callable(args.func)
+    with pytest.raises(ValueError, match="gamma"):
+        BenchConfig(gamma=(0,))
+
+
+def test_prompt_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt": "x"}\nnot json\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        read_jsonl(bad)
+    bad.write_text('{"id": "a", "text": "x"}\n')
+    with pytest.raises(TypeError, match="prompt"):
+        read_jsonl(bad)
+
+
+def test_memory_meter_sees_an_allocation() -> None:
+    with MemoryMeter(torch.device("cpu")) as meter:
+        block = torch.ones(16 * 2**20)  # 64 MiB, touched
+        del block
+    assert meter.reading is not None and meter.reading.growth_mib > 48
+
+
+def test_full_run_records_and_figures(full_report) -> None:
+    run, rows = full_report.run, full_report.rows
+    by_name = {(r.method, r.gamma): r for r in rows}
+    assert all(r.error is None for r in rows), [r.error for r in rows]
+    # one record per (prompt, method, setting, repeat), with SpecDec++'s fields where they apply
+    for block in run.blocks:
+        assert len(block.records) == 2 * 2
+    spec_record = next(r for b in run.blocks if b.runner.name == "spec" for r in b.records)
+    assert spec_record.spec_time == spec_record.wall_time_s and spec_record.target_time is None
+    assert spec_record.num_mismatched_tokens == spec_record.drafted - spec_record.accepted
+    plain_record = run.blocks[0].records[0]
+    assert plain_record.target_time is not None and plain_record.generated_length_target == plain_record.generated_length
+    assert plain_record.num_LM_call == plain_record.generated_length  # plain-hf: one forward per token
+    # greedy: every method reproduces plain-hf token for token, on every prompt
+    assert all(r.greedy_equal == r.greedy_total == 2 for r in rows)
+    assert full_report.ok
+    # figures
+    assert by_name[(BASELINE, None)].speedup == pytest.approx(1.0)
+    assert by_name[("plain", None)].tau == pytest.approx(1.0)
+    spec = by_name[("spec", 3)]
+    assert 0.0 <= spec.alpha <= 1.0 and 1.0 <= spec.tau <= 4.0
+    assert spec.forward_speedup > 1.0 and spec.cost_ratio > 0 and spec.theoretical_speedup > 0
+    assert spec.efficiency == pytest.approx(spec.speedup / spec.theoretical_speedup)
+    assert len(spec.acceptance_by_position) == 3
+    assert spec.extra_mib is not None and spec.peak_mib > 0
+    # the peer: the faster hf-assisted member at each gamma, flagged in the table
+    for gamma in (1, 3):
+        members = [r for r in rows if r.group == "hf-assisted" and r.gamma in (gamma, None)]
+        peer = peer_row(rows, "hf-assisted", 0.0, gamma)
+        assert len(members) == 2 and peer is max(members, key=lambda r: r.mean_tokens_per_s) and peer.peer
+    assert {c.gamma for c in full_report.sweep} == {1, 3}
+    assert {c.goal.method for c in full_report.goals} == {"spec", "plain"}
+
+
+def test_outputs_written(full_report, tmp_path: Path) -> None:
+    paths = write_outputs(full_report, tmp_path)
+    assert {p.name for p in paths} == {
+        "records.jsonl", "summary.json", "speedup_vs_gamma.png", "acceptance_by_position.png", "time_split.png",
+    }
+    records = read_records(tmp_path / "records.jsonl")
+    assert len(records) == sum(len(b.records) for b in full_report.run.blocks)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    env = summary["environment"]
+    assert env["torch_threads"] >= 1 and env["target"]["parameters"] > env["drafter"]["parameters"]
+    assert {"torch_version", "transformers_version", "dtype", "device"} <= set(env)
+    assert len(summary["rows"]) == len(full_report.rows) and summary["failures"] == []
+    assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in ("time_split.png",))
+
+
+def test_greedy_check_reports_a_changed_output(pair: tuple[Path, Path, Path]) -> None:
+    def flip(tokens: list[int]) -> list[int]:
+        return tokens[:2] + [(tokens[2] + 1) % 300] + tokens[3:]
+
+    registry = {
+        BASELINE: RUNNERS[BASELINE],
+        "flipped": _Changed("flipped", flip),
+        "truncated": _Changed("truncated", lambda tokens: tokens[:-1]),  # a prefix is not equal either
+    }
+    report = build_report(run_benchmark(_config(pair), registry=registry))
+    rows = {r.method: r for r in report.rows}
+    assert (rows[BASELINE].greedy_equal, rows[BASELINE].greedy_total) == (2, 2)
+    assert (rows["flipped"].greedy_equal, rows["flipped"].greedy_total) == (0, 2)
+    assert rows["flipped"].greedy_mismatches == ["p0@2", "p1@2"]
+    assert rows["truncated"].greedy_equal == 0
+    assert not report.ok
+
+
+def test_a_failing_method_is_reported_not_fatal(pair: tuple[Path, Path, Path], capsys) -> None:
+    registry = {BASELINE: RUNNERS[BASELINE], "broken": _Broken(), "plain": RUNNERS["plain"]}
+    report = build_report(run_benchmark(_config(pair, warmup=1), registry=registry))
+    rows = {r.method: r for r in report.rows}
+    assert rows["broken"].error == "RuntimeError: this method is broken" and rows["broken"].runs == 0
+    assert rows["plain"].error is None and rows["plain"].runs == 2 and rows["plain"].greedy_equal == 2
+    assert not report.ok
+    from rich.console import Console
+
+    print_report(report, Console(width=200))
+    assert "broken T=0 failed" in capsys.readouterr().out
+
+
+def test_sampling_is_not_compared_token_for_token(pair: tuple[Path, Path, Path]) -> None:
+    report = build_report(run_benchmark(_config(pair, methods=("spec",), temperature=(1.0,), num_prompts=1)))
+    assert [r.method for r in report.rows] == [BASELINE, "spec"]
+    assert all(r.greedy_total is None and r.runs == 1 for r in report.rows)
+    assert report.goals == []  # the goals are greedy figures
+
+
+def test_command_writes_outputs(pair: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    target, drafter, prompts = pair
+    status = main([
+        "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts), "--quick",
+        "--methods", "ngram", "--num-prompts", "1", "--max-new-tokens", "4", "--warmup", "0",
+        "--no-plots", "--no-progress", "--output", str(tmp_path),
+    ])
+    assert status == 0
+    assert (tmp_path / "records.jsonl").exists() and (tmp_path / "summary.json").exists()
+    assert main(["--target", str(tmp_path / "missing"), "--no-progress"]) == 2
