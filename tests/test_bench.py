@@ -119,10 +119,13 @@ def test_method_selection() -> None:
 def test_command_line_quick_and_overrides() -> None:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "--quick", "--gamma", "2", "8", "--temperature", "0", "0.7", "--no-plots"])
+    args = parser.parse_args(
+        ["bench", "--quick", "--gamma", "2", "8", "--temperature", "0,0.7", "--methods", "spec,plain", "--no-plots"]
+    )
     config = config_from_args(args)
     assert (config.num_prompts, config.repeats, config.max_new_tokens) == (4, 1, 32)  # from --quick
     assert (config.gamma, config.temperature, config.plots) == ((2, 8), (0.0, 0.7), False)  # given flags win
+    assert config.methods == ("spec", "plain")
     assert callable(args.func)
     with pytest.raises(ValueError, match="gamma"):
         BenchConfig(gamma=(0,))

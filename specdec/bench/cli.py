@@ -1,8 +1,8 @@
 """`specdec bench` (and `python -m specdec.bench`): flags generated from ``BenchConfig``.
 
 Each field of :class:`specdec.bench.config.BenchConfig` becomes ``--field-name`` with the field's
-comment as help; tuple fields take several values (``--gamma 1 2 4 8`` sweeps), booleans have a
-``--no-`` form. ``--quick`` starts from :func:`specdec.bench.config.quick`; flags given explicitly
+comment as help; tuple fields take several values, spaced or comma-separated (``--gamma 1 2 4 8``
+or ``--gamma 1,2,4,8`` sweeps), booleans have a ``--no-`` form. ``--quick`` starts from :func:`specdec.bench.config.quick`; flags given explicitly
 win over it. Exit status: 0 when every method ran and every greedy output equals plain-hf's, 1
 otherwise (the report says which), 2 for bad input.
 """
@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -35,6 +35,16 @@ def _element_type(hint: object) -> tuple[type, bool]:
     return (args[0] if args else hint), False  # type: ignore[return-value]
 
 
+def _comma_list(kind: type) -> Callable[[str], list]:
+    """An argparse type reading "a,b,c" as [kind(a), kind(b), kind(c)]."""
+
+    def parse(text: str) -> list:
+        return [kind(part) for part in text.split(",") if part]
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error messages
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per BenchConfig field (default None: "not given", so --quick can tell), plus --quick/--list."""
     comments = field_comments(BenchConfig)
@@ -49,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(
-                flag, dest=f.name, type=kind, nargs="+" if several else None, default=None,
-                metavar=kind.__name__.upper(), help=help_text,
+                flag, dest=f.name, type=_comma_list(kind) if several else kind, nargs="+" if several else None,
+                default=None, metavar=kind.__name__.upper(), help=help_text,
             )
     parser.add_argument("--quick", action="store_true", help="few prompts, short outputs, one repeat: < 1 minute on a CPU")
     parser.add_argument("--list", action="store_true", help="list the methods and exit")
@@ -63,7 +73,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     for f in dataclasses.fields(BenchConfig):
         value = getattr(args, f.name)
         if value is not None:
-            given[f.name] = tuple(value) if isinstance(value, list) else value
+            given[f.name] = tuple(x for part in value for x in part) if isinstance(value, list) else value
     return dataclasses.replace(base, **given)
 
 
