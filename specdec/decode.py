@@ -15,7 +15,8 @@ Contracts:
   analogous invariant with its pending tokens (see ``drafters.model``). Only uncached tokens are
   ever fed to a model: no O(n^2) re-forwarding.
 - Stops: generation ends at the first stop token or completed stop string (kept in the output),
-  even inside accepted drafts; never more than ``max_new_tokens``; the sequence never exceeds the
+  even inside accepted drafts (stop strings are matched in the decoded new text, special tokens
+  skipped, checked token by token); never more than ``max_new_tokens``; the sequence never exceeds the
   target's context (gamma shrinks near it).
 This module knows nothing about text except through the optional tokenizer for stop strings.
 """
@@ -175,9 +176,10 @@ class _Run:
 
     def _completes_stop_string(self, new: list[int]) -> bool:
         """Whether the newest token of ``self.tokens + new`` completes a stop string."""
-        window = max(len(s) for s in self.stop_strings) + 4  # tokens; each non-empty one adds >= 1 char
+        # Enough tokens to hold the longest stop string: each token with text adds >= 1 character.
+        window = max(len(s) for s in self.stop_strings) + 4
         tail = (self.tokens + new)[-window:]
-        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
         return any(s in text for s in self.stop_strings)
 
     def commit(self, tokens: list[int], kinds: list[str], drafted: int, accepted: int) -> bool:

@@ -8,7 +8,9 @@ tokens in the same call that yields the first draft, so the catch-up costs no ex
 never re-reads the prefix. Invariant after every commit: cache length + pending == committed.
 
 Logits are aligned to the target's vocabulary (sliced if the drafter's embedding is padded larger,
-padded with -inf if smaller) before the sampler's warpers, so q and p share one index space.
+padded with -inf if smaller) before the sampler's warpers, so q and p share one index space. A
+drafter with fewer rows than the target reads a committed token it has no row for (the target's
+padding) as its last row: its drafts may suffer, verification keeps the output exact.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.cache import KVCache
 from specdec.drafters.base import Proposal
-from specdec.loading import context_limit, input_device, vocab_size
+from specdec.loading import context_limit, input_device
+from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
 
 # Vocabularies of different sizes are taken as one vocabulary with padding when they differ by at
@@ -40,7 +43,7 @@ def check_vocabularies(
     without one, the sizes may differ only by padding (``PADDING_TOLERANCE``). Declared bos ids must
     agree (eos ids may differ legitimately, e.g. a base model and its chat variant).
     """
-    v_target, v_drafter = vocab_size(target), vocab_size(drafter)
+    v_target, v_drafter = logits_size(target), logits_size(drafter)
     fix = "use a drafter trained with the target's tokenizer"
     if tokenizer is not None:
         n = len(tokenizer)
@@ -63,6 +66,7 @@ class ModelDrafter:
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.model = model.eval()
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
+        self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)
         self.device = input_device(model)
         self.cache: KVCache | None = None
@@ -78,7 +82,7 @@ class ModelDrafter:
                 f"drafter is on {self.device} but the target is on {target_device}: "
                 f"move it with drafter.to({str(target_device)!r})"
             )
-        self.vocab_size = vocab_size(target)
+        self.vocab_size = logits_size(target)
         return self
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
@@ -92,6 +96,8 @@ class ModelDrafter:
 
     def _step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Forward ``input_ids`` [1, n] -> aligned logits of the last position [1, V]; checks finiteness."""
+        if self.vocab_size is not None and self.own_vocab_size < self.vocab_size:
+            input_ids = input_ids.clamp(max=self.own_vocab_size - 1)  # tokens it has no row for
         logits = self.cache.forward(input_ids)[:, -1]  # [1, V_d]
         check_finite(logits, "drafter")
         return self._aligned(logits)

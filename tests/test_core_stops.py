@@ -1,0 +1,106 @@
+"""Stops, limits and round events (issue 2, semantics 4; the CLI's on_round / stop_strings).
+
+- never more than max_new_tokens; 0 generates nothing;
+- gamma shrinks near the context limit; the output ends there with stop_reason "context_limit";
+- stop strings end the output at the token that completes them, also inside accepted drafts;
+- concatenated RoundEvents == result tokens, with kinds accepted / recovered / bonus / target.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import build_tiny, char_tokenizer, hf_greedy, truncated_copy
+
+import specdec
+
+
+@pytest.fixture(scope="module")
+def gpt2_small_context():
+    return build_tiny("gpt2", seed=0, max_positions=24)
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, 1, 2, 7])
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_never_more_than_max_new_tokens(llama_target, llama_drafter, max_new_tokens, gamma):
+    for drafter in (llama_drafter, llama_target, "ngram"):
+        res = specdec.speculative_generate(llama_target, drafter, [3, 4, 3, 4], max_new_tokens=max_new_tokens,
+                                           gamma=gamma, stop_token_ids=[])
+        assert len(res.tokens) == max_new_tokens == res.stats.new_tokens
+        assert res.stop_reason == "max_new_tokens"
+    plain = specdec.autoregressive_generate(llama_target, [3], max_new_tokens=max_new_tokens, stop_token_ids=[])
+    assert plain.tokens == (hf_greedy(llama_target, [3], max_new_tokens, []) if max_new_tokens else [])
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_gamma_shrinks_at_the_context_limit(gpt2_small_context, gamma):
+    target = gpt2_small_context
+    prompt = list(range(3, 18))  # 15 of 24 positions
+    plain = specdec.autoregressive_generate(target, prompt, max_new_tokens=50, stop_token_ids=[])
+    assert len(plain.tokens) == 9 and plain.stop_reason == "context_limit"
+    for drafter in (target, truncated_copy(target, 1), "ngram"):
+        res = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=50, gamma=gamma, stop_token_ids=[])
+        assert res.tokens == plain.tokens and res.stop_reason == "context_limit"
+        assert all(r.drafted <= 24 - len(prompt) for r in res.stats.records)
+
+
+def test_prompt_filling_the_context_generates_nothing(gpt2_small_context):
+    res = specdec.speculative_generate(gpt2_small_context, "ngram", list(range(24)), max_new_tokens=5)
+    assert res.tokens == [] and res.stop_reason == "context_limit"
+
+
+def test_round_events_concatenate_to_the_output(llama_target, llama_drafter):
+    for temperature in (0.0, 1.0):
+        for drafter in (llama_drafter, llama_target, "ngram"):
+            events = []
+            res = specdec.speculative_generate(llama_target, drafter, [7, 8, 9, 7, 8], max_new_tokens=33, gamma=3,
+                                               temperature=temperature, seed=1, stop_token_ids=[],
+                                               on_round=events.append)
+            assert [t for e in events for t in e.tokens] == res.tokens
+            assert len(events) == res.stats.rounds
+            for event, record in zip(events, res.stats.records):
+                assert len(event.kinds) == len(event.tokens) == record.emitted
+                assert event.kinds[: record.accepted] == ["accepted"] * record.accepted
+                last = event.kinds[-1]
+                if record.drafted == 0:
+                    assert last == "target"
+                elif record.accepted == record.drafted:
+                    assert last == "bonus"
+                else:
+                    assert last == "recovered"
+    events = []
+    plain = specdec.autoregressive_generate(llama_target, [7, 8], max_new_tokens=5, on_round=events.append,
+                                            stop_token_ids=[])
+    assert [e.tokens for e in events] == [[t] for t in plain.tokens]
+    assert all(e.kinds == ["target"] for e in events)
+
+
+def char_model(seed: int, layers: int = 2):
+    tokenizer = char_tokenizer()
+    return build_tiny("llama", vocab_size=len(tokenizer), seed=seed, layers=layers), tokenizer
+
+
+@pytest.mark.parametrize("drafter_kind", ["self", "agree", "ngram", "plain"])
+def test_stop_string_keeps_tokens_up_to_the_completing_one(drafter_kind):
+    target, tokenizer = char_model(0)
+    prompt = tokenizer.encode("hello world")
+    free = specdec.autoregressive_generate(target, prompt, max_new_tokens=30, stop_token_ids=[]).tokens
+    text = tokenizer.decode(free, skip_special_tokens=True)
+    stop = text[5:7]  # a two-character string the target writes (maybe earlier too)
+    end = next(j for j in range(len(free)) if stop in tokenizer.decode(free[: j + 1], skip_special_tokens=True))
+    expected = free[: end + 1]
+    if drafter_kind == "plain":
+        res = specdec.autoregressive_generate(target, prompt, max_new_tokens=30, stop_token_ids=[],
+                                              stop_strings=[stop, "never here"], tokenizer=tokenizer)
+    else:
+        drafter = {"self": target, "agree": truncated_copy(target, 1), "ngram": "ngram"}[drafter_kind]
+        res = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=30, gamma=8, stop_token_ids=[],
+                                           stop_strings=stop, tokenizer=tokenizer)
+    assert res.tokens == expected and res.stop_reason == "stop_string"
+    assert tokenizer.decode(res.tokens, skip_special_tokens=True).endswith(stop)
+
+
+def test_stop_strings_need_a_tokenizer(llama_target):
+    with pytest.raises(ValueError, match="tokenizer"):
+        specdec.speculative_generate(llama_target, "ngram", [1, 2], max_new_tokens=3, stop_strings=["x"])
+    with pytest.raises(ValueError, match="tokenizer"):
+        specdec.autoregressive_generate(llama_target, [1, 2], max_new_tokens=3, stop_strings="x")
