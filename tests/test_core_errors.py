@@ -102,7 +102,7 @@ def test_padded_drafter_vocabulary_is_fine_and_exact(pair, temperature):
 
 
 def test_nan_logits_are_reported(pair):
-    target, drafter = pair
+    _target, drafter = pair
     broken = copy.deepcopy(drafter)
     with torch.no_grad():
         broken.get_output_embeddings().weight.fill_(float("nan"))
@@ -115,7 +115,7 @@ def test_nan_logits_are_reported(pair):
 
 
 def test_drafter_on_another_device_is_refused(pair):
-    target, drafter = pair
+    _target, drafter = pair
     elsewhere = copy.deepcopy(drafter).to("meta")
     with pytest.raises(ValueError, match=r"drafter is on meta but the target is on cpu: move it with drafter.to"):
         spec(pair, drafter=elsewhere)
