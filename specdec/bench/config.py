@@ -43,7 +43,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         """Check every field; sampling knobs by the core's own rules (SamplingConfig, SpecConfig)."""
-        for name in ("num_prompts", "repeats"):
+        for name in ("num_prompts", "max_new_tokens", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:

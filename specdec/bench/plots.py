@@ -1,9 +1,9 @@
 """PNG plots of a benchmark (matplotlib's object API: no pyplot state, no display needed).
 
-- ``speedup_vs_gamma.png``: wall-time speedup over plain-hf by gamma, one line per method and
-  temperature; methods without a gamma are dashed horizontal lines.
+- ``speedup_vs_gamma.png``: wall-time speedup over plain-hf by gamma, one line per method, one
+  panel per temperature; methods without a gamma are dashed horizontal lines.
 - ``acceptance_by_position.png``: for methods that report it, the share of rounds whose draft at
-  position i was accepted (given that position was drafted), per gamma.
+  position i was accepted (given that position was drafted), per method and gamma.
 - ``time_split.png``: mean seconds per run inside target forwards, drafting, and the rest.
 """
 
@@ -21,46 +21,64 @@ def _label(row: Row) -> str:
     return f"{row.method}{gamma} T={row.temperature:g}"
 
 
+def _colors(rows: list[Row]) -> dict[str, str]:
+    """One colour per method, the same in every plot and panel."""
+    return {method: f"C{i % 10}" for i, method in enumerate(dict.fromkeys(r.method for r in rows))}
+
+
+def _panels(rows: list[Row], width: float = 5.5, height: float = 4.2) -> tuple[Figure, list, list[float]]:
+    """A figure with one panel per temperature."""
+    temperatures = sorted({r.temperature for r in rows})
+    fig = Figure(figsize=(width * len(temperatures), height))
+    axes = fig.subplots(1, len(temperatures), squeeze=False)[0]
+    return fig, list(axes), temperatures
+
+
 def plot_speedup_vs_gamma(rows: list[Row], path: Path) -> None:
-    """Speedup over plain-hf against gamma, per method and temperature."""
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    gammas = sorted({r.gamma for r in rows if r.gamma is not None})
-    series: dict[tuple[str, float], list[tuple[int, float]]] = {}
-    for r in rows:
-        if r.speedup is None:
-            continue
-        if r.gamma is None:
-            ax.axhline(r.speedup, linestyle="--", linewidth=1, label=_label(r), color=f"C{len(ax.lines) % 10}")
-        else:
-            series.setdefault((r.method, r.temperature), []).append((r.gamma, r.speedup))
-    for (method, temperature), points in series.items():
-        xs, ys = zip(*sorted(points))
-        ax.plot(xs, ys, marker="o", label=f"{method} T={temperature:g}")
-    ax.set_xlabel("gamma (tokens drafted per round)")
-    ax.set_ylabel("speedup over plain-hf (mean tokens/s ratio)")
-    if gammas:
-        ax.set_xticks(gammas)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    """Speedup over plain-hf against gamma, per method; one panel per temperature."""
+    colors = _colors(rows)
+    fig, axes, temperatures = _panels(rows)
+    for ax, temperature in zip(axes, temperatures):
+        shown = [r for r in rows if r.temperature == temperature and r.speedup is not None]
+        for r in shown:
+            if r.gamma is None:
+                ax.axhline(r.speedup, linestyle="--", linewidth=1.2, color=colors[r.method], label=r.method)
+        for method in dict.fromkeys(r.method for r in shown if r.gamma is not None):
+            points = sorted((r.gamma, r.speedup) for r in shown if r.method == method and r.gamma is not None)
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", color=colors[method], label=method)
+        gammas = sorted({r.gamma for r in shown if r.gamma is not None})
+        if gammas:
+            ax.set_xticks(gammas)
+        ax.set_title(f"temperature {temperature:g}")
+        ax.set_xlabel("gamma (tokens drafted per round)")
+        ax.set_ylabel("speedup over plain-hf (mean tokens/s ratio)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def plot_acceptance_by_position(rows: list[Row], path: Path) -> None:
-    """P(draft position i accepted | drafted), per method and gamma."""
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    for r in rows:
-        if r.acceptance_by_position:
-            positions = range(1, len(r.acceptance_by_position) + 1)
-            ax.plot(positions, r.acceptance_by_position, marker="o", label=_label(r))
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("accepted / drafted at that position")
-    ax.set_ylim(0, 1.05)
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7)
+    """P(draft position i accepted | drafted), per method (colour) and gamma (shade); panel per temperature."""
+    colors = _colors(rows)
+    fig, axes, temperatures = _panels(rows)
+    max_gamma = max((r.gamma or 1 for r in rows), default=1)
+    for ax, temperature in zip(axes, temperatures):
+        for r in rows:
+            if r.temperature == temperature and r.acceptance_by_position:
+                positions = range(1, len(r.acceptance_by_position) + 1)
+                shade = 0.35 + 0.65 * (r.gamma or 1) / max_gamma
+                ax.plot(positions, r.acceptance_by_position, marker="o", color=colors[r.method], alpha=shade,
+                        label=f"{r.method} γ={r.gamma}")
+        ax.set_title(f"temperature {temperature:g}")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("accepted / drafted at that position")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
