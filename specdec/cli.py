@@ -6,8 +6,8 @@ its comment; so the command line and the Python API cannot disagree on a default
 5). LMFlow's ``speculative_inference.py`` flags are aliases (``--model --draft_model --temperature
 --gamma --max_new_tokens --gpu``).
 
-Subcommands plug in through ``SUBCOMMANDS``: modules with a ``register(subparsers)`` function
-that adds a parser and sets ``func`` (``args -> exit status``) as its default.
+Subcommands plug in through ``SUBCOMMANDS``: a name and the module whose ``register(subparsers)``
+adds its parser and sets ``func`` (``args -> exit status``) as its default.
 
 Bad input (a missing model, an out-of-range value, an incompatible pair) is one line on stderr
 and exit status 2, never a traceback; Ctrl-C stops a generation and keeps what it produced.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import io
 import json
 import sys
@@ -29,8 +30,19 @@ from pathlib import Path
 
 from specdec.config import ModelConfig, SamplingConfig, SpecConfig
 
-# Modules whose register(subparsers) adds a subcommand: generate (here), chat, train, bench.
-SUBCOMMANDS = ("specdec.cli", "specdec.console", "specdec.train.cli", "specdec.bench.cli")
+if typing.TYPE_CHECKING:
+    from specdec.console import Settings
+
+T = typing.TypeVar("T")
+
+# Subcommand -> the module whose register(subparsers) adds it. Only the module of the command being
+# run is imported (bench's plotting stack stays out of `specdec generate`); --help imports them all.
+SUBCOMMANDS: Mapping[str, str] = {
+    "generate": "specdec.cli",
+    "chat": "specdec.console",
+    "train": "specdec.train.cli",
+    "bench": "specdec.bench.cli",
+}
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
@@ -55,8 +67,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def field_comments(cls: type) -> dict[str, str]:
     """The ``# comment`` after each field of a config dataclass, read from its source."""
-    import inspect
-
     comments: dict[str, str] = {}
     tokens = tokenize.generate_tokens(io.StringIO(inspect.getsource(cls)).readline)
     line_field: tuple[int, str] | None = None
@@ -96,7 +106,7 @@ def add_config_arguments(
         )
 
 
-def config_from(args: argparse.Namespace, cls: type):
+def config_from(args: argparse.Namespace, cls: type[T]) -> T:
     """Build (and so validate) a config dataclass from the parsed flags of its fields."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
@@ -117,8 +127,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser, modes: Sequence[str]
                         help="colour accepted, recovered and bonus tokens, with a legend")
 
 
-def settings_from(args: argparse.Namespace):
-    """Validate the shared flags into a ``console.Settings`` and a ``ModelConfig``."""
+def settings_from(args: argparse.Namespace) -> tuple[ModelConfig, Settings]:
+    """Validate the shared flags into a ``ModelConfig`` and a ``console.Settings``."""
     from specdec.console import Settings
 
     if args.gpu is not None:
@@ -220,20 +230,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -------------------------------------------------------------------------------------------- main
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``specdec`` parser with every subcommand of ``SUBCOMMANDS`` registered."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``specdec`` parser with ``command`` registered, or every subcommand when it is not one."""
     parser = ArgumentParser(
         prog="specdec", description="Speculative decoding for Hugging Face transformers models."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name != name:
-                raise
-            continue  # a subcommand not written yet must not break the others
-        module.register(subparsers)
+    modules = [SUBCOMMANDS[command]] if command in SUBCOMMANDS else dict.fromkeys(SUBCOMMANDS.values())
+    for name in modules:
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
@@ -243,10 +248,12 @@ def _one_line(err: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``specdec`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ValueError, TypeError, OSError) as err:
+    except (UsageError, ValueError, OSError) as err:
         print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

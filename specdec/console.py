@@ -27,6 +27,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import specdec
 from specdec.cli import MODES, UsageError, add_decoding_arguments, settings_from
@@ -35,10 +36,10 @@ from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, GenerationResult, 
 
 NGRAM = "ngram"  # the --drafter value that selects prompt lookup
 COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
-STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # token kind -> rich style
+STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
 LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
           (BONUS, "bonus: the target's extra token after a full acceptance"))
-DETOKENIZE_CONTEXT = 5  # earlier tokens decoded with each new one (vLLM's incremental detokenizer)
+DETOKENIZE_CONTEXT = 5  # prompt tokens decoded before the first new one (as vLLM's incremental detokenizer)
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ class Session:
         logging.disable_progress_bar()
         logging.set_verbosity_error()
         self.models = models
-        self._models: dict[str, object] = {}
-        self._tokenizers: dict[str, object] = {}
+        self._models: dict[str, PreTrainedModel] = {}
+        self._tokenizers: dict[str, PreTrainedTokenizerBase] = {}
 
     def _name(self, mode: str) -> str:
         """The model whose tokenizer and vocabulary a mode uses."""
@@ -76,7 +77,7 @@ class Session:
             return self.models.drafter
         return self.models.target
 
-    def model(self, name: str):
+    def model(self, name: str) -> PreTrainedModel:
         """The causal LM at ``name`` (a shipped name or a folder), loaded once and warmed up."""
         if name not in self._models:
             model = specdec.load_model(name, device=self.models.device, dtype=self.models.dtype)
@@ -84,14 +85,14 @@ class Session:
             self._models[name] = model
         return self._models[name]
 
-    def tokenizer(self, mode: str):
+    def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
         """The tokenizer of the model that decodes in ``mode``."""
         name = self._name(mode)
         if name not in self._tokenizers:
             self._tokenizers[name] = specdec.load_tokenizer(name)
         return self._tokenizers[name]
 
-    def drafter(self):
+    def drafter(self) -> PreTrainedModel | str:
         """The drafter as the API takes it: a loaded model, or the string "ngram"."""
         return NGRAM if self.models.drafter == NGRAM else self.model(self.models.drafter)
 
@@ -156,8 +157,8 @@ def stderr_console() -> Console:
 class TokenStream:
     """Text of the committed tokens, printed as each round commits (``add`` is an ``on_round``)."""
 
-    def __init__(self, tokenizer, prompt_ids: list[int], *, show_acceptance: bool = False,
-                 echo: bool = True, console: Console | None = None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], *,
+                 show_acceptance: bool = False, echo: bool = True, console: Console | None = None) -> None:
         self.tokenizer = tokenizer
         self.show_acceptance = show_acceptance
         self.echo = echo
@@ -165,9 +166,8 @@ class TokenStream:
         self.ids: list[int] = []  # new tokens so far
         self.kinds: list[str] = []  # their kinds
         self.text = ""  # text printed so far
-        self._window = list(prompt_ids[-DETOKENIZE_CONTEXT:])  # prompt context + new tokens
-        self._prefix = 0  # window[_prefix:_read] is already printed context
-        self._read = len(self._window)
+        self._window = list(prompt_ids[-DETOKENIZE_CONTEXT:])  # context, then tokens not yet printed
+        self._read = len(self._window)  # window[:_read] is context (already printed)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -184,21 +184,23 @@ class TokenStream:
             self.ids.append(token)
             self.kinds.append(kind)
             self._window.append(token)
-            before = self._decode(self._window[self._prefix:self._read])
-            after = self._decode(self._window[self._prefix:])
-            if len(after) > len(before) and not after.endswith("\ufffd"):
-                self._emit(after[len(before):], kind)
-                self._prefix, self._read = self._read, len(self._window)
-                if self._prefix > 4 * DETOKENIZE_CONTEXT:  # keep the window short
-                    self._window = self._window[self._prefix - DETOKENIZE_CONTEXT:]
-                    self._prefix, self._read = DETOKENIZE_CONTEXT, len(self._window)
+            piece = self._pending()
+            if piece and not piece.endswith("\ufffd"):  # an incomplete character waits for more bytes
+                self._emit(piece, kind)
+                self._window = self._window[self._read:]  # the printed piece is the next context
+                self._read = len(self._window)
+
+    def _pending(self) -> str:
+        """Text of the tokens after the context, decoded with the context in front."""
+        before = self._decode(self._window[: self._read])
+        after = self._decode(self._window)
+        return after[len(before):]
 
     def finish(self) -> None:
         """Print what a trailing incomplete character held back, then end the line."""
-        before = self._decode(self._window[self._prefix:self._read])
-        after = self._decode(self._window[self._prefix:])
-        if len(after) > len(before):
-            self._emit(after[len(before):], self.kinds[-1])
+        piece = self._pending()
+        if piece:
+            self._emit(piece, self.kinds[-1])
         if self.echo:
             self.console.print()
 
@@ -220,7 +222,8 @@ def summary_line(result: GenerationResult, mode: str) -> str:
     parts = [f"{s.new_tokens} new tokens in {s.wall_time_s:.2f} s ({s.tokens_per_s:.1f} tokens/s)",
              f"{s.rounds} rounds"]
     if mode == "speculative":
-        parts += [f"acceptance rate α {s.acceptance_rate:.2f}", f"mean accepted length τ {s.mean_accepted_length:.2f}"]
+        parts += [f"acceptance rate α {s.acceptance_rate:.2f}",
+                  f"mean accepted length τ {s.mean_accepted_length:.2f}"]
     else:
         parts += [f"{mode} alone: nothing drafted, τ {s.mean_accepted_length:.2f}"]
     parts.append(f"stop: {result.stop_reason}")
@@ -281,7 +284,7 @@ class Chat:
                 COMMANDS[name].run(self, argument.strip())
             elif line.strip():
                 self.prompt(line)
-        except (UsageError, ValueError, TypeError, OSError) as err:
+        except (UsageError, ValueError, OSError) as err:
             self.out.print(Text(f"error: {' '.join(str(err).split())}", style="bold red"))
 
     def _generate(self, prompt_ids: list[int], settings: Settings) -> GenerationResult | None:
@@ -371,11 +374,12 @@ class Chat:
             print_legend(self.settings.mode, self.out)
 
 
-def _number(kind: type, argument: str):
+def _number(kind: type[int | float], argument: str) -> int | float:
     try:
         return kind(argument)
     except ValueError:
-        raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {argument!r}") from None
+        expected = "an integer" if kind is int else "a number"
+        raise ValueError(f"expected {expected}, got {argument!r}") from None
 
 
 def _seed(argument: str) -> int | None:
@@ -386,14 +390,16 @@ COMMANDS: dict[str, Command] = {
     "help": Command(Chat.cmd_help, "", "this list"),
     "quit": Command(Chat.cmd_quit, "", "leave (also Ctrl-D)"),
     "mode": Command(Chat.cmd_mode, "speculative|target|drafter|compare",
-                    "decode with draft + verify, the target alone, the drafter alone, or target then speculative"),
-    "drafter": Command(Chat.cmd_drafter, "model|ngram|PATH", "draft with the drafter model, prompt lookup, or "
-                       "another model folder"),
+                    "draft + verify, the target alone, the drafter alone, or target then speculative"),
+    "drafter": Command(Chat.cmd_drafter, "model|ngram|PATH",
+                       "draft with the drafter model, prompt lookup, or another model folder"),
     "gamma": Command(lambda c, a: c._set("spec", gamma=_number(int, a)), "N", "tokens drafted per round"),
     "length": Command(lambda c, a: c._set("spec", max_new_tokens=_number(int, a)), "N", "max new tokens"),
     "temperature": Command(lambda c, a: c._set("sampling", temperature=_number(float, a)), "X", "0 = greedy"),
-    "top_k": Command(lambda c, a: c._set("sampling", top_k=_number(int, a)), "N", "keep the N most probable tokens; 0 = off"),
-    "top_p": Command(lambda c, a: c._set("sampling", top_p=_number(float, a)), "X", "nucleus mass; 1.0 = off"),
+    "top_k": Command(lambda c, a: c._set("sampling", top_k=_number(int, a)), "N",
+                     "keep the N most probable tokens; 0 = off"),
+    "top_p": Command(lambda c, a: c._set("sampling", top_p=_number(float, a)), "X",
+                     "nucleus mass; 1.0 = off"),
     "seed": Command(lambda c, a: c._set("sampling", seed=_seed(a)), "N|none", "seed of the sampler"),
     "stats": Command(Chat.cmd_stats, "", "all figures of the last generation"),
     "show": Command(Chat.cmd_show, "on|off", "colour accepted, recovered and bonus tokens"),

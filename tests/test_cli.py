@@ -17,11 +17,11 @@ from pathlib import Path
 import pexpect
 import pytest
 import torch
+from tiny_models import TinyPair, save_tiny_pair
 
 import specdec
 from specdec import cli, console
 from specdec.stats import RoundEvent
-from tiny_models import TinyPair, save_tiny_pair
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PROMPT_TOOLKIT_NO_CPR": "1", "NO_COLOR": "1"}
@@ -46,7 +46,7 @@ def models(pair: TinyPair) -> dict:
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specdec", *args], input=stdin, capture_output=True,
-                          text=True, env=ENV, cwd=REPO, timeout=120)
+                          text=True, env=ENV, cwd=REPO, timeout=120, check=False)
 
 
 def pair_args(pair: TinyPair) -> list[str]:
@@ -190,8 +190,9 @@ def test_chat_through_a_pipe(pair: TinyPair) -> None:
 
 
 def test_chat_in_a_terminal(pair: TinyPair) -> None:
-    child = pexpect.spawn(sys.executable, ["-m", "specdec", "chat", *pair_args(pair), "--max-new-tokens", "16"],
-                          env=ENV, cwd=str(REPO), encoding="utf-8", timeout=60, dimensions=(40, 200))
+    argv = ["-m", "specdec", "chat", *pair_args(pair), "--max-new-tokens", "16"]
+    child = pexpect.spawn(sys.executable, argv, env=ENV, cwd=str(REPO), encoding="utf-8", timeout=60,
+                          dimensions=(40, 200))
     try:
         child.expect("specdec chat: target")
         child.expect(">")
