@@ -21,6 +21,7 @@ from tiny_models import TinyPair, save_tiny_pair
 
 import specdec
 from specdec import cli, console
+from specdec.console import TokenStream
 from specdec.stats import RoundEvent
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,6 +174,18 @@ def test_ctrl_c_keeps_what_was_generated(pair: TinyPair, monkeypatch: pytest.Mon
     assert cli.main(["generate", PROMPT, *pair_args(pair), "--json"]) == cli.EXIT_INTERRUPTED
     out = json.loads(capsys.readouterr().out)
     assert (out["text"], out["tokens"], out["stop_reason"]) == ("    return a", words, "interrupted")
+
+
+def test_stream_holds_back_incomplete_characters(pair: TinyPair) -> None:
+    tok = specdec.load_tokenizer(pair.target)
+    text = "naïve → 漢字 ok"
+    ids = tok(text).input_ids  # byte-level BPE: the non-ASCII characters span several tokens
+    stream = TokenStream(tok, tok(PROMPT).input_ids, echo=False)
+    for token in ids:
+        stream.add(RoundEvent(tokens=[token], kinds=["accepted"]))
+        assert "\ufffd" not in stream.text
+    stream.finish()
+    assert stream.text == text
 
 
 def test_chat_through_a_pipe(pair: TinyPair) -> None:
