@@ -208,7 +208,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_generate(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``specdec generate``."""
     parser = subparsers.add_parser(
         "generate", help="complete one prompt, streaming, with the figures of speculation",
         description="Complete PROMPT (or --prompt-file, or standard input). The text streams to "
@@ -220,11 +221,6 @@ def _register_generate(subparsers: argparse._SubParsersAction) -> None:
                         help="print one JSON object (text, token ids, settings, all stats) and nothing else")
     add_decoding_arguments(parser)
     parser.set_defaults(func=_run_generate)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``specdec generate``."""
-    _register_generate(subparsers)
 
 
 # -------------------------------------------------------------------------------------------- main

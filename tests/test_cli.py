@@ -224,6 +224,13 @@ def test_chat_in_a_terminal(pair: TinyPair) -> None:
         child.sendline("")
         child.expect(r"speedup [\d.]+x")
         child.expect(">")
+        child.sendline("/length 1000")
+        child.expect(">")
+        child.sendline(PROMPT)
+        child.expect("return")  # the first round is on screen: Ctrl-C stops the rest
+        child.sendintr()
+        child.expect(r"\[interrupted: \d+ new tokens")
+        child.expect(">")
         child.sendcontrol("d")
         child.expect(pexpect.EOF)
     finally:
