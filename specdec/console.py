@@ -389,8 +389,8 @@ def _seed(argument: str) -> int | None:
 COMMANDS: dict[str, Command] = {
     "help": Command(Chat.cmd_help, "", "this list"),
     "quit": Command(Chat.cmd_quit, "", "leave (also Ctrl-D)"),
-    "mode": Command(Chat.cmd_mode, "speculative|target|drafter|compare",
-                    "draft + verify, the target alone, the drafter alone, or target then speculative"),
+    "mode": Command(Chat.cmd_mode, "MODE", "speculative (draft + verify), target or drafter (alone), "
+                    "compare (target, then speculative, and the speedup)"),
     "drafter": Command(Chat.cmd_drafter, "model|ngram|PATH",
                        "draft with the drafter model, prompt lookup, or another model folder"),
     "gamma": Command(lambda c, a: c._set("spec", gamma=_number(int, a)), "N", "tokens drafted per round"),
