@@ -194,7 +194,7 @@ def _run(config: BenchConfig, runners: list[Runner], console: Console | None) ->
     drafter = None
     if any(r.needs_drafter_model for r in runners):
         drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
-    tokenizer = load_tokenizer(config.target)
+    tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target))
     clock = Clock(target.device)
