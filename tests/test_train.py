@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.data.stdlib import SPLITS, _corpus_paths, split_of, stdlib_root
+from specdec.data.stdlib import _corpus_paths, split_of, stdlib_root
 from specdec.data.tokenizer import train_tokenizer
 from specdec.train.lm import build_model, stream_loss, tokenize_split, train
 from specdec.train.presets import PRESETS
@@ -95,5 +95,13 @@ def test_drafter_distillation_runs_against_a_teacher(mini_corpus, tmp_path):
     assert drafter.config.vocab_size == specdec.load_model(str(teacher)).config.vocab_size
 
 
-def test_splits_constant():
-    assert SPLITS == ("train", "validation", "test")
+def test_init_from_continues_a_saved_model(mini_corpus, tmp_path):
+    """--init-from starts from saved weights (e.g. the shipped model), not from random ones."""
+    root, tok_dir = mini_corpus
+    first = train(_cfg(max_steps=30), tmp_path / "a", tok_dir, root=root)
+    again = train(_cfg(max_steps=1, init_from=str(first), lr=1e-9, warmup_steps=1), tmp_path / "b", tok_dir,
+                  root=root)
+    a = specdec.load_model(str(first)).state_dict()
+    b = specdec.load_model(str(again)).state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5, msg=k)

@@ -143,7 +143,13 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     train_stream = tokenize_split(tokenizer, "train", root)
     val_stream = tokenize_split(tokenizer, "validation", root)
-    model = build_model(cfg.shape, tokenizer).to(device)
+    model = build_model(cfg.shape, tokenizer)
+    if cfg.init_from is not None:  # continue training a saved model (fresh optimizer and schedule)
+        start = AutoModelForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+        if start.config.to_dict()["vocab_size"] != model.config.vocab_size:
+            raise ValueError(f"--init-from {cfg.init_from} has another vocabulary than the tokenizer")
+        model = start
+    model = model.to(device)
     teacher = None
     if cfg.teacher is not None:
         teacher = AutoModelForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).to(device).eval()

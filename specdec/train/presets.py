@@ -26,6 +26,7 @@ class TrainConfig:
 
     shape: ModelShape = field(default_factory=lambda: ModelShape(512, 6, 8, 1408))
     teacher: str | None = None  # a trained target to distil from (drafters); None = plain LM loss
+    init_from: str | None = None  # start from these weights (e.g. a shipped model) instead of random ones
     kd_weight: float = 0.8  # share of the distillation loss KL(p_teacher || q) when a teacher is set
     seq_len: int = 512  # tokens per training window
     batch_size: int = 8  # windows per step
