@@ -6,7 +6,10 @@ Order of work (one process, one machine, the same prompts for every method):
 3. warm up every (method, setting) block on the first prompts, untimed;
 4. for each repeat, run every block over all prompts: repeats are interleaved across methods, so a
    slow spell of a shared machine hits all methods alike; each block's peak memory is measured;
-5. a method that raises is recorded as failed and skipped from then on; the others go on.
+5. a method that raises is recorded as failed and skipped from then on; the others go on;
+6. greedy outputs are compared with plain-hf's (first repeat) token for token; at the first
+   difference the target's two best logits are compared there, since verifying k tokens in one
+   forward may legitimately flip a near tie (issue 2: top-two gap below ~1e-4).
 
 Every run is timed by the same clock (CUDA synchronized) and its forward passes are counted by the
 same hooks, whatever the method.
@@ -18,6 +21,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import PreTrainedModel
@@ -28,7 +32,7 @@ from specdec.bench.environment import Environment, capture_environment, load_ave
 from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_time
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
-from specdec.bench.runners import BenchModels, Meters, Runner, RunOutput, Setting, select_runners
+from specdec.bench.runners import BASELINE, BenchModels, Meters, Runner, RunOutput, Setting, select_runners
 from specdec.loading import load_model, load_tokenizer
 
 _STEP_TIME_STEPS = 16  # timed single-token forwards per model for the cost ratio c
@@ -43,6 +47,16 @@ class Block:
     records: list[Record] = field(default_factory=list)
     memory: MemoryReading | None = None  # the highest peak over the repeats
     error: str | None = None  # "ExceptionType: message" of the first failure
+    compared: int = 0  # greedy prompts compared with plain-hf (0 for sampled settings)
+    mismatches: dict[str, Mismatch] = field(default_factory=dict)  # prompt id -> first difference
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where a greedy output first differs from plain-hf's, and how close the target's choice was there."""
+
+    position: int  # index of the first differing new token (or the shorter length)
+    top2_gap: float  # target's best minus second-best logit at that position (a tie if below ~1e-4)
 
 
 @dataclass
@@ -149,6 +163,34 @@ class _Harness:
             block.memory = reading
 
 
+@torch.inference_mode()
+def _top2_gap(target: PreTrainedModel, prompt: Prompt, reference: list[int], position: int) -> float:
+    """Best minus second-best target logit after the prompt and `reference[:position]`."""
+    ids = torch.cat([prompt.input_ids, torch.tensor(reference[:position], dtype=torch.long)])  # [T + position]
+    logits = target(input_ids=ids[None].to(target.device)).logits[0, -1].float()  # [V]
+    best = logits.topk(2).values  # [2]
+    return (best[0] - best[1]).item()
+
+
+def compare_greedy(blocks: list[Block], target: PreTrainedModel, prompts: list[Prompt]) -> None:
+    """Fill each greedy block's `compared` and `mismatches` against plain-hf's first repeat."""
+    baselines = {b.setting.temperature: b for b in blocks if b.runner.name == BASELINE and b.records}
+    by_id = {p.id: p for p in prompts}
+    for block in blocks:
+        base = baselines.get(block.setting.temperature)
+        if not block.setting.greedy or base is None or not block.records:
+            continue
+        reference = {r.prompt_id: r.tokens for r in base.records if r.repeat == 0}
+        block.compared = len({r.prompt_id for r in block.records} & set(reference))
+        for r in block.records:
+            ref = reference.get(r.prompt_id)
+            if ref is None or r.tokens == ref or r.prompt_id in block.mismatches:
+                continue
+            position = next((i for i, (a, b) in enumerate(zip(r.tokens, ref)) if a != b), min(len(r.tokens), len(ref)))
+            gap = _top2_gap(target, by_id[r.prompt_id], ref, position)
+            block.mismatches[r.prompt_id] = Mismatch(position=position, top2_gap=gap)
+
+
 def _blocks(config: BenchConfig, runners: list[Runner]) -> list[Block]:
     blocks = []
     for temperature in config.temperature:
@@ -224,6 +266,7 @@ def _run(config: BenchConfig, runners: list[Runner], console: Console | None) ->
                     harness.timed_pass(block, repeat, task)
                 else:
                     progress.advance(task, len(prompts))
+    compare_greedy(blocks, target, prompts)
 
     environment = capture_environment(
         (config.target, target), (config.drafter, drafter) if drafter is not None else None, load_start

@@ -82,7 +82,8 @@ def main_table(rows: list[Row]) -> Table:
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in rows:
-        greedy = "–" if r.greedy_total is None else f"{r.greedy_equal}/{r.greedy_total}"
+        ties = f" ({r.greedy_near_ties} tie)" if r.greedy_near_ties else ""
+        greedy = "–" if r.greedy_total is None else f"{r.greedy_equal}/{r.greedy_total}{ties}"
         style = "red" if r.error or (r.greedy_total and r.greedy_equal != r.greedy_total) else None
         table.add_row(
             r.method + (" ★" if r.peer else ""), _gamma(r.gamma), f"{r.temperature:g}", _f(r.tokens_per_s, ".1f"),
@@ -132,6 +133,7 @@ def print_report(report: BenchReport, console: Console) -> None:
     console.print(
         "tok/s: median over prompts; speedup: mean tokens/s over plain-hf's (Spec-Bench); fwd×: tokens per "
         "target forward over plain-hf's; tau: tokens per round incl. recovered/bonus; alpha: accepted/drafted; "
+        "greedy =: outputs equal to plain-hf's (tie: differs first at a near tie of the target); "
         "c: drafter/target step time; theory: Leviathan et al.; eff.: speedup/theory; ★: the peer of its group",
         style="dim",
     )

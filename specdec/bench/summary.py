@@ -8,7 +8,9 @@ Definitions (every ratio is against ``plain-hf`` at the same temperature, in the
   number of target forwards"; plain-hf makes one forward per token);
 - ``tau`` = tokens / rounds, including the recovered or bonus token; ``alpha`` = accepted / drafted;
 - ``greedy_equal`` = prompts whose every greedy output equals plain-hf's (first repeat) token for
-  token, out of ``greedy_total``; sampled settings are not compared (None);
+  token, out of ``greedy_total``; sampled settings are not compared (None); ``greedy_near_ties``
+  counts the differences at a near tie of the target (top-two logit gap < ``NEAR_TIE``), which
+  batched verification may flip legitimately;
 - ``cost_ratio`` c = drafter step / target step; ``theoretical_speedup`` = Leviathan et al.'s
   (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); ``efficiency`` = speedup / theoretical;
 - ``peak_mib`` = the highest memory during the method's runs (CPU: resident set of the process,
@@ -30,6 +32,8 @@ from specdec.bench.harness import BenchRun, Block
 from specdec.bench.records import Record
 from specdec.bench.runners import BASELINE, DrafterCost
 
+NEAR_TIE = 1e-4  # top-two logit gap below which a greedy difference is a floating-point tie (issue 2)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -49,7 +53,8 @@ class Row:
     alpha: float | None  # acceptance rate; None when the method does not report drafts
     greedy_equal: int | None  # prompts equal to plain-hf token for token (greedy only)
     greedy_total: int | None  # prompts compared (greedy only)
-    greedy_mismatches: list[str]  # "prompt_id@first differing position" for each unequal prompt
+    greedy_near_ties: int | None  # of the unequal prompts, those that differ first at a near tie
+    greedy_mismatches: list[str]  # "prompt_id@position (top-2 gap)" for each unequal prompt
     cost_ratio: float | None  # c = drafter step time / target step time
     theoretical_speedup: float | None  # Leviathan et al. from alpha, gamma, c
     efficiency: float | None  # speedup / theoretical_speedup
@@ -80,28 +85,6 @@ def _per_prompt(records: list[Record]) -> dict[str, list[Record]]:
 def _throughputs(records: list[Record]) -> list[float]:
     """Per-prompt median tokens/s, in prompt order."""
     return [statistics.median(r.tokens_per_s for r in rs) for rs in _per_prompt(records).values()]
-
-
-def _first_difference(a: list[int], b: list[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def _greedy_check(records: list[Record], baseline: list[Record]) -> tuple[int, int, list[str]]:
-    reference = {r.prompt_id: r.tokens for r in baseline if r.repeat == 0}
-    equal, total, mismatches = 0, 0, []
-    for prompt_id, runs in _per_prompt(records).items():
-        if prompt_id not in reference:
-            continue
-        total += 1
-        bad = [r for r in runs if r.tokens != reference[prompt_id]]
-        if bad:
-            mismatches.append(f"{prompt_id}@{_first_difference(bad[0].tokens, reference[prompt_id])}")
-        else:
-            equal += 1
-    return equal, total, mismatches
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -137,8 +120,8 @@ class _Summarizer:
         base_per_forward = _ratio(sum(r.generated_length for r in base_records), sum(r.num_LM_call for r in base_records))
         drafted = [r for r in records if r.drafted is not None]
         alpha = _ratio(sum(r.accepted or 0 for r in drafted), sum(r.drafted or 0 for r in drafted)) if drafted else None
-        greedy = block.setting.greedy and bool(records) and bool(base_records)
-        equal, total, mismatches = _greedy_check(records, base_records) if greedy else (None, None, [])
+        greedy = block.compared > 0
+        mismatches = block.mismatches.values()
         c = self._cost_ratio(block) if records else None
         gamma = block.setting.gamma
         theory = leviathan_speedup(alpha, gamma, c) if None not in (alpha, gamma, c) else None
@@ -159,9 +142,10 @@ class _Summarizer:
             forward_speedup=_ratio(per_forward, base_per_forward) if per_forward and base_per_forward else None,
             tau=_ratio(tokens, sum(r.rounds for r in records)) if n else None,
             alpha=alpha,
-            greedy_equal=equal,
-            greedy_total=total,
-            greedy_mismatches=mismatches,
+            greedy_equal=block.compared - len(mismatches) if greedy else None,
+            greedy_total=block.compared if greedy else None,
+            greedy_near_ties=sum(m.top2_gap < NEAR_TIE for m in mismatches) if greedy else None,
+            greedy_mismatches=[f"{p}@{m.position} (top-2 gap {m.top2_gap:.2g})" for p, m in block.mismatches.items()],
             cost_ratio=c,
             theoretical_speedup=theory,
             efficiency=_ratio(speedup, theory) if speedup and theory else None,
