@@ -16,12 +16,14 @@ and exit status 2, never a traceback; Ctrl-C stops a generation and keeps what i
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import importlib
 import inspect
 import io
 import json
 import sys
+import textwrap
 import time
 import tokenize
 import typing
@@ -66,18 +68,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """The ``# comment`` after each field of a config dataclass, read from its source."""
-    comments: dict[str, str] = {}
-    tokens = tokenize.generate_tokens(io.StringIO(inspect.getsource(cls)).readline)
-    line_field: tuple[int, str] | None = None
-    previous: tokenize.TokenInfo | None = None
-    for tok in tokens:
-        if tok.type == tokenize.OP and tok.string == ":" and previous and previous.type == tokenize.NAME:
-            line_field = (tok.start[0], previous.string)
-        elif tok.type == tokenize.COMMENT and line_field and line_field[0] == tok.start[0]:
-            comments[line_field[1]] = tok.string.lstrip("#").strip()
-        previous = tok
-    return comments
+    """The ``# comment`` after each field of a config dataclass, read from its source.
+
+    Only the class body's own annotated fields count, so a comment inside a method
+    (``for t in self.temperature:  # ...``) is never taken for a field's help."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    body = ast.parse(source).body[0].body
+    field_at = {node.lineno: node.target.id for node in body
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+    return {
+        field_at[tok.start[0]]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT and tok.start[0] in field_at
+    }
 
 
 def _scalar_type(hint: object) -> type:

@@ -20,16 +20,20 @@ from specdec.train.presets import PRESETS, TrainConfig
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    from specdec.cli import field_comments
+
+    comments = field_comments(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         if f.name in ("shape",):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=comments.get(f.name, "") + " (overrides the preset)")
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
-                                help="override the preset's value")
+                                help=(comments.get(f.name, "") + " (overrides the preset)").replace("%", "%%"))
 
 
 def _config_from(args: argparse.Namespace) -> TrainConfig:
