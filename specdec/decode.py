@@ -240,7 +240,7 @@ def speculative_generate(
             cache.forward(prompt[:, :-1])
             stats.target_calls += 1
         t1 = run.clock()
-        stats.drafter_calls += drafter.prefill(prompt)
+        stats.drafter_calls += drafter.prefill(prompt) or 0
         stats.target_time_s, stats.drafter_time_s = t1 - t0, run.clock() - t1
         last = prompt[:, -1:]  # [1, 1] the newest committed token, not yet in the target's cache
         while (room := run.room()) > 0:

@@ -122,3 +122,20 @@ def test_tie_checker_tells_a_tie_from_a_mismatch():
         head[second] = head[first]
     assert top2_gap(tied, prompt) < 1e-6
     assert_same_greedy(tied, prompt, [second, 1, 2], [first, 3, 4])  # a divergence at a tie passes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_greedy_on_cuda():
+    target = build_tiny("llama", seed=0).to("cuda")
+    drafter = truncated_copy(target, 1)
+    prompt = [5, 6, 7, 5, 6]
+    reference = hf_greedy(target.cpu(), prompt, 30, [])
+    target.to("cuda")
+    for d in (drafter, "ngram"):
+        res = specdec.speculative_generate(target, d, prompt, max_new_tokens=30, gamma=4, stop_token_ids=[])
+        assert_same_greedy(target.cpu(), prompt, res.tokens, reference)
+        target.to("cuda")
+    sampled = [specdec.speculative_generate(target, drafter, prompt, max_new_tokens=20, temperature=1.0, seed=3,
+                                            stop_token_ids=[]).tokens for _ in range(2)]
+    assert sampled[0] == sampled[1]

@@ -57,6 +57,8 @@ def chi2_pvalue(counts: np.ndarray, expected_probs: np.ndarray) -> float:
         obs, exp = obs[:-1], exp[:-1]
         obs[-1] += counts[~big].sum()
         exp[-1] += expected[~big].sum()
+    if len(obs) < 2:  # all mass on one cell: nothing to compare beyond the support check
+        return 1.0
     exp *= obs.sum() / exp.sum()
     return float(chisquare(obs, exp).pvalue)
 
@@ -129,8 +131,8 @@ TOY_PROMPT = [3, 4, 3, 5, 3]  # repeats give prompt lookup something to propose
 @pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
 def test_end_to_end_distribution_matches_target_sampling(setting, drafter_kind):
     temperature, top_k, top_p = setting
-    target = build_toy(vocab_size=8, seed=0, scale=1.5)
-    drafter = build_toy(vocab_size=8, seed=1, scale=1.5) if drafter_kind == "model" else "ngram"
+    target = build_toy(vocab_size=8, seed=0, scale=0.8)
+    drafter = build_toy(vocab_size=8, seed=1, scale=0.8) if drafter_kind == "model" else "ngram"
     n_new = 3
     exact = exact_sequence_probs(target, TOY_PROMPT, n_new, setting)
     index = {seq: i for i, seq in enumerate(itertools.product(range(8), repeat=n_new))}
@@ -144,13 +146,15 @@ def test_end_to_end_distribution_matches_target_sampling(setting, drafter_kind):
         rounds += res.stats.rounds
         accepted += res.stats.accepted
         drafted += res.stats.drafted
-    assert 0 < accepted < drafted  # the run exercised acceptances and rejections
+    assert 0 < drafted and accepted < drafted  # drafts were verified, and some rejected
+    if drafter_kind == "model":
+        assert accepted > 0
     assert chi2_pvalue(counts, np.array([exact.get(s, 0.0) for s in index])) > P_MIN
 
 
 def test_plain_loop_distribution_matches_target_sampling():
     setting = SETTINGS[1]
-    target = build_toy(vocab_size=8, seed=0, scale=1.5)
+    target = build_toy(vocab_size=8, seed=0, scale=0.8)
     exact = exact_sequence_probs(target, TOY_PROMPT, 2, setting)
     index = {seq: i for i, seq in enumerate(itertools.product(range(8), repeat=2))}
     counts = np.zeros(len(index), dtype=np.int64)
