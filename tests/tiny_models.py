@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-EOS = "<|endoftext|>"
+from specdec.data.tokenizer import train_tokenizer
+
 _CORPUS = [
     "def add(a, b):\n    return a + b\n",
     "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n    return parser.parse_args(argv)\n",
@@ -37,18 +37,8 @@ class TinyPair:
 
 
 def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
-    """A byte-level BPE over the tiny corpus, wrapped as a transformers fast tokenizer."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS)
+    """A byte-level BPE over the tiny corpus, by the same trainer as the shipped tokenizer."""
+    return train_tokenizer(_CORPUS, vocab_size=vocab_size)
 
 
 def _llama(vocab_size: int, eos_id: int, hidden: int, layers: int) -> LlamaForCausalLM:

@@ -48,7 +48,7 @@ PRESETS: dict[str, TrainConfig] = {
     "code-target": TrainConfig(),
     # ~1.9M parameters: 12x smaller, distilled from the target.
     "code-drafter": TrainConfig(
-        shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target/final", lr=3e-3, max_steps=900
+        shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target/final", lr=3e-3, max_steps=750
     ),
     # seconds-long run for tests and smoke checks
     "tiny": TrainConfig(
