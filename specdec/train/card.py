@@ -120,8 +120,8 @@ def render_card(name: str, role: str, model_dir: Path, lm: dict, pair: dict, run
         f"| parameters | {n_params / 1e6:.2f}M (tied input/output embeddings) |",
         (f"| shape | hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads, "
         f"MLP {cfg.intermediate_size}, vocabulary {cfg.vocab_size}, context {cfg.max_position_embeddings} |"),
-        (f"| weights | safetensors, {str(getattr(cfg, 'dtype', None) or cfg.torch_dtype).replace('torch.', '')} "
-        "(loaded as fp32 on CPU by default) |"),
+        (f"| weights | safetensors, {json.loads((model_dir / 'config.json').read_text())['dtype']} "
+         "(loaded as fp32 on CPU by default) |"),
         f"| tokenizer | byte-level BPE ({cfg.vocab_size} tokens) trained on the train split; eos `<|endoftext|>` |",
         "", "## Training", "",
         f"Corpus: `*.py` files of CPython {'.'.join(map(str, __import__('sys').version_info[:3]))}'s "
@@ -135,7 +135,9 @@ def render_card(name: str, role: str, model_dir: Path, lm: dict, pair: dict, run
         f"nats/token, perplexity **{lm['test_perplexity']:.2f}**."), "",
         (f"With the pair, on {pair['prompts']} held-out prompts from the test split (function prefixes), "
         f"{pair['max_new_tokens']} new tokens, gamma {pair['gamma']}, {env.get('device')} "
-        f"{env.get('dtype')}, {env.get('threads')} threads ({env.get('cpu', '')}):"), "",
+        f"{env.get('dtype')}, {env.get('torch_threads')} threads ({env.get('device_name', '')}), "
+         f"torch {env.get('torch_version')}, transformers {env.get('transformers_version')}; reproduce with "
+         "`specdec bench --methods plain-hf,plain,spec --temperature 0 1 --output bench-out/card`:"), "",
         "| figure | value |", "|---|---|",
         f"| greedy acceptance rate α | {_fmt(pair['greedy_alpha'])} |",
         f"| greedy mean accepted length τ (incl. recovered/bonus token) | {_fmt(pair['greedy_tau'], '.2f')} |",
@@ -147,8 +149,9 @@ def render_card(name: str, role: str, model_dir: Path, lm: dict, pair: dict, run
         f"| greedy speedup over the target's own `generate` | {_fmt(pair['greedy_speedup_vs_plain_hf'], '.2f')}x |",
         f"| greedy outputs equal to plain decoding | {pair['greedy_equal']} |",
         f"| greedy outputs of plain decoding that are degenerate loops | {pair['degenerate_loops']} |",
-        "", ("Reproduce: `specdec train card` (see the command in the project README, "
-        "section *Shipped models*)."), "",
+        "", ("Greedy outputs are not tuned for repetition: a small target's greedy decoding loops, and "
+             "looping text is easy to draft, so acceptance on looping outputs flatters the pair. "
+             "Reproduce the whole card with `specdec train card` after that bench run."), "",
         "## Samples (held-out prompts)", "",
     ]
     for s in samples_:

@@ -1,0 +1,58 @@
+"""The shipped default pair (models/code-target, models/code-drafter) loads and works together."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import specdec
+from specdec.data.prompts import code_completion_prompts
+from specdec.loading import default_model_path, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return specdec.load_model("code-target"), specdec.load_model("code-drafter"), load_tokenizer("code-target")
+
+
+def test_shipped_files_are_safetensors_within_the_size_budget():
+    total = 0
+    for name in ("code-target", "code-drafter"):
+        folder = default_model_path(name)
+        assert (folder / "config.json").exists() and (folder / "README.md").exists()
+        assert (folder / "tokenizer.json").exists()
+        weights = list(folder.glob("*.safetensors"))
+        assert weights, f"{folder} has no safetensors weights"
+        assert not list(folder.glob("*.bin")) and not list(folder.glob("*.pt")), "no pickled weights"
+        assert json.loads((folder / "config.json").read_text())["dtype"] in ("bfloat16", "float16")
+        total += sum(f.stat().st_size for f in weights)
+    assert total <= 64 * 2**20, f"shipped weights take {total / 2**20:.1f} MiB > 64 MiB"
+
+
+def test_pair_shares_a_vocabulary_and_the_target_is_much_larger(pair):
+    target, drafter, tok = pair
+    assert target.config.vocab_size == drafter.config.vocab_size == len(tok)
+    assert load_tokenizer("code-drafter").get_vocab() == tok.get_vocab()
+    n_t = sum(p.numel() for p in target.parameters())
+    n_d = sum(p.numel() for p in drafter.parameters())
+    assert 15e6 <= n_t <= 45e6 and n_t >= 10 * n_d, (n_t, n_d)
+    assert target.generation_config.eos_token_id == tok.eos_token_id
+
+
+def test_default_model_is_the_shipped_target():
+    assert specdec.load_model().config.to_dict() == specdec.load_model("code-target").config.to_dict()
+
+
+def test_shipped_pair_is_lossless_and_drafts_useful_tokens(pair):
+    target, drafter, tok = pair
+    accepted = drafted = 0
+    for p in code_completion_prompts(3, seed=5):
+        ids = tok(p["prompt"])["input_ids"]
+        plain = specdec.autoregressive_generate(target, ids, max_new_tokens=24)
+        spec = specdec.speculative_generate(target, drafter, ids, max_new_tokens=24, gamma=4)
+        assert spec.tokens == plain.tokens, p["id"]
+        accepted += spec.stats.accepted
+        drafted += spec.stats.drafted
+    # a trained, distilled drafter agrees with the target far more often than chance (1/8192)
+    assert accepted / drafted > 0.2, accepted / drafted
