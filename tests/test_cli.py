@@ -224,10 +224,12 @@ def test_chat_in_a_terminal(pair: TinyPair) -> None:
         child.sendline("")
         child.expect(r"speedup [\d.]+x")
         child.expect(">")
-        child.sendline("/length 1000")
+        child.sendline("/mode target")  # one long phase (several seconds) that Ctrl-C can interrupt
+        child.expect(">")
+        child.sendline("/length 8000")
         child.expect(">")
         child.sendline(PROMPT)
-        child.expect("return")  # the first round is on screen: Ctrl-C stops the rest
+        child.expect(r"\[target\]|return")  # the first tokens are on screen: Ctrl-C stops the rest
         child.sendintr()
         child.expect(r"\[interrupted: \d+ new tokens")
         child.expect(">")

@@ -49,7 +49,7 @@ def _llama(vocab_size: int, eos_id: int, hidden: int, layers: int) -> LlamaForCa
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=1024,
+        max_position_embeddings=8192,  # long enough for the Ctrl-C test to interrupt a long generation
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         tie_word_embeddings=False,

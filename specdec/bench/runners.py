@@ -181,6 +181,18 @@ class PlainHF:
         return _hf_output(out, input_ids, meters)
 
 
+def _decode_kwargs(models: BenchModels, setting: Setting) -> dict:
+    """The keyword arguments our two loops share: length, sampling, stops and seed."""
+    return {
+        "max_new_tokens": setting.max_new_tokens,
+        "temperature": setting.temperature,
+        "top_k": setting.top_k,
+        "top_p": setting.top_p,
+        "stop_token_ids": models.stop_token_ids,
+        "seed": setting.seed,
+    }
+
+
 class Plain:
     """Our `autoregressive_generate`."""
 
@@ -190,16 +202,7 @@ class Plain:
     cost = DrafterCost.NONE
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
-        res = specdec.autoregressive_generate(
-            models.target,
-            input_ids,
-            max_new_tokens=setting.max_new_tokens,
-            temperature=setting.temperature,
-            top_k=setting.top_k,
-            top_p=setting.top_p,
-            stop_token_ids=models.stop_token_ids,
-            seed=setting.seed,
-        )
+        res = specdec.autoregressive_generate(models.target, input_ids, **_decode_kwargs(models, setting))
         return _from_stats(res.tokens, res.stats)
 
 
@@ -221,13 +224,8 @@ class Speculative:
             models.target,
             models.drafter if self.needs_drafter_model else "ngram",
             input_ids,
-            max_new_tokens=setting.max_new_tokens,
             gamma=setting.gamma,
-            temperature=setting.temperature,
-            top_k=setting.top_k,
-            top_p=setting.top_p,
-            stop_token_ids=models.stop_token_ids,
-            seed=setting.seed,
+            **_decode_kwargs(models, setting),
         )
         return _from_stats(res.tokens, res.stats)
 
