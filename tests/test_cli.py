@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -204,8 +205,10 @@ def test_chat_through_a_pipe(pair: TinyPair) -> None:
 
 def test_chat_in_a_terminal(pair: TinyPair) -> None:
     argv = ["-m", "specdec", "chat", *pair_args(pair), "--max-new-tokens", "16"]
+    # A shell that runs the suite in the background makes SIGINT ignored, and children inherit
+    # that: give the console the default disposition, as in a user's terminal.
     child = pexpect.spawn(sys.executable, argv, env=ENV, cwd=str(REPO), encoding="utf-8", timeout=60,
-                          dimensions=(40, 200))
+                          dimensions=(40, 200), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         child.expect("specdec chat: target")
         child.expect(">")
