@@ -37,22 +37,18 @@ def is_degenerate_loop(tokens: list[int], max_period: int = 16, min_repeats: int
     return False
 
 
-def test_split_loss(model_dir: str | Path, seq_len: int = 512) -> dict[str, float]:
+def test_split_loss(model, tok, seq_len: int = 512) -> dict[str, float]:
     """Cross-entropy (nats/token) and perplexity on the held-out test split."""
-    model = load_model(str(model_dir), dtype="fp32")
-    tok = load_tokenizer(str(model_dir))
     stream = tokenize_split(tok, "test")
     loss = stream_loss(model, stream, seq_len, EVAL_WINDOWS)
     return {"test_loss": round(loss, 4), "test_perplexity": round(math.exp(loss), 2),
             "test_tokens_scored": min(EVAL_WINDOWS, (len(stream) - 1) // seq_len) * seq_len}
 
 
-def samples(model_dir: str | Path, n: int = 3, max_new_tokens: int = 64) -> list[dict[str, str]]:
+def samples(model, tok, n: int = 3, max_new_tokens: int = 64) -> list[dict[str, str]]:
     """Greedy and sampled (temperature 0.8, top-p 0.95) completions of held-out prompts."""
     from specdec.decode import autoregressive_generate
 
-    model = load_model(str(model_dir), dtype="fp32")
-    tok = load_tokenizer(str(model_dir))
     out = []
     for p in code_completion_prompts(n, seed=1):
         ids = tok(p["prompt"])["input_ids"]
@@ -102,10 +98,9 @@ def _fmt(v: object, spec: str = ".3f") -> str:
     return format(v, spec) if isinstance(v, float) else str(v)
 
 
-def render_card(name: str, role: str, model_dir: Path, lm: dict, pair: dict, run_dir: Path,
+def render_card(name: str, role: str, model_dir: Path, model, lm: dict, pair: dict, run_dir: Path,
                 samples_: list[dict], recipe: str) -> str:
-    """The README.md of one shipped model."""
-    model = load_model(str(model_dir), dtype="fp32")
+    """The README.md of one shipped model (``model``: the one loaded from ``model_dir``)."""
     n_params = sum(p.numel() for p in model.parameters())
     cfg = model.config
     hist = _history(run_dir)
@@ -190,9 +185,11 @@ def write_cards(target_dir: str | Path, drafter_dir: str | Path, bench_dir: str 
     figures = {"pair": {k: v for k, v in pair.items() if k != "environment"}}
     for name, role, model_dir, run_dir in (("code-target", "target", target_dir, target_run),
                                            ("code-drafter", "drafter", drafter_dir, drafter_run)):
-        lm = test_split_loss(model_dir)
+        model = load_model(str(model_dir), dtype="fp32")
+        tok = load_tokenizer(str(model_dir))
+        lm = test_split_loss(model, tok)
         figures[name] = lm
-        card = render_card(name, role, Path(model_dir), lm, pair, Path(run_dir), samples(model_dir),
+        card = render_card(name, role, Path(model_dir), model, lm, pair, Path(run_dir), samples(model, tok),
                            _recipe(role, Path(run_dir)))
         (Path(model_dir) / "README.md").write_text(card, encoding="utf-8")
     return figures

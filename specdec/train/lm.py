@@ -19,7 +19,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -156,8 +155,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         if teacher.config.vocab_size != model.config.vocab_size:
             raise ValueError(f"teacher {cfg.teacher} has vocabulary {teacher.config.vocab_size}, "
                              f"the drafter's tokenizer {model.config.vocab_size}: use the teacher's tokenizer")
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.95), fused=False,
@@ -170,7 +169,6 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     _log(f"training {n_params / 1e6:.2f}M parameters on {len(train_stream) / 1e6:.2f}M tokens, "
          f"{cfg.max_steps} steps of {cfg.batch_size}x{cfg.seq_len}, device {device}, "
          f"teacher {cfg.teacher or 'none'}")
-    use_autocast = cfg.bf16
     amp_device = "cuda" if str(device).startswith("cuda") else "cpu"
     started = time.perf_counter()
     window_t, window_tokens, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
@@ -181,7 +179,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
             group["lr"] = lr_at(step, cfg)
         batch = batch_at(train_stream, step, cfg).to(device)  # [B, T + 1]
         inputs, labels = batch[:, :-1], batch[:, 1:]
-        with torch.autocast(amp_device, dtype=torch.bfloat16, enabled=use_autocast):
+        with torch.autocast(amp_device, dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = model(input_ids=inputs).logits.float()  # [B, T, V]
             ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
             loss = ce
@@ -207,7 +205,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
             record = record or {"step": state.step}
             record["val_loss"] = round(stream_loss(model, val_stream, cfg.seq_len, cfg.eval_windows,
-                                                   bf16=use_autocast and amp_device == "cpu"), 4)
+                                                   bf16=cfg.bf16 and amp_device == "cpu"), 4)
         if record is not None:
             state.history.append(record)
             _log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
@@ -245,7 +243,3 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bf16", max_shard_size
     AutoTokenizer.from_pretrained(str(src)).save_pretrained(dst)
     GenerationConfig.from_pretrained(str(src)).save_pretrained(dst)
     return dst
-
-
-if __name__ == "__main__":  # pragma: no cover - use `specdec train`
-    sys.exit("use: specdec train lm ...")
