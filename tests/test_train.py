@@ -105,3 +105,11 @@ def test_init_from_continues_a_saved_model(mini_corpus, tmp_path):
     b = specdec.load_model(str(again)).state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5, msg=k)
+    # the model card follows the chain of stages: recipe and validation history cover both runs
+    from specdec.train.card import _history, _recipe, _stages
+
+    assert [d.name for d, _ in _stages(tmp_path / "b")] == ["a", "b"]
+    recipe = _recipe("target", tmp_path / "b")
+    assert recipe.startswith("Stage 1 (`a`): Trained from scratch") and "Stage 2 (`b`): continued from" in recipe
+    assert str(first) in recipe and "30 steps" in recipe and "1 steps" in recipe
+    assert [h["step"] for h in _history(tmp_path / "b") if "val_loss" in h] == [10, 20, 30, 31]

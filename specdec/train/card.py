@@ -89,9 +89,27 @@ def pair_figures(bench_dir: str | Path) -> dict:
     }
 
 
+def _stages(run_dir: Path) -> list[tuple[Path, dict]]:
+    """The training stages that produced ``run_dir``'s model, oldest first, as (run folder, state).
+
+    A run started with ``--init-from OTHER_RUN/final`` continues OTHER_RUN, whose state is read
+    from ``OTHER_RUN/checkpoint/state.json``; the chain ends at a run without one."""
+    stages: list[tuple[Path, dict]] = []
+    while run_dir is not None and (run_dir / "checkpoint" / "state.json").exists() and len(stages) < 16:
+        state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
+        stages.insert(0, (run_dir, state))
+        init = state["config"].get("init_from")
+        run_dir = Path(init).parent if init and Path(init).name == "final" else None
+    return stages
+
+
 def _history(run_dir: Path) -> list[dict]:
-    state = run_dir / "checkpoint" / "state.json"
-    return json.loads(state.read_text())["state"]["history"] if state.exists() else []
+    """Validation history over every stage, steps counted from the first stage's start."""
+    out, offset = [], 0
+    for _, state in _stages(run_dir):
+        out += [{**h, "step": h["step"] + offset} for h in state["state"]["history"]]
+        offset += state["config"]["max_steps"]
+    return out
 
 
 def _fmt(v: object, spec: str = ".3f") -> str:
@@ -166,15 +184,27 @@ RECIPES = {
                 "loss = {kd} x KL(p_target || q_drafter) + {ce} x cross-entropy; AdamW, peak learning "
                 "rate {lr}, {steps} steps of {batch} windows of {seq} tokens = {tokens:.1f}M tokens, "
                 "bf16 autocast, CPU."),
+    "continued": ("continued from `{init}` with `--init-from` (fresh AdamW state, batch seed {seed}, so "
+                  "new windows of the train split): {loss}{teacher}, peak learning rate {lr}, {warmup} "
+                  "warm-up steps then cosine decay to 10%, {steps} steps of {batch} windows of {seq} "
+                  "tokens = {tokens:.1f}M tokens, bf16 autocast, CPU."),
 }
 
 
 def _recipe(role: str, run_dir: Path) -> str:
-    cfg = json.loads((run_dir / "checkpoint" / "state.json").read_text())["config"]
-    tokens = cfg["max_steps"] * cfg["batch_size"] * cfg["seq_len"] / 1e6
-    return RECIPES[role].format(lr=cfg["lr"], warmup=cfg["warmup_steps"], steps=cfg["max_steps"],
-                                batch=cfg["batch_size"], seq=cfg["seq_len"], tokens=tokens,
-                                kd=cfg["kd_weight"], ce=round(1 - cfg["kd_weight"], 2))
+    """How the model was trained: one paragraph per stage (a continuation names its start)."""
+    parts = []
+    for i, (stage_dir, state) in enumerate(_stages(run_dir)):
+        cfg = state["config"]
+        tokens = cfg["max_steps"] * cfg["batch_size"] * cfg["seq_len"] / 1e6
+        text = RECIPES[role if i == 0 else "continued"].format(
+            lr=cfg["lr"], warmup=cfg["warmup_steps"], steps=cfg["max_steps"], batch=cfg["batch_size"],
+            seq=cfg["seq_len"], tokens=tokens, kd=cfg["kd_weight"], ce=round(1 - cfg["kd_weight"], 2),
+            run=stage_dir.name, init=cfg.get("init_from"), seed=cfg["seed"],
+            loss=("the same distillation loss" if cfg.get("teacher") else "next-token cross-entropy"),
+            teacher=f" (teacher `{cfg['teacher']}`)" if cfg.get("teacher") else "")
+        parts.append(f"Stage {i + 1} (`{stage_dir.name}`): {text}")
+    return "\n\n".join(parts)
 
 
 def write_cards(target_dir: str | Path, drafter_dir: str | Path, bench_dir: str | Path,
