@@ -50,6 +50,13 @@ PRESETS: dict[str, TrainConfig] = {
     "code-drafter": TrainConfig(
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target/final", lr=3e-3, max_steps=750
     ),
+    # Stage 2 of each shipped model (session 2's continuation): new batches (seed 1), fresh AdamW,
+    # a lower peak learning rate and its own warm-up and cosine decay.
+    "code-target-s2": TrainConfig(init_from="runs/code-target/final", lr=6e-4, warmup_steps=50, seed=1),
+    "code-drafter-s2": TrainConfig(
+        shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s2/final", init_from="runs/code-drafter/final",
+        lr=1.5e-3, warmup_steps=50, seed=1,
+    ),
     # seconds-long run for tests and smoke checks
     "tiny": TrainConfig(
         shape=ModelShape(32, 1, 2, 64, 64), seq_len=32, batch_size=4, max_steps=20, eval_every=10,
