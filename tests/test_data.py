@@ -7,6 +7,7 @@ import string
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import specdec
 from specdec.data.prompts import code_completion_prompts
 from specdec.data.stdlib import SPLITS, _corpus_paths, load_split, split_of, stdlib_root
 from specdec.data.tokenizer import EOS, train_tokenizer
@@ -79,3 +80,16 @@ def test_prompts_are_held_out_deterministic_function_prefixes():
         last = p["prompt"].rstrip().splitlines()[-1].strip()
         # ends at a signature (":" ends the def) or right after a docstring
         assert last.endswith((":", '"""', "'''")) or last[-1] in "\"'", last
+
+
+def test_prompts_end_on_a_token_boundary_of_the_source():
+    """The prompt's tokens are a prefix of the source's tokens: no split newline-and-indent token."""
+    tok = specdec.load_tokenizer("code-target")
+    texts = {f.relpath: f.text for f in load_split("test")}
+    for p in code_completion_prompts(20):
+        source = texts[p["id"].rsplit(":", 1)[0]]
+        start = source.index(p["prompt"])
+        prompt_ids = tok(p["prompt"])["input_ids"]
+        source_ids = tok(source[start : start + len(p["prompt"]) + 200])["input_ids"]
+        assert source_ids[: len(prompt_ids)] == prompt_ids, p["id"]
+        assert not p["prompt"].endswith("\n")

@@ -7,6 +7,12 @@ for a given seed and stdlib. A prompt is up to ``context_lines`` lines that prec
 docstring when it has one, ending just where the model should write the body. At most one function
 is taken per file, so the set covers many modules. Prompts longer than ``max_chars`` are trimmed at
 the front, on a line boundary.
+
+A prompt ends *before* the newline that ends its last line: a byte-level BPE merges that newline
+with the next line's indentation ("\n" + spaces is one token), so a prompt ending in a bare "\n"
+token would show the model a boundary it never saw in training (a bare newline is followed by an
+unindented line) and it would skip the body. Ending at ":" or the docstring's quotes, the model
+writes the newline-and-indent token itself.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ def _function_prefixes(relpath: str, text: str, context_lines: int, max_chars: i
         if end_line < start:  # one-line def with body on the same line
             continue
         context_start = max(0, start - 1 - context_lines)
-        prompt = "".join(lines[context_start:end_line])
+        prompt = "".join(lines[context_start:end_line]).rstrip("\r\n")
         while len(prompt) > max_chars and "\n" in prompt:
             prompt = prompt.split("\n", 1)[1]
         if len(prompt) > max_chars or not prompt.strip():
