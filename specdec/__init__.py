@@ -7,6 +7,7 @@ from specdec.config import ModelConfig, NgramConfig, SamplingConfig, SpecConfig
 from specdec.decode import autoregressive_generate, speculative_generate
 from specdec.drafters import DRAFTERS, make_drafter, register_drafter
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.hybrid import LookupModelDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.loading import default_model_path, load_model, load_tokenizer
@@ -18,6 +19,7 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "ModelConfig",
+    "LookupModelDrafter",
     "ModelDrafter",
     "NgramConfig",
     "NgramDrafter",

@@ -33,10 +33,12 @@ prompts = st.lists(st.integers(3, 95), min_size=1, max_size=12)
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "gpt_neox"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt=prompts, gamma=st.integers(1, 8), which=st.sampled_from(["agree", "wild", "self", "ngram"]))
+@given(prompt=prompts, gamma=st.integers(1, 8),
+       which=st.sampled_from(["agree", "wild", "self", "ngram", "lookup+agree", "lookup+wild"]))
 def test_greedy_equals_target_generate(arch, prompt, gamma, which):
     target, agree, wild = pair(arch)
-    drafter = {"agree": agree, "wild": wild, "self": target, "ngram": "ngram"}[which]
+    drafter = {"agree": agree, "wild": wild, "self": target, "ngram": "ngram",
+               "lookup+agree": specdec.LookupModelDrafter(agree), "lookup+wild": specdec.LookupModelDrafter(wild)}[which]
     reference = hf_greedy(target, prompt, 24, [])
     res = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=24, gamma=gamma, stop_token_ids=[])
     assert_same_greedy(target, prompt, res.tokens, reference)
@@ -139,3 +141,14 @@ def test_greedy_on_cuda():
     sampled = [specdec.speculative_generate(target, drafter, prompt, max_new_tokens=20, temperature=1.0, seed=3,
                                             stop_token_ids=[]).tokens for _ in range(2)]
     assert sampled[0] == sampled[1]
+
+
+def test_lookup_then_model_uses_both_drafters_and_stays_exact():
+    """Lookup proposes when the latest n-gram recurs (no model call), the model otherwise."""
+    target, agree, _ = pair("llama")
+    prompt = [5, 17, 33, 5, 17, 33, 5, 17, 40, 41, 42]
+    reference = hf_greedy(target, prompt, 40, [])
+    res = specdec.speculative_generate(target, specdec.LookupModelDrafter(agree), prompt, max_new_tokens=40,
+                                       gamma=4, stop_token_ids=[])
+    assert_same_greedy(target, prompt, res.tokens, reference)
+    assert 0 < res.stats.drafter_calls < res.stats.drafted  # model rounds cost calls, lookup rounds none

@@ -128,27 +128,33 @@ TOY_PROMPT = [3, 4, 3, 5, 3]  # repeats give prompt lookup something to propose
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram", "lookup+model"])
 def test_end_to_end_distribution_matches_target_sampling(setting, drafter_kind):
     temperature, top_k, top_p = setting
     target = build_toy(vocab_size=8, seed=0, scale=0.8)
-    drafter = build_toy(vocab_size=8, seed=1, scale=0.8) if drafter_kind == "model" else "ngram"
+    toy = build_toy(vocab_size=8, seed=1, scale=0.8)
+    drafter = {"model": toy, "ngram": "ngram", "lookup+model": specdec.LookupModelDrafter(toy)}[drafter_kind]
+    # lookup+model: the prompt's last token is new, so round 1 is the model's and later rounds mix
+    prompt = [3, 4, 3, 6] if drafter_kind == "lookup+model" else TOY_PROMPT
     n_new = 3
-    exact = exact_sequence_probs(target, TOY_PROMPT, n_new, setting)
+    exact = exact_sequence_probs(target, prompt, n_new, setting)
     index = {seq: i for i, seq in enumerate(itertools.product(range(8), repeat=n_new))}
     counts = np.zeros(len(index), dtype=np.int64)
     torch.manual_seed(1234)  # seed=None draws each call's generator seed from torch's global RNG
-    rounds = accepted = drafted = 0
+    rounds = accepted = drafted = calls = 0
     for _ in range(N_SAMPLES):
-        res = specdec.speculative_generate(target, drafter, TOY_PROMPT, max_new_tokens=n_new, gamma=2,
+        res = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=2,
                                            temperature=temperature, top_k=top_k, top_p=top_p, stop_token_ids=[])
         counts[index[tuple(res.tokens)]] += 1
         rounds += res.stats.rounds
         accepted += res.stats.accepted
         drafted += res.stats.drafted
+        calls += res.stats.drafter_calls - 1  # minus the prefill
     assert 0 < drafted and accepted < drafted  # drafts were verified, and some rejected
-    if drafter_kind == "model":
+    if drafter_kind != "ngram":
         assert accepted > 0
+    if drafter_kind == "lookup+model":
+        assert 0 < calls < drafted  # both the model and lookup proposed
     assert chi2_pvalue(counts, np.array([exact.get(s, 0.0) for s in index])) > P_MIN
 
 
@@ -165,10 +171,11 @@ def test_plain_loop_distribution_matches_target_sampling():
     assert chi2_pvalue(counts, np.array([exact.get(s, 0.0) for s in index])) > P_MIN
 
 
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram", "lookup+model"])
 def test_same_seed_same_tokens(drafter_kind):
     target = build_tiny("llama", seed=0)
-    drafter = build_tiny("llama", seed=3, layers=1) if drafter_kind == "model" else "ngram"
+    small = build_tiny("llama", seed=3, layers=1)
+    drafter = {"model": small, "ngram": "ngram", "lookup+model": specdec.LookupModelDrafter(small)}[drafter_kind]
     kwargs = {"max_new_tokens": 30, "gamma": 3, "temperature": 0.9, "top_k": 20, "top_p": 0.95, "stop_token_ids": []}
     runs = [specdec.speculative_generate(target, drafter, [1, 5, 6, 1, 5], seed=s, **kwargs).tokens
             for s in (7, 7, 8)]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.drafters.base import Drafter, Proposal
+from specdec.drafters.hybrid import LookupModelDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 
@@ -37,7 +38,7 @@ def make_drafter(
         return DRAFTERS[drafter]()
     if isinstance(drafter, PreTrainedModel):
         return ModelDrafter(drafter).align(target, tokenizer)
-    if isinstance(drafter, ModelDrafter):
+    if isinstance(drafter, (ModelDrafter, LookupModelDrafter)):
         return drafter.align(target, tokenizer)
     if isinstance(drafter, Drafter):
         return drafter
@@ -47,4 +48,4 @@ def make_drafter(
     )
 
 
-__all__ = ["DRAFTERS", "Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "make_drafter", "register_drafter"]
+__all__ = ["DRAFTERS", "Drafter", "LookupModelDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "make_drafter", "register_drafter"]

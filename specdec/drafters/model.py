@@ -132,6 +132,11 @@ class ModelDrafter:
         q_all = torch.stack(probs, dim=1) if probs else None  # [1, k, V]
         return Proposal(self._draft, q_all, k)
 
+    def follow(self, tokens: list[int]) -> None:
+        """Take ``tokens`` committed without this drafter's proposal (another drafter's round)."""
+        new = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, m]
+        self.pending = torch.cat([self.pending, new], dim=1)
+
     def commit(self, n_accepted: int, next_token: int) -> None:
         """Roll the cache back to the accepted drafts; pending becomes what the cache lacks."""
         k = self._draft.shape[1]

@@ -55,6 +55,10 @@ class NgramDrafter:
         tokens = torch.tensor([self._draft], dtype=torch.long, device=self.device).reshape(1, -1)  # [1, k']
         return Proposal(tokens, None, 0)
 
+    def follow(self, tokens: list[int]) -> None:
+        """Take ``tokens`` committed without this drafter's proposal (another drafter's round)."""
+        self._append(tokens)
+
     def commit(self, n_accepted: int, next_token: int) -> None:
         """Append the accepted drafts and the next token."""
         self._append([*self._draft[:n_accepted], next_token])
