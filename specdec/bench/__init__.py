@@ -1,9 +1,10 @@
 """specdec.bench: speed, acceptance, memory and exactness of speculative decoding, side by side.
 
-Methods (``RUNNERS``): plain-hf (the target's ``generate``, the baseline), plain (ours), spec and
-ngram (our speculative decoding with the drafter model / prompt lookup), hf-assisted (transformers'
-assisted generation with the same drafter: our gamma, and its defaults) and hf-prompt-lookup, all
-run in one process on the same prompts. Re-exports only; see the modules for the contracts.
+Methods (``RUNNERS``): plain-hf (the target's ``generate``, the baseline), plain (ours), spec,
+ngram and spec-lookup (our speculative decoding with the drafter model / prompt lookup / lookup
+first and the model otherwise), hf-assisted (transformers' assisted generation with the same
+drafter: our gamma, and its defaults) and hf-prompt-lookup, all run in one process on the same
+prompts. Re-exports only; see the modules for the contracts.
 """
 
 from specdec.bench.cli import register

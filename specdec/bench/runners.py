@@ -10,6 +10,8 @@ Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assiste
 - ``plain``: our ``autoregressive_generate``.
 - ``spec``: our ``speculative_generate`` with the drafter model.
 - ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
+- ``spec-lookup``: ours with ``LookupModelDrafter``: prompt lookup first, the drafter model when
+  lookup finds nothing.
 - ``hf-assisted``: ``generate(assistant_model=drafter)`` with our gamma as a constant schedule
   (``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"``, the confidence
   stop off), and ``hf-assisted-default``: the same with transformers' own defaults. The better of
@@ -91,7 +93,7 @@ class DrafterCost(enum.Enum):
 
     NONE = "none"  # no drafter, or a schedule without a fixed gamma: no theoretical speedup
     MODEL_STEP = "model_step"  # the drafter model's single-token step / the target's
-    MEASURED_DRAFT = "measured_draft"  # drafting seconds per round (from the run) / target step
+    MEASURED_DRAFT = "measured_draft"  # drafting seconds per round (from the run) / (gamma x target step)
     UNKNOWN_ALPHA = "unknown_alpha"  # drafts exist but the method does not report them
 
 
@@ -207,22 +209,30 @@ class Plain:
 
 
 class Speculative:
-    """Our `speculative_generate` with a drafter: the model (`spec`) or prompt lookup (`ngram`)."""
+    """Our `speculative_generate` with a drafter: the model (`spec`), prompt lookup (`ngram`), or
+    lookup first and the model when lookup finds nothing (`spec-lookup`)."""
 
     uses_gamma = speculative = True
+    KINDS = {"model": "the drafter model", "ngram": "the prompt-lookup (n-gram) drafter",
+             "lookup+model": "prompt lookup first, the drafter model when lookup finds nothing"}
 
-    def __init__(self, name: str, use_model: bool) -> None:
+    def __init__(self, name: str, kind: str) -> None:
         self.name = self.group = name
-        drafter = "the drafter model" if use_model else "the prompt-lookup (n-gram) drafter"
-        self.description = f"our speculative_generate with {drafter}"
-        self.needs_drafter_model = use_model
-        self.cost = DrafterCost.MODEL_STEP if use_model else DrafterCost.MEASURED_DRAFT
+        self.kind = kind
+        self.description = f"our speculative_generate with {self.KINDS[kind]}"
+        self.needs_drafter_model = kind != "ngram"
+        self.cost = DrafterCost.MODEL_STEP if kind == "model" else DrafterCost.MEASURED_DRAFT
+
+    def _drafter(self, models: BenchModels) -> object:
+        if self.kind == "lookup+model":
+            return specdec.LookupModelDrafter(models.drafter)
+        return models.drafter if self.kind == "model" else "ngram"
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
         assert setting.gamma is not None
         res = specdec.speculative_generate(
             models.target,
-            models.drafter if self.needs_drafter_model else "ngram",
+            self._drafter(models),
             input_ids,
             gamma=setting.gamma,
             **_decode_kwargs(models, setting),
@@ -294,8 +304,9 @@ RUNNERS: dict[str, Runner] = {
     for runner in (
         PlainHF(),
         Plain(),
-        Speculative("spec", use_model=True),
-        Speculative("ngram", use_model=False),
+        Speculative("spec", "model"),
+        Speculative("ngram", "ngram"),
+        Speculative("spec-lookup", "lookup+model"),
         HFAssisted("hf-assisted", our_gamma=True),
         HFAssisted("hf-assisted-default", our_gamma=False),
         HFPromptLookup(),

@@ -102,9 +102,10 @@ class _Summarizer:
         run = self.run
         if block.runner.cost is DrafterCost.MODEL_STEP and run.drafter_step_s is not None:
             return run.drafter_step_s / run.target_step_s
-        if block.runner.cost is DrafterCost.MEASURED_DRAFT:
+        if block.runner.cost is DrafterCost.MEASURED_DRAFT:  # drafting time per round / (gamma target steps)
             rounds = sum(r.rounds for r in block.records)
-            return sum(r.drafter_time_s for r in block.records) / rounds / run.target_step_s if rounds else None
+            per_round = sum(r.drafter_time_s for r in block.records) / rounds if rounds else None
+            return per_round / (block.setting.gamma or 1) / run.target_step_s if per_round is not None else None
         return None
 
     def row(self, block: Block) -> Row:
