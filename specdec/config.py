@@ -78,6 +78,6 @@ class ModelConfig:
     """Which models to load and where (see specdec.loading)."""
 
     target: str = "code-target"  # target model: a shipped name (code-target) or a folder with config + safetensors
-    drafter: str = "code-drafter"  # drafter: a shipped name, a folder, or "ngram" for prompt lookup
+    drafter: str = "code-drafter"  # drafter: a shipped name, a folder, "ngram" (prompt lookup) or "lookup+NAME" (lookup first, then the model NAME)
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"

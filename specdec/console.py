@@ -35,6 +35,7 @@ from specdec.config import ModelConfig, SamplingConfig, SpecConfig
 from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, GenerationResult, RoundEvent
 
 NGRAM = "ngram"  # the --drafter value that selects prompt lookup
+LOOKUP = "lookup+"  # --drafter lookup+NAME: prompt lookup first, the drafter model NAME otherwise
 COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
 STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
 LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
@@ -74,7 +75,7 @@ class Session:
         if mode == "drafter":
             if self.models.drafter == NGRAM:
                 raise UsageError("mode 'drafter' decodes with a drafter model; the ngram drafter has none")
-            return self.models.drafter
+            return self.models.drafter.removeprefix(LOOKUP)
         return self.models.target
 
     def model(self, name: str) -> PreTrainedModel:
@@ -92,9 +93,14 @@ class Session:
             self._tokenizers[name] = specdec.load_tokenizer(name)
         return self._tokenizers[name]
 
-    def drafter(self) -> PreTrainedModel | str:
-        """The drafter as the API takes it: a loaded model, or the string "ngram"."""
-        return NGRAM if self.models.drafter == NGRAM else self.model(self.models.drafter)
+    def drafter(self) -> PreTrainedModel | str | specdec.LookupModelDrafter:
+        """The drafter as the API takes it: a loaded model, the string "ngram", or lookup + a model."""
+        name = self.models.drafter
+        if name == NGRAM:
+            return NGRAM
+        if name.startswith(LOOKUP):
+            return specdec.LookupModelDrafter(self.model(name.removeprefix(LOOKUP)))
+        return self.model(name)
 
     def set_drafter(self, name: str) -> None:
         """Switch the drafter (a model name/folder or "ngram"), loading a new model now."""
@@ -349,11 +355,11 @@ class Chat:
 
     def cmd_drafter(self, argument: str) -> None:
         if not argument:
-            raise ValueError("usage: /drafter model|ngram|PATH")
-        name = self.drafter_model if argument == "model" else argument
+            raise ValueError("usage: /drafter model|ngram|lookup+model|PATH")
+        name = {"model": self.drafter_model, "lookup+model": LOOKUP + self.drafter_model}.get(argument, argument)
         self.session.set_drafter(name)
         if name != NGRAM:
-            self.drafter_model = name
+            self.drafter_model = name.removeprefix(LOOKUP)
         self.say(f"drafter = {name}")
 
     def cmd_stats(self, _: str) -> None:
@@ -391,8 +397,8 @@ COMMANDS: dict[str, Command] = {
     "quit": Command(Chat.cmd_quit, "", "leave (also Ctrl-D)"),
     "mode": Command(Chat.cmd_mode, "MODE", "speculative (draft + verify), target or drafter (alone), "
                     "compare (target, then speculative, and the speedup)"),
-    "drafter": Command(Chat.cmd_drafter, "model|ngram|PATH",
-                       "draft with the drafter model, prompt lookup, or another model folder"),
+    "drafter": Command(Chat.cmd_drafter, "model|ngram|lookup+model|PATH",
+                       "draft with the drafter model, prompt lookup, lookup then the model, or another model folder"),
     "gamma": Command(lambda c, a: c._set("spec", gamma=_number(int, a)), "N", "tokens drafted per round"),
     "length": Command(lambda c, a: c._set("spec", max_new_tokens=_number(int, a)), "N", "max new tokens"),
     "temperature": Command(lambda c, a: c._set("sampling", temperature=_number(float, a)), "X", "0 = greedy"),
@@ -431,7 +437,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     models, settings = settings_from(args)
     session = Session(models)
     session.load(settings.mode)
-    drafter_model = ModelConfig().drafter if models.drafter == NGRAM else models.drafter
+    drafter_model = ModelConfig().drafter if models.drafter == NGRAM else models.drafter.removeprefix(LOOKUP)
     chat = Chat(session, settings, drafter_model=drafter_model, echo_input=not sys.stdin.isatty())
     chat.banner()
     if settings.show_acceptance:

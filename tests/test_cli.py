@@ -124,6 +124,13 @@ def test_drafter_mode_and_ngram_from_stdin(pair: TinyPair, models: dict) -> None
     assert out["drafter"] == "ngram" and out["stats"]["drafter_calls"] == 0
     assert out["tokens"] == specdec.autoregressive_generate(models["target"], ids, max_new_tokens=16).tokens
 
+    proc = run_cli("generate", PROMPT, "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
+                   "--max-new-tokens", "16", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["stats"]["drafter_calls"] > 0  # the model drafted where lookup found nothing
+    assert out["tokens"] == specdec.autoregressive_generate(models["target"], ids, max_new_tokens=16).tokens
+
 
 def test_bad_model_path_is_one_line_exit_2(pair: TinyPair, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
