@@ -15,6 +15,7 @@ copies for free; the model covers the rest.
 
 from __future__ import annotations
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.config import NgramConfig
@@ -39,7 +40,7 @@ class LookupModelDrafter:
         self.model.align(target, tokenizer)
         return self
 
-    def prefill(self, input_ids) -> int:
+    def prefill(self, input_ids: torch.Tensor) -> int:
         """Index the prompt [1, T] for lookup and cache it in the drafter model."""
         self.lookup.prefill(input_ids)
         return self.model.prefill(input_ids)
