@@ -200,7 +200,7 @@ def _recipe(role: str, run_dir: Path) -> str:
         text = RECIPES[role if i == 0 else "continued"].format(
             lr=cfg["lr"], warmup=cfg["warmup_steps"], steps=cfg["max_steps"], batch=cfg["batch_size"],
             seq=cfg["seq_len"], tokens=tokens, kd=cfg["kd_weight"], ce=round(1 - cfg["kd_weight"], 2),
-            run=stage_dir.name, init=cfg.get("init_from"), seed=cfg["seed"],
+            init=cfg.get("init_from"), seed=cfg["seed"],
             loss=("the same distillation loss" if cfg.get("teacher") else "next-token cross-entropy"),
             teacher=f" (teacher `{cfg['teacher']}`)" if cfg.get("teacher") else "")
         parts.append(f"Stage {i + 1} (`{stage_dir.name}`): {text}")
