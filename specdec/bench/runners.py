@@ -30,7 +30,7 @@ import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -213,7 +213,7 @@ class Speculative:
     lookup first and the model when lookup finds nothing (`spec-lookup`)."""
 
     uses_gamma = speculative = True
-    KINDS = {"model": "the drafter model", "ngram": "the prompt-lookup (n-gram) drafter",
+    KINDS: ClassVar[dict[str, str]] = {"model": "the drafter model", "ngram": "the prompt-lookup (n-gram) drafter",
              "lookup+model": "prompt lookup first, the drafter model when lookup finds nothing"}
 
     def __init__(self, name: str, kind: str) -> None:
