@@ -33,6 +33,7 @@ from specdec.bench.prompts import read_jsonl
 from specdec.bench.report import print_report
 from specdec.bench.runners import BenchModels, DrafterCost, Meters, Setting, select_runners
 from specdec.bench.summary import peer_row
+from specdec.loading import load_model
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):"]
 
@@ -246,3 +247,17 @@ def test_command_writes_outputs(pair: tuple[Path, Path, Path], tmp_path: Path) -
     assert status == 0
     assert (tmp_path / "records.jsonl").exists() and (tmp_path / "summary.json").exists()
     assert main(["--target", str(tmp_path / "missing"), "--no-progress"]) == 2
+
+
+def test_matmul_probe_layouts_compute_the_same_product(pair: tuple[Path, Path, Path], capsys) -> None:
+    from specdec.bench import matmul
+
+    target, _, _ = pair
+    w, x = torch.randn(48, 32), torch.randn(5, 32)
+    torch.testing.assert_close(torch.nn.functional.linear(x, w), (w @ x.T).T)
+    model = load_model(str(target), dtype=torch.float32)
+    rows = matmul.probe(model, (1, 3), repeats=2, context=4)
+    assert set(rows) == {1, 3}
+    assert all(ms > 0 for row in rows.values() for ms in row.values())
+    matmul.main(["--model", str(target), "--lengths", "1", "2", "--repeats", "1"])
+    assert "linear / W @ x.T" in capsys.readouterr().out

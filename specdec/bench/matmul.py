@@ -1,0 +1,91 @@
+"""Where a target step's time goes on this machine: `python -m specdec.bench.matmul`.
+
+Speculation pays when verifying k+1 tokens costs about one single-token step. That depends on the
+matrix kernels more than on the model: for a 1-token input PyTorch's ``F.linear`` runs a
+matrix-vector product, for k+1 tokens a matrix product with the weight transposed. This probe
+times, for several query lengths q, one cached forward of the model and the sum of its linear
+layers in two layouts that compute the same numbers (up to summation order):
+
+- ``F.linear(x, W)``: what the model runs (``x @ W.T``);
+- ``W @ x.T``: the same product with the weight as the untransposed left operand.
+
+Each figure is the median of interleaved repeats, so the ratios within one run are comparable.
+It measures; it changes nothing in how specdec or transformers compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from specdec.cache import KVCache
+from specdec.loading import load_model
+
+
+def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights [out, in] of the model's linear layers, as one forward reads them (LM head once)."""
+    return [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _timed(repeats: list[float], started: float) -> None:
+    repeats.append(time.perf_counter() - started)
+
+
+def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int, context: int = 100) -> dict[int, dict[str, float]]:
+    """Median milliseconds per query length: the model's cached forward and both linear layouts."""
+    weights = _linear_weights(model)
+    vocab = model.config.get_text_config().vocab_size
+    prompt = torch.randint(0, vocab, (1, context + max(lengths)), generator=torch.Generator().manual_seed(0))
+    times: dict[int, dict[str, list[float]]] = {q: {"forward": [], "linear": [], "W @ x.T": []} for q in lengths}
+    with torch.inference_mode():
+        cache = KVCache(model)
+        cache.forward(prompt[:, :context])
+        for _ in range(repeats + 2):  # the first two rounds warm up and are dropped below
+            for q in lengths:
+                x = {w.shape[1]: torch.randn(q, w.shape[1]) for w in weights}
+                new = prompt[:, context : context + q]
+                started = time.perf_counter()
+                cache.forward(new, q)
+                _timed(times[q]["forward"], started)
+                cache.crop_to(context)
+                started = time.perf_counter()
+                for w in weights:
+                    torch.nn.functional.linear(x[w.shape[1]], w)
+                _timed(times[q]["linear"], started)
+                started = time.perf_counter()
+                for w in weights:
+                    w @ x[w.shape[1]].T
+                _timed(times[q]["W @ x.T"], started)
+    return {q: {k: 1e3 * statistics.median(v[2:]) for k, v in row.items()} for q, row in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench.matmul", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="code-target", help="a shipped name or a model folder")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 5, 9], help="query lengths (tokens)")
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads; None = torch's default")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model, dtype=torch.float32)
+    rows = probe(model, tuple(args.lengths), args.repeats)
+    table = Table(title=f"{args.model}: median ms, {torch.get_num_threads()} threads, {args.repeats} repeats")
+    for column in ("q", "forward", "× q=1", "linear layers", "W @ x.T", "linear / W @ x.T"):
+        table.add_column(column, justify="right")
+    one = rows[min(rows)]["forward"]
+    for q, row in rows.items():
+        table.add_row(
+            str(q), f"{row['forward']:.2f}", f"{row['forward'] / one:.2f}", f"{row['linear']:.2f}",
+            f"{row['W @ x.T']:.2f}", f"{row['linear'] / row['W @ x.T']:.2f}",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
