@@ -57,6 +57,12 @@ PRESETS: dict[str, TrainConfig] = {
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s2/final", init_from="runs/code-drafter/final",
         lr=1.5e-3, warmup_steps=50, seed=1,
     ),
+    # Stage 3 (session 3): the same continuation once more, on seed 2's batches, at a lower peak rate.
+    "code-target-s3": TrainConfig(init_from="runs/code-target-s2/final", lr=4e-4, warmup_steps=50, seed=2),
+    "code-drafter-s3": TrainConfig(
+        shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s2/final",
+        lr=1e-3, warmup_steps=50, seed=2,
+    ),
     # seconds-long run for tests and smoke checks
     "tiny": TrainConfig(
         shape=ModelShape(32, 1, 2, 64, 64), seq_len=32, batch_size=4, max_steps=20, eval_every=10,
