@@ -6,7 +6,9 @@
         --teacher runs/code-target/final
     specdec train lm --preset code-target-s2 --out runs/code-target-s2 --tokenizer runs/tokenizer   # stage 2
     specdec train lm --preset code-drafter-s2 --out runs/code-drafter-s2 --tokenizer runs/tokenizer
-    specdec train export runs/code-target-s2/final models/code-target --dtype bf16
+    specdec train lm --preset code-target-s3 --out runs/code-target-s3 --tokenizer runs/tokenizer   # stage 3
+    specdec train lm --preset code-drafter-s3 --out runs/code-drafter-s3 --tokenizer runs/tokenizer
+    specdec train export runs/code-target-s3/final models/code-target --dtype bf16
     specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
 
 Run ``lm`` again with the same ``--out`` to resume. Every ``TrainConfig`` field of the preset can be
@@ -111,9 +113,9 @@ def register(subparsers) -> None:
     card = sub.add_parser("card", help="measure the shipped pair and write both model cards (README.md)")
     card.add_argument("--target", default="models/code-target")
     card.add_argument("--drafter", default="models/code-drafter")
-    card.add_argument("--target-run", default="runs/code-target-s2",
+    card.add_argument("--target-run", default="runs/code-target-s3",
                       help="the target's last training run folder (earlier stages are found via its --init-from)")
-    card.add_argument("--drafter-run", default="runs/code-drafter-s2",
+    card.add_argument("--drafter-run", default="runs/code-drafter-s3",
                       help="the drafter's last training run folder (earlier stages are found via its --init-from)")
     card.add_argument("--bench-dir", default="bench-out/card",
                       help="a `specdec bench --methods plain-hf,plain,spec --temperature 0 1` output folder")

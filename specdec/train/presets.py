@@ -57,11 +57,12 @@ PRESETS: dict[str, TrainConfig] = {
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s2/final", init_from="runs/code-drafter/final",
         lr=1.5e-3, warmup_steps=50, seed=1,
     ),
-    # Stage 3 (session 3): the same continuation once more, on seed 2's batches, at a lower peak rate.
+    # Stage 3 (session 3): the same continuation once more, on seed 2's batches, at a lower peak rate
+    # (the drafter for 600 steps: in stage 2 its acceptance rose little after step 500).
     "code-target-s3": TrainConfig(init_from="runs/code-target-s2/final", lr=4e-4, warmup_steps=50, seed=2),
     "code-drafter-s3": TrainConfig(
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s2/final",
-        lr=1e-3, warmup_steps=50, seed=2,
+        lr=1e-3, warmup_steps=50, seed=2, max_steps=600,
     ),
     # seconds-long run for tests and smoke checks
     "tiny": TrainConfig(
