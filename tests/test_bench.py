@@ -256,6 +256,16 @@ def test_matmul_probe_layouts_compute_the_same_product(pair: tuple[Path, Path, P
     w, x = torch.randn(48, 32), torch.randn(5, 32)
     torch.testing.assert_close(torch.nn.functional.linear(x, w), (w @ x.T).T)
     model = load_model(str(target), dtype=torch.float32)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.inference_mode():
+        stock = model(ids).logits
+        with matmul.gemm_layout(model):
+            gemm = model(ids).logits
+            single = model(ids[:, :1]).logits  # one row: padded to two inside
+            assert all("forward" in vars(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+        torch.testing.assert_close(gemm, stock, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(single, stock[:, :1], rtol=1e-4, atol=1e-4)
+        assert "forward" not in vars(next(m for m in model.modules() if isinstance(m, torch.nn.Linear)))
     rows = matmul.probe(model, (1, 3), repeats=2, context=4)
     assert set(rows) == {1, 3}
     assert all(ms > 0 for row in rows.values() for ms in row.values())
