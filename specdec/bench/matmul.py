@@ -7,11 +7,11 @@ times, for several query lengths q, one cached forward of the model and the sum 
 layers in two layouts that compute the same numbers (up to summation order):
 
 - ``F.linear(x, W)``: what the model runs (``x @ W.T``);
-- ``W @ x.T``: the same product with the weight as the untransposed left operand.
+- ``W @ x.T``: the same product with the weight as the untransposed left operand, a 1-row input
+  padded to 2 rows (a matrix-vector product is the slow kernel on some CPUs).
 
 It also times the model's forward with its linear layers switched to the second layout for the
-duration of the probe (a 1-token input padded to 2 rows, since a matrix-vector product is the slow
-kernel on some CPUs), to show what speculation would gain over plain decoding with faster kernels.
+duration of the probe, to show what speculation would gain over plain decoding with faster kernels.
 
 Each figure is the median of interleaved repeats, so the ratios within one run are comparable.
 It measures; it changes nothing in how specdec or transformers compute.
@@ -33,9 +33,9 @@ from specdec.cache import KVCache
 from specdec.loading import load_model
 
 
-def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The weights [out, in] of the model's linear layers, as one forward reads them (LM head once)."""
-    return [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The model's linear layers, each once (a tied LM head included)."""
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def _gemm_forward(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -51,7 +51,7 @@ def _gemm_forward(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def gemm_layout(model: torch.nn.Module) -> Iterator[None]:
     """Within the block, every ``nn.Linear`` of ``model`` computes ``(W @ x.T).T``; restored after."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = _linears(model)
     for m in linears:
         m.forward = _gemm_forward.__get__(m)
     try:
@@ -67,7 +67,7 @@ def _timed(repeats: list[float], started: float) -> None:
 
 def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int, context: int = 100) -> dict[int, dict[str, float]]:
     """Median milliseconds per query length: the model's cached forward and both linear layouts."""
-    weights = _linear_weights(model)
+    linears = _linears(model)
     vocab = model.config.get_text_config().vocab_size
     prompt = torch.randint(0, vocab, (1, context + max(lengths)), generator=torch.Generator().manual_seed(0))
     names = ("forward", "forward, W @ x.T", "linear", "W @ x.T")
@@ -77,7 +77,7 @@ def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int, contex
         cache.forward(prompt[:, :context])
         for _ in range(repeats + 2):  # the first two rounds warm up and are dropped below
             for q in lengths:
-                x = {w.shape[1]: torch.randn(q, w.shape[1]) for w in weights}
+                x = {m.in_features: torch.randn(q, m.in_features) for m in linears}
                 new = prompt[:, context : context + q]
                 started = time.perf_counter()
                 cache.forward(new, q)
@@ -89,12 +89,12 @@ def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int, contex
                     _timed(times[q]["forward, W @ x.T"], started)
                     cache.crop_to(context)
                 started = time.perf_counter()
-                for w in weights:
-                    torch.nn.functional.linear(x[w.shape[1]], w)
+                for m in linears:
+                    torch.nn.functional.linear(x[m.in_features], m.weight)
                 _timed(times[q]["linear"], started)
                 started = time.perf_counter()
-                for w in weights:
-                    w @ x[w.shape[1]].T
+                for m in linears:
+                    _gemm_forward(m, x[m.in_features])
                 _timed(times[q]["W @ x.T"], started)
     return {q: {k: 1e3 * statistics.median(v[2:]) for k, v in row.items()} for q, row in times.items()}
 
