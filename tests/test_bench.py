@@ -265,7 +265,12 @@ def test_matmul_probe_layouts_compute_the_same_product(pair: tuple[Path, Path, P
             assert all("forward" in vars(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
         torch.testing.assert_close(gemm, stock, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(single, stock[:, :1], rtol=1e-4, atol=1e-4)
-        assert "forward" not in vars(next(m for m in model.modules() if isinstance(m, torch.nn.Linear)))
+        assert not any("forward" in vars(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+        head = model.get_output_embeddings()
+        head.forward = hooked = head.forward  # an instance-level forward, as accelerate's hooks set
+        with matmul.gemm_layout(model):
+            assert head.forward is not hooked
+        assert vars(head)["forward"] is hooked  # put back, not deleted
     rows = matmul.probe(model, (1, 3), repeats=2, context=4)
     assert set(rows) == {1, 3}
     assert all(ms > 0 for row in rows.values() for ms in row.values())

@@ -50,15 +50,20 @@ def _gemm_forward(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 @contextmanager
 def gemm_layout(model: torch.nn.Module) -> Iterator[None]:
-    """Within the block, every ``nn.Linear`` of ``model`` computes ``(W @ x.T).T``; restored after."""
-    linears = _linears(model)
-    for m in linears:
+    """Within the block, every ``nn.Linear`` of ``model`` computes ``(W @ x.T).T``; restored after.
+
+    A forward already set on the instance (e.g. an accelerate device hook) is put back as it was."""
+    saved = {m: vars(m).get("forward") for m in _linears(model)}
+    for m in saved:
         m.forward = _gemm_forward.__get__(m)
     try:
         yield
     finally:
-        for m in linears:
-            del m.forward
+        for m, forward in saved.items():
+            if forward is None:
+                del m.forward
+            else:
+                m.forward = forward
 
 
 def _timed(repeats: list[float], started: float) -> None:
