@@ -213,8 +213,11 @@ class Speculative:
     lookup first and the model when lookup finds nothing (`spec-lookup`)."""
 
     uses_gamma = speculative = True
-    KINDS: ClassVar[dict[str, str]] = {"model": "the drafter model", "ngram": "the prompt-lookup (n-gram) drafter",
-             "lookup+model": "prompt lookup first, the drafter model when lookup finds nothing"}
+    KINDS: ClassVar[dict[str, str]] = {
+        "model": "the drafter model",
+        "ngram": "the prompt-lookup (n-gram) drafter",
+        "lookup+model": "prompt lookup first, the drafter model when lookup finds nothing",
+    }
 
     def __init__(self, name: str, kind: str) -> None:
         self.name = self.group = name
