@@ -32,7 +32,7 @@ from specdec.bench.measure import MemoryMeter
 from specdec.bench.prompts import read_jsonl
 from specdec.bench.report import print_report
 from specdec.bench.runners import BenchModels, DrafterCost, Meters, Setting, select_runners
-from specdec.bench.summary import peer_row
+from specdec.bench.summary import is_degenerate_loop, peer_row
 from specdec.loading import load_model
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):"]
@@ -228,6 +228,33 @@ def test_a_failing_method_is_reported_not_fatal(pair: tuple[Path, Path, Path], c
 
     print_report(report, Console(width=200))
     assert "broken T=0 failed" in capsys.readouterr().out
+
+
+def test_degenerate_loop_detection() -> None:
+    assert is_degenerate_loop([7] * 24) and is_degenerate_loop(list(range(10)) + [3, 4, 5] * 10)
+    assert not is_degenerate_loop(list(range(64)))
+    assert not is_degenerate_loop([7] * 23)  # too short to call a loop
+    assert not is_degenerate_loop([7] * 40 + [1, 2])  # a loop that was left is not the output's end
+    assert not is_degenerate_loop(list(range(17)) * 3)  # period 17: longer than max_period
+
+
+def test_speedup_without_loops_leaves_out_the_looping_prompts(pair: tuple[Path, Path, Path]) -> None:
+    run = run_benchmark(_config(pair), registry={BASELINE: RUNNERS[BASELINE], "plain": RUNNERS["plain"]})
+    loop, fresh = [7, 8] * 16, list(range(32))
+    speed = {(BASELINE, "p0"): 10.0, (BASELINE, "p1"): 10.0, ("plain", "p0"): 40.0, ("plain", "p1"): 15.0}
+    for block in run.blocks:  # p0's plain-hf output loops; plain is fast there, less so on p1
+        block.records = [
+            replace(r, tokens=loop if r.prompt_id == "p0" else fresh, tokens_per_s=speed[block.runner.name, r.prompt_id])
+            for r in block.records
+        ]
+    report = build_report(run)
+    rows = {r.method: r for r in report.rows}
+    assert rows["plain"].speedup == pytest.approx((40 + 15) / 2 / 10)
+    assert rows["plain"].speedup_non_loop == pytest.approx(1.5)
+    assert rows["plain"].loop_prompts == rows[BASELINE].loop_prompts == 1
+    assert rows[BASELINE].speedup_non_loop == pytest.approx(1.0)
+    (goal,) = [c for c in report.goals if c.goal.method == "plain"]
+    assert goal.ratio == pytest.approx(2.75) and goal.ratio_non_loop == pytest.approx(1.5)
 
 
 def test_sampling_is_not_compared_token_for_token(pair: tuple[Path, Path, Path]) -> None:
