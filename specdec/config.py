@@ -73,11 +73,20 @@ class NgramConfig:
             )
 
 
+NGRAM = "ngram"  # the drafter name of model-free prompt lookup
+LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter model NAME when it finds nothing
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which models to load and where (see specdec.loading)."""
 
     target: str = "code-target"  # target model: a shipped name (code-target) or a folder with config + safetensors
-    drafter: str = "code-drafter"  # drafter: a shipped name, a folder, "ngram" (prompt lookup) or "lookup+NAME" (lookup first, then the model NAME)
+    drafter: str = "lookup+code-drafter"  # drafter: a shipped name or a folder (a model), "ngram" (prompt lookup), or "lookup+NAME" (lookup first, the model NAME otherwise)
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
+
+    @property
+    def drafter_model(self) -> str | None:
+        """The drafter model's name or folder, without the lookup prefix; None for "ngram"."""
+        return None if self.drafter == NGRAM else self.drafter.removeprefix(LOOKUP)

@@ -31,11 +31,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import specdec
 from specdec.cli import MODES, UsageError, add_decoding_arguments, settings_from
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+from specdec.config import LOOKUP, NGRAM, ModelConfig, SamplingConfig, SpecConfig
 from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, GenerationResult, RoundEvent
 
-NGRAM = "ngram"  # the --drafter value that selects prompt lookup
-LOOKUP = "lookup+"  # --drafter lookup+NAME: prompt lookup first, the drafter model NAME otherwise
 COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
 STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
 LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
@@ -73,9 +71,9 @@ class Session:
     def _name(self, mode: str) -> str:
         """The model whose tokenizer and vocabulary a mode uses."""
         if mode == "drafter":
-            if self.models.drafter == NGRAM:
+            if self.models.drafter_model is None:
                 raise UsageError("mode 'drafter' decodes with a drafter model; the ngram drafter has none")
-            return self.models.drafter.removeprefix(LOOKUP)
+            return self.models.drafter_model
         return self.models.target
 
     def model(self, name: str) -> PreTrainedModel:
@@ -251,7 +249,7 @@ class Command:
 class Chat:
     """The interactive console: prompts stream their output; ``/commands`` change the settings."""
 
-    def __init__(self, session: Session, settings: Settings, *, drafter_model: str = ModelConfig().drafter,
+    def __init__(self, session: Session, settings: Settings, *, drafter_model: str = ModelConfig().drafter_model,
                  echo_input: bool = False) -> None:
         self.session = session
         self.settings = settings
@@ -437,7 +435,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     models, settings = settings_from(args)
     session = Session(models)
     session.load(settings.mode)
-    drafter_model = ModelConfig().drafter if models.drafter == NGRAM else models.drafter.removeprefix(LOOKUP)
+    drafter_model = models.drafter_model or ModelConfig().drafter_model
     chat = Chat(session, settings, drafter_model=drafter_model, echo_input=not sys.stdin.isatty())
     chat.banner()
     if settings.show_acceptance:

@@ -22,6 +22,8 @@ from tiny_models import TinyPair, save_tiny_pair
 
 import specdec
 from specdec import cli, console
+from specdec.bench import BenchConfig
+from specdec.config import ModelConfig
 from specdec.console import TokenStream
 from specdec.stats import RoundEvent
 
@@ -250,6 +252,13 @@ def test_chat_in_a_terminal(pair: TinyPair) -> None:
     assert child.exitstatus == 0
 
 
+def test_default_drafter_is_lookup_then_the_shipped_drafter_model() -> None:
+    assert (ModelConfig().drafter, ModelConfig().drafter_model) == ("lookup+code-drafter", "code-drafter")
+    assert ModelConfig(drafter="ngram").drafter_model is None
+    assert ModelConfig(drafter="runs/my-drafter").drafter_model == "runs/my-drafter"
+    assert BenchConfig().drafter == "code-drafter"  # the bench's `spec` drafts with the model alone
+
+
 @pytest.mark.skipif(not (REPO / "models" / "code-target" / "config.json").is_file()
                     or not (REPO / "models" / "code-drafter" / "config.json").is_file(),
                     reason="the shipped models are not in models/")
@@ -257,5 +266,6 @@ def test_default_pair() -> None:
     proc = run_cli("generate", "def parse_args(argv):", "--max-new-tokens", "16", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert (out["target"], out["drafter"]) == ("code-target", "code-drafter")
+    assert (out["target"], out["drafter"]) == ("code-target", "lookup+code-drafter")
     assert out["stats"]["new_tokens"] > 0 and out["stats"]["drafted"] > 0
+    assert out["stats"]["drafter_calls"] > 0  # the drafter model drafted where prompt lookup found nothing
