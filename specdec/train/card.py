@@ -2,10 +2,9 @@
 
 Contract: ``write_cards(target_dir, drafter_dir, bench_dir)`` measures each model's loss and
 perplexity on the stdlib test split, writes greedy and sampled sample completions of held-out
-prompts, counts degenerate loops in the benchmark's greedy outputs, and takes the pair's figures
-(acceptance, mean accepted length, cost ratio, speedups) from a ``specdec bench`` run's
-``summary.json`` / ``records.jsonl``, so every figure in a card is reproducible by a command
-the card names. Training histories come from the run folders' checkpoint ``state.json``.
+prompts, and takes the pair's figures (acceptance, mean accepted length, cost ratio, speedups,
+the count of degenerate greedy loops) from a ``specdec bench`` run's ``summary.json``, so every
+figure in a card is reproducible by a command the card names. Training histories come from the run folders' checkpoint ``state.json``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.summary import is_degenerate_loop
 from specdec.data.prompts import code_completion_prompts
 from specdec.data.stdlib import corpus_stats
 from specdec.loading import load_model, load_tokenizer
@@ -53,14 +51,12 @@ def pair_figures(bench_dir: str | Path) -> dict:
     bench = Path(bench_dir)
     summary = json.loads((bench / "summary.json").read_text())
     rows = {(r["method"], r["temperature"]): r for r in summary["rows"] if not r.get("error")}
-    records = [json.loads(line) for line in (bench / "records.jsonl").read_text().splitlines() if line]
-    greedy_plain = [r for r in records if r["method"] == "plain-hf" and r["temperature"] == 0 and r["repeat"] == 0]
 
     def rate(method: str, temperature: float) -> float | None:
         row = rows.get((method, temperature))
         return row and row["mean_tokens_per_s"]
 
-    spec0, spec1 = rows.get(("spec", 0.0), {}), rows.get(("spec", 1.0), {})
+    spec0, spec1, plain_hf0 = rows.get(("spec", 0.0), {}), rows.get(("spec", 1.0), {}), rows.get(("plain-hf", 0.0), {})
     return {
         "prompts": len(summary["prompts"]),
         "max_new_tokens": summary["config"]["max_new_tokens"],
@@ -73,7 +69,7 @@ def pair_figures(bench_dir: str | Path) -> dict:
         "greedy_speedup_vs_plain_hf_non_loop": spec0.get("speedup_non_loop"),
         "sampled_speedup_vs_plain_hf": spec1.get("speedup"),
         "greedy_equal": f"{spec0.get('greedy_equal')}/{spec0.get('greedy_total')}",
-        "degenerate_loops": f"{sum(is_degenerate_loop(r['tokens']) for r in greedy_plain)}/{len(greedy_plain)}",
+        "degenerate_loops": f"{plain_hf0.get('loop_prompts')}/{plain_hf0.get('prompts')}",
         "environment": summary["environment"],
     }
 
