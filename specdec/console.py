@@ -93,12 +93,11 @@ class Session:
 
     def drafter(self) -> PreTrainedModel | str | specdec.LookupModelDrafter:
         """The drafter as the API takes it: a loaded model, the string "ngram", or lookup + a model."""
-        name = self.models.drafter
-        if name == NGRAM:
+        name = self.models.drafter_model
+        if name is None:
             return NGRAM
-        if name.startswith(LOOKUP):
-            return specdec.LookupModelDrafter(self.model(name.removeprefix(LOOKUP)))
-        return self.model(name)
+        model = self.model(name)
+        return specdec.LookupModelDrafter(model) if self.models.drafter.startswith(LOOKUP) else model
 
     def set_drafter(self, name: str) -> None:
         """Switch the drafter (a model name/folder or "ngram"), loading a new model now."""
@@ -356,8 +355,7 @@ class Chat:
             raise ValueError("usage: /drafter model|ngram|lookup+model|PATH")
         name = {"model": self.drafter_model, "lookup+model": LOOKUP + self.drafter_model}.get(argument, argument)
         self.session.set_drafter(name)
-        if name != NGRAM:
-            self.drafter_model = name.removeprefix(LOOKUP)
+        self.drafter_model = self.session.models.drafter_model or self.drafter_model
         self.say(f"drafter = {name}")
 
     def cmd_stats(self, _: str) -> None:
