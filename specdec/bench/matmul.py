@@ -82,7 +82,7 @@ def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int, contex
         cache.forward(prompt[:, :context])
         for _ in range(repeats + 2):  # the first two rounds warm up and are dropped below
             for q in lengths:
-                x = {m.in_features: torch.randn(q, m.in_features) for m in linears}
+                x = {m.in_features: torch.randn(q, m.in_features, dtype=m.weight.dtype) for m in linears}
                 new = prompt[:, context : context + q]
                 started = time.perf_counter()
                 cache.forward(new, q)
