@@ -113,3 +113,78 @@ def test_init_from_continues_a_saved_model(mini_corpus, tmp_path):
     assert recipe.startswith("Stage 1 (`a`): Trained from scratch") and "Stage 2 (`b`): continued from" in recipe
     assert str(first) in recipe and "30 steps" in recipe and "1 steps" in recipe
     assert [h["step"] for h in _history(tmp_path / "b") if "val_loss" in h] == [10, 20, 30, 31]
+
+
+def test_outputs_are_the_targets_own_continuations_and_generation_resumes(mini_corpus, tmp_path):
+    """`specdec train outputs`: greedy records equal the target's own decoding of each prompt (an
+    independent, unbatched reference), every 2nd prompt is sampled, a rerun only fills in what is
+    missing, and the test split is refused."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from specdec.data.prompts import function_prompts
+    from specdec.train.outputs import generate_outputs
+
+    root, tok_dir = mini_corpus
+    target = train(_cfg(max_steps=20), tmp_path / "t", tok_dir, root=root)
+    out = tmp_path / "outputs.jsonl"
+    kw = {"num_prompts": 5, "batch_size": 2, "max_new_tokens": 6, "sampled_every": 2, "max_prompt_chars": 60,
+          "root": root, "log": lambda m: None}
+    assert generate_outputs(str(target), out, **kw) == 5
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    model = specdec.load_model(str(target))
+    prompts = {p["id"]: p["prompt"] for p in function_prompts("train", max_chars=60, root=root)}
+    assert sorted(r["temperature"] for r in records) == [0.0, 0.0, 0.0, 1.0, 1.0]
+    for r in records:
+        assert r["prompt_ids"] == tok(prompts[r["id"]])["input_ids"]
+        assert 1 <= len(r["ids"]) <= 6
+        if r["temperature"] == 0.0:
+            own = specdec.autoregressive_generate(model, r["prompt_ids"], max_new_tokens=6)
+            assert r["ids"] == own.tokens, r["id"]
+    # an interrupted run: two records lost and a line cut short; the rerun generates just those
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:3]) + "\n" + lines[3][:10])
+    seen = []
+    assert generate_outputs(str(target), out, **{**kw, "log": seen.append}) == 5
+    assert "2 to generate" in seen[0]
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == sorted(r["id"] for r in records)
+    with pytest.raises(ValueError, match="test split is held out"):
+        generate_outputs(str(target), out, **{**kw, "split": "test"})
+
+
+def test_training_mixes_the_generated_outputs_into_each_batch(mini_corpus, tmp_path):
+    """outputs_share of every batch's windows come from the outputs stream, whose looping
+    continuations are left out; a drafter trains on the mix."""
+    import json
+
+    from specdec.train.lm import batch_at
+    from specdec.train.outputs import outputs_stream
+
+    out = tmp_path / "outputs.jsonl"
+    loop = [7, 8] * 20
+    out.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "prompt_ids": list(range(100, 140)), "ids": list(range(140, 200)), "temperature": 0.0},
+        {"id": "b", "prompt_ids": [5, 6], "ids": loop, "temperature": 0.0},
+        {"id": "c", "prompt_ids": list(range(200, 230)), "ids": list(range(230, 280)) + [0], "temperature": 1.0},
+    ]) + "\n")
+    stream = outputs_stream(out, eos=0)
+    assert stream.tolist() == list(range(100, 200)) + [0] + list(range(200, 280)) + [0]
+    corpus = torch.arange(1, 90).repeat(10)
+    cfg = _cfg(batch_size=4, outputs_share=0.75)
+    batch = batch_at(corpus, 3, cfg, stream)
+    assert batch.shape == (4, cfg.seq_len + 1)
+    assert [bool((row >= 100).any()) for row in batch] == [True, True, True, False]
+    assert torch.equal(batch, batch_at(corpus, 3, cfg, stream))  # a pure function of (seed, step)
+    with pytest.raises(FileNotFoundError, match="specdec train outputs"):
+        outputs_stream(tmp_path / "missing.jsonl", eos=0)
+
+    root, tok_dir = mini_corpus
+    teacher = train(_cfg(max_steps=10), tmp_path / "t", tok_dir, root=root)
+    from specdec.train.outputs import generate_outputs
+
+    generate_outputs(str(teacher), tmp_path / "gen.jsonl", num_prompts=8, batch_size=4, max_new_tokens=20,
+                     max_prompt_chars=60, root=root, log=lambda m: None)
+    cfg = _cfg(max_steps=10, teacher=str(teacher), outputs=str(tmp_path / "gen.jsonl"))
+    assert train(cfg, tmp_path / "d", tok_dir, root=root) is not None

@@ -6,7 +6,8 @@ for a given seed and stdlib. A prompt is up to ``context_lines`` lines that prec
 (so the model sees the file's style), then the function's decorators and signature, then its
 docstring when it has one, ending just where the model should write the body. At most one function
 is taken per file, so the set covers many modules. Prompts longer than ``max_chars`` are trimmed at
-the front, on a line boundary.
+the front, on a line boundary. ``function_prompts(split)`` returns every such prompt of a split
+(all functions of every file), for generating distillation data from the train split.
 
 A prompt ends *before* the newline that ends its last line: a byte-level BPE merges that newline
 with the next line's indentation ("\n" + spaces is one token), so a prompt ending in a bare "\n"
@@ -50,6 +51,15 @@ def _function_prefixes(relpath: str, text: str, context_lines: int, max_chars: i
         if len(prompt) > max_chars or not prompt.strip():
             continue
         out.append({"id": f"{relpath}:{node.lineno}", "prompt": prompt})
+    return out
+
+
+def function_prompts(split: str = "train", context_lines: int = 12, max_chars: int = 1200,
+                     root: str | None = None) -> list[dict]:
+    """Every function-prefix prompt of one split (all functions of every file), in file order."""
+    out = []
+    for f in load_split(split, root):
+        out.extend(_function_prefixes(f.relpath, f.text, context_lines, max_chars))
     return out
 
 

@@ -172,7 +172,7 @@ RECIPES = {
                 "rate {lr}, {steps} steps of {batch} windows of {seq} tokens = {tokens:.1f}M tokens, "
                 "bf16 autocast, CPU."),
     "continued": ("continued from `{init}` with `--init-from` (fresh AdamW state, batch seed {seed}, so "
-                  "new windows of the train split): {loss}{teacher}, peak learning rate {lr}, {warmup} "
+                  "new windows of the train split{data}): {loss}{teacher}, peak learning rate {lr}, {warmup} "
                   "warm-up steps then cosine decay to 10%, {steps} steps of {batch} windows of {seq} "
                   "tokens = {tokens:.1f}M tokens, bf16 autocast, CPU."),
 }
@@ -189,7 +189,10 @@ def _recipe(role: str, run_dir: Path) -> str:
             seq=cfg["seq_len"], tokens=tokens, kd=cfg["kd_weight"], ce=round(1 - cfg["kd_weight"], 2),
             init=cfg.get("init_from"), seed=cfg["seed"],
             loss=("the same distillation loss" if cfg.get("teacher") else "next-token cross-entropy"),
-            teacher=f" (teacher `{cfg['teacher']}`)" if cfg.get("teacher") else "")
+            teacher=f" (teacher `{cfg['teacher']}`)" if cfg.get("teacher") else "",
+            data=(f"; {cfg['outputs_share']:.0%} of each batch's windows from `{cfg['outputs']}`, the "
+                  "target's own continuations of train-split function prefixes written by `specdec train "
+                  "outputs` (those ending in a loop left out)" if cfg.get("outputs") else ""))
         parts.append(f"Stage {i + 1} (`{stage_dir.name}`): {text}")
     return "\n\n".join(parts)
 

@@ -8,6 +8,8 @@
     specdec train lm --preset code-drafter-s2 --out runs/code-drafter-s2 --tokenizer runs/tokenizer
     specdec train lm --preset code-target-s3 --out runs/code-target-s3 --tokenizer runs/tokenizer   # stage 3
     specdec train lm --preset code-drafter-s3 --out runs/code-drafter-s3 --tokenizer runs/tokenizer
+    specdec train outputs --target runs/code-target-s3/final --out runs/code-target-outputs.jsonl
+    specdec train lm --preset code-drafter-s4 --out runs/code-drafter-s4 --tokenizer runs/tokenizer  # on its outputs
     specdec train export runs/code-target-s3/final models/code-target --dtype bf16
     specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
 
@@ -64,6 +66,16 @@ def _cmd_lm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_outputs(args: argparse.Namespace) -> int:
+    from specdec.train.outputs import generate_outputs
+
+    n = generate_outputs(args.target, args.out, num_prompts=args.num_prompts, split=args.split,
+                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                         sampled_every=args.sampled_every, dtype=args.dtype, device=args.device, seed=args.seed)
+    print(f"{args.out}: {n} of {args.num_prompts} prompts continued")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from specdec.train.lm import export
 
@@ -103,6 +115,20 @@ def register(subparsers) -> None:
                     help="checkpoint and stop at this step (resume later)")
     _add_config_flags(lm)
     lm.set_defaults(func=_cmd_lm)
+
+    gen = sub.add_parser("outputs", help="the target's continuations of train-split prompts (drafter data; resumable)")
+    gen.add_argument("--target", required=True, help="the target model (a folder or a shipped name)")
+    gen.add_argument("--out", required=True, help="JSONL file to append to (run again to resume)")
+    gen.add_argument("--num-prompts", type=int, default=12000, help="function prefixes to continue")
+    gen.add_argument("--split", choices=["train", "validation"], default="train")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--batch-size", type=int, default=32)
+    gen.add_argument("--sampled-every", type=int, default=4,
+                     help="every N-th prompt is continued by sampling at temperature 1 (0 = all greedy)")
+    gen.add_argument("--dtype", default=None, help="None = fp32 on CPU; bf16 is faster where the CPU has it")
+    gen.add_argument("--device", default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_cmd_outputs)
 
     exp = sub.add_parser("export", help="save a trained model for shipping (bf16 safetensors shards)")
     exp.add_argument("src")

@@ -10,7 +10,8 @@ step ``s`` is a pure function of ``seed`` and ``s``), so a long CPU run survives
 
 A drafter (``cfg.teacher`` set) is trained by knowledge distillation (Hinton et al. 2015; the
 drafter's job is to agree with the target): loss = kd_weight * KL(p_target || q_drafter)
-+ (1 - kd_weight) * cross-entropy on the data.
++ (1 - kd_weight) * cross-entropy on the data. ``cfg.outputs`` mixes the target's own
+continuations of train-split prompts (:mod:`specdec.train.outputs`) into each batch.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from specdec.data.stdlib import load_split
+from specdec.train.outputs import outputs_stream
 from specdec.train.presets import ModelShape, TrainConfig
 
 
@@ -62,11 +64,19 @@ def build_model(shape: ModelShape, tokenizer) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def batch_at(stream: torch.Tensor, step: int, cfg: TrainConfig) -> torch.Tensor:
-    """The training windows of one step: a pure function of (seed, step). [batch, seq_len + 1]"""
+def batch_at(stream: torch.Tensor, step: int, cfg: TrainConfig, outputs: torch.Tensor | None = None) -> torch.Tensor:
+    """The training windows of one step: a pure function of (seed, step). [batch, seq_len + 1]
+
+    With ``outputs`` (the target's generated continuations), the first ``round(batch_size *
+    outputs_share)`` windows come from it and the rest from ``stream``."""
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    starts = torch.randint(0, len(stream) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
-    return torch.stack([stream[s : s + cfg.seq_len + 1] for s in starts.tolist()]).long()
+    n_out = 0 if outputs is None else round(cfg.batch_size * cfg.outputs_share)
+    windows = []
+    for source, n in ((outputs, n_out), (stream, cfg.batch_size - n_out)):
+        if n:
+            starts = torch.randint(0, len(source) - cfg.seq_len - 1, (n,), generator=gen)
+            windows += [source[s : s + cfg.seq_len + 1] for s in starts.tolist()]
+    return torch.stack(windows).long()
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -142,6 +152,14 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     train_stream = tokenize_split(tokenizer, "train", root)
     val_stream = tokenize_split(tokenizer, "validation", root)
+    outputs = None
+    if cfg.outputs is not None:
+        if not 0 < cfg.outputs_share <= 1:
+            raise ValueError(f"outputs_share must be in (0, 1], got {cfg.outputs_share}")
+        outputs = outputs_stream(cfg.outputs, tokenizer.eos_token_id)
+        if len(outputs) <= cfg.seq_len + 1:
+            raise ValueError(f"{cfg.outputs} holds {len(outputs)} tokens (loops left out), fewer than one "
+                             f"window of {cfg.seq_len + 1}: generate more with `specdec train outputs`")
     model = build_model(cfg.shape, tokenizer)
     if cfg.init_from is not None:  # continue training a saved model (fresh optimizer and schedule)
         start = AutoModelForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32)
@@ -168,7 +186,9 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     n_params = sum(p.numel() for p in model.parameters())
     _log(f"training {n_params / 1e6:.2f}M parameters on {len(train_stream) / 1e6:.2f}M tokens, "
          f"{cfg.max_steps} steps of {cfg.batch_size}x{cfg.seq_len}, device {device}, "
-         f"teacher {cfg.teacher or 'none'}")
+         f"teacher {cfg.teacher or 'none'}"
+         + (f", {cfg.outputs_share:.0%} of windows from {cfg.outputs} ({len(outputs) / 1e6:.2f}M tokens)"
+            if outputs is not None else ""))
     amp_device = "cuda" if str(device).startswith("cuda") else "cpu"
     started = time.perf_counter()
     window_t, window_tokens, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
@@ -177,7 +197,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         step = state.step
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        batch = batch_at(train_stream, step, cfg).to(device)  # [B, T + 1]
+        batch = batch_at(train_stream, step, cfg, outputs).to(device)  # [B, T + 1]
         inputs, labels = batch[:, :-1], batch[:, 1:]
         with torch.autocast(amp_device, dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = model(input_ids=inputs).logits.float()  # [B, T, V]

@@ -27,6 +27,8 @@ class TrainConfig:
     shape: ModelShape = field(default_factory=lambda: ModelShape(512, 6, 8, 1408))
     teacher: str | None = None  # a trained target to distil from (drafters); None = plain LM loss
     init_from: str | None = None  # start from these weights (e.g. a shipped model) instead of random ones
+    outputs: str | None = None  # a `specdec train outputs` file (the target's continuations) mixed into the data
+    outputs_share: float = 0.5  # share of each batch's windows taken from `outputs` when it is set
     kd_weight: float = 0.8  # share of the distillation loss KL(p_teacher || q) when a teacher is set
     seq_len: int = 512  # tokens per training window
     batch_size: int = 8  # windows per step
@@ -63,6 +65,12 @@ PRESETS: dict[str, TrainConfig] = {
     "code-drafter-s3": TrainConfig(
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s2/final",
         lr=1e-3, warmup_steps=50, seed=2, max_steps=600,
+    ),
+    # Stage 4 (session 5): the drafter continues on its job's data: half of each batch is the
+    # target's own continuations of train-split prompts (`specdec train outputs`, loops left out).
+    "code-drafter-s4": TrainConfig(
+        shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s3/final",
+        outputs="runs/code-target-outputs.jsonl", lr=1e-3, warmup_steps=30, seed=3, max_steps=400,
     ),
     # seconds-long run for tests and smoke checks
     "tiny": TrainConfig(
