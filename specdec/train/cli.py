@@ -8,9 +8,12 @@
     specdec train lm --preset code-drafter-s2 --out runs/code-drafter-s2 --tokenizer runs/tokenizer
     specdec train lm --preset code-target-s3 --out runs/code-target-s3 --tokenizer runs/tokenizer   # stage 3
     specdec train lm --preset code-drafter-s3 --out runs/code-drafter-s3 --tokenizer runs/tokenizer
-    specdec train outputs --target runs/code-target-s3/final --out runs/code-target-outputs.jsonl
-    specdec train lm --preset code-drafter-s4 --out runs/code-drafter-s4 --tokenizer runs/tokenizer  # on its outputs
+    specdec train outputs --target code-target --out runs/code-target-outputs.jsonl --dtype bf16  # stage 4:
+    specdec train lm --preset code-drafter-s4 --out runs/code-drafter-s4 --tokenizer runs/tokenizer  # on them
+    specdec train outputs --target code-target --out runs/code-target-outputs.jsonl --dtype bf16 --num-prompts 12000
+    specdec train lm --preset code-drafter-s5 --out runs/code-drafter-s5 --tokenizer runs/tokenizer  # stage 5
     specdec train export runs/code-target-s3/final models/code-target --dtype bf16
+    specdec train export runs/code-drafter-s5/final models/code-drafter --dtype bf16
     specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
 
 Run ``lm`` again with the same ``--out`` to resume. Every ``TrainConfig`` field of the preset can be
@@ -119,7 +122,7 @@ def register(subparsers) -> None:
     gen = sub.add_parser("outputs", help="the target's continuations of train-split prompts (drafter data; resumable)")
     gen.add_argument("--target", required=True, help="the target model (a folder or a shipped name)")
     gen.add_argument("--out", required=True, help="JSONL file to append to (run again to resume)")
-    gen.add_argument("--num-prompts", type=int, default=12000, help="function prefixes to continue")
+    gen.add_argument("--num-prompts", type=int, default=8000, help="function prefixes to continue")
     gen.add_argument("--split", choices=["train", "validation"], default="train")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--batch-size", type=int, default=32)
@@ -141,7 +144,7 @@ def register(subparsers) -> None:
     card.add_argument("--drafter", default="models/code-drafter")
     card.add_argument("--target-run", default="runs/code-target-s3",
                       help="the target's last training run folder (earlier stages are found via its --init-from)")
-    card.add_argument("--drafter-run", default="runs/code-drafter-s3",
+    card.add_argument("--drafter-run", default="runs/code-drafter-s5",
                       help="the drafter's last training run folder (earlier stages are found via its --init-from)")
     card.add_argument("--bench-dir", default="bench-out/card",
                       help="a `specdec bench --methods plain-hf,plain,spec --temperature 0 1` output folder")

@@ -72,6 +72,11 @@ PRESETS: dict[str, TrainConfig] = {
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s3/final",
         outputs="runs/code-target-outputs.jsonl", lr=1e-3, warmup_steps=30, seed=3, max_steps=400,
     ),
+    # Stage 5: the same once more after `specdec train outputs --num-prompts 12000` added 4000 prompts.
+    "code-drafter-s5": TrainConfig(
+        shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s4/final",
+        outputs="runs/code-target-outputs.jsonl", lr=6e-4, warmup_steps=30, seed=4, max_steps=400,
+    ),
     # seconds-long run for tests and smoke checks
     "tiny": TrainConfig(
         shape=ModelShape(32, 1, 2, 64, 64), seq_len=32, batch_size=4, max_steps=20, eval_every=10,
