@@ -28,23 +28,14 @@ from specdec.loading import context_limit, load_model, load_tokenizer
 
 
 def _done_ids(out: Path) -> set[str]:
+    """The prompt ids already in ``out``, after dropping an unfinished last line (an interrupted
+    write: that prompt is generated again) so that appended records stay one per line."""
     if not out.exists():
         return set()
-    done = set()
-    for line in out.read_text().splitlines():
-        try:
-            done.add(json.loads(line)["id"])
-        except (ValueError, KeyError):
-            continue  # a line cut short by an interrupted run is generated again
-    return done
-
-
-def _cut_partial_line(out: Path) -> None:
-    """Drop an unfinished last line (an interrupted write) so appended records stay one per line."""
-    if out.exists():
-        data = out.read_bytes()
-        if data and not data.endswith(b"\n"):
-            out.write_bytes(data[: data.rfind(b"\n") + 1])
+    data = out.read_bytes()
+    if data and not data.endswith(b"\n"):
+        out.write_bytes(data[: data.rfind(b"\n") + 1])
+    return {json.loads(line)["id"] for line in out.read_text().splitlines() if line.strip()}
 
 
 def generate_outputs(target: str, out: str | Path, *, num_prompts: int, split: str = "train",
@@ -67,7 +58,6 @@ def generate_outputs(target: str, out: str | Path, *, num_prompts: int, split: s
     chosen = prompts[:num_prompts]
     temperature = {p["id"]: 1.0 if sampled_every and i % sampled_every == sampled_every - 1 else 0.0
                    for i, p in enumerate(chosen)}
-    _cut_partial_line(out)
     done = _done_ids(out)
     todo = [p for p in chosen if p["id"] not in done]
     log(f"{len(chosen)} prompts from the {split} split ({len(prompts)} there), {len(chosen) - len(todo)} "
