@@ -177,6 +177,9 @@ def test_training_mixes_the_generated_outputs_into_each_batch(mini_corpus, tmp_p
     assert batch.shape == (4, cfg.seq_len + 1)
     assert [bool((row >= 100).any()) for row in batch] == [True, True, True, False]
     assert torch.equal(batch, batch_at(corpus, 3, cfg, stream))  # a pure function of (seed, step)
+    assert outputs_stream(out, eos=0, records=2).tolist() == list(range(100, 200)) + [0]  # b loops: left out
+    with pytest.raises(ValueError, match="holds 3 records, fewer than the 4"):
+        outputs_stream(out, eos=0, records=4)
     with pytest.raises(FileNotFoundError, match="specdec train outputs"):
         outputs_stream(tmp_path / "missing.jsonl", eos=0)
 

@@ -156,7 +156,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     if cfg.outputs is not None:
         if not 0 < cfg.outputs_share <= 1:
             raise ValueError(f"outputs_share must be in (0, 1], got {cfg.outputs_share}")
-        outputs = outputs_stream(cfg.outputs, tokenizer.eos_token_id)
+        outputs = outputs_stream(cfg.outputs, tokenizer.eos_token_id, cfg.outputs_records)
         if len(outputs) <= cfg.seq_len + 1:
             raise ValueError(f"{cfg.outputs} holds {len(outputs)} tokens (loops left out), fewer than one "
                              f"window of {cfg.seq_len + 1}: generate more with `specdec train outputs`")

@@ -97,8 +97,9 @@ def generate_outputs(target: str, out: str | Path, *, num_prompts: int, split: s
     return len(_done_ids(out) & set(temperature))
 
 
-def outputs_stream(path: str | Path, eos: int) -> torch.Tensor:
-    """A generated-outputs file as one stream of token ids, each prompt + continuation followed by eos.
+def outputs_stream(path: str | Path, eos: int, records: int | None = None) -> torch.Tensor:
+    """A generated-outputs file (its first ``records`` lines, or all) as one stream of token ids,
+    each prompt + continuation followed by eos.
 
     Continuations that end in a degenerate loop are left out: the drafter should learn what the
     target writes, not be tuned on its repetitions (they are easy to draft anyway)."""
@@ -106,10 +107,12 @@ def outputs_stream(path: str | Path, eos: int) -> torch.Tensor:
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no generated outputs at {path}: write them with `specdec train outputs`")
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    if records is not None and records > len(lines):
+        raise ValueError(f"{path} holds {len(lines)} records, fewer than the {records} asked for: "
+                         "generate more with `specdec train outputs --num-prompts N`")
     ids: list[int] = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
+    for line in lines[:records]:
         record = json.loads(line)
         if is_degenerate_loop(record["ids"]):
             continue

@@ -29,6 +29,7 @@ class TrainConfig:
     init_from: str | None = None  # start from these weights (e.g. a shipped model) instead of random ones
     outputs: str | None = None  # a `specdec train outputs` file (the target's continuations) mixed into the data
     outputs_share: float = 0.5  # share of each batch's windows taken from `outputs` when it is set
+    outputs_records: int | None = None  # use only the file's first N records (a file grows when generation resumes)
     kd_weight: float = 0.8  # share of the distillation loss KL(p_teacher || q) when a teacher is set
     seq_len: int = 512  # tokens per training window
     batch_size: int = 8  # windows per step
@@ -70,12 +71,15 @@ PRESETS: dict[str, TrainConfig] = {
     # target's own continuations of train-split prompts (`specdec train outputs`, loops left out).
     "code-drafter-s4": TrainConfig(
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s3/final",
-        outputs="runs/code-target-outputs.jsonl", lr=1e-3, warmup_steps=30, seed=3, max_steps=400,
+        outputs="runs/code-target-outputs.jsonl", outputs_records=8000, lr=1e-3, warmup_steps=30, seed=3,
+        max_steps=400,
     ),
-    # Stage 5: the same once more after `specdec train outputs --num-prompts 12000` added 4000 prompts.
+    # Stage 5: the same once more after `specdec train outputs --num-prompts 12000` added 4000 prompts
+    # (11999 records: one prompt was too long for the context).
     "code-drafter-s5": TrainConfig(
         shape=ModelShape(160, 2, 5, 448), teacher="runs/code-target-s3/final", init_from="runs/code-drafter-s4/final",
-        outputs="runs/code-target-outputs.jsonl", lr=6e-4, warmup_steps=30, seed=4, max_steps=400,
+        outputs="runs/code-target-outputs.jsonl", outputs_records=11999, lr=6e-4, warmup_steps=30, seed=4,
+        max_steps=400,
     ),
     # seconds-long run for tests and smoke checks
     "tiny": TrainConfig(
