@@ -191,3 +191,17 @@ def test_training_mixes_the_generated_outputs_into_each_batch(mini_corpus, tmp_p
                      max_prompt_chars=60, root=root, log=lambda m: None)
     cfg = _cfg(max_steps=10, teacher=str(teacher), outputs=str(tmp_path / "gen.jsonl"))
     assert train(cfg, tmp_path / "d", tok_dir, root=root) is not None
+
+
+def test_train_flags_parse_optional_numbers_as_numbers():
+    """`specdec train lm` flags come from TrainConfig; an `int | None` field takes an int."""
+    import argparse
+
+    from specdec.train.cli import _config_from, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["train", "lm", "--preset", "code-drafter-s4", "--out", "x", "--tokenizer", "t",
+                              "--outputs-records", "100", "--outputs-share", "0.25"])
+    cfg = _config_from(args)
+    assert cfg.outputs_records == 100 and cfg.outputs_share == 0.25 and cfg.outputs == PRESETS["code-drafter-s4"].outputs

@@ -40,7 +40,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=comments.get(f.name, "") + " (overrides the preset)")
         else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
+            kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
                                 help=(comments.get(f.name, "") + " (overrides the preset)").replace("%", "%%"))
 
