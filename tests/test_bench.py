@@ -217,6 +217,59 @@ def test_greedy_check_reports_a_changed_output(pair: tuple[Path, Path, Path]) ->
     assert not report.ok
 
 
+def test_runs_interleave_methods_prompt_by_prompt(pair: tuple[Path, Path, Path]) -> None:
+    """Each prompt runs with every method (its repeats back to back) before the next prompt, the
+    methods' order rotated per prompt, so a slow spell of a shared machine falls on all alike."""
+    order: list[tuple[str, int]] = []
+
+    class Logged(_Changed):
+        def run(self, models, input_ids, setting, meters):
+            order.append((self.name, len(input_ids)))
+            return super().run(models, input_ids, setting, meters)
+
+    registry = {BASELINE: RUNNERS[BASELINE], "a": Logged("a", list), "b": Logged("b", list)}
+    report = build_report(run_benchmark(_config(pair, num_prompts=3, repeats=2), registry=registry))
+    n = [len(p.input_ids) for p in report.run.prompts]
+    assert len(set(n)) == 3  # the prompts can be told apart by their length
+    # warm-up (memory): one untimed run per block on the longest prompt, before any timed run
+    assert order[:2] == [("a", max(n)), ("b", max(n))]
+    # plain-hf is not logged; blocks rotate: [plain-hf, a, b], [a, b, plain-hf], [b, plain-hf, a]
+    assert order[2:] == [
+        ("a", n[0]), ("a", n[0]), ("b", n[0]), ("b", n[0]),
+        ("a", n[1]), ("a", n[1]), ("b", n[1]), ("b", n[1]),
+        ("b", n[2]), ("b", n[2]), ("a", n[2]), ("a", n[2]),
+    ]
+    assert all(r.greedy_equal == 3 for r in report.rows)
+
+
+def test_compared_drafters_run_beside_spec(pair: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """--compare: each extra drafter runs as spec@<folder>, with its own forwards, cost ratio and memory."""
+    drafter = pair[1]
+    other = tmp_path / "noisy"  # the drafter with perturbed weights: other drafts
+    model = load_model(str(drafter), device="cpu")
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.5 * param.std() * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(other)
+    same = tmp_path / "same"  # the run's own drafter under a second name: the same figures as spec
+    same.mkdir()
+    for f in drafter.iterdir():
+        (same / f.name).write_bytes(f.read_bytes())
+    config = _config(pair, methods=("plain-hf", "spec"), compare=(str(same), str(other)), gamma=(3,))
+    report = build_report(run_benchmark(config))
+    rows = {r.method: r for r in report.rows}
+    assert set(rows) == {BASELINE, "spec", "spec@same", f"spec@{other.name}"}
+    spec, twin, rival = rows["spec"], rows["spec@same"], rows[f"spec@{other.name}"]
+    assert (twin.tau, twin.alpha) == (spec.tau, spec.alpha)
+    assert rival.alpha != spec.alpha  # its own drafts, counted by its own meter
+    assert all(r.greedy_equal == r.greedy_total == 2 for r in rows.values())
+    assert twin.cost_ratio is not None and rival.cost_ratio is not None and rival.extra_mib is not None
+    assert set(report.run.environment.compared) == {"same", other.name}
+    rival_record = next(r for b in report.run.blocks if b.runner.name == rival.method for r in b.records)
+    assert rival_record.drafter_calls > 0
+
+
 def test_a_failing_method_is_reported_not_fatal(pair: tuple[Path, Path, Path], capsys) -> None:
     registry = {BASELINE: RUNNERS[BASELINE], "broken": _Broken(), "plain": RUNNERS["plain"]}
     report = build_report(run_benchmark(_config(pair, warmup=1), registry=registry))

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(BenchConfig)
     for f in dataclasses.fields(BenchConfig):
         kind, several = _element_type(hints[f.name])
-        shown = (" ".join(map(str, f.default)) or "all") if several else f.default
+        shown = (" ".join(map(str, f.default)) or ("all" if f.name == "methods" else "none")) if several else f.default
         default = f" (default: {shown})"
         help_text = (comments.get(f.name, "") + default).replace("%", "%%")
         flag = f"--{f.name.replace('_', '-')}"

@@ -24,6 +24,7 @@ class BenchConfig:
 
     target: str = _MODELS.target  # target model: a shipped name or a folder with config + safetensors
     drafter: str = _MODELS.drafter_model  # drafter model used by `spec` and `hf-assisted` (a name or a folder)
+    compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
     tokenizer: str | None = None  # folder of the tokenizer; None = the target's own folder
     methods: tuple[str, ...] = ()  # methods to run, by name or group (see --list); empty = all
     prompts: str | None = None  # a JSONL file with {"id", "prompt"} per line; None = built-in code prompts

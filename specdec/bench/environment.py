@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import transformers
@@ -69,6 +69,7 @@ class Environment:
     load_average_end: tuple[float, float, float] | None  # the same when it ended
     target: ModelInfo
     drafter: ModelInfo | None  # None when no drafter model was loaded
+    compared: dict[str, ModelInfo] = field(default_factory=dict)  # label -> a compared drafter (--compare)
 
 
 def load_average() -> tuple[float, float, float] | None:
@@ -83,8 +84,9 @@ def capture_environment(
     target: tuple[str, PreTrainedModel],
     drafter: tuple[str, PreTrainedModel] | None,
     load_average_start: tuple[float, float, float] | None,
+    compared: dict[str, tuple[str, PreTrainedModel]] | None = None,
 ) -> Environment:
-    """Describe this process's machine and the two models (called at the end of a run)."""
+    """Describe this process's machine and the models (called at the end of a run)."""
     model = target[1]
     device = model.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
@@ -102,4 +104,5 @@ def capture_environment(
         load_average_end=load_average(),
         target=model_info(*target),
         drafter=model_info(*drafter) if drafter else None,
+        compared={label: model_info(*named) for label, named in (compared or {}).items()},
     )

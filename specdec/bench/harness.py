@@ -1,11 +1,17 @@
 """The benchmark loop: load once, warm up, time every method on the same prompts, never crash.
 
 Order of work (one process, one machine, the same prompts for every method):
-1. load the target (and the drafter model when a selected method needs it), tokenize the prompts;
+1. load the target (and the drafter model when a selected method needs it, and each drafter of
+   `--compare`), tokenize the prompts;
 2. measure the single-token step time of each model (the cost ratio c);
-3. warm up every (method, setting) block on the first prompts, untimed;
-4. for each repeat, run every block over all prompts: repeats are interleaved across methods, so a
-   slow spell of a shared machine hits all methods alike; each block's peak memory is measured;
+3. warm up every (method, setting) block on the first prompts and the longest one, untimed, inside
+   a memory meter: the block's peak memory;
+4. for each prompt, run every block in turn, its repeats back to back, the blocks' order rotated
+   from prompt to prompt: all the runs of one prompt are seconds apart, so a slow spell of a shared
+   machine hits all methods alike (running each block over all prompts in turn let a spell of a
+   minute or two fall on one method), and the median of a block's repeats is a run that follows a
+   run of the same method (the first run after another method can be slower: on a CPU the
+   allocator's state and the caches that method left behind);
 5. a method that raises is recorded as failed and skipped from then on; the others go on;
 6. greedy outputs are compared with plain-hf's (first repeat) token for token; at the first
    difference the target's two best logits are compared there, since verifying k tokens in one
@@ -32,7 +38,17 @@ from specdec.bench.environment import Environment, capture_environment, load_ave
 from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_time
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
-from specdec.bench.runners import BASELINE, BenchModels, Meters, Runner, RunOutput, Setting, select_runners
+from specdec.bench.runners import (
+    BASELINE,
+    BenchModels,
+    Meters,
+    Runner,
+    RunOutput,
+    Setting,
+    compare_labels,
+    compared_runners,
+    select_runners,
+)
 from specdec.loading import load_model, load_tokenizer
 
 _STEP_TIME_STEPS = 16  # timed single-token forwards per model for the cost ratio c
@@ -45,7 +61,7 @@ class Block:
     runner: Runner
     setting: Setting
     records: list[Record] = field(default_factory=list)
-    memory: MemoryReading | None = None  # the highest peak over the repeats
+    memory: MemoryReading | None = None  # peak memory of the warm-up runs (longest prompt included)
     error: str | None = None  # "ExceptionType: message" of the first failure
     compared: int = 0  # greedy prompts compared with plain-hf (0 for sampled settings)
     mismatches: dict[str, Mismatch] = field(default_factory=dict)  # prompt id -> first difference
@@ -69,6 +85,7 @@ class BenchRun:
     blocks: list[Block]
     target_step_s: float  # median single-token cached forward of the target
     drafter_step_s: float | None  # the same for the drafter model (None when not loaded)
+    compared_step_s: dict[str, float] = field(default_factory=dict)  # the same per compared drafter label
 
 
 def _stop_token_ids(target: PreTrainedModel) -> list[int]:
@@ -118,8 +135,8 @@ class _Harness:
         self.clock = clock
         self.progress = progress
 
-    def _meters(self) -> Meters:
-        drafter = self.models.drafter
+    def _meters(self, runner: Runner) -> Meters:
+        drafter = self.models.drafter_for(runner)
         return Meters(
             target=ForwardMeter(self.models.target, self.clock),
             drafter=ForwardMeter(drafter, self.clock) if drafter is not None else None,
@@ -127,7 +144,7 @@ class _Harness:
 
     def run_once(self, block: Block, prompt: Prompt) -> tuple[RunOutput, float, Meters]:
         """One generate call of the block's method, timed, with its forwards counted."""
-        meters = self._meters()
+        meters = self._meters(block.runner)
         with meters.target, meters.drafter or contextlib.nullcontext():
             start = self.clock.now()
             out = block.runner.run(self.models, prompt.input_ids, block.setting, meters)
@@ -135,32 +152,43 @@ class _Harness:
         return out, wall, meters
 
     def warm_up(self, block: Block, count: int) -> None:
-        """Untimed runs on the first prompts; a failure marks the block."""
-        try:
-            for i in range(count):
-                self.run_once(block, self.prompts[i % len(self.prompts)])
-        except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
-            block.error = f"{type(err).__name__}: {err}"
-
-    def timed_pass(self, block: Block, repeat: int, task: int) -> None:
-        """All prompts once, timed, inside a memory meter; a failure marks the block and drops its records."""
-        setting = block.setting
-        gamma = f" γ={setting.gamma}" if setting.gamma is not None else ""
-        self.progress.update(task, description=f"{block.runner.name}{gamma} T={setting.temperature:g} #{repeat + 1}")
+        """Untimed runs on the first ``count`` prompts and on the longest one, inside a memory meter:
+        the block's peak memory (its longest sequence), measured apart from the timed runs, whose
+        clocks the meter's release of freed memory would disturb. A failure marks the block."""
+        longest = max(self.prompts, key=lambda p: p.input_ids.numel())
+        runs = [self.prompts[i % len(self.prompts)] for i in range(count)] + [longest]
         meter = MemoryMeter(self.models.target.device)
         try:
             with meter:
-                for prompt in self.prompts:
-                    out, wall, meters = self.run_once(block, prompt)
-                    block.records.append(_record(prompt, block, repeat, out, wall, meters))
-                    self.progress.advance(task)
+                for prompt in runs:
+                    self.run_once(block, prompt)
+        except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
+            block.error = f"{type(err).__name__}: {err}"
+            return
+        block.memory = meter.reading
+
+    def timed_run(self, block: Block, prompt: Prompt, repeat: int) -> None:
+        """One timed run; a failure marks the block and drops its records."""
+        try:
+            out, wall, meters = self.run_once(block, prompt)
         except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
             block.error = f"{type(err).__name__}: {err}"
             block.records.clear()
             return
-        reading = meter.reading
-        if reading is not None and (block.memory is None or reading.peak_mib > block.memory.peak_mib):
-            block.memory = reading
+        block.records.append(_record(prompt, block, repeat, out, wall, meters))
+
+    def timed_prompt(self, blocks: list[Block], index: int, repeats: int, task: int) -> None:
+        """Prompt ``index`` with every live block in turn, ``repeats`` runs back to back per block
+        (the median skips a run slowed by the method before it); the blocks' order rotates by one per prompt."""
+        prompt, shift = self.prompts[index], index % len(blocks)
+        for block in blocks[shift:] + blocks[:shift]:
+            setting = block.setting
+            gamma = f" γ={setting.gamma}" if setting.gamma is not None else ""
+            self.progress.update(task, description=f"{block.runner.name}{gamma} T={setting.temperature:g}")
+            for repeat in range(repeats):
+                if block.error is None:
+                    self.timed_run(block, prompt, repeat)
+                self.progress.advance(task)
 
 
 @torch.inference_mode()
@@ -226,24 +254,28 @@ def run_benchmark(
     config: BenchConfig, registry: dict[str, Runner] | None = None, console: Console | None = None
 ) -> BenchRun:
     """Run every selected method on the same prompts; return all records and measurements."""
+    labels = compare_labels(config.compare)
+    runners = select_runners(config.methods, registry) + list(compared_runners(labels).values())
     with _quiet_transformers():
-        return _run(config, select_runners(config.methods, registry), console)
+        return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
 
 
-def _run(config: BenchConfig, runners: list[Runner], console: Console | None) -> BenchRun:
+def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
     drafter = None
-    if any(r.needs_drafter_model for r in runners):
+    if any(r.needs_drafter_model and getattr(r, "drafter_label", None) is None for r in runners):
         drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
+    compared = {label: load_model(path, device=target.device, dtype=target.dtype) for label, path in compare.items()}
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
-    models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target))
+    models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared)
     clock = Clock(target.device)
 
     context = prompts[0].input_ids[None].to(target.device)  # [1, T]
     target_step = step_time(target, context, _STEP_TIME_STEPS, clock)
     drafter_step = step_time(drafter, context, _STEP_TIME_STEPS, clock) if drafter is not None else None
+    compared_step = {label: step_time(m, context, _STEP_TIME_STEPS, clock) for label, m in compared.items()}
 
     blocks = _blocks(config, runners)
     progress = Progress(
@@ -260,16 +292,15 @@ def _run(config: BenchConfig, runners: list[Runner], console: Console | None) ->
         task = progress.add_task("warm-up", total=config.repeats * len(blocks) * len(prompts))
         for block in blocks:
             harness.warm_up(block, config.warmup)
-        for repeat in range(config.repeats):
-            for block in blocks:
-                if block.error is None:
-                    harness.timed_pass(block, repeat, task)
-                else:
-                    progress.advance(task, len(prompts))
+        for index in range(len(prompts)):
+            harness.timed_prompt(blocks, index, config.repeats, task)
     compare_greedy(blocks, target, prompts)
 
     environment = capture_environment(
-        (config.target, target), (config.drafter, drafter) if drafter is not None else None, load_start
+        (config.target, target),
+        (config.drafter, drafter) if drafter is not None else None,
+        load_start,
+        {label: (compare[label], m) for label, m in compared.items()},
     )
     return BenchRun(
         config=config,
@@ -278,4 +309,5 @@ def _run(config: BenchConfig, runners: list[Runner], console: Console | None) ->
         blocks=blocks,
         target_step_s=target_step,
         drafter_step_s=drafter_step,
+        compared_step_s=compared_step,
     )

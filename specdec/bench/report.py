@@ -70,6 +70,10 @@ def describe_environment(run: BenchRun) -> str:
         f"{cfg.repeats} repeats (median), {cfg.warmup} warm-up runs; "
         f"step time target {run.target_step_s * 1e3:.2f} ms"
         + (f", drafter {run.drafter_step_s * 1e3:.2f} ms" if run.drafter_step_s is not None else "")
+        + "".join(
+            f"; compared drafter {label}: {info.parameters / 1e6:.2f}M params, step {run.compared_step_s[label] * 1e3:.2f} ms"
+            for label, info in env.compared.items()
+        )
     )
 
 
@@ -166,6 +170,7 @@ def summary_dict(report: BenchReport) -> dict:
         "prompts": [p.id for p in run.prompts],
         "target_step_s": run.target_step_s,
         "drafter_step_s": run.drafter_step_s,
+        "compared_step_s": run.compared_step_s,
         "rows": [asdict(r) for r in rows],
         "goals": [asdict(c) for c in checks],
         "gamma_sweep": [asdict(c) for c in cells],

@@ -9,6 +9,8 @@ Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assiste
 - ``plain-hf``: the target's own ``generate``: the baseline every speedup is divided by.
 - ``plain``: our ``autoregressive_generate``.
 - ``spec``: our ``speculative_generate`` with the drafter model.
+- ``spec@<label>``: the same with another drafter model (``--compare``), so drafters are compared
+  in one run, prompt by prompt (:func:`compared_runners`).
 - ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
 - ``spec-lookup``: ours with ``LookupModelDrafter``: prompt lookup first, the drafter model when
   lookup finds nothing.
@@ -29,7 +31,8 @@ import copy
 import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 import torch
@@ -64,6 +67,12 @@ class BenchModels:
     target: PreTrainedModel
     drafter: PreTrainedModel | None  # None when no selected method needs a drafter model
     stop_token_ids: list[int]  # the target's end-of-sequence ids, passed to every method
+    compared: dict[str, PreTrainedModel] = field(default_factory=dict)  # label -> drafter of spec@label
+
+    def drafter_for(self, runner: Runner) -> PreTrainedModel | None:
+        """The drafter model a runner drafts with: its compared drafter, else the drafter."""
+        label = getattr(runner, "drafter_label", None)
+        return self.compared[label] if label is not None else self.drafter
 
 
 @dataclass(frozen=True)
@@ -219,17 +228,19 @@ class Speculative:
         "lookup+model": "prompt lookup first, the drafter model when lookup finds nothing",
     }
 
-    def __init__(self, name: str, kind: str) -> None:
+    def __init__(self, name: str, kind: str, drafter_label: str | None = None) -> None:
         self.name = self.group = name
         self.kind = kind
-        self.description = f"our speculative_generate with {self.KINDS[kind]}"
+        self.drafter_label = drafter_label  # None: the run's drafter; else a compared drafter's label
+        what = self.KINDS[kind] if drafter_label is None else f"the compared drafter model {drafter_label!r}"
+        self.description = f"our speculative_generate with {what}"
         self.needs_drafter_model = kind != "ngram"
         self.cost = DrafterCost.MODEL_STEP if kind == "model" else DrafterCost.MEASURED_DRAFT
 
     def _drafter(self, models: BenchModels) -> object:
         if self.kind == "lookup+model":
             return specdec.LookupModelDrafter(models.drafter)
-        return models.drafter if self.kind == "model" else "ngram"
+        return models.drafter_for(self) if self.kind == "model" else "ngram"
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
         assert setting.gamma is not None
@@ -315,6 +326,23 @@ RUNNERS: dict[str, Runner] = {
         HFPromptLookup(),
     )
 }
+
+
+def compare_labels(paths: tuple[str, ...]) -> list[str]:
+    """A label per compared drafter: its folder's name (or shipped name), numbered when two agree."""
+    labels: list[str] = []
+    for path in paths:
+        base = Path(path).name or str(path)
+        label, n = base, 2
+        while label in labels:
+            label, n = f"{base}#{n}", n + 1
+        labels.append(label)
+    return labels
+
+
+def compared_runners(labels: list[str]) -> dict[str, Runner]:
+    """``spec@<label>`` for each compared drafter: ``spec``'s method with that drafter model."""
+    return {f"spec@{label}": Speculative(f"spec@{label}", "model", drafter_label=label) for label in labels}
 
 
 def select_runners(methods: tuple[str, ...], registry: dict[str, Runner] | None = None) -> list[Runner]:

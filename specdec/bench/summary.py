@@ -16,10 +16,10 @@ Definitions (every ratio is against ``plain-hf`` at the same temperature, in the
   batched verification may flip legitimately;
 - ``cost_ratio`` c = drafter step / target step; ``theoretical_speedup`` = Leviathan et al.'s
   (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); ``efficiency`` = speedup / theoretical;
-- ``peak_mib`` = the highest memory during the method's runs (CPU: resident set of the process,
-  both models included; CUDA: allocated); ``extra_mib`` = what the method needs beyond plain-hf:
-  its memory growth during its runs, plus the drafter model's weights when it uses one, minus
-  plain-hf's growth.
+- ``peak_mib`` = the highest memory during the method's untimed warm-up runs, which include the
+  longest prompt (CPU: resident set of the process, both models included; CUDA: allocated);
+  ``extra_mib`` = what the method needs beyond plain-hf: its memory growth during those runs, plus
+  the drafter model's weights when it uses one, minus plain-hf's growth.
 A group with several runners (``hf-assisted``) has a peer per (temperature, gamma): its member
 with the highest mean throughput.
 """
@@ -129,8 +129,10 @@ class _Summarizer:
 
     def _cost_ratio(self, block: Block) -> float | None:
         run = self.run
-        if block.runner.cost is DrafterCost.MODEL_STEP and run.drafter_step_s is not None:
-            return run.drafter_step_s / run.target_step_s
+        label = getattr(block.runner, "drafter_label", None)
+        step = run.drafter_step_s if label is None else run.compared_step_s.get(label)
+        if block.runner.cost is DrafterCost.MODEL_STEP and step is not None:
+            return step / run.target_step_s
         if block.runner.cost is DrafterCost.MEASURED_DRAFT:  # drafting time per round / (gamma target steps)
             rounds = sum(r.rounds for r in block.records)
             per_round = sum(r.drafter_time_s for r in block.records) / rounds if rounds else None
@@ -196,7 +198,8 @@ class _Summarizer:
     def _extra_memory(self, block: Block, baseline: Block | None) -> float | None:
         if block.memory is None or baseline is None or baseline.memory is None:
             return None
-        drafter = self.run.environment.drafter
+        label, env = getattr(block.runner, "drafter_label", None), self.run.environment
+        drafter = env.drafter if label is None else env.compared.get(label)
         weights = drafter.weight_mib if block.runner.needs_drafter_model and drafter else 0.0
         return block.memory.growth_mib + weights - baseline.memory.growth_mib
 
