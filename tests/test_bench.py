@@ -31,7 +31,7 @@ from specdec.bench.cli import config_from_args, main, register
 from specdec.bench.measure import MemoryMeter
 from specdec.bench.prompts import read_jsonl
 from specdec.bench.report import print_report
-from specdec.bench.runners import BenchModels, DrafterCost, Meters, Setting, select_runners
+from specdec.bench.runners import BenchModels, DrafterCost, Meters, Setting, compare_labels, select_runners
 from specdec.bench.summary import is_degenerate_loop, peer_row
 from specdec.loading import load_model
 
@@ -130,6 +130,11 @@ def test_command_line_quick_and_overrides() -> None:
     assert callable(args.func)
     with pytest.raises(ValueError, match="gamma"):
         BenchConfig(gamma=(0,))
+    args = parser.parse_args(["bench", "--order", "method", "--compare", "a/d1", "b/d1"])
+    assert (config_from_args(args).order, config_from_args(args).compare) == ("method", ("a/d1", "b/d1"))
+    assert compare_labels(("a/d1", "b/d1", "code-drafter")) == ["d1", "d1#2", "code-drafter"]
+    with pytest.raises(ValueError, match="order must be one of method, prompt"):
+        BenchConfig(order="random")
 
 
 def test_prompt_file_errors(tmp_path: Path) -> None:
@@ -217,28 +222,34 @@ def test_greedy_check_reports_a_changed_output(pair: tuple[Path, Path, Path]) ->
     assert not report.ok
 
 
-def test_runs_interleave_methods_prompt_by_prompt(pair: tuple[Path, Path, Path]) -> None:
-    """Each prompt runs with every method (its repeats back to back) before the next prompt, the
-    methods' order rotated per prompt, so a slow spell of a shared machine falls on all alike."""
-    order: list[tuple[str, int]] = []
+@pytest.mark.parametrize("order", ["method", "prompt"])
+def test_timing_orders(pair: tuple[Path, Path, Path], order: str) -> None:
+    """--order method: each method over all prompts in turn, repeats interleaving the methods;
+    --order prompt: every method on a prompt (its repeats back to back) before the next prompt,
+    the methods' order rotated per prompt."""
+    log: list[tuple[str, int]] = []
 
     class Logged(_Changed):
         def run(self, models, input_ids, setting, meters):
-            order.append((self.name, len(input_ids)))
+            log.append((self.name, len(input_ids)))
             return super().run(models, input_ids, setting, meters)
 
     registry = {BASELINE: RUNNERS[BASELINE], "a": Logged("a", list), "b": Logged("b", list)}
-    report = build_report(run_benchmark(_config(pair, num_prompts=3, repeats=2), registry=registry))
+    report = build_report(run_benchmark(_config(pair, num_prompts=3, repeats=2, order=order), registry=registry))
     n = [len(p.input_ids) for p in report.run.prompts]
     assert len(set(n)) == 3  # the prompts can be told apart by their length
     # warm-up (memory): one untimed run per block on the longest prompt, before any timed run
-    assert order[:2] == [("a", max(n)), ("b", max(n))]
-    # plain-hf is not logged; blocks rotate: [plain-hf, a, b], [a, b, plain-hf], [b, plain-hf, a]
-    assert order[2:] == [
-        ("a", n[0]), ("a", n[0]), ("b", n[0]), ("b", n[0]),
-        ("a", n[1]), ("a", n[1]), ("b", n[1]), ("b", n[1]),
-        ("b", n[2]), ("b", n[2]), ("a", n[2]), ("a", n[2]),
-    ]
+    assert log[:2] == [("a", max(n)), ("b", max(n))]
+    if order == "method":
+        expected = [("a", x) for x in n] + [("b", x) for x in n]
+        expected *= 2  # the second repeat
+    else:  # plain-hf is not logged; blocks rotate: [plain-hf, a, b], [a, b, plain-hf], [b, plain-hf, a]
+        expected = [
+            ("a", n[0]), ("a", n[0]), ("b", n[0]), ("b", n[0]),
+            ("a", n[1]), ("a", n[1]), ("b", n[1]), ("b", n[1]),
+            ("b", n[2]), ("b", n[2]), ("a", n[2]), ("a", n[2]),
+        ]
+    assert log[2:] == expected
     assert all(r.greedy_equal == 3 for r in report.rows)
 
 

@@ -16,6 +16,7 @@ from specdec.config import ModelConfig, SamplingConfig, SpecConfig
 _MODELS = ModelConfig()
 _SAMPLING = SamplingConfig()
 _SPEC = SpecConfig()
+ORDERS = ("method", "prompt")  # the timing orders of --order (see specdec.bench.harness)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class BenchConfig:
     top_k: int = _SAMPLING.top_k  # top-k filter for sampled runs; 0 = off
     top_p: float = _SAMPLING.top_p  # nucleus filter for sampled runs; 1.0 = off
     repeats: int = 3  # timed runs per prompt and method; the median time is reported
+    order: str = "prompt"  # prompt: every method on a prompt in turn; method: each method over all prompts in turn
     warmup: int = 2  # untimed runs per method and setting before timing (first prompts of the set)
     device: str | None = _MODELS.device  # None = cuda if available else cpu; also "cpu", "cuda:N"
     dtype: str | None = _MODELS.dtype  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
@@ -48,6 +50,8 @@ class BenchConfig:
         for name in ("num_prompts", "max_new_tokens", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if not self.gamma or any(g < 1 for g in self.gamma):

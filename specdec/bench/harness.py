@@ -3,15 +3,16 @@
 Order of work (one process, one machine, the same prompts for every method):
 1. load the target (and the drafter model when a selected method needs it, and each drafter of
    `--compare`), tokenize the prompts;
-2. measure the single-token step time of each model (the cost ratio c);
-3. warm up every (method, setting) block on the first prompts and the longest one, untimed, inside
+2. warm up every (method, setting) block on the first prompts and the longest one, untimed, inside
    a memory meter: the block's peak memory;
-4. for each prompt, run every block in turn, its repeats back to back, the blocks' order rotated
-   from prompt to prompt: all the runs of one prompt are seconds apart, so a slow spell of a shared
-   machine hits all methods alike (running each block over all prompts in turn let a spell of a
-   minute or two fall on one method), and the median of a block's repeats is a run that follows a
-   run of the same method (the first run after another method can be slower: on a CPU the
-   allocator's state and the caches that method left behind);
+3. measure the single-token step time of each model, the models taking turns (the cost ratio c);
+4. time the blocks in one of two orders (``--order``). ``prompt`` (the default): each prompt runs
+   with every block in turn (its repeats back to back, the blocks' order rotated from prompt to
+   prompt), so a slow spell of the shared machine falls on all methods alike. ``method``: each
+   repeat runs every block over all prompts, one block after the other (as Spec-Bench runs
+   methods), so each method is timed in its own steady state, but a slow spell can fall on one
+   block: on this project's CPU the same command's spec speedup spread twice as wide in that order
+   (README, *Benchmark*);
 5. a method that raises is recorded as failed and skipped from then on; the others go on;
 6. greedy outputs are compared with plain-hf's (first repeat) token for token; at the first
    difference the target's two best logits are compared there, since verifying k tokens in one
@@ -35,7 +36,7 @@ from transformers.utils import logging as hf_logging
 
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
-from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_time
+from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_times
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
 from specdec.bench.runners import (
@@ -177,14 +178,25 @@ class _Harness:
             return
         block.records.append(_record(prompt, block, repeat, out, wall, meters))
 
+    def _describe(self, block: Block, task: int, suffix: str = "") -> None:
+        setting = block.setting
+        gamma = f" γ={setting.gamma}" if setting.gamma is not None else ""
+        self.progress.update(task, description=f"{block.runner.name}{gamma} T={setting.temperature:g}{suffix}")
+
+    def timed_pass(self, block: Block, repeat: int, task: int) -> None:
+        """``--order method``: the block over all prompts, back to back."""
+        self._describe(block, task, f" #{repeat + 1}")
+        for prompt in self.prompts:
+            if block.error is None:
+                self.timed_run(block, prompt, repeat)
+            self.progress.advance(task)
+
     def timed_prompt(self, blocks: list[Block], index: int, repeats: int, task: int) -> None:
-        """Prompt ``index`` with every live block in turn, ``repeats`` runs back to back per block
-        (the median skips a run slowed by the method before it); the blocks' order rotates by one per prompt."""
+        """``--order prompt``: prompt ``index`` with every block in turn, ``repeats`` runs back to back
+        per block; the blocks' order rotates by one per prompt."""
         prompt, shift = self.prompts[index], index % len(blocks)
         for block in blocks[shift:] + blocks[:shift]:
-            setting = block.setting
-            gamma = f" γ={setting.gamma}" if setting.gamma is not None else ""
-            self.progress.update(task, description=f"{block.runner.name}{gamma} T={setting.temperature:g}")
+            self._describe(block, task)
             for repeat in range(repeats):
                 if block.error is None:
                     self.timed_run(block, prompt, repeat)
@@ -272,11 +284,6 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared)
     clock = Clock(target.device)
 
-    context = prompts[0].input_ids[None].to(target.device)  # [1, T]
-    target_step = step_time(target, context, _STEP_TIME_STEPS, clock)
-    drafter_step = step_time(drafter, context, _STEP_TIME_STEPS, clock) if drafter is not None else None
-    compared_step = {label: step_time(m, context, _STEP_TIME_STEPS, clock) for label, m in compared.items()}
-
     blocks = _blocks(config, runners)
     progress = Progress(
         TextColumn("{task.description:<32}"),
@@ -292,8 +299,19 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         task = progress.add_task("warm-up", total=config.repeats * len(blocks) * len(prompts))
         for block in blocks:
             harness.warm_up(block, config.warmup)
-        for index in range(len(prompts)):
-            harness.timed_prompt(blocks, index, config.repeats, task)
+        # step times after the warm-up (a fresh process's first forwards can be many times slower)
+        drafters = [m for m in (drafter, *compared.values()) if m is not None]
+        context = prompts[0].input_ids[None].to(target.device)  # [1, T]
+        target_step, *steps = step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)
+        drafter_step = steps.pop(0) if drafter is not None else None
+        compared_step = dict(zip(compared, steps, strict=True))
+        if config.order == "prompt":
+            for index in range(len(prompts)):
+                harness.timed_prompt(blocks, index, config.repeats, task)
+        else:
+            for repeat in range(config.repeats):
+                for block in blocks:
+                    harness.timed_pass(block, repeat, task)
     compare_greedy(blocks, target, prompts)
 
     environment = capture_environment(

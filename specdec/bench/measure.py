@@ -12,8 +12,8 @@
   /proc/self/clear_refs``, after collecting the young garbage generations and ``malloc_trim`` so
   freed memory of an earlier block is returned first) and read after it; where the reset is not allowed a thread
   samples the RSS every millisecond instead.
-- ``step_time``: the median time of a single-token cached forward, used for the cost ratio
-  c = drafter step / target step of Leviathan et al.
+- ``step_times``: the median time of a single-token cached forward of each model (the models
+  taking turns), used for the cost ratio c = drafter step / target step of Leviathan et al.
 """
 
 from __future__ import annotations
@@ -164,16 +164,21 @@ class MemoryMeter:
 
 
 @torch.inference_mode()
-def step_time(model: torch.nn.Module, context: torch.Tensor, steps: int, clock: Clock) -> float:
-    """Median seconds of one single-token forward with a KV cache after `context` ([1, T])."""
-    out = model(input_ids=context, use_cache=True)
-    cache = out.past_key_values
-    token = out.logits[:, -1:].argmax(-1)  # [1, 1]
-    times = []
+def step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock) -> list[float]:
+    """Median seconds of one single-token forward with a KV cache after `context` ([1, T]), per model.
+
+    The models take turns step by step, so a slow spell of a shared machine weighs on each alike and
+    their ratio (the cost ratio c) stays right even when the absolute times do not."""
+    caches, tokens = [], []
+    for model in models:
+        out = model(input_ids=context, use_cache=True)
+        caches.append(out.past_key_values)
+        tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
+    times: list[list[float]] = [[] for _ in models]
     for _ in range(steps + 2):  # the first two steps warm up
-        start = clock.now()
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
-        times.append(clock.now() - start)
-        cache = out.past_key_values
-        token = out.logits[:, -1:].argmax(-1)  # [1, 1]
-    return statistics.median(times[2:])
+        for i, model in enumerate(models):
+            start = clock.now()
+            out = model(input_ids=tokens[i], past_key_values=caches[i], use_cache=True)
+            times[i].append(clock.now() - start)
+            caches[i], tokens[i] = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    return [statistics.median(t[2:]) for t in times]
