@@ -12,8 +12,8 @@
   /proc/self/clear_refs``, after collecting the young garbage generations and ``malloc_trim`` so
   freed memory of an earlier block is returned first) and read after it; where the reset is not allowed a thread
   samples the RSS every millisecond instead.
-- ``step_times``: the median time of a single-token cached forward of each model (the models
-  taking turns), used for the cost ratio c = drafter step / target step of Leviathan et al.
+- ``step_times``: the median time of a warm single-token cached forward of each model (the models
+  taking turns in short runs), used for the cost ratio c = drafter step / target step of Leviathan et al.
 """
 
 from __future__ import annotations
@@ -164,21 +164,27 @@ class MemoryMeter:
 
 
 @torch.inference_mode()
-def step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock) -> list[float]:
+def step_times(
+    models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int = 4
+) -> list[float]:
     """Median seconds of one single-token forward with a KV cache after `context` ([1, T]), per model.
 
-    The models take turns step by step, so a slow spell of a shared machine weighs on each alike and
-    their ratio (the cost ratio c) stays right even when the absolute times do not."""
+    The models take turns in runs of ``run`` steps, so a slow spell of a shared machine weighs on
+    each alike; the first step of each run is not counted (it follows the other model, whose
+    weights pushed this one's out of the CPU caches), so each figure is a warm step, as the
+    drafter's steps after the first in a round and the target's in plain decoding are."""
     caches, tokens = [], []
     for model in models:
         out = model(input_ids=context, use_cache=True)
         caches.append(out.past_key_values)
         tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
     times: list[list[float]] = [[] for _ in models]
-    for _ in range(steps + 2):  # the first two steps warm up
+    while len(times[0]) < steps:
         for i, model in enumerate(models):
-            start = clock.now()
-            out = model(input_ids=tokens[i], past_key_values=caches[i], use_cache=True)
-            times[i].append(clock.now() - start)
-            caches[i], tokens[i] = out.past_key_values, out.logits[:, -1:].argmax(-1)
-    return [statistics.median(t[2:]) for t in times]
+            for step in range(run):
+                start = clock.now()
+                out = model(input_ids=tokens[i], past_key_values=caches[i], use_cache=True)
+                if step:
+                    times[i].append(clock.now() - start)
+                caches[i], tokens[i] = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    return [statistics.median(t) for t in times]
