@@ -49,6 +49,7 @@ from specdec.bench.runners import (
     Setting,
     compare_labels,
     compared_runners,
+    drafter_label,
     select_runners,
 )
 from specdec.loading import load_model, load_tokenizer
@@ -268,7 +269,7 @@ def run_benchmark(
 ) -> BenchRun:
     """Run every selected method on the same prompts; return all records and measurements."""
     labels = compare_labels(config.compare)
-    runners = select_runners(config.methods, registry) + list(compared_runners(labels).values())
+    runners = select_runners(config.methods, registry) + compared_runners(labels)
     with _quiet_transformers():
         return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
 
@@ -277,7 +278,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
     drafter = None
-    if any(r.needs_drafter_model and getattr(r, "drafter_label", None) is None for r in runners):
+    if any(r.needs_drafter_model and drafter_label(r) is None for r in runners):
         drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
     compared = {label: load_model(path, device=target.device, dtype=target.dtype) for label, path in compare.items()}
     tokenizer = load_tokenizer(config.tokenizer or config.target)

@@ -71,8 +71,13 @@ class BenchModels:
 
     def drafter_for(self, runner: Runner) -> PreTrainedModel | None:
         """The drafter model a runner drafts with: its compared drafter, else the drafter."""
-        label = getattr(runner, "drafter_label", None)
+        label = drafter_label(runner)
         return self.compared[label] if label is not None else self.drafter
+
+
+def drafter_label(runner: Runner) -> str | None:
+    """The label of the compared drafter a runner drafts with (``spec@<label>``); None for the others."""
+    return getattr(runner, "drafter_label", None)
 
 
 @dataclass(frozen=True)
@@ -340,9 +345,9 @@ def compare_labels(paths: tuple[str, ...]) -> list[str]:
     return labels
 
 
-def compared_runners(labels: list[str]) -> dict[str, Runner]:
+def compared_runners(labels: list[str]) -> list[Runner]:
     """``spec@<label>`` for each compared drafter: ``spec``'s method with that drafter model."""
-    return {f"spec@{label}": Speculative(f"spec@{label}", "model", drafter_label=label) for label in labels}
+    return [Speculative(f"spec@{label}", "model", drafter_label=label) for label in labels]
 
 
 def select_runners(methods: tuple[str, ...], registry: dict[str, Runner] | None = None) -> list[Runner]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from specdec.bench.harness import BenchRun, Block
 from specdec.bench.records import Record
-from specdec.bench.runners import BASELINE, DrafterCost
+from specdec.bench.runners import BASELINE, DrafterCost, drafter_label
 
 NEAR_TIE = 1e-4  # top-two logit gap below which a greedy difference is a floating-point tie (issue 2)
 
@@ -129,7 +129,7 @@ class _Summarizer:
 
     def _cost_ratio(self, block: Block) -> float | None:
         run = self.run
-        label = getattr(block.runner, "drafter_label", None)
+        label = drafter_label(block.runner)
         step = run.drafter_step_s if label is None else run.compared_step_s.get(label)
         if block.runner.cost is DrafterCost.MODEL_STEP and step is not None:
             return step / run.target_step_s
@@ -198,7 +198,7 @@ class _Summarizer:
     def _extra_memory(self, block: Block, baseline: Block | None) -> float | None:
         if block.memory is None or baseline is None or baseline.memory is None:
             return None
-        label, env = getattr(block.runner, "drafter_label", None), self.run.environment
+        label, env = drafter_label(block.runner), self.run.environment
         drafter = env.drafter if label is None else env.compared.get(label)
         weights = drafter.weight_mib if block.runner.needs_drafter_model and drafter else 0.0
         return block.memory.growth_mib + weights - baseline.memory.growth_mib
