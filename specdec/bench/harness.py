@@ -5,8 +5,8 @@ Order of work (one process, one machine, the same prompts for every method):
    `--compare`), tokenize the prompts;
 2. warm up every (method, setting) block on the first prompts and the longest one, untimed, inside
    a memory meter: the block's peak memory;
-3. measure the single-token step time of each model, the models taking turns in short runs (the
-   cost ratio c);
+3. measure the single-token step time of each model, each drafter's steps right after the
+   target's as in a round (the cost ratio c);
 4. time the blocks in one of two orders (``--order``). ``prompt`` (the default): each prompt runs
    with every block in turn (its repeats back to back, the blocks' order rotated from prompt to
    prompt), so a slow spell of the shared machine falls on all methods alike. ``method``: each
