@@ -137,6 +137,29 @@ def test_command_line_quick_and_overrides() -> None:
         BenchConfig(order="random")
 
 
+def test_step_times_measure_each_drafter_right_after_the_target() -> None:
+    """c is measured as in a round: every drafter's steps follow the target's, whatever its place."""
+    from types import SimpleNamespace
+
+    from specdec.bench.measure import Clock, step_times
+
+    calls: list[str] = []
+
+    class Fake(torch.nn.Module):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def forward(self, input_ids, past_key_values=None, use_cache=True):
+            calls.append(self.name)
+            return SimpleNamespace(logits=torch.zeros(1, input_ids.shape[1], 5), past_key_values=None)
+
+    models = [Fake("t"), Fake("d1"), Fake("d2")]
+    assert len(step_times(models, torch.zeros(1, 3, dtype=torch.long), 8, Clock(torch.device("cpu")), run=2)) == 3
+    timed = calls[3:]  # after one prefill per model
+    assert timed == ["t", "t", "d1", "d1", "t", "t", "d2", "d2"] * 2
+
+
 def test_prompt_file_errors(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "x"}\nnot json\n')

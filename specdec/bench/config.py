@@ -37,7 +37,7 @@ class BenchConfig:
     top_p: float = _SAMPLING.top_p  # nucleus filter for sampled runs; 1.0 = off
     repeats: int = 3  # timed runs per prompt and method; the median time is reported
     order: str = "prompt"  # prompt: every method on a prompt in turn; method: each method over all prompts in turn
-    warmup: int = 2  # untimed runs per method and setting before timing (first prompts; one more on the longest measures memory)
+    warmup: int = 2  # untimed runs per method and setting before timing (first prompts of the set)
     device: str | None = _MODELS.device  # None = cuda if available else cpu; also "cpu", "cuda:N"
     dtype: str | None = _MODELS.dtype  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
     seed: int = 0  # seeds prompt selection and sampling (the same seed for every method)

@@ -3,8 +3,8 @@
 Order of work (one process, one machine, the same prompts for every method):
 1. load the target (and the drafter model when a selected method needs it, and each drafter of
    `--compare`), tokenize the prompts;
-2. warm up every (method, setting) block on the first prompts and the longest one, untimed, inside
-   a memory meter: the block's peak memory;
+2. warm up every (method, setting) block on the first prompts, untimed; then run each once more
+   on the longest prompt inside a memory meter: the block's peak memory;
 3. measure the single-token step time of each model, each drafter's steps right after the
    target's as in a round (the cost ratio c);
 4. time the blocks in one of two orders (``--order``). ``prompt`` (the default): each prompt runs
@@ -64,7 +64,7 @@ class Block:
     runner: Runner
     setting: Setting
     records: list[Record] = field(default_factory=list)
-    memory: MemoryReading | None = None  # peak memory of the warm-up runs (longest prompt included)
+    memory: MemoryReading | None = None  # peak memory of an untimed run on the longest prompt
     error: str | None = None  # "ExceptionType: message" of the first failure
     compared: int = 0  # greedy prompts compared with plain-hf (0 for sampled settings)
     mismatches: dict[str, Mismatch] = field(default_factory=dict)  # prompt id -> first difference
@@ -155,16 +155,24 @@ class _Harness:
         return out, wall, meters
 
     def warm_up(self, block: Block, count: int) -> None:
-        """Untimed runs on the first ``count`` prompts and on the longest one, inside a memory meter:
-        the block's peak memory (its longest sequence), measured apart from the timed runs, whose
-        clocks the meter's release of freed memory would disturb. A failure marks the block."""
+        """Untimed runs on the first prompts; a failure marks the block."""
+        try:
+            for i in range(count):
+                self.run_once(block, self.prompts[i % len(self.prompts)])
+        except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
+            block.error = f"{type(err).__name__}: {err}"
+
+    def measure_memory(self, block: Block) -> None:
+        """One untimed run on the longest prompt inside a memory meter: the block's peak memory.
+
+        Apart from the timed runs, whose clocks the meter's release of freed memory would disturb,
+        and after every block's warm-up, so one-time allocations of the process (first calls of
+        transformers and torch) are not charged to whichever block comes first. A failure marks the block."""
         longest = max(self.prompts, key=lambda p: p.input_ids.numel())
-        runs = [self.prompts[i % len(self.prompts)] for i in range(count)] + [longest]
         meter = MemoryMeter(self.models.target.device)
         try:
             with meter:
-                for prompt in runs:
-                    self.run_once(block, prompt)
+                self.run_once(block, longest)
         except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
             block.error = f"{type(err).__name__}: {err}"
             return
@@ -301,6 +309,9 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         task = progress.add_task("warm-up", total=config.repeats * len(blocks) * len(prompts))
         for block in blocks:
             harness.warm_up(block, config.warmup)
+        for block in blocks:
+            if block.error is None:
+                harness.measure_memory(block)
         # step times after the warm-up (a fresh process's first forwards can be many times slower)
         drafters = [m for m in (drafter, *compared.values()) if m is not None]
         context = prompts[0].input_ids[None].to(target.device)  # [1, T]

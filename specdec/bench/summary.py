@@ -16,10 +16,10 @@ Definitions (every ratio is against ``plain-hf`` at the same temperature, in the
   batched verification may flip legitimately;
 - ``cost_ratio`` c = drafter step / target step; ``theoretical_speedup`` = Leviathan et al.'s
   (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); ``efficiency`` = speedup / theoretical;
-- ``peak_mib`` = the highest memory during the method's untimed warm-up runs, which include the
-  longest prompt (CPU: resident set of the process, both models included; CUDA: allocated);
-  ``extra_mib`` = what the method needs beyond plain-hf: its memory growth during those runs, plus
-  the drafter model's weights when it uses one, minus plain-hf's growth.
+- ``peak_mib`` = the highest memory during an untimed run of the method on the longest prompt,
+  after every method's warm-up (CPU: resident set of the process, both models included; CUDA:
+  allocated); ``extra_mib`` = what the method needs beyond plain-hf: its memory growth during that
+  run, plus the drafter model's weights when it uses one, minus plain-hf's growth.
 A group with several runners (``hf-assisted``) has a peer per (temperature, gamma): its member
 with the highest mean throughput.
 """
