@@ -69,6 +69,10 @@ class Block:
     compared: int = 0  # greedy prompts compared with plain-hf (0 for sampled settings)
     mismatches: dict[str, Mismatch] = field(default_factory=dict)  # prompt id -> first difference
 
+    def fail(self, err: Exception) -> None:
+        """Mark the block failed: it is skipped from then on."""
+        self.error = f"{type(err).__name__}: {err}"
+
 
 @dataclass(frozen=True)
 class Mismatch:
@@ -160,7 +164,7 @@ class _Harness:
             for i in range(count):
                 self.run_once(block, self.prompts[i % len(self.prompts)])
         except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
-            block.error = f"{type(err).__name__}: {err}"
+            block.fail(err)
 
     def measure_memory(self, block: Block) -> None:
         """One untimed run on the longest prompt inside a memory meter: the block's peak memory.
@@ -174,7 +178,7 @@ class _Harness:
             with meter:
                 self.run_once(block, longest)
         except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
-            block.error = f"{type(err).__name__}: {err}"
+            block.fail(err)
             return
         block.memory = meter.reading
 
@@ -183,7 +187,7 @@ class _Harness:
         try:
             out, wall, meters = self.run_once(block, prompt)
         except Exception as err:  # noqa: BLE001 - one method's failure must not end the benchmark
-            block.error = f"{type(err).__name__}: {err}"
+            block.fail(err)
             block.records.clear()
             return
         block.records.append(_record(prompt, block, repeat, out, wall, meters))
