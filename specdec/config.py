@@ -63,8 +63,11 @@ class NgramConfig:
 
     max_ngram: int = 3  # longest suffix of the text so far to look up (tried first)
     min_ngram: int = 1  # shortest suffix to fall back to before proposing nothing
+    num_tokens: int | None = None  # longest continuation copied per round; None = the round's gamma
 
     def __post_init__(self) -> None:
+        if self.num_tokens is not None and (not isinstance(self.num_tokens, int) or self.num_tokens < 1):
+            raise ValueError(f"num_tokens must be an int >= 1 or None (= gamma), got {self.num_tokens!r}")
         if not isinstance(self.min_ngram, int) or self.min_ngram < 1:
             raise ValueError(f"min_ngram must be an int >= 1, got {self.min_ngram!r}")
         if not isinstance(self.max_ngram, int) or self.max_ngram < self.min_ngram:

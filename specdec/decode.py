@@ -2,7 +2,8 @@
 
 Speculative decoding (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
 Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling"), batch size 1.
-Each round: **propose** (the drafter drafts k <= gamma tokens) -> **verify** (one target forward
+Each round: **propose** (the drafter drafts k <= gamma tokens; prompt lookup, which costs no
+forward, may copy up to its ``free_tokens``) -> **verify** (one target forward
 over [last committed token, drafts] gives logits for k+1 positions) -> **accept** (a rule from
 ``acceptance`` keeps a prefix of the drafts and picks the recovered or bonus token) -> **commit**
 (both caches roll back to the committed sequence; stops are applied; ``on_round`` is told).
@@ -34,7 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.acceptance import rule_for
 from specdec.cache import KVCache
 from specdec.config import SamplingConfig, SpecConfig
-from specdec.drafters import make_drafter
+from specdec.drafters import Proposal, make_drafter
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import Sampler, check_finite
 from specdec.stats import (
@@ -206,6 +207,16 @@ class _Run:
         return GenerationResult(self.tokens, self.stats, self.stop_reason or MAX_NEW_TOKENS)
 
 
+def _admitted(proposal: Proposal, k: int, limit: int, free_tokens: int) -> Proposal:
+    """The drafts a round verifies: at most ``k`` (gamma), or for a model-free proposal (q None, no
+    forward) at most the drafter's ``free_tokens``, cut to the ``limit`` the round has room for."""
+    free = proposal.q is None and proposal.calls == 0
+    allowed = max(k, free_tokens) if free else k
+    if proposal.k > allowed:
+        raise ValueError(f"the drafter proposed {proposal.k} tokens when asked for at most {allowed}")
+    return proposal if proposal.k <= limit else Proposal(proposal.tokens[:, :limit], None, 0)
+
+
 def speculative_generate(
     target: PreTrainedModel,
     drafter: object,
@@ -233,6 +244,7 @@ def speculative_generate(
     drafter = make_drafter(drafter, target, tokenizer)
     rule, stats, prompt = rule_for(run.sampler), run.stats, run.prompt
     draft_limit = getattr(drafter, "context_limit", None)
+    free_tokens = getattr(drafter, "free_tokens", 0)  # longest model-free draft it may propose (prompt lookup)
     with torch.inference_mode():
         cache = KVCache(target)
         t0 = run.clock()
@@ -245,14 +257,13 @@ def speculative_generate(
         last = prompt[:, -1:]  # [1, 1] the newest committed token, not yet in the target's cache
         while (room := run.room()) > 0:
             committed = prompt.shape[1] + len(run.tokens)
-            k = min(spec.gamma, room - 1)
+            limit = room - 1  # drafts that fit with the token verification adds
             if draft_limit is not None:
-                k = max(0, min(k, draft_limit - committed + 1))
+                limit = max(0, min(limit, draft_limit - committed + 1))
+            k = min(spec.gamma, limit)
             # propose
             t0 = run.clock()
-            proposal = drafter.propose(k, run.sampler)
-            if proposal.k > k:
-                raise ValueError(f"the drafter proposed {proposal.k} tokens when asked for at most {k}")
+            proposal = _admitted(drafter.propose(k, run.sampler), k, limit, free_tokens)
             # verify
             t1 = run.clock()
             logits = cache.forward(torch.cat([last, proposal.tokens], dim=1), proposal.k + 1)  # [1, k+1, V]

@@ -134,3 +134,31 @@ def test_custom_drafter_proposing_too_much_is_refused(pair):
 
     with pytest.raises(ValueError, match="proposed 3 tokens when asked for at most 2"):
         spec(pair, drafter=Greedy(), gamma=2)
+
+
+def test_free_tokens_allow_longer_model_free_drafts_only(pair):
+    """A drafter declaring free_tokens may copy more than gamma (q None, no forward), cut to the room
+    left; a proposal that cost a forward stays within gamma."""
+
+    class Copier:
+        free_tokens = 5
+        calls = 0
+
+        def prefill(self, input_ids):
+            return 0
+
+        def propose(self, k, sampler):
+            return specdec.Proposal(torch.ones(1, 5, dtype=torch.long), None, self.calls)
+
+        def commit(self, n_accepted, next_token):
+            pass
+
+    target, _ = pair
+    reference = specdec.autoregressive_generate(target, [1, 2, 3], max_new_tokens=4, stop_token_ids=[]).tokens
+    res = spec(pair, drafter=Copier(), gamma=2, stop_token_ids=[])
+    assert res.tokens == reference  # exactly 4 tokens: the 5 drafts were cut to the 3 that fit
+    assert res.stats.records[0].drafted == 3
+    costly = Copier()
+    costly.calls = 1
+    with pytest.raises(ValueError, match="proposed 5 tokens when asked for at most 2"):
+        spec(pair, drafter=costly, gamma=2)

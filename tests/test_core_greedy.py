@@ -152,3 +152,33 @@ def test_lookup_then_model_uses_both_drafters_and_stays_exact():
                                        gamma=4, stop_token_ids=[])
     assert_same_greedy(target, prompt, res.tokens, reference)
     assert 0 < res.stats.drafter_calls < res.stats.drafted  # model rounds cost calls, lookup rounds none
+
+
+def test_prompt_lookup_copies_the_latest_earlier_occurrence():
+    """The continuation of the latest earlier match, num_tokens long whatever k is (None: k)."""
+    tokens = torch.tensor([[1, 2, 5, 6, 1, 2, 7, 8, 9, 1, 2]])
+    free = specdec.NgramDrafter(specdec.NgramConfig(min_ngram=2, num_tokens=3))
+    free.prefill(tokens)
+    assert free.free_tokens == 3
+    assert free.propose(1, None).tokens.tolist() == [[7, 8, 9]]  # not [5, 6, 1] after the first "1 2"
+    plain = specdec.NgramDrafter()
+    plain.prefill(tokens)
+    assert plain.free_tokens == 0 and plain.propose(2, None).tokens.tolist() == [[7, 8]]
+    plain.commit(0, 4)  # ... 1 2 4: "2 4" and "4" never occurred before
+    assert plain.propose(2, None).k == 0
+
+
+def test_lookup_copies_beyond_gamma_and_ends_at_max_new_tokens():
+    """With the target's own continuation in the prompt, lookup drafts more than gamma; the last
+    round's drafts are cut to what fits, so exactly max_new_tokens come out, equal to greedy."""
+    target, agree, _ = pair("llama")
+    base = [5, 17, 33, 8]
+    prompt = base + hf_greedy(target, base, 16, []) + base
+    for max_new in (7, 30):
+        reference = hf_greedy(target, prompt, max_new, [])
+        res = specdec.speculative_generate(target, specdec.LookupModelDrafter(agree), prompt,
+                                           max_new_tokens=max_new, gamma=2, stop_token_ids=[])
+        assert_same_greedy(target, prompt, res.tokens, reference)
+        assert len(res.tokens) == max_new
+        assert max(r.drafted for r in res.stats.records) > 2  # lookup copied more than gamma
+        assert sum(r.emitted for r in res.stats.records) == max_new

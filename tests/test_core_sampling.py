@@ -133,7 +133,10 @@ def test_end_to_end_distribution_matches_target_sampling(setting, drafter_kind):
     temperature, top_k, top_p = setting
     target = build_toy(vocab_size=8, seed=0, scale=0.8)
     toy = build_toy(vocab_size=8, seed=1, scale=0.8)
-    drafter = {"model": toy, "ngram": "ngram", "lookup+model": specdec.LookupModelDrafter(toy)}[drafter_kind]
+    # lookup+model: 1-token matches, so that lookup fires in this tiny vocabulary, and drafts of up to 3
+    # copied tokens, more than gamma and more than the room left (cut by the round)
+    lookup = specdec.LookupModelDrafter(toy, specdec.NgramConfig(min_ngram=1, num_tokens=3))
+    drafter = {"model": toy, "ngram": "ngram", "lookup+model": lookup}[drafter_kind]
     # lookup+model: the prompt's last token is new, so round 1 is the model's and later rounds mix
     prompt = [3, 4, 3, 6] if drafter_kind == "lookup+model" else TOY_PROMPT
     n_new = 3

@@ -12,8 +12,8 @@ Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assiste
 - ``spec@<label>``: the same with another drafter model (``--compare``), so drafters are compared
   in one run, prompt by prompt (:func:`compared_runners`).
 - ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
-- ``spec-lookup``: ours with ``LookupModelDrafter``: prompt lookup first, the drafter model when
-  lookup finds nothing.
+- ``spec-lookup``: ours with ``LookupModelDrafter``: prompt lookup first (up to 12 copied tokens),
+  the drafter model (gamma tokens) when lookup finds nothing; no theoretical speedup (no fixed gamma).
 - ``hf-assisted``: ``generate(assistant_model=drafter)`` with our gamma as a constant schedule
   (``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"``, the confidence
   stop off), and ``hf-assisted-default``: the same with transformers' own defaults. The better of
@@ -105,7 +105,7 @@ class RunOutput:
 class DrafterCost(enum.Enum):
     """Where the cost ratio c of the Leviathan et al. formula comes from for a method."""
 
-    NONE = "none"  # no drafter, or a schedule without a fixed gamma: no theoretical speedup
+    NONE = "none"  # no drafter, or drafts without a fixed gamma: no theoretical speedup
     MODEL_STEP = "model_step"  # the drafter model's single-token step / the target's
     MEASURED_DRAFT = "measured_draft"  # drafting seconds per round (from the run) / (gamma x target step)
     UNKNOWN_ALPHA = "unknown_alpha"  # drafts exist but the method does not report them
@@ -230,7 +230,7 @@ class Speculative:
     KINDS: ClassVar[dict[str, str]] = {
         "model": "the drafter model",
         "ngram": "the prompt-lookup (n-gram) drafter",
-        "lookup+model": "prompt lookup first, the drafter model when lookup finds nothing",
+        "lookup+model": "prompt lookup first (up to 12 tokens), the drafter model (gamma) when lookup finds nothing",
     }
 
     def __init__(self, name: str, kind: str, drafter_label: str | None = None) -> None:
@@ -240,7 +240,8 @@ class Speculative:
         what = self.KINDS[kind] if drafter_label is None else f"the compared drafter model {drafter_label!r}"
         self.description = f"our speculative_generate with {what}"
         self.needs_drafter_model = kind != "ngram"
-        self.cost = DrafterCost.MODEL_STEP if kind == "model" else DrafterCost.MEASURED_DRAFT
+        # lookup+model drafts up to 12 copied tokens or gamma from the model: no fixed gamma for the formula
+        self.cost = {"model": DrafterCost.MODEL_STEP, "ngram": DrafterCost.MEASURED_DRAFT}.get(kind, DrafterCost.NONE)
 
     def _drafter(self, models: BenchModels) -> object:
         if self.kind == "lookup+model":

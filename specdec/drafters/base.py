@@ -10,7 +10,10 @@ A drafter follows the committed sequence through three calls per generation:
   were kept and ``next_token`` (recovered or bonus) follows them. The drafter rolls its own
   state (e.g. its KV cache) back here.
 
-Drafters may return fewer than ``k`` tokens, including none. They own no sampling policy: the
+Drafters may return fewer than ``k`` tokens, including none. A drafter whose drafts sometimes cost
+no forward (prompt lookup) may declare ``free_tokens``: such a proposal (``q`` None, ``calls`` 0)
+may then hold up to that many tokens, more than ``k``; the round verifies what fits before
+``max_new_tokens`` and the context, and ``commit`` treats the rest as rejected. They own no sampling policy: the
 ``Sampler`` passed to ``propose`` carries the warpers and the generator, so that q is shaped
 exactly like p.
 """

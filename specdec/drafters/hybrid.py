@@ -11,6 +11,12 @@ ordinary round of one of the two drafters and the verification rule keeps greedy
 the target's and sampled output distributed as the target's (Leviathan et al. 2023, sec. 2.3 for
 the one-hot case). Code repeats itself (names, idioms, and a small target's loops), which lookup
 copies for free; the model covers the rest.
+
+Its lookup (``LOOKUP_NGRAM``) differs from the ``ngram`` drafter's defaults: it needs a match of 2
+tokens (a 1-token match is a worse guess than the model's), and it copies up to 12 tokens, more than
+gamma, because a copied token costs no forward and verifying one more costs the target little. On 30
+validation prompts (greedy, gamma 4, 64 new tokens) these took it from 1.75x to 2.26x over plain
+decoding (the model alone: 1.53x); 16 tokens gave the same as 12.
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.sampling import Sampler
 
+LOOKUP_NGRAM = NgramConfig(min_ngram=2, max_ngram=3, num_tokens=12)  # chosen on validation prompts (above)
+
 
 class LookupModelDrafter:
     """Prompt lookup when the latest n-gram recurs, else the drafter model."""
 
-    def __init__(self, model: PreTrainedModel | ModelDrafter, ngram: NgramConfig | None = None) -> None:
+    def __init__(self, model: PreTrainedModel | ModelDrafter, ngram: NgramConfig = LOOKUP_NGRAM) -> None:
         self.model = model if isinstance(model, ModelDrafter) else ModelDrafter(model)
         self.lookup = NgramDrafter(ngram)
+        self.free_tokens = self.lookup.free_tokens  # lookup may copy more than gamma (see drafters.base)
         self.context_limit = self.model.context_limit
         self._used: ModelDrafter | NgramDrafter = self.model  # who proposed this round
         self._draft: list[int] = []

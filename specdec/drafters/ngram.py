@@ -1,11 +1,16 @@
 """Prompt lookup: a model-free drafter that copies what followed an earlier occurrence.
 
 Like ``transformers``' ``prompt_lookup_num_tokens`` (Saxena 2023, "Prompt Lookup Decoding"): take
-the last n tokens of the committed sequence (n from ``max_ngram`` down to ``min_ngram``), find
-their earliest earlier occurrence, and propose the tokens that followed it. Drafts are
-deterministic, so ``q`` is None and verification treats them as one-hot, which keeps sampling
-lossless. An index from each n-gram to its earliest end position is updated as tokens are
-committed, so a lookup costs O(max_ngram) instead of a scan of the whole text.
+the last n tokens of the committed sequence (n from ``max_ngram`` down to ``min_ngram``), find an
+earlier occurrence, and propose the tokens that followed it. Unlike transformers, which takes the
+first occurrence, this takes the latest: code repeats what is near (on 30 validation prompts,
+greedy, gamma 4, 1.57x -> 1.70x over plain decoding). Drafts are deterministic, so ``q`` is None
+and verification treats them as one-hot, which keeps sampling lossless. An index from each n-gram
+to the end of its latest occurrence that has a continuation is updated as tokens are committed, so
+a lookup costs O(max_ngram) instead of a scan of the whole text.
+
+A draft costs no forward, so its length need not be gamma: ``NgramConfig.num_tokens`` sets it
+(``free_tokens``, see ``drafters.base``); None keeps it at the round's gamma.
 """
 
 from __future__ import annotations
@@ -23,34 +28,40 @@ class NgramDrafter:
     def __init__(self, config: NgramConfig | None = None) -> None:
         self.config = config or NgramConfig()
         self.tokens: list[int] = []  # the committed sequence, prompt included
-        self._first_end: dict[tuple[int, ...], int] = {}  # n-gram -> end index of its earliest occurrence
+        self._latest_end: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence before the last token
         self._draft: list[int] = []
         self.device = torch.device("cpu")
 
+    @property
+    def free_tokens(self) -> int:
+        """Longest draft it proposes whatever gamma is (0: at most gamma)."""
+        return self.config.num_tokens or 0
+
     def _append(self, tokens: list[int]) -> None:
-        """Commit ``tokens`` and index the n-grams they complete."""
+        """Commit ``tokens``; index the n-grams that now have a continuation (those ending before it)."""
         lo, hi = self.config.min_ngram, self.config.max_ngram
         for token in tokens:
             self.tokens.append(token)
-            end = len(self.tokens)
+            end = len(self.tokens) - 1  # n-grams ending here are followed by ``token``
             for n in range(lo, min(hi, end) + 1):
-                self._first_end.setdefault(tuple(self.tokens[end - n : end]), end)
+                self._latest_end[tuple(self.tokens[end - n : end])] = end
 
     def prefill(self, input_ids: torch.Tensor) -> int:
         """Index the prompt [1, T]."""
         self.device = input_ids.device
-        self.tokens, self._first_end = [], {}
+        self.tokens, self._latest_end = [], {}
         self._append(input_ids[0].tolist())
         return 0
 
     def propose(self, k: int, sampler: Sampler) -> Proposal:
-        """Up to ``k`` tokens that followed the longest matching suffix; possibly none."""
+        """Up to ``k`` (or ``num_tokens``) tokens that followed the longest matching suffix; possibly none."""
         end = len(self.tokens)
+        length = self.config.num_tokens or k
         self._draft = []
-        for n in range(min(self.config.max_ngram, end), self.config.min_ngram - 1, -1):
-            start = self._first_end.get(tuple(self.tokens[end - n :]), end)
-            if start < end:  # an earlier occurrence with a continuation
-                self._draft = self.tokens[start : start + k]
+        for n in range(min(self.config.max_ngram, end - 1), self.config.min_ngram - 1, -1):
+            start = self._latest_end.get(tuple(self.tokens[end - n :]))
+            if start is not None:  # an earlier occurrence, with a continuation
+                self._draft = self.tokens[start : start + length]
                 break
         tokens = torch.tensor([self._draft], dtype=torch.long, device=self.device).reshape(1, -1)  # [1, k']
         return Proposal(tokens, None, 0)
