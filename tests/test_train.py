@@ -205,3 +205,28 @@ def test_train_flags_parse_optional_numbers_as_numbers():
                               "--outputs-records", "100", "--outputs-share", "0.25"])
     cfg = _config_from(args)
     assert cfg.outputs_records == 100 and cfg.outputs_share == 0.25 and cfg.outputs == PRESETS["code-drafter-s4"].outputs
+
+
+def test_card_pair_figures_read_spec_and_spec_lookup(tmp_path):
+    """The card's figures come from a bench summary: ratios of mean tokens/s, lookup rows when run."""
+    import json
+
+    from specdec.train.card import pair_figures
+
+    def row(method, temperature, rate, **extra):
+        return {"method": method, "temperature": temperature, "mean_tokens_per_s": rate, "speedup": rate / 80,
+                "speedup_non_loop": rate / 90, "alpha": 0.5, "tau": 2.5, "cost_ratio": 0.2, "greedy_equal": 20,
+                "greedy_total": 20, "loop_prompts": 10, "prompts": 20, "error": None, **extra}
+
+    rows = [row("plain-hf", 0.0, 80.0), row("plain", 0.0, 100.0), row("spec", 0.0, 120.0), row("spec", 1.0, 90.0)]
+    summary = {"rows": rows, "prompts": ["a"] * 20, "config": {"max_new_tokens": 64, "gamma": [4]}, "environment": {}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    plain = pair_figures(tmp_path)
+    assert plain["greedy_speedup_vs_plain"] == pytest.approx(1.2) and plain["greedy_speedup_vs_plain_hf"] == 1.5
+    assert plain["lookup_greedy_speedup_vs_plain"] is None and plain["lookup_greedy_equal"] is None
+    summary["rows"] += [row("spec-lookup", 0.0, 200.0, greedy_equal=19), row("spec-lookup", 1.0, 100.0)]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    both = pair_figures(tmp_path)
+    assert both["lookup_greedy_speedup_vs_plain"] == pytest.approx(2.0)
+    assert both["lookup_greedy_speedup_vs_plain_hf"] == 2.5 and both["lookup_sampled_speedup_vs_plain_hf"] == 1.25
+    assert both["lookup_greedy_equal"] == "19/20" and both["degenerate_loops"] == "10/20"

@@ -47,7 +47,7 @@ def samples(model, tok, n: int = 3, max_new_tokens: int = 64) -> list[dict[str, 
 
 
 def pair_figures(bench_dir: str | Path) -> dict:
-    """The pair's figures from a bench run (methods plain-hf, plain, spec; temperatures 0 and 1)."""
+    """The pair's figures from a bench run (methods plain-hf, plain, spec, spec-lookup; temperatures 0 and 1)."""
     bench = Path(bench_dir)
     summary = json.loads((bench / "summary.json").read_text())
     rows = {(r["method"], r["temperature"]): r for r in summary["rows"] if not r.get("error")}
@@ -57,6 +57,7 @@ def pair_figures(bench_dir: str | Path) -> dict:
         return row and row["mean_tokens_per_s"]
 
     spec0, spec1, plain_hf0 = rows.get(("spec", 0.0), {}), rows.get(("spec", 1.0), {}), rows.get(("plain-hf", 0.0), {})
+    lookup0 = rows.get(("spec-lookup", 0.0), {})  # the CLI's default drafter: prompt lookup, then the model
     return {
         "prompts": len(summary["prompts"]),
         "max_new_tokens": summary["config"]["max_new_tokens"],
@@ -69,6 +70,12 @@ def pair_figures(bench_dir: str | Path) -> dict:
         "greedy_speedup_vs_plain_hf_non_loop": spec0.get("speedup_non_loop"),
         "sampled_speedup_vs_plain_hf": spec1.get("speedup"),
         "greedy_equal": f"{spec0.get('greedy_equal')}/{spec0.get('greedy_total')}",
+        "lookup_greedy_speedup_vs_plain": (rate("spec-lookup", 0.0) / rate("plain", 0.0))
+        if rate("spec-lookup", 0.0) and rate("plain", 0.0) else None,
+        "lookup_greedy_speedup_vs_plain_hf": lookup0.get("speedup"),
+        "lookup_greedy_speedup_vs_plain_hf_non_loop": lookup0.get("speedup_non_loop"),
+        "lookup_sampled_speedup_vs_plain_hf": rows.get(("spec-lookup", 1.0), {}).get("speedup"),
+        "lookup_greedy_equal": f"{lookup0.get('greedy_equal')}/{lookup0.get('greedy_total')}" if lookup0 else None,
         "degenerate_loops": f"{plain_hf0.get('loop_prompts')}/{plain_hf0.get('prompts')}",
         "environment": summary["environment"],
     }
@@ -135,7 +142,7 @@ def render_card(name: str, role: str, model_dir: Path, model, lm: dict, pair: di
         f"{pair['max_new_tokens']} new tokens, gamma {pair['gamma']}, {env.get('device')} "
         f"{env.get('dtype')}, {env.get('torch_threads')} threads ({env.get('device_name', '')}), "
          f"torch {env.get('torch_version')}, transformers {env.get('transformers_version')}; reproduce with "
-         "`specdec bench --methods plain-hf,plain,spec --temperature 0 1 --output bench-out/card`:"), "",
+         "`specdec bench --methods plain-hf,plain,spec,spec-lookup --temperature 0 1 --output bench-out/card`:"), "",
         "| figure | value |", "|---|---|",
         f"| greedy acceptance rate α | {_fmt(pair['greedy_alpha'])} |",
         f"| greedy mean accepted length τ (incl. recovered/bonus token) | {_fmt(pair['greedy_tau'], '.2f')} |",
@@ -149,6 +156,16 @@ def render_card(name: str, role: str, model_dir: Path, model, lm: dict, pair: di
         f"| greedy outputs of plain decoding that are degenerate loops | {pair['degenerate_loops']} |",
         (f"| greedy speedup over `generate` on the other prompts (no loop) | "
          f"{_fmt(pair['greedy_speedup_vs_plain_hf_non_loop'], '.2f')}x |"),
+        *([] if pair.get("lookup_greedy_speedup_vs_plain") is None else [
+            (f"| with prompt lookup first, the drafter model otherwise (`--drafter lookup+code-drafter`, the "
+             f"CLI's default): greedy speedup over `autoregressive_generate` | "
+             f"{_fmt(pair['lookup_greedy_speedup_vs_plain'], '.2f')}x |"),
+            (f"| the same, over `generate`: all prompts / no loop / sampled (temperature 1) | "
+             f"{_fmt(pair['lookup_greedy_speedup_vs_plain_hf'], '.2f')}x / "
+             f"{_fmt(pair['lookup_greedy_speedup_vs_plain_hf_non_loop'], '.2f')}x / "
+             f"{_fmt(pair['lookup_sampled_speedup_vs_plain_hf'], '.2f')}x |"),
+            f"| the same, greedy outputs equal to plain decoding | {pair['lookup_greedy_equal']} |",
+        ]),
         "", ("Greedy outputs are not tuned for repetition: a small target's greedy decoding loops, and "
              "looping text is easy to draft, so acceptance on looping outputs flatters the pair. "
              "Reproduce the whole card with `specdec train card` after that bench run."), "",

@@ -147,5 +147,5 @@ def register(subparsers) -> None:
     card.add_argument("--drafter-run", default="runs/code-drafter-s5",
                       help="the drafter's last training run folder (earlier stages are found via its --init-from)")
     card.add_argument("--bench-dir", default="bench-out/card",
-                      help="a `specdec bench --methods plain-hf,plain,spec --temperature 0 1` output folder")
+                      help="a `specdec bench --methods plain-hf,plain,spec,spec-lookup --temperature 0 1` output folder")
     card.set_defaults(func=_cmd_card)
