@@ -166,6 +166,9 @@ def test_prompt_lookup_copies_the_latest_earlier_occurrence():
     assert plain.free_tokens == 0 and plain.propose(2, None).tokens.tolist() == [[7, 8]]
     plain.commit(0, 4)  # ... 1 2 4: "2 4" and "4" never occurred before
     assert plain.propose(2, None).k == 0
+    loop = specdec.NgramDrafter(specdec.NgramConfig(num_tokens=7))
+    loop.prefill(torch.tensor([[9, 3, 4, 3, 4]]))  # "3 4" last seen 2 tokens back: the copy runs into the end
+    assert loop.propose(1, None).tokens.tolist() == [[3, 4, 3, 4, 3, 4, 3]]  # and goes on copying itself
 
 
 def test_lookup_copies_beyond_gamma_and_ends_at_max_new_tokens():

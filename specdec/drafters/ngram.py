@@ -10,7 +10,9 @@ to the end of its latest occurrence that has a continuation is updated as tokens
 a lookup costs O(max_ngram) instead of a scan of the whole text.
 
 A draft costs no forward, so its length need not be gamma: ``NgramConfig.num_tokens`` sets it
-(``free_tokens``, see ``drafters.base``); None keeps it at the round's gamma.
+(``free_tokens``, see ``drafters.base``); None keeps it at the round's gamma. A copy that reaches the
+end of the text goes on copying itself, so inside a repeat of period p it is still full length,
+not p tokens (which the latest occurrence alone would give).
 """
 
 from __future__ import annotations
@@ -61,10 +63,18 @@ class NgramDrafter:
         for n in range(min(self.config.max_ngram, end - 1), self.config.min_ngram - 1, -1):
             start = self._latest_end.get(tuple(self.tokens[end - n :]))
             if start is not None:  # an earlier occurrence, with a continuation
-                self._draft = self.tokens[start : start + length]
+                self._draft = self._copy(start, length)
                 break
         tokens = torch.tensor([self._draft], dtype=torch.long, device=self.device).reshape(1, -1)  # [1, k']
         return Proposal(tokens, None, 0)
+
+    def _copy(self, start: int, length: int) -> list[int]:
+        """``length`` tokens from ``start`` on; past the end, the copy goes on copying itself (as
+        LZ77 does), so a repeat of period p yields a full-length draft, not p tokens."""
+        copied = self.tokens[start : start + length]
+        for i in range(len(copied), length):
+            copied.append(copied[i - (len(self.tokens) - start)])
+        return copied
 
     def follow(self, tokens: list[int]) -> None:
         """Take ``tokens`` committed without this drafter's proposal (another drafter's round)."""
