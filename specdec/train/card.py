@@ -149,7 +149,7 @@ def render_card(name: str, role: str, model_dir: Path, model, lm: dict, pair: di
         f"| sampled (temperature 1) α | {_fmt(pair['sampled_alpha'])} |",
         f"| sampled (temperature 1) τ | {_fmt(pair['sampled_tau'], '.2f')} |",
         f"| cost ratio c (drafter step / target step) | {_fmt(pair['cost_ratio'])} |",
-        (f"| greedy speedup of `speculative_generate` over `autoregressive_generate` | "
+        (f"| greedy speedup of `speculative_generate` with the drafter model alone over `autoregressive_generate` | "
         f"{_fmt(pair['greedy_speedup_vs_plain'], '.2f')}x |"),
         f"| greedy speedup over the target's own `generate` | {_fmt(pair['greedy_speedup_vs_plain_hf'], '.2f')}x |",
         f"| greedy outputs equal to plain decoding | {pair['greedy_equal']} |",
