@@ -40,6 +40,7 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec.bench.measure import ForwardMeter
+from specdec.drafters.hybrid import LOOKUP_NGRAM
 from specdec.stats import GenerationStats
 
 
@@ -230,7 +231,8 @@ class Speculative:
     KINDS: ClassVar[dict[str, str]] = {
         "model": "the drafter model",
         "ngram": "the prompt-lookup (n-gram) drafter",
-        "lookup+model": "prompt lookup first (up to 12 tokens), the drafter model (gamma) when lookup finds nothing",
+        "lookup+model": f"prompt lookup first (up to {LOOKUP_NGRAM.num_tokens} tokens), the drafter model (gamma) when "
+                        "lookup finds nothing",
     }
 
     def __init__(self, name: str, kind: str, drafter_label: str | None = None) -> None:
@@ -240,7 +242,7 @@ class Speculative:
         what = self.KINDS[kind] if drafter_label is None else f"the compared drafter model {drafter_label!r}"
         self.description = f"our speculative_generate with {what}"
         self.needs_drafter_model = kind != "ngram"
-        # lookup+model drafts up to 12 copied tokens or gamma from the model: no fixed gamma for the formula
+        # lookup+model drafts up to LOOKUP_NGRAM.num_tokens copied tokens or gamma from the model: no fixed gamma
         self.cost = {"model": DrafterCost.MODEL_STEP, "ngram": DrafterCost.MEASURED_DRAFT}.get(kind, DrafterCost.NONE)
 
     def _drafter(self, models: BenchModels) -> object:

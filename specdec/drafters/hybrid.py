@@ -40,10 +40,14 @@ class LookupModelDrafter:
     def __init__(self, model: PreTrainedModel | ModelDrafter, ngram: NgramConfig = LOOKUP_NGRAM) -> None:
         self.model = model if isinstance(model, ModelDrafter) else ModelDrafter(model)
         self.lookup = NgramDrafter(ngram)
-        self.free_tokens = self.lookup.free_tokens  # lookup may copy more than gamma (see drafters.base)
         self.context_limit = self.model.context_limit
         self._used: ModelDrafter | NgramDrafter = self.model  # who proposed this round
         self._draft: list[int] = []
+
+    @property
+    def free_tokens(self) -> int:
+        """Lookup may copy more than gamma (see ``drafters.base``)."""
+        return self.lookup.free_tokens
 
     def align(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> LookupModelDrafter:
         """Check the drafter model against ``target`` (see ``ModelDrafter.align``)."""
