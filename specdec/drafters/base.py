@@ -13,9 +13,9 @@ A drafter follows the committed sequence through three calls per generation:
 Drafters may return fewer than ``k`` tokens, including none. A drafter whose drafts sometimes cost
 no forward (prompt lookup) may declare ``free_tokens``: such a proposal (``q`` None, ``calls`` 0)
 may then hold up to that many tokens, more than ``k``; the round verifies what fits before
-``max_new_tokens`` and the context, and ``commit`` treats the rest as rejected. They own no sampling policy: the
-``Sampler`` passed to ``propose`` carries the warpers and the generator, so that q is shaped
-exactly like p.
+``max_new_tokens`` and the context, and ``commit`` treats the rest as rejected. Drafters own no
+sampling policy: the ``Sampler`` passed to ``propose`` carries the warpers and the generator, so
+that q is shaped exactly like p.
 """
 
 from __future__ import annotations
