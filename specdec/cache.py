@@ -1,10 +1,31 @@
-"""The KV-cache handle: one model's ``DynamicCache`` with a length we can roll back.
+"""The KV-cache handle of a batch: one model's ``DynamicCache`` whose rows hold ragged sequences.
 
-Contract: ``KVCache.length`` is the number of tokens whose keys and values are stored; a forward
-through ``KVCache.forward`` feeds only new tokens and appends them; ``crop_to(n)`` drops
-everything after the first ``n`` tokens (``DynamicCache.crop`` with a negative count, the
-transformers 5 API). Sliding-window layers record their past so they can be cropped too.
-Caches that cannot be rolled back (recurrent / linear-attention layers) are refused up front.
+The rows of a batch commit different numbers of tokens each round (ragged acceptance), but a
+``DynamicCache`` stores one tensor ``[B, heads, slots, dim]`` per layer. ``RaggedCache`` keeps every
+row in the same slots and marks each slot live or dead:
+
+- ``mask [B, S]`` (bool): the live slots. The model receives it as its 2D attention mask, so dead
+  slots (left padding, drafts one row rejected while another row kept more) are never attended to;
+- ``live [B]``: live tokens per row. A token's position id is the number of live tokens before it,
+  so holes never shift positions: every row sees exactly what it would see decoded alone.
+
+Operations:
+- ``forward(ids [B, n], valid [B, n] | None)`` feeds new tokens; ``valid`` marks padding (None: all
+  real). Only uncached tokens are ever fed.
+- ``keep(n [B])`` rolls each row back to its first ``n`` live tokens: later live slots become dead,
+  and trailing slots no row uses are cropped (``DynamicCache.crop`` with a negative count, the
+  transformers 5 API).
+- ``select(rows [B'])`` keeps some rows (finished rows leave the batch and cost nothing more), then
+  drops the slots no remaining row uses.
+- ``merge(other)`` appends the rows of another cache of the same model (rows joining a running
+  batch): the one with fewer slots is padded on the left with dead slots.
+- ``compact()`` re-packs the rows (each row's live slots gathered, right-aligned) once dead slots
+  outnumber live ones, so holes cost at most a constant factor of attention work and memory.
+
+A batch whose rows never differ (one prompt) is cropped exactly and never has holes: the model is
+then called exactly as a single-sequence loop calls it, without a mask or position ids.
+Caches that cannot be rolled back (recurrent / linear-attention layers) are refused up front;
+sliding-window layers are supported without holes only (their window counts slots, not tokens).
 """
 
 from __future__ import annotations
@@ -12,12 +33,15 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.modeling_outputs import ModelOutput
+
+COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be worth re-packing
 
 
-class KVCache:
-    """A model's KV cache with an explicit, cheap-to-read length."""
+class RaggedCache:
+    """One model's KV cache for a batch of rows of different lengths."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, rows: int = 0, device: torch.device | str = "cpu") -> None:
         self.model = model
         self.cache = DynamicCache(config=model.config)
         for layer in self.cache.layers:
@@ -29,31 +53,131 @@ class KVCache:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 layer.activate_past_recording()
         self._sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
-        self.length = 0  # tokens stored; kept in Python to avoid reading tensor shapes each round
+        self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots
+        self.live = torch.zeros(rows, dtype=torch.long, device=device)  # [B] live tokens per row
+        self.holes = False  # whether any slot is dead (then the model needs the mask and positions)
 
-    def forward(self, input_ids: torch.Tensor, logits_to_keep: int = 1) -> torch.Tensor:
-        """Run the model on ``input_ids`` [1, n] (uncached tokens only).
+    @property
+    def rows(self) -> int:
+        return self.mask.shape[0]
 
-        Returns the logits of the last ``logits_to_keep`` positions [1, logits_to_keep, V].
-        """
-        out = self.model(
-            input_ids=input_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        self.length += input_ids.shape[1]
-        return out.logits
+    @property
+    def slots(self) -> int:
+        return self.mask.shape[1]
 
-    def crop_to(self, n: int) -> None:
-        """Keep the first ``n`` cached tokens (``n <= length``)."""
-        drop = self.length - n
-        if drop < 0:
-            raise ValueError(f"cannot crop a cache of {self.length} tokens to {n}")
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 1,
+                **kwargs: object) -> ModelOutput:
+        """Run the model on ``input_ids`` [B, n] (uncached tokens; ``valid`` [B, n] marks the real ones).
+
+        Returns the model's output: logits of the last ``logits_to_keep`` positions [B, keep, V]
+        (plus whatever ``kwargs`` ask for, e.g. hidden states)."""
+        holes = self.holes or valid is not None
+        if holes and self._sliding:
+            raise ValueError(
+                f"{type(self.model).__name__} has sliding-window attention, which works on batches of one "
+                "prompt only (its window counts cache slots, not tokens): use batch_size=1"
+            )
+        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
+        if holes:
+            positions = (self.live[:, None] + real.long().cumsum(1) - 1).clamp_min(0)  # [B, n]
+            mask = torch.cat([self.mask, real], dim=1).long()  # [B, S + n]
+            kwargs.update(attention_mask=mask, position_ids=positions)
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=logits_to_keep, **kwargs)
+        self.mask = torch.cat([self.mask, real], dim=1)
+        self.live = self.live + real.sum(dim=1)
+        self.holes = holes
+        return out
+
+    def keep(self, n: torch.Tensor) -> None:
+        """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
+        counts = n.tolist()
+        if any(c > have for c, have in zip(counts, self.live.tolist())):
+            raise ValueError(f"cannot keep {counts} tokens of rows holding {self.live.tolist()}")
+        if not self.holes and len(set(counts)) <= 1:  # every row the same: an exact crop, no holes
+            self._crop(self.slots - (counts[0] if counts else 0))
+            self.live = n.clone()
+            return
+        self.mask &= self.mask.long().cumsum(dim=1) <= n[:, None]
+        self.live = n.clone()
+        used = self.mask.any(dim=0).nonzero()  # [S', 1] slots some row still uses
+        self._crop(self.slots - (int(used[-1]) + 1 if len(used) else 0))
+        live, slots = sum(counts), self.rows * self.slots
+        self.holes = live < slots
+        if self.holes and slots - live > live and self.slots >= COMPACT_MIN_SLOTS:
+            self.compact()
+
+    def _crop(self, drop: int) -> None:
+        """Remove the last ``drop`` slots of every row."""
         if drop or self._sliding:  # sliding layers also shrink back to their window on crop(0)
             self.cache.crop(-drop)
-        self.length = n
+        self.mask = self.mask[:, : self.slots - drop]
+
+    def _layers(self) -> list[DynamicLayer]:
+        """The initialised layers (a layer is uninitialised until its first token)."""
+        return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys is not None]
+
+    def _gather(self, index: torch.Tensor) -> None:
+        """Rebuild every row's slots from ``index`` [B, S'] (slot numbers of the old layout)."""
+        for layer in self._layers():
+            heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
+            idx = index[:, None, :, None].expand(-1, heads, -1, dim)  # [B, H, S', D]
+            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        self.mask = self.mask.gather(1, index)
+
+    def compact(self) -> None:
+        """Gather each row's live slots to the right end of ``max(live)`` slots (order kept)."""
+        width = int(self.live.max()) if self.rows else 0
+        order = torch.argsort(self.mask.to(torch.int8), dim=1, stable=True)  # dead slots first, then live
+        self._gather(order[:, self.slots - width:])
+        self.holes = not bool(self.mask.all())
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the rows ``rows`` [B'] (in that order); drop slots that no kept row uses."""
+        self.cache.batch_select_indices(rows)
+        self.mask, self.live = self.mask[rows], self.live[rows]
+        used = self.mask.any(dim=0).nonzero()  # [S', 1]
+        if len(used) == 0:
+            self._crop(self.slots)
+        else:
+            first, last = int(used[0]), int(used[-1]) + 1
+            self._crop(self.slots - last)
+            if first:
+                for layer in self._layers():
+                    layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+                self.mask = self.mask[:, first:]
+        self.holes = not bool(self.mask.all())
+
+    def merge(self, other: RaggedCache) -> None:
+        """Append the rows of ``other`` (a cache of the same model) after this cache's rows."""
+        if other.rows == 0:
+            return
+        if self.rows == 0:
+            self.cache, self.mask, self.live, self.holes = other.cache, other.mask, other.live, other.holes
+            return
+        width = max(self.slots, other.slots)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            like = mine if mine.is_initialized and mine.keys is not None else theirs
+            if not (like.is_initialized and like.keys is not None):
+                continue  # neither cache has stored a token yet
+            parts = []
+            for layer, cache in ((mine, self), (theirs, other)):
+                shape = (cache.rows, like.keys.shape[1], width, like.keys.shape[-1])
+                if not (layer.is_initialized and layer.keys is not None) or layer.keys.shape[2] == 0:
+                    empty = like.keys.new_zeros(shape)
+                    parts.append((empty, empty))
+                    continue
+                pad = like.keys.new_zeros(shape[0], shape[1], width - layer.keys.shape[2], shape[3])
+                parts.append((torch.cat([pad, layer.keys], 2), torch.cat([pad, layer.values], 2)))
+            if not mine.is_initialized:
+                mine.lazy_initialization(like.keys, like.values)
+            mine.keys = torch.cat([parts[0][0], parts[1][0]], dim=0)
+            mine.values = torch.cat([parts[0][1], parts[1][1]], dim=0)
+        masks = [torch.cat([m.new_zeros(m.shape[0], width - m.shape[1]), m], dim=1) for m in (self.mask, other.mask)]
+        self.mask = torch.cat(masks, dim=0)
+        self.live = torch.cat([self.live, other.live])
+        self.holes = not bool(self.mask.all())
 
     def stored_length(self) -> int:
-        """The length read from the cache tensors themselves (for tests of the invariant)."""
+        """Slots read from the cache tensors themselves (for tests of the invariant)."""
         return self.cache.get_seq_length()

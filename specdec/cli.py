@@ -30,10 +30,11 @@ import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+from specdec.config import ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
 
 if typing.TYPE_CHECKING:
     from specdec.console import Settings
+    from specdec.stats import GenerationResult
 
 T = typing.TypeVar("T")
 
@@ -52,6 +53,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 ALIASES: Mapping[str, Sequence[str]] = {
     "target": ("--model",),
     "drafter": ("--draft-model", "--draft_model"),
+    "rule": ("--verify",),
 }
 MODES = ("speculative", "target", "drafter")  # what decodes: draft + verify, the target or the drafter alone
 
@@ -116,7 +118,7 @@ def config_from(args: argparse.Namespace, cls: type[T]) -> T:
 
 def add_decoding_arguments(parser: argparse.ArgumentParser, modes: Sequence[str] = MODES) -> None:
     """The flags ``generate`` and ``chat`` share: models, sampling, the round loop, stops, display."""
-    for cls in (ModelConfig, SpecConfig, SamplingConfig):
+    for cls in (ModelConfig, SpecConfig, SamplingConfig, VerifyConfig):
         add_config_arguments(parser, cls)
     parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
     parser.add_argument("--mode", choices=modes, default=modes[0],
@@ -142,6 +144,7 @@ def settings_from(args: argparse.Namespace) -> tuple[ModelConfig, Settings]:
     settings = Settings(
         sampling=config_from(args, SamplingConfig),
         spec=config_from(args, SpecConfig),
+        verify=config_from(args, VerifyConfig),
         mode=args.mode,
         stop_strings=tuple(args.stop),
         chat_template=args.chat_template,
@@ -168,7 +171,60 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return sys.stdin.read()
 
 
+def read_prompts_file(path: str) -> list[str]:
+    """The prompts of a file: one per line (plain text; blank lines skipped), or, for ``.jsonl``, the
+    ``prompt`` of each line's JSON object. Every line is checked before anything runs."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot read --prompts-file {path!r}: {err.strerror}") from err
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if not path.endswith(".jsonl"):
+            prompts.append(line)
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"{path}, line {number}: not JSON ({err.msg}): each line must be an object "
+                             'like {"prompt": "..."}') from err
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise UsageError(f'{path}, line {number}: no "prompt" string: each line must be an object like '
+                             '{"prompt": "..."}')
+        prompts.append(record["prompt"])
+    if not prompts:
+        raise UsageError(f"--prompts-file {path!r} holds no prompt: write one per line (or JSON lines with "
+                         '"prompt" for .jsonl)')
+    return prompts
+
+
+def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], models: ModelConfig,
+                 settings: Settings) -> dict:
+    """One generation as the JSON that --json prints (a line of JSONL for a prompts file)."""
+    return {
+        "text": text,
+        "tokens": result.tokens,
+        "prompt_ids": prompt_ids,
+        "stop_reason": result.stop_reason,
+        "mode": settings.mode,
+        "target": models.target,
+        "drafter": models.drafter,
+        **dataclasses.asdict(settings.spec),
+        **dataclasses.asdict(settings.sampling),
+        "verify": settings.verify.rule,
+        "lossless": result.stats.lossless,
+        "stop": list(settings.stop_strings),
+        "stats": result.stats.to_dict(),
+    }
+
+
 def _run_generate(args: argparse.Namespace) -> int:
+    if args.prompts_file is not None:
+        if args.prompt is not None or args.prompt_file is not None:
+            raise UsageError("give --prompts-file alone: not with a prompt argument or --prompt-file")
+        return _run_batch(args, read_prompts_file(args.prompts_file))
     from specdec.console import Session, TokenStream, print_legend, summary_line
 
     prompt = _read_prompt(args)
@@ -193,35 +249,63 @@ def _run_generate(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     stream.finish()
     if args.json:
-        print(json.dumps({
-            "text": stream.text,
-            "tokens": result.tokens,
-            "prompt_ids": prompt_ids,
-            "stop_reason": result.stop_reason,
-            "mode": settings.mode,
-            "target": models.target,
-            "drafter": models.drafter,
-            **dataclasses.asdict(settings.spec),
-            **dataclasses.asdict(settings.sampling),
-            "stop": list(settings.stop_strings),
-            "stats": result.stats.to_dict(),
-        }))
+        print(json.dumps(_result_json(result, stream.text, prompt_ids, models, settings)))
     else:
         print(summary_line(result, settings.mode), file=sys.stderr)
+    return 0
+
+
+def _run_batch(args: argparse.Namespace, prompts: list[str]) -> int:
+    """Decode a prompts file in batches of --batch-size; print each result in input order as soon as
+    the ones before it are done (JSON lines with --json)."""
+    from specdec.console import Session, batch_line, result_block, summary_line
+
+    models, settings = settings_from(args)
+    session = Session(models)
+    encoded = [session.encode(p, settings) for p in prompts]
+    tokenizer = session.tokenizer(settings.mode)
+    done: dict[int, GenerationResult] = {}
+    printed = 0
+
+    def emit(result: GenerationResult) -> None:
+        nonlocal printed
+        done[result.index] = result
+        while printed in done:
+            ready = done.pop(printed)
+            text = tokenizer.decode(ready.tokens, skip_special_tokens=True)
+            if args.json:
+                line = _result_json(ready, text, encoded[printed], models, settings)
+                print(json.dumps({"index": printed, "prompt": prompts[printed], **line}), flush=True)
+            else:
+                result_block(printed, prompts[printed], text, ready, settings)
+                print(summary_line(ready, settings.mode), file=sys.stderr)
+            printed += 1
+
+    try:
+        results = session.generate(encoded, settings, on_result=emit)
+    except KeyboardInterrupt:
+        print(f"[interrupted: {printed} of {len(prompts)} prompts done]", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if not args.json:
+        print(batch_line(results[0].batch, settings.mode), file=sys.stderr)
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``specdec generate``."""
     parser = subparsers.add_parser(
-        "generate", help="complete one prompt, streaming, with the figures of speculation",
-        description="Complete PROMPT (or --prompt-file, or standard input). The text streams to "
-        "stdout as each round commits; the summary line goes to stderr.",
+        "generate", help="complete prompts (one streaming, or a file of many in batches) with the figures of speculation",
+        description="Complete PROMPT (or --prompt-file, or standard input): the text streams to stdout as each "
+        "round commits; the summary line goes to stderr. With --prompts-file, complete every prompt of the file "
+        "in batches of --batch-size, printing each result in input order.",
     )
     parser.add_argument("prompt", nargs="?", metavar="PROMPT", help="the text to complete")
-    parser.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
+    parser.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE (all of it, one prompt)")
+    parser.add_argument("--prompts-file", metavar="FILE",
+                        help="many prompts: one per line, or for .jsonl one JSON object per line with a \"prompt\"")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON object (text, token ids, settings, all stats) and nothing else")
+                        help="print one JSON object (text, token ids, settings, all stats) and nothing else; "
+                        "one per line (JSONL) with --prompts-file")
     add_decoding_arguments(parser)
     parser.set_defaults(func=_run_generate)
 

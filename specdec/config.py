@@ -39,22 +39,42 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+SPECULATE = ("on", "off", "auto")  # values of SpecConfig.speculate
+
+
 @dataclass(frozen=True)
 class SpecConfig:
-    """The round loop: how much to draft and how long to generate."""
+    """The round loop: how much to draft, how long to generate, how many prompts at once."""
 
     gamma: int = 4  # tokens drafted per round (shrinks near the context limit and the token budget)
     max_new_tokens: int = 128  # upper bound on generated tokens, prompt excluded
+    batch_size: int = 8  # prompts decoded together; more wait and join as rows finish
+    speculate: str = "on"  # on: draft every round; off: plain decoding; auto: measure both per batch size, keep the faster
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
+        if not _is_int(self.gamma) or self.gamma < 1:
             raise ValueError(f"gamma must be an int >= 1 (tokens drafted per round), got {self.gamma!r}")
-        if (
-            not isinstance(self.max_new_tokens, int)
-            or isinstance(self.max_new_tokens, bool)
-            or self.max_new_tokens < 0
-        ):
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1 (prompts decoded together), got {self.batch_size!r}")
+        if self.speculate not in SPECULATE:
+            raise ValueError(f"speculate must be one of {', '.join(SPECULATE)}, got {self.speculate!r}")
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Which verification rule keeps drafted tokens (see specdec.acceptance)."""
+
+    rule: str | None = None  # exact (greedy) or sampling (temperature > 0); None = the one that fits the temperature
+
+    def __post_init__(self) -> None:
+        if self.rule is not None and not isinstance(self.rule, str):
+            raise ValueError(f"rule must be a rule name or None, got {self.rule!r}")
 
 
 @dataclass(frozen=True)
@@ -77,7 +97,31 @@ class NgramConfig:
 
 
 NGRAM = "ngram"  # the drafter name of model-free prompt lookup
-LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter model NAME when it finds nothing
+LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter NAME when it finds nothing
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """What drafts: parsed from a drafter name, built by ``specdec.drafters.make_drafter``."""
+
+    name: str = "lookup+code-drafter"  # "ngram" (prompt lookup), a model (a shipped name or a folder), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"the drafter name must be a non-empty string, got {self.name!r}")
+        if self.name.startswith(LOOKUP) and self.model in ("", NGRAM):
+            raise ValueError(f"drafter {self.name!r}: lookup+NAME needs a drafter model NAME after the '+' "
+                             "(e.g. lookup+code-drafter); plain prompt lookup is 'ngram'")
+
+    @property
+    def lookup(self) -> bool:
+        """Whether prompt lookup drafts first (a "lookup+NAME" drafter, or "ngram" alone)."""
+        return self.name == NGRAM or self.name.startswith(LOOKUP)
+
+    @property
+    def model(self) -> str | None:
+        """The drafter model's name or folder, without the lookup prefix; None for "ngram"."""
+        return None if self.name == NGRAM else self.name.removeprefix(LOOKUP)
 
 
 @dataclass(frozen=True)
@@ -85,11 +129,16 @@ class ModelConfig:
     """Which models to load and where (see specdec.loading)."""
 
     target: str = "code-target"  # target model: a shipped name (code-target) or a folder with config + safetensors
-    drafter: str = "lookup+code-drafter"  # drafter: a shipped name or a folder (a model), "ngram" (prompt lookup), or "lookup+NAME" (lookup first, the model NAME otherwise)
+    drafter: str = DrafterConfig.name  # drafter: a shipped name or a folder (a model), "ngram" (prompt lookup), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
 
     @property
+    def drafter_config(self) -> DrafterConfig:
+        """The drafter, parsed (and so validated)."""
+        return DrafterConfig(self.drafter)
+
+    @property
     def drafter_model(self) -> str | None:
         """The drafter model's name or folder, without the lookup prefix; None for "ngram"."""
-        return None if self.drafter == NGRAM else self.drafter.removeprefix(LOOKUP)
+        return self.drafter_config.model

@@ -31,13 +31,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import specdec
 from specdec.cli import MODES, UsageError, add_decoding_arguments, settings_from
-from specdec.config import LOOKUP, NGRAM, ModelConfig, SamplingConfig, SpecConfig
-from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, GenerationResult, RoundEvent
+from specdec.config import LOOKUP, ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.drafters import Drafter, make_drafter
+from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, BatchStats, GenerationResult, RoundEvent
+from specdec.target import make_target
 
 COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
 STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
 LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
           (BONUS, "bonus: the target's extra token after a full acceptance"))
+DEFAULT_VERIFY = VerifyConfig()  # the rule that fits the temperature
 DETOKENIZE_CONTEXT = 5  # prompt tokens decoded before the first new one (as vLLM's incremental detokenizer)
 
 
@@ -46,8 +49,9 @@ class Settings:
     """Everything that decides one generation besides the models."""
 
     sampling: SamplingConfig  # temperature, top-k, top-p, seed
-    spec: SpecConfig  # gamma, max_new_tokens
+    spec: SpecConfig  # gamma, max_new_tokens, batch_size, speculate
     mode: str  # one of cli.MODES (or COMPARE in chat)
+    verify: VerifyConfig = DEFAULT_VERIFY  # the verification rule
     stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these
     chat_template: bool = False  # wrap the prompt in the tokenizer's chat template
     show_acceptance: bool = False  # colour tokens by kind
@@ -91,13 +95,10 @@ class Session:
             self._tokenizers[name] = specdec.load_tokenizer(name)
         return self._tokenizers[name]
 
-    def drafter(self) -> PreTrainedModel | str | specdec.LookupModelDrafter:
-        """The drafter as the API takes it: a loaded model, the string "ngram", or lookup + a model."""
-        name = self.models.drafter_model
-        if name is None:
-            return NGRAM
-        model = self.model(name)
-        return specdec.LookupModelDrafter(model) if self.models.drafter.startswith(LOOKUP) else model
+    def drafter(self) -> Drafter:
+        """The drafter, built by the one drafter factory from the loaded models (loaded once)."""
+        target = make_target(self.model(self.models.target))
+        return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
 
     def set_drafter(self, name: str) -> None:
         """Switch the drafter (a model name/folder or "ngram"), loading a new model now."""
@@ -128,19 +129,23 @@ class Session:
         return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
                     ["input_ids"])
 
-    def generate(self, prompt_ids: list[int], settings: Settings,
-                 on_round: Callable[[RoundEvent], None] | None = None) -> GenerationResult:
-        """Decode ``prompt_ids`` in ``settings.mode`` (speculative, target or drafter)."""
+    def generate(self, prompt_ids: list[int] | list[list[int]], settings: Settings,
+                 on_round: Callable[[RoundEvent], None] | None = None,
+                 on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
+        """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,
             **dataclasses.asdict(settings.sampling),
             stop_strings=list(settings.stop_strings) or None,
             tokenizer=self.tokenizer(settings.mode),
             on_round=on_round,
+            on_result=on_result,
+            batch_size=settings.spec.batch_size,
         )
         if settings.mode == "speculative":
             return specdec.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
-                                                gamma=settings.spec.gamma, **kwargs)
+                                                gamma=settings.spec.gamma, speculate=settings.spec.speculate,
+                                                verify=settings.verify, **kwargs)
         return specdec.autoregressive_generate(self.model(self._name(settings.mode)), prompt_ids, **kwargs)
 
 
@@ -217,6 +222,28 @@ def print_legend(mode: str, console: Console | None = None) -> None:
     for i, (kind, label) in enumerate(LEGEND):
         legend.append(("  " if i else "") + label, style=STYLES[kind])
     console.print(legend)
+
+
+def result_block(index: int, prompt: str, text: str, result: GenerationResult, settings: Settings,
+                 console: Console | None = None) -> None:
+    """One result of a prompts file: a dim header with the prompt's number and first line, then the text."""
+    console = console or stdout_console()
+    first = prompt.strip().splitlines()[0] if prompt.strip() else ""
+    console.print(Text(f"### prompt {index}: {first[:60]}", style="dim"))
+    console.print(Text(text))
+
+
+def batch_line(batch: BatchStats, mode: str) -> str:
+    """The figures of a batched run on one line: prompts, tokens/s, rounds, rows per round, alpha, the time split."""
+    parts = [(f"{batch.rows} prompts, {batch.new_tokens} new tokens in {batch.wall_time_s:.2f} s "
+              f"({batch.tokens_per_s:.1f} tokens/s)"),
+             f"{batch.rounds} rounds of {batch.mean_rows:.1f} rows on average (at most {batch.max_rows})"]
+    if mode == "speculative":
+        parts.append(f"acceptance rate α {batch.acceptance_rate:.2f}")
+    wall = batch.wall_time_s or 1.0
+    parts.append(f"time: verify {batch.verify_time_s / wall:.0%}, propose {batch.propose_time_s / wall:.0%}, "
+                 f"prefill {batch.prefill_time_s / wall:.0%}, bookkeeping {batch.bookkeeping_s / wall:.0%}")
+    return " | ".join(parts)
 
 
 def summary_line(result: GenerationResult, mode: str) -> str:

@@ -1,43 +1,63 @@
-"""The round loop of speculative decoding, and the plain autoregressive baseline.
+"""The round loop of speculative decoding for a batch of prompts, and the plain baseline.
 
 Speculative decoding (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative
-Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling"), batch size 1.
-Each round: **propose** (the drafter drafts k <= gamma tokens; prompt lookup, which costs no
-forward, may copy up to its ``free_tokens``) -> **verify** (one target forward
-over [last committed token, drafts] gives logits for k+1 positions) -> **accept** (a rule from
-``acceptance`` keeps a prefix of the drafts and picks the recovered or bonus token) -> **commit**
-(both caches roll back to the committed sequence; stops are applied; ``on_round`` is told).
+Decoding"; Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling"), batched. Each
+round, for every row of the batch at once: **propose** (the drafter drafts up to the schedule's
+number of tokens per row; prompt lookup, which costs no forward, may copy up to its
+``free_tokens``) -> **verify** (one target forward over [newest committed token, drafts] per row)
+-> **accept** (the verification rule keeps a prefix of each row's drafts and picks its recovered or
+bonus token) -> **commit** (both models roll each row back to its committed sequence; stops apply;
+listeners hear of it). Rows accept different numbers of tokens (ragged); a row that finishes leaves
+the batch at once and costs nothing more; waiting prompts join at the next round boundary (a
+``Decoder`` fed from a queue is how a server batches continuously).
 
 Contracts:
-- Greedy output equals the target's own greedy decoding; sampled output is distributed exactly as
-  sampling from the target (temperature / top-k / top-p applied identically to p and q).
-- Caches: the target's cache holds every committed token but the newest, which is the next
-  round's first input (cache length == committed - 1 after every round); the drafter keeps the
-  analogous invariant with its pending tokens (see ``drafters.model``). Only uncached tokens are
-  ever fed to a model: no O(n^2) re-forwarding.
-- Stops: generation ends at the first stop token or completed stop string (kept in the output),
-  even inside accepted drafts (stop strings are matched in the decoded new text, special tokens
-  skipped, checked token by token); never more than ``max_new_tokens``; the sequence never exceeds the
-  target's context (gamma shrinks near it).
-This module knows nothing about text except through the optional tokenizer for stop strings.
+- Greedy output of every row equals the target's own greedy decoding of that prompt alone (up to
+  near ties of the target's two best logits, which batched or multi-token forwards may flip);
+  sampled output is distributed exactly as sampling from the target, per row (temperature / top-k /
+  top-p applied identically to p and q). Each rule declares whether it is lossless; results say so.
+- Caches: after every round, per row, the target caches every committed token but the newest, which
+  is the next round's first input; the drafter keeps the analogous invariant with its pending
+  tokens. Only uncached tokens are ever fed to a model: no O(n^2) re-forwarding.
+- Stops, per row: the first stop token or completed stop string (kept in the output), even inside
+  accepted drafts (stop strings are matched in the decoded new text, special tokens skipped,
+  checked token by token); never more than ``max_new_tokens``; the sequence never exceeds the
+  target's or the drafter's context (a row drafts less near it).
+- The loop times, counts and prints nothing itself: it emits events (``specdec.events``).
+This module knows nothing about text except through the optional tokenizer (prompts given as
+strings, stop strings).
 """
 
 from __future__ import annotations
 
 import operator
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.acceptance import rule_for
-from specdec.cache import KVCache
-from specdec.config import SamplingConfig, SpecConfig
-from specdec.drafters import Proposal, make_drafter
-from specdec.loading import context_limit, input_device, vocab_size
-from specdec.sampling import Sampler, check_finite
+from specdec.acceptance import Verdict, Verifier, rule_for
+from specdec.batch import PromptBatch
+from specdec.config import SamplingConfig, SpecConfig, VerifyConfig
+from specdec.drafters import Drafter, NoDrafter, Proposal, make_drafter
+from specdec.events import (
+    ACCEPT,
+    COMMIT,
+    DRAFT_PREFILL,
+    PREFILL,
+    PROPOSE,
+    VERIFY,
+    Events,
+    Listener,
+    OnRound,
+    PhaseClock,
+    RoundSummary,
+)
+from specdec.sampling import Sampler, make_generator
+from specdec.schedules import Schedule, make_schedule
 from specdec.stats import (
     ACCEPTED,
     BONUS,
@@ -47,180 +67,387 @@ from specdec.stats import (
     STOP_STRING,
     STOP_TOKEN,
     TARGET,
+    BatchStats,
     GenerationResult,
     GenerationStats,
     RoundEvent,
 )
+from specdec.target import Target, make_target
 
-OnRound = Callable[[RoundEvent], None]
-
-
-def _prompt_tensor(input_ids: object, device: torch.device, vocab: int) -> torch.Tensor:
-    """Validate ``input_ids`` (list of ints, LongTensor [T] or [1, T]) -> LongTensor [1, T] on device."""
-    if isinstance(input_ids, torch.Tensor):
-        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-            raise TypeError(f"input_ids must hold integer token ids, got a {input_ids.dtype} tensor")
-        if input_ids.dim() == 2 and input_ids.shape[0] != 1:
-            raise ValueError(f"input_ids has batch size {input_ids.shape[0]}; only batch size 1 is supported")
-        if input_ids.dim() not in (1, 2):
-            raise ValueError(f"input_ids must have shape [T] or [1, T], got {list(input_ids.shape)}")
-        ids = input_ids.reshape(1, -1).to(device=device, dtype=torch.long)
-    elif isinstance(input_ids, Sequence) and not isinstance(input_ids, (str, bytes)):
-        try:
-            values = [operator.index(t) for t in input_ids]
-        except TypeError as err:
-            raise TypeError("input_ids must be a list of ints or a LongTensor (token ids, not text)") from err
-        ids = torch.tensor([values], dtype=torch.long, device=device)
-    else:
-        raise TypeError(f"input_ids must be a list of ints or a LongTensor, got {type(input_ids).__name__}")
-    if ids.shape[1] == 0:
-        raise ValueError("the prompt is empty: pass at least one token (e.g. the tokenizer's bos token)")
-    lo, hi = torch.aminmax(ids)
-    if lo.item() < 0 or hi.item() >= vocab:
-        raise ValueError(f"input_ids must lie in [0, {vocab}) (the target's vocabulary), got {lo.item()}..{hi.item()}")
-    return ids
+OnRoundFn = Callable[[RoundEvent], None]
+OnResultFn = Callable[[GenerationResult], None]
 
 
-def _stop_ids(target: PreTrainedModel, stop_token_ids: int | Sequence[int] | None) -> frozenset[int]:
-    """None -> the target's end-of-sequence id(s) from its generation config; [] -> none."""
-    if stop_token_ids is None:
-        config = getattr(target, "generation_config", None)
-        stop_token_ids = getattr(config, "eos_token_id", None)
-        if stop_token_ids is None:
-            stop_token_ids = getattr(target.config, "eos_token_id", None)
-    if stop_token_ids is None:
-        return frozenset()
-    if isinstance(stop_token_ids, int):
-        return frozenset([stop_token_ids])
-    return frozenset(int(t) for t in stop_token_ids)
+@dataclass(frozen=True)
+class Request:
+    """One prompt and how to decode it."""
+
+    ids: list[int]  # the committed sequence the target continues (decoder-only: the prompt)
+    max_new_tokens: int  # upper bound on new tokens
+    sampling: SamplingConfig  # temperature, top-k, top-p, seed of this row
+    stop_ids: frozenset[int] = frozenset()  # stop tokens (kept in the output)
+    stop_strings: tuple[str, ...] = ()  # stop once the decoded new text contains one of these
+    source: list[int] | None = None  # the encoder's input (encoder-decoder targets only)
+    index: int = 0  # position in the caller's input order (RoundEvent.row)
 
 
 @dataclass
-class _Run:
-    """Bookkeeping shared by both loops: budget, stops, stats, timing, output."""
+class Row:
+    """A request in the decoder: its output so far, its generator and its figures."""
 
-    prompt: torch.Tensor  # [1, T]
-    max_new_tokens: int
-    limit: int | None  # the target's context length
-    stop_ids: frozenset[int]
-    stop_strings: tuple[str, ...]
-    tokenizer: PreTrainedTokenizerBase | None
-    on_round: OnRound | None
-    sampler: Sampler
-    sync: bool  # synchronize CUDA around timed phases
+    request: Request
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)  # new tokens committed so far
     stats: GenerationStats = field(default_factory=GenerationStats)
-    tokens: list[int] = field(default_factory=list)
     stop_reason: str | None = None
-    started: float = field(default_factory=time.perf_counter)
+    joined: float = 0.0  # perf_counter when it was submitted
 
-    @classmethod
-    def start(
-        cls,
-        target: PreTrainedModel,
-        input_ids: object,
-        max_new_tokens: int,
-        sampling: SamplingConfig,
-        stop_token_ids: int | Sequence[int] | None,
-        stop_strings: str | Sequence[str] | None,
-        tokenizer: PreTrainedTokenizerBase | None,
-        on_round: OnRound | None,
-    ) -> _Run:
-        """Validate the inputs shared by both loops and set up the run."""
-        if not isinstance(target, PreTrainedModel):
-            raise TypeError(f"target must be a transformers causal LM, got {type(target).__name__}")
-        device = input_device(target)
-        prompt = _prompt_tensor(input_ids, device, vocab_size(target))
-        limit = context_limit(target)
-        if limit is not None and prompt.shape[1] > limit:
-            raise ValueError(
-                f"the prompt has {prompt.shape[1]} tokens but the target's context holds {limit}: shorten it"
-            )
-        if isinstance(stop_strings, str):
-            stop_strings = (stop_strings,)
-        stop_strings = tuple(stop_strings or ())
-        if stop_strings and tokenizer is None:
-            raise ValueError("stop_strings need the tokenizer to decode the output: pass tokenizer=")
-        if any(not isinstance(s, str) or not s for s in stop_strings):
-            raise ValueError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
-        return cls(
-            prompt=prompt,
-            max_new_tokens=max_new_tokens,
-            limit=limit,
-            stop_ids=_stop_ids(target, stop_token_ids),
-            stop_strings=stop_strings,
-            tokenizer=tokenizer,
-            on_round=on_round,
-            sampler=Sampler.create(sampling, device),
-            sync=device.type == "cuda",
-            stats=GenerationStats(prompt_tokens=prompt.shape[1]),
-        )
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
 
-    def clock(self) -> float:
-        """perf_counter, after a CUDA sync when on GPU so phase times are real."""
-        if self.sync:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def room(self) -> int:
-        """Tokens still allowed by max_new_tokens and the context; sets stop_reason at 0."""
-        budget = self.max_new_tokens - len(self.tokens)
+    def room(self, context_limit: int | None) -> int:
+        """Tokens this row may still commit (budget and context); marks the row done at 0."""
+        budget = self.request.max_new_tokens - len(self.tokens)
         if budget <= 0:
             self.stop_reason = self.stop_reason or MAX_NEW_TOKENS
             return 0
-        if self.limit is not None:
-            context_room = self.limit - self.prompt.shape[1] - len(self.tokens)
+        if context_limit is not None:
+            context_room = context_limit - len(self.request.ids) - len(self.tokens)
             if context_room <= 0:
                 self.stop_reason = self.stop_reason or CONTEXT_LIMIT
                 return 0
             budget = min(budget, context_room)
         return budget
 
-    def _completes_stop_string(self, new: list[int]) -> bool:
+    def _completes_stop_string(self, new: list[int], tokenizer: PreTrainedTokenizerBase) -> bool:
         """Whether the newest token of ``self.tokens + new`` completes a stop string."""
         # Enough tokens to hold the longest stop string: each token with text adds >= 1 character.
-        window = max(len(s) for s in self.stop_strings) + 4
-        tail = (self.tokens + new)[-window:]
-        text = self.tokenizer.decode(tail, skip_special_tokens=True)
-        return any(s in text for s in self.stop_strings)
+        window = max(len(s) for s in self.request.stop_strings) + 4
+        text = tokenizer.decode((self.tokens + new)[-window:], skip_special_tokens=True)
+        return any(s in text for s in self.request.stop_strings)
 
-    def commit(self, tokens: list[int], kinds: list[str], drafted: int, accepted: int) -> bool:
-        """Append a round's tokens up to the first stop; record it; True when generation is over."""
+    def commit(self, tokens: list[int], kinds: list[str], tokenizer: PreTrainedTokenizerBase | None) -> RoundEvent:
+        """Append a round's tokens up to the first stop; the event of what was kept."""
         for i, token in enumerate(tokens):
-            if token in self.stop_ids:
+            if token in self.request.stop_ids:
                 self.stop_reason = STOP_TOKEN
-            elif self.stop_strings and self._completes_stop_string(tokens[: i + 1]):
+            elif self.request.stop_strings and self._completes_stop_string(tokens[: i + 1], tokenizer):
                 self.stop_reason = STOP_STRING
             if self.stop_reason:
                 tokens, kinds = tokens[: i + 1], kinds[: i + 1]
                 break
         self.tokens.extend(tokens)
-        self.stats.record_round(drafted, accepted, len(tokens))
-        if self.on_round is not None:
-            self.on_round(RoundEvent(tokens, kinds))
-        return self.stop_reason is not None
+        return RoundEvent(tokens, kinds, self.request.index)
 
-    def result(self) -> GenerationResult:
-        """Close the run: wall time and the result."""
-        self.stats.wall_time_s = self.clock() - self.started
-        if self.stop_reason is None:
-            self.room()
-        return GenerationResult(self.tokens, self.stats, self.stop_reason or MAX_NEW_TOKENS)
+    def result(self, batch: BatchStats | None) -> GenerationResult:
+        return GenerationResult(self.tokens, self.stats, self.stop_reason or MAX_NEW_TOKENS, batch, self.request.index)
 
 
-def _admitted(proposal: Proposal, k: int, limit: int, free_tokens: int) -> Proposal:
-    """The drafts a round verifies: at most ``k`` (gamma), or for a model-free proposal (q None, no
-    forward) at most the drafter's ``free_tokens``, cut to the ``limit`` the round has room for."""
-    free = proposal.q is None and proposal.calls == 0
-    allowed = max(k, free_tokens) if free else k
-    if proposal.k > allowed:
-        raise ValueError(f"the drafter proposed {proposal.k} tokens when asked for at most {allowed}")
-    return proposal if proposal.k <= limit else Proposal(proposal.tokens[:, :limit], None, 0)
+def _kinds(drafted: int, accepted: int) -> list[str]:
+    """Labels of a round's committed tokens: the accepted drafts, then recovered / bonus / target."""
+    last = TARGET if drafted == 0 else RECOVERED if accepted < drafted else BONUS
+    return [ACCEPTED] * accepted + [last]
+
+
+class Decoder:
+    """Decodes requests in batches of up to ``batch_size`` rows; waiting requests join at round boundaries."""
+
+    def __init__(self, target: Target, drafter: Drafter, schedule: Schedule, *, verify: VerifyConfig | None = None,
+                 batch_size: int = SpecConfig.batch_size, tokenizer: PreTrainedTokenizerBase | None = None,
+                 listeners: Sequence[Listener] = ()) -> None:
+        self.target, self.drafter, self.schedule = target, drafter, schedule
+        self.verifier = Verifier(verify or VerifyConfig())
+        self.batch_size = batch_size
+        self.tokenizer = tokenizer
+        self.device = target.device
+        self.clock = PhaseClock(self.device)
+        self.events = Events([self.clock, *listeners, *([schedule] if isinstance(schedule, Listener) else [])])
+        self.waiting: deque[Row] = deque()
+        self.rows: list[Row] = []  # the batch, in cache-row order
+        self.last = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] newest committed token per row
+        self.sampler = Sampler.per_row([], [])
+        self.stats = BatchStats()
+        self.started = time.perf_counter()
+
+    # ---------------------------------------------------------------------------- rows in and out
+
+    def submit(self, request: Request) -> Row:
+        """Queue a request; it joins the batch at the next round boundary."""
+        lossless = self.verifier.lossless(request.sampling)  # refuses a rule that does not fit the temperature
+        row = Row(request, make_generator(request.sampling.seed, self.device), joined=time.perf_counter())
+        row.stats = GenerationStats(prompt_tokens=len(request.ids), lossless=lossless)
+        self.stats.rows += 1
+        self.stats.lossless = self.stats.lossless and lossless
+        self.waiting.append(row)
+        return row
+
+    def cancel(self, row: Row, reason: str = "cancelled") -> None:
+        """Stop a row (a client that went away); it leaves the batch at the next step, before its round."""
+        row.stop_reason = row.stop_reason or reason
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.rows)
+
+    def _join(self) -> list[Row]:
+        """Prefill waiting rows into the batch (up to batch_size); rows with no room finish at once."""
+        joining, finished = [], []
+        while self.waiting and len(self.rows) + len(joining) < self.batch_size:
+            row = self.waiting.popleft()
+            (finished if row.done or row.room(self.target.context_limit) == 0 else joining).append(row)
+        if joining:
+            self.clock.new_round()
+            prompts = PromptBatch.from_lists([r.request.ids for r in joining], self.device,
+                                             None if joining[0].request.source is None else
+                                             [r.request.source for r in joining])
+            with self.events.phase(PREFILL):
+                calls = self.target.prefill(prompts)
+            with self.events.phase(DRAFT_PREFILL):
+                draft_calls = self.drafter.prefill(prompts)
+            self.schedule.add(len(joining))
+            for row in joining:
+                row.stats.target_calls, row.stats.drafter_calls = calls, draft_calls
+                row.stats.target_time_s, row.stats.drafter_time_s = self.clock.round[PREFILL], self.clock.round[DRAFT_PREFILL]
+            self.stats.target_calls += calls
+            self.stats.drafter_calls += draft_calls
+            self.rows += joining
+            self.last = torch.cat([self.last, prompts.ids[:, -1]])
+            self._resample()
+        return finished
+
+    def _resample(self) -> None:
+        self.sampler = Sampler.per_row([r.request.sampling for r in self.rows], [r.generator for r in self.rows])
+
+    def _leave(self) -> list[Row]:
+        """Rows that finished leave the batch; the others are compacted in both models' caches."""
+        finished = [r for r in self.rows if r.done]
+        if finished:
+            keep = torch.tensor([i for i, r in enumerate(self.rows) if not r.done], dtype=torch.long,
+                                device=self.device)
+            for part in (self.target, self.drafter, self.schedule):
+                part.select(keep)
+            self.last = self.last[keep]
+            self.rows = [r for r in self.rows if not r.done]
+            self._resample()
+        return finished
+
+    def _caps(self) -> torch.Tensor:
+        """[B] the most drafts each row can take this round: the room left, minus the verified token,
+        within the drafter's context; rows with no room left are marked done."""
+        caps = []
+        for row in self.rows:
+            cap = row.room(self.target.context_limit) - 1
+            if self.drafter.context_limit is not None:
+                cap = min(cap, self.drafter.context_limit - len(row.request.ids) - len(row.tokens) + 1)
+            caps.append(max(0, cap))
+        return torch.tensor(caps, dtype=torch.long, device=self.device)
+
+    def _admitted(self, proposal: Proposal, limit: torch.Tensor, caps: torch.Tensor) -> Proposal:
+        """The drafts a round verifies: within each row's limit (or the drafter's free tokens), cut to its cap."""
+        allowed = limit.clamp_min(self.drafter.free_tokens)  # [B]
+        if proposal.lengths.shape != limit.shape or bool((proposal.lengths > allowed).any()):
+            if proposal.lengths.shape != limit.shape:
+                raise ValueError(f"the drafter proposed for {tuple(proposal.lengths.shape)} rows, not {len(self.rows)}")
+            i = int((proposal.lengths > allowed).nonzero()[0])
+            raise ValueError(f"the drafter proposed {int(proposal.lengths[i])} tokens for prompt "
+                             f"{self.rows[i].request.index} when asked for at most {int(allowed[i])}")
+        if proposal.k and not bool(((proposal.tokens >= 0) & (proposal.tokens < self.target.vocab_size)).all()):
+            raise ValueError(f"the drafter proposed token ids outside the target's vocabulary [0, {self.target.vocab_size})")
+        return proposal.cut(caps)
+
+    # -------------------------------------------------------------------------------------- rounds
+
+    def step(self) -> list[Row]:
+        """Admit waiting rows, run one round for the batch, let finished rows go; return those."""
+        finished = self._join() + self._leave()  # cancelled rows go before the round
+        if self.rows:
+            self._round()
+            finished += self._leave()
+        for row in finished:
+            row.stats.wall_time_s = time.perf_counter() - row.joined
+            row.stop_reason = row.stop_reason or MAX_NEW_TOKENS
+        return finished
+
+    def _round(self) -> None:
+        """One round for every row: propose -> verify -> accept -> commit."""
+        self.clock.new_round()
+        caps = self._caps()  # [B]
+        with self.events.phase(PROPOSE):
+            limit = torch.minimum(self.schedule.limits(len(self.rows), self.device), caps)  # [B]
+            proposal = self._admitted(self.drafter.propose(limit, self.sampler, self.schedule.stop), limit, caps)
+        with self.events.phase(VERIFY):
+            candidates = torch.cat([self.last[:, None], proposal.tokens], dim=1)  # [B, k+1]
+            scores = self.target.verify(candidates, proposal.lengths + 1)  # logits [B, k+1, V]
+        with self.events.phase(ACCEPT):
+            verdict = self.verifier(proposal, scores.logits, self.sampler)  # accepted [B], next_token [B]
+        with self.events.phase(COMMIT):
+            self.target.rollback(verdict.accepted + 1)
+            self.drafter.commit(verdict.accepted, verdict.next_token)
+            self.schedule.update(proposal, verdict)
+            self.last = verdict.next_token
+            committed = self._commit_rows(proposal, verdict)
+        self.events.round_ended(RoundSummary(len(self.rows), int(proposal.lengths.sum()), committed,
+                                             self.clock.round_seconds))
+
+    def _commit_rows(self, proposal: Proposal, verdict: Verdict) -> int:
+        """Append each row's accepted drafts and next token (up to its stops); record; tell listeners."""
+        drafts, lengths = proposal.drafts(), proposal.lengths.tolist()
+        accepted, next_tokens = verdict.accepted.tolist(), verdict.next_token.tolist()
+        committed = 0
+        for row, draft, drafted, n, nxt in zip(self.rows, drafts, lengths, accepted, next_tokens):
+            event = row.commit(draft[:n] + [nxt], _kinds(drafted, n), self.tokenizer)
+            row.stats.record_round(drafted, n, len(event.tokens))
+            row.stats.target_calls += 1
+            row.stats.drafter_calls += proposal.calls
+            row.stats.target_time_s += self.clock.round[VERIFY]
+            row.stats.drafter_time_s += self.clock.round[PROPOSE]
+            committed += len(event.tokens)
+            self.events.round_committed(event)
+            row.room(self.target.context_limit)  # marks a row that has reached its budget
+        s = self.stats
+        s.rounds += 1
+        s.row_rounds += len(self.rows)
+        s.max_rows = max(s.max_rows, len(self.rows))
+        s.drafted += sum(lengths)
+        s.accepted += sum(accepted)
+        s.new_tokens += committed
+        s.target_calls += 1
+        s.drafter_calls += proposal.calls
+        return committed
+
+    def run(self) -> None:
+        """Step until every submitted request is done."""
+        while self.busy:
+            self.step()
+
+    def batch_stats(self) -> BatchStats:
+        """The run's figures so far, times included."""
+        s, total = self.stats, self.clock.total
+        s.wall_time_s = time.perf_counter() - self.started
+        s.prefill_time_s = total[PREFILL] + total[DRAFT_PREFILL]
+        s.propose_time_s, s.verify_time_s = total[PROPOSE], total[VERIFY]
+        s.accept_time_s, s.commit_time_s = total[ACCEPT], total[COMMIT]
+        return s
+
+
+# ------------------------------------------------------------------------------------------ the API
+
+
+def _ids(prompt: object, where: str) -> list[int]:
+    """One prompt's token ids from a list of ints or an integer tensor [T] / [1, T]."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+            raise TypeError(f"{where} must hold integer token ids, got a {prompt.dtype} tensor")
+        if prompt.dim() == 2 and prompt.shape[0] == 1:
+            prompt = prompt[0]
+        if prompt.dim() != 1:
+            raise ValueError(f"{where} must have shape [T] or [1, T], got {list(prompt.shape)}")
+        return prompt.tolist()
+    try:
+        return [operator.index(t) for t in prompt]  # type: ignore[union-attr]
+    except TypeError as err:
+        raise TypeError(f"{where} must be a list of ints, a LongTensor or (with tokenizer=) a string") from err
+
+
+def _scalar(value: object) -> bool:
+    """Whether ``value`` is one token id (an int, or a 0-dim integer tensor) rather than a prompt."""
+    return not isinstance(value, (str, bytes, Sequence)) and (
+        not isinstance(value, torch.Tensor) or value.dim() == 0)
+
+
+def prompt_list(prompts: object, tokenizer: PreTrainedTokenizerBase | None) -> tuple[list[list[int]], bool]:
+    """``prompts`` -> (each prompt's ids, whether one prompt was given rather than a list).
+
+    One prompt: a list of ints, an integer tensor [T] or [1, T], or a string (with ``tokenizer``).
+    Several: a list of those (all strings or all ids), or an integer tensor [B, T] with B > 1."""
+    if isinstance(prompts, str):
+        return [_one(prompts, tokenizer, "the prompt")], True
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() < 2 or prompts.shape[0] == 1:
+            return [_one(prompts, tokenizer, "the prompt")], True
+        if prompts.dim() != 2:
+            raise ValueError(f"prompts must have shape [T], [1, T] or [B, T], got {list(prompts.shape)}")
+        return [_one(p, tokenizer, f"prompt {i}") for i, p in enumerate(prompts)], False
+    if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
+        raise TypeError(f"prompts must be token ids, a string, or a list of those, got {type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("the prompt is empty (no tokens, or an empty list of prompts): pass at least one prompt "
+                         "of at least one token (e.g. the tokenizer's bos token)")
+    if _scalar(prompts[0]):
+        return [_one(prompts, tokenizer, "the prompt")], True
+    if len({isinstance(p, str) for p in prompts}) > 1:
+        raise TypeError("the prompts mix strings and token ids: pass all strings (with tokenizer=) or all ids")
+    return [_one(p, tokenizer, f"prompt {i}") for i, p in enumerate(prompts)], False
+
+
+def _one(prompt: object, tokenizer: PreTrainedTokenizerBase | None, where: str) -> list[int]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise TypeError(f"{where} is a string: pass tokenizer= to encode it (or pass token ids)")
+        return list(tokenizer(prompt)["input_ids"])
+    return _ids(prompt, where)
+
+
+def build_requests(target: Target, prompts: object, *, max_new_tokens: int, sampling: SamplingConfig,
+                   stop_token_ids: int | Sequence[int] | None, stop_strings: str | Sequence[str] | None,
+                   tokenizer: PreTrainedTokenizerBase | None) -> tuple[list[Request], bool]:
+    """Validate the prompts and stops shared by both loops -> (one request per prompt, single prompt?).
+
+    A row's generator seed is ``sampling.seed + its index`` (None: each drawn from torch's global RNG)."""
+    rows, single = prompt_list(prompts, tokenizer)
+    for i, ids in enumerate(rows):
+        where = "the prompt" if single else f"prompt {i}"
+        if not ids:
+            raise ValueError(f"{where} is empty: pass at least one token (e.g. the tokenizer's bos token)")
+        lo, hi = min(ids), max(ids)
+        if lo < 0 or hi >= target.vocab_size:
+            raise ValueError(f"{where}'s token ids must lie in [0, {target.vocab_size}) (the target's vocabulary), "
+                             f"got {lo}..{hi}")
+        if target.context_limit is not None and len(ids) > target.context_limit:
+            raise ValueError(f"{where} has {len(ids)} tokens but the target's context holds "
+                             f"{target.context_limit}: shorten it")
+    if isinstance(stop_strings, str):
+        stop_strings = (stop_strings,)
+    stop_strings = tuple(stop_strings or ())
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings need the tokenizer to decode the output: pass tokenizer=")
+    if any(not isinstance(s, str) or not s for s in stop_strings):
+        raise ValueError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
+    if stop_token_ids is None:
+        stop_ids = frozenset(target.stop_token_ids())
+    else:
+        stop_ids = frozenset([stop_token_ids] if isinstance(stop_token_ids, int) else map(int, stop_token_ids))
+    requests = []
+    for i, ids in enumerate(rows):
+        seed = sampling.seed if sampling.seed is None else sampling.seed + i
+        requests.append(Request(ids, max_new_tokens, SamplingConfig(sampling.temperature, sampling.top_k,
+                                                                     sampling.top_p, seed),
+                                stop_ids, stop_strings, index=i))
+    return requests, single
+
+
+def _decode(target: Target, drafter: Drafter, schedule: Schedule, requests: list[Request], *, verify: VerifyConfig,
+            batch_size: int, tokenizer: PreTrainedTokenizerBase | None, on_round: OnRoundFn | None,
+            on_result: OnResultFn | None) -> list[GenerationResult]:
+    """Decode every request; results in input order, each with the run's batch figures (``on_result``
+    hears of each as its row finishes, with the figures so far)."""
+    decoder = Decoder(target, drafter, schedule, verify=verify, batch_size=batch_size, tokenizer=tokenizer,
+                      listeners=[OnRound(on_round)] if on_round else [])
+    rows = [decoder.submit(r) for r in requests]
+    with torch.inference_mode():
+        while decoder.busy:
+            for row in decoder.step():
+                if on_result is not None:
+                    on_result(row.result(decoder.batch_stats()))
+    batch = decoder.batch_stats()
+    return [row.result(batch) for row in rows]
 
 
 def speculative_generate(
-    target: PreTrainedModel,
+    target: PreTrainedModel | Target,
     drafter: object,
-    input_ids: object,
+    prompts: object,
     *,
     max_new_tokens: int,
     gamma: int = SpecConfig.gamma,
@@ -231,64 +458,43 @@ def speculative_generate(
     seed: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    on_round: OnRound | None = None,
-) -> GenerationResult:
-    """Generate with ``target``, drafting with ``drafter`` (a causal LM, "ngram", or a Drafter).
+    on_round: OnRoundFn | None = None,
+    on_result: OnResultFn | None = None,
+    verify: str | VerifyConfig | None = None,
+    batch_size: int = SpecConfig.batch_size,
+    speculate: str = SpecConfig.speculate,
+    schedule: Schedule | None = None,
+) -> GenerationResult | list[GenerationResult]:
+    """Generate with ``target``, drafting with ``drafter``, for one prompt or a list of prompts.
 
-    Returns the new tokens (equal to the target's own greedy decoding when ``temperature`` is 0,
-    distributed as its sampling otherwise), stats, and why generation stopped.
+    ``drafter``: a transformers causal LM, a drafter name ("ngram", "lookup+NAME", a shipped model
+    name or folder), a ``DrafterConfig`` or a ``Drafter``. ``prompts``: token ids, a string (with
+    ``tokenizer``), or a list of those; one prompt returns one ``GenerationResult``, a list returns
+    a list in the same order. Greedy output (``temperature`` 0) equals the target's own greedy
+    decoding of each prompt; sampled output is distributed as its sampling. ``verify`` names the
+    rule (None: exact when greedy, sampling otherwise); ``batch_size`` rows decode together;
+    ``speculate`` "on", "off" (plain decoding) or "auto" (measured per batch size); ``schedule``
+    overrides the constant ``gamma``. ``on_round`` hears each row's committed tokens as rounds end,
+    ``on_result`` each prompt's result as it finishes (in completion order).
     """
-    spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
+    spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    run = _Run.start(target, input_ids, max_new_tokens, sampling, stop_token_ids, stop_strings, tokenizer, on_round)
-    drafter = make_drafter(drafter, target, tokenizer)
-    rule, stats, prompt = rule_for(run.sampler), run.stats, run.prompt
-    draft_limit = getattr(drafter, "context_limit", None)
-    free_tokens = getattr(drafter, "free_tokens", 0)  # longest model-free draft it may propose (prompt lookup)
-    with torch.inference_mode():
-        cache = KVCache(target)
-        t0 = run.clock()
-        if prompt.shape[1] > 1:
-            cache.forward(prompt[:, :-1])
-            stats.target_calls += 1
-        t1 = run.clock()
-        stats.drafter_calls += drafter.prefill(prompt) or 0
-        stats.target_time_s, stats.drafter_time_s = t1 - t0, run.clock() - t1
-        last = prompt[:, -1:]  # [1, 1] the newest committed token, not yet in the target's cache
-        while (room := run.room()) > 0:
-            committed = prompt.shape[1] + len(run.tokens)
-            limit = room - 1  # drafts that fit with the token verification adds
-            if draft_limit is not None:
-                limit = max(0, min(limit, draft_limit - committed + 1))
-            k = min(spec.gamma, limit)
-            # propose
-            t0 = run.clock()
-            proposal = _admitted(drafter.propose(k, run.sampler), k, limit, free_tokens)
-            # verify
-            t1 = run.clock()
-            logits = cache.forward(torch.cat([last, proposal.tokens], dim=1), proposal.k + 1)  # [1, k+1, V]
-            check_finite(logits, "target")
-            # accept
-            verdict = rule(proposal.tokens, proposal.q, logits, run.sampler)
-            n, next_token, *drafts = torch.cat([verdict.n_accepted, verdict.next_token, proposal.tokens[0]]).tolist()
-            t2 = run.clock()
-            # commit: roll the target back to committed - 1 tokens, the drafter likewise
-            cache.crop_to(cache.length - proposal.k + n)
-            drafter.commit(n, next_token)
-            stats.target_calls += 1
-            stats.drafter_calls += proposal.calls
-            stats.target_time_s += t2 - t1
-            stats.drafter_time_s += t1 - t0 + run.clock() - t2
-            kinds = [ACCEPTED] * n + [TARGET if proposal.k == 0 else RECOVERED if n < proposal.k else BONUS]
-            if run.commit([*drafts[:n], next_token], kinds, drafted=proposal.k, accepted=n):
-                break
-            last = verdict.next_token[:, None]  # [1, 1]
-    return run.result()
+    verify = verify if isinstance(verify, VerifyConfig) else VerifyConfig(rule=verify)
+    handle = make_target(target)
+    requests, single = build_requests(handle, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                                      stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer)
+    rule_for(verify, sampling.greedy)  # refuses a rule that does not fit the temperature, before any work
+    chosen = NoDrafter() if spec.speculate == "off" else make_drafter(drafter, handle, tokenizer)
+    chosen.reset()  # a Drafter object passed in may hold the rows of an earlier call
+    results = _decode(handle, chosen, schedule or make_schedule(spec.gamma, spec.speculate), requests,
+                      verify=verify, batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round,
+                      on_result=on_result)
+    return results[0] if single else results
 
 
 def autoregressive_generate(
-    target: PreTrainedModel,
-    input_ids: object,
+    target: PreTrainedModel | Target,
+    prompts: object,
     *,
     max_new_tokens: int,
     temperature: float = SamplingConfig.temperature,
@@ -298,26 +504,16 @@ def autoregressive_generate(
     seed: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
-    on_round: OnRound | None = None,
-) -> GenerationResult:
-    """Plain decoding with the target alone: one forward per token, the baseline of every speedup."""
-    SpecConfig(max_new_tokens=max_new_tokens)  # validates max_new_tokens
+    on_round: OnRoundFn | None = None,
+    on_result: OnResultFn | None = None,
+    batch_size: int = SpecConfig.batch_size,
+) -> GenerationResult | list[GenerationResult]:
+    """Plain decoding with the target alone (the same loop, drafting nothing): one forward per token."""
+    spec = SpecConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    run = _Run.start(target, input_ids, max_new_tokens, sampling, stop_token_ids, stop_strings, tokenizer, on_round)
-    stats = run.stats
-    with torch.inference_mode():
-        cache = KVCache(target)
-        if run.room() <= 0:
-            return run.result()
-        t0 = run.clock()
-        logits = cache.forward(run.prompt)[:, -1]  # [1, V]
-        while True:
-            check_finite(logits, "target")
-            token = run.sampler.choose(logits)  # [1]
-            stats.target_calls += 1
-            stats.target_time_s += run.clock() - t0
-            if run.commit([token.item()], [TARGET], drafted=0, accepted=0) or run.room() <= 0:
-                break
-            t0 = run.clock()
-            logits = cache.forward(token[:, None])[:, -1]  # [1, V]
-    return run.result()
+    handle = make_target(target)
+    requests, single = build_requests(handle, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                                      stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer)
+    results = _decode(handle, NoDrafter(), make_schedule(1), requests, verify=VerifyConfig(),
+                      batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round, on_result=on_result)
+    return results[0] if single else results

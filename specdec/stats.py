@@ -8,8 +8,13 @@ recovered (at the first rejection) or bonus (all drafts accepted) token.
   1.0 = plain decoding; Spec-Bench / vLLM convention)
 
 For plain autoregressive decoding every token is one round with nothing drafted.
-The time split (``target_time_s``, ``drafter_time_s``) is measured around each model call; on
-CUDA the loop synchronizes at those points, so the split is accurate there too.
+
+A batch decodes several rows at once: each row has its own ``GenerationStats`` (its rounds, drafts,
+acceptance, and the time of the rounds it took part in, shared with the rows beside it), and the
+run has one ``BatchStats`` (rounds of the whole batch, forward passes, and where the wall time went:
+prefill, proposing (drafter forwards and drafting), verifying (the target's forward), and the rest,
+accepting and committing: the loop's bookkeeping). Times come from the loop's phase events
+(``specdec.events.PhaseClock``), synchronised on CUDA.
 """
 
 from __future__ import annotations
@@ -49,11 +54,12 @@ class GenerationStats:
     accepted: int = 0  # draft tokens accepted, all rounds
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds where draft i was accepted
     drafted_per_position: list[int] = field(default_factory=list)  # [i]: rounds that drafted a token at i
-    target_calls: int = 0  # forward passes of the target
-    drafter_calls: int = 0  # forward passes of the drafter (0 for model-free drafters)
-    wall_time_s: float = 0.0  # whole call, prefill included
-    target_time_s: float = 0.0  # time inside target forwards
-    drafter_time_s: float = 0.0  # time inside drafter proposals and catch-up
+    target_calls: int = 0  # forward passes of the target (shared with the rows batched beside this one)
+    drafter_calls: int = 0  # forward passes of the drafter (0 for model-free drafters; shared likewise)
+    wall_time_s: float = 0.0  # from joining the batch (prefill included) to finishing
+    target_time_s: float = 0.0  # time verifying (and prefilling the target) in this row's rounds
+    drafter_time_s: float = 0.0  # time proposing (and prefilling the drafter) in this row's rounds
+    lossless: bool = True  # whether the verification rule reproduces the target exactly
     records: list[RoundRecord] = field(default_factory=list)  # one per round
 
     def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
@@ -96,18 +102,68 @@ class GenerationStats:
         return d
 
 
+@dataclass
+class BatchStats:
+    """Counters of one batched run (every row of a generate call); times from the loop's phase events."""
+
+    rows: int = 0  # prompts decoded
+    rounds: int = 0  # rounds of the batch
+    row_rounds: int = 0  # rows summed over rounds (row_rounds / rounds = mean rows per round)
+    max_rows: int = 0  # most rows decoded together
+    new_tokens: int = 0  # tokens generated, all rows
+    drafted: int = 0  # draft tokens verified, all rows
+    accepted: int = 0  # draft tokens accepted, all rows
+    target_calls: int = 0  # forward passes of the target (a batch's forward counts once)
+    drafter_calls: int = 0  # forward passes of the drafter
+    wall_time_s: float = 0.0  # the whole call
+    prefill_time_s: float = 0.0  # prefilling both models as rows join
+    propose_time_s: float = 0.0  # proposing: drafter forwards and drafting
+    verify_time_s: float = 0.0  # the target's verification forwards
+    accept_time_s: float = 0.0  # applying the verification rule
+    commit_time_s: float = 0.0  # rolling caches back, stops, statistics, callbacks
+    lossless: bool = True  # every row's rule reproduces the target exactly
+
+    @property
+    def mean_rows(self) -> float:
+        """Rows per round, averaged over rounds."""
+        return self.row_rounds / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def bookkeeping_s(self) -> float:
+        """Wall time outside prefill, proposing and verifying: the loop's own work."""
+        return max(0.0, self.wall_time_s - self.prefill_time_s - self.propose_time_s - self.verify_time_s)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(mean_rows=self.mean_rows, acceptance_rate=self.acceptance_rate, tokens_per_s=self.tokens_per_s,
+                 bookkeeping_s=self.bookkeeping_s)
+        return d
+
+
 @dataclass(frozen=True)
 class RoundEvent:
-    """What one round committed, passed to ``on_round``; concatenated events == result tokens."""
+    """What one round committed for one row, passed to ``on_round``; a row's concatenated events ==
+    its result tokens."""
 
     tokens: list[int]  # newly committed token ids, in order (after stop truncation)
     kinds: list[str]  # one label per token: ACCEPTED / RECOVERED / BONUS / TARGET
+    row: int = 0  # index of the prompt in the call's input order
 
 
 @dataclass
 class GenerationResult:
-    """The output of ``speculative_generate`` / ``autoregressive_generate``."""
+    """The output of ``speculative_generate`` / ``autoregressive_generate`` for one prompt."""
 
     tokens: list[int]  # the new tokens only, prompt excluded
-    stats: GenerationStats  # counters and timings of the call
+    stats: GenerationStats  # counters and timings of this prompt
     stop_reason: str  # STOP_TOKEN / STOP_STRING / MAX_NEW_TOKENS / CONTEXT_LIMIT
+    batch: BatchStats | None = None  # the run's batch figures (shared by every prompt of the call)
+    index: int = 0  # position of the prompt in the call's input order

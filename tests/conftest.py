@@ -113,7 +113,8 @@ class ToyConfig(PretrainedConfig):
 
 
 class ToyLM(PreTrainedModel, GenerationMixin):
-    """logits_t = W tanh(e(x_t) + 3 * mean(e(x_<=t))): the prefix enters only through the KV cache."""
+    """logits_t = W tanh(e(x_t) + 3 * mean(e(x_<=t))): the prefix enters only through the KV cache; the
+    mean runs over the live slots of the attention mask (batches of ragged rows)."""
 
     config_class = ToyConfig
     base_model_prefix = "toy"
@@ -129,18 +130,20 @@ class ToyLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
-    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, **kwargs):
-        x = self.embed(input_ids)  # [1, n, H]
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, attention_mask=None,
+                **kwargs):
+        x = self.embed(input_ids)  # [B, n, H]
         n = x.shape[1]
         if past_key_values is not None:
-            keys, _ = past_key_values.update(x[:, None], x[:, None], 0)  # [1, 1, L, H]
-            ctx = keys[:, 0]  # [1, L, H]
+            keys, _ = past_key_values.update(x[:, None], x[:, None], 0)  # [B, 1, L, H]
+            ctx = keys[:, 0]  # [B, L, H]
         else:
             ctx = x
         length = ctx.shape[1]
-        counts = torch.arange(length - n + 1, length + 1, dtype=x.dtype)[:, None]  # [n, 1]
-        mean = ctx.cumsum(dim=1)[:, length - n :] / counts  # [1, n, H]
-        logits = self.lm_head(torch.tanh(x + 3 * mean))  # [1, n, V]
+        live = torch.ones(ctx.shape[:2]) if attention_mask is None else attention_mask.to(x.dtype)  # [B, L]
+        total = (ctx * live[..., None]).cumsum(dim=1)[:, length - n :]  # [B, n, H] over live slots only
+        counts = live.cumsum(dim=1)[:, length - n :, None].clamp_min(1)  # [B, n, 1]
+        logits = self.lm_head(torch.tanh(x + 3 * total / counts))  # [B, n, V]
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return CausalLMOutputWithPast(logits=logits, past_key_values=past_key_values)

@@ -269,3 +269,56 @@ def test_default_pair() -> None:
     assert (out["target"], out["drafter"]) == ("code-target", "lookup+code-drafter")
     assert out["stats"]["new_tokens"] > 0 and out["stats"]["drafted"] > 0
     assert out["stats"]["drafter_calls"] > 0  # the drafter model drafted where prompt lookup found nothing
+
+
+def test_prompts_file_prints_every_result_in_input_order(pair: TinyPair, models: dict, tmp_path: Path) -> None:
+    prompts = [PROMPT, "class Point:", "import os", "for i in range(10):", "def parse_args(argv):"]
+    plain = tmp_path / "prompts.txt"
+    plain.write_text("\n".join(prompts[:2]) + "\n\n" + "\n".join(prompts[2:]) + "\n")  # a blank line is skipped
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(prompts)))
+    tok = models["tokenizer"]
+    expected = [specdec.autoregressive_generate(models["target"], tok(p).input_ids, max_new_tokens=12).tokens
+                for p in prompts]
+    for path in (plain, jsonl):
+        proc = run_cli("generate", "--prompts-file", str(path), *pair_args(pair), "--max-new-tokens", "12",
+                       "--batch-size", "2", "--json")
+        assert proc.returncode == 0, proc.stderr
+        lines = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert [line["index"] for line in lines] == list(range(len(prompts)))
+        assert [line["prompt"] for line in lines] == prompts
+        assert [line["tokens"] for line in lines] == expected  # greedy: each equals the target alone
+        assert all(line["lossless"] and line["batch_size"] == 2 for line in lines)
+    proc = run_cli("generate", "--prompts-file", str(plain), *pair_args(pair), "--max-new-tokens", "12")
+    assert proc.returncode == 0, proc.stderr
+    headers = [line for line in proc.stdout.splitlines() if line.startswith("### prompt")]
+    assert headers == [f"### prompt {i}: {p}" for i, p in enumerate(prompts)]
+    assert "5 prompts, 60 new tokens" in proc.stderr and "bookkeeping" in proc.stderr
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "cannot read --prompts-file"),
+    ("", "holds no prompt"),
+    ('{"prompt": "a"}\nnot json\n', "line 2: not JSON"),
+    ('{"prompt": "a"}\n{"text": "b"}\n', 'line 2: no "prompt" string'),
+])
+def test_bad_prompts_files(pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture, content, needle) -> None:
+    path = tmp_path / "p.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert cli.main(["generate", "--prompts-file", str(path), *pair_args(pair)]) == 2
+    captured = capsys.readouterr()
+    assert needle in one_line(captured.err) and captured.out == ""
+
+
+def test_bad_batches_are_refused_before_any_output(pair: TinyPair, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "p.txt"
+    path.write_text("import os\n" + "x = 1 + " * 2000 + "\n")  # the second prompt outgrows the context
+    assert cli.main(["generate", "--prompts-file", str(path), *pair_args(pair), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert "prompt 1 has" in one_line(captured.err) and "context holds 8192" in captured.err
+    assert captured.out == ""
+    for size in ("0", "-2"):
+        assert cli.main(["generate", "--prompts-file", str(path), *pair_args(pair), "--batch-size", size]) == 2
+        assert "batch_size must be an int >= 1" in one_line(capsys.readouterr().err)

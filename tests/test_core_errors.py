@@ -35,13 +35,24 @@ def spec(pair, **overrides):
         ({"top_p": 0.0}, ValueError, r"top_p must be in \(0, 1\]"),
         ({"top_p": 1.5}, ValueError, "top_p"),
         ({"top_k": -1}, ValueError, "top_k must be an int >= 0"),
+        ({"batch_size": 0}, ValueError, "batch_size must be an int >= 1"),
+        ({"batch_size": -3}, ValueError, "batch_size must be an int >= 1"),
+        ({"speculate": "sometimes"}, ValueError, "speculate must be one of on, off, auto"),
+        ({"verify": "nope"}, ValueError, "unknown verification rule 'nope': use one of exact, sampling"),
+        ({"verify": "exact", "temperature": 0.7}, ValueError, r"'exact' is defined for temperature 0 \(greedy\) only"),
+        ({"verify": "sampling"}, ValueError, r"'sampling' is defined for temperature > 0 \(sampling\) only"),
         ({"prompt": []}, ValueError, "prompt is empty"),
-        ({"prompt": torch.zeros(2, 3, dtype=torch.long)}, ValueError, "batch size 1"),
+        ({"prompt": [[1, 2], []]}, ValueError, "prompt 1 is empty"),
+        ({"prompt": [[1, 2], "hi"]}, TypeError, "mix strings and token ids"),
+        ({"prompt": torch.zeros(2, 3, 4, dtype=torch.long)}, ValueError, r"shape \[T\], \[1, T\] or \[B, T\]"),
         ({"prompt": torch.zeros(3)}, TypeError, "integer token ids"),
-        ({"prompt": "hello"}, TypeError, "list of ints or a LongTensor"),
+        ({"prompt": "hello"}, TypeError, "the prompt is a string: pass tokenizer="),
         ({"prompt": [1, 2, 96]}, ValueError, r"must lie in \[0, 96\)"),
-        ({"prompt": list(range(3, 90)) * 3}, ValueError, "context holds 256: shorten it"),
+        ({"prompt": list(range(3, 90)) * 3}, ValueError, "the prompt has 261 tokens but the target's context holds 256"),
+        ({"prompt": [[1, 2], [3, 4], list(range(3, 90)) * 3]}, ValueError,
+         "prompt 2 has 261 tokens but the target's context holds 256: shorten it"),
         ({"drafter": "nope"}, ValueError, "unknown drafter 'nope'"),
+        ({"drafter": "lookup+"}, ValueError, "lookup\\+NAME needs a drafter model NAME"),
         ({"drafter": 42}, TypeError, "drafter must be"),
         ({"stop_strings": [""], "tokenizer": object()}, ValueError, "non-empty strings"),
     ],
@@ -71,32 +82,72 @@ def test_input_shapes_are_equivalent(pair):
 
 
 def test_vocabulary_mismatch_is_refused(pair):
-    target, _ = pair
+    half = build_tiny("llama", vocab_size=48, seed=2, layers=1)  # 48 of the target's 96: not padding
+    with pytest.raises(ValueError, match=r"drafter vocabulary \(48 tokens\) differs from the target's \(96\)"):
+        spec(pair, drafter=half)
     other = build_tiny("llama", vocab_size=1000, seed=2, layers=1)
     with pytest.raises(ValueError, match=r"drafter vocabulary \(1000 tokens\) differs from the target's \(96\)"):
         spec(pair, drafter=other)
-    other_bos = build_tiny("llama", seed=2, layers=1, bos_token_id=50)
-    with pytest.raises(ValueError, match="bos_token_id"):
-        spec(pair, drafter=other_bos)
-    small = build_tiny("llama", vocab_size=40, seed=2, layers=1)
-    tokenizer = char_tokenizer()  # 35 tokens
+    small = build_tiny("llama", vocab_size=42, seed=2, layers=1)
     big_tok = char_tokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN")  # 43 tokens
-    with pytest.raises(ValueError, match="tokenizer has 43 tokens but the drafter emits only 40"):
-        specdec.speculative_generate(target, small, [1, 2], max_new_tokens=2, tokenizer=big_tok)
-    assert len(specdec.speculative_generate(target, small, [1, 2], max_new_tokens=2, tokenizer=tokenizer,
-                                            stop_token_ids=[]).tokens) == 2
+    with pytest.raises(ValueError, match="tokenizer has 43 tokens but the drafter emits only 42"):
+        specdec.speculative_generate(build_tiny("llama", vocab_size=43, seed=0), small, [1, 2], max_new_tokens=2,
+                                     tokenizer=big_tok)
+
+
+def test_a_different_bos_is_only_a_warning():
+    """bos does not matter to decoding a given prompt: a GPT-2 target with a Llama drafter of the same
+    vocabulary and other special ids decodes exactly."""
+    target = build_tiny("gpt2", seed=0, bos_token_id=50, eos_token_id=50)
+    drafter = build_tiny("llama", seed=4, layers=1, bos_token_id=1)
+    with pytest.warns(UserWarning, match=r"different bos_token_id \(1 vs 50\)"):
+        res = specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=12, stop_token_ids=[])
+    assert res.tokens == specdec.autoregressive_generate(target, [3, 4, 5], max_new_tokens=12, stop_token_ids=[]).tokens
+
+
+def test_tokenizers_must_agree_on_shared_ids(tmp_path):
+    """Models saved with their tokenizers: the same tokenizer passes, another one of the same size is refused."""
+    target = build_tiny("llama", vocab_size=35, seed=0)
+    target.save_pretrained(tmp_path / "target")
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    for name, chars in (("same", "abcdefghijklmnopqrstuvwxyz .,!?\n"), ("other", "zyxwvutsrqponmlkjihgfedcba .,!?\n")):
+        drafter = build_tiny("llama", vocab_size=35, seed=1, layers=1)
+        drafter.save_pretrained(tmp_path / name)
+        char_tokenizer(chars).save_pretrained(tmp_path / name)
+    loaded = specdec.load_model(tmp_path / "target")
+    assert len(specdec.speculative_generate(loaded, str(tmp_path / "same"), [3, 4], max_new_tokens=3,
+                                            stop_token_ids=[]).tokens) == 3
+    with pytest.raises(ValueError, match=r"the drafter's tokenizer differs from the target's: id 3 is 'z'"):
+        specdec.speculative_generate(loaded, str(tmp_path / "other"), [3, 4], max_new_tokens=3)
+
+
+def test_models_no_target_handles_are_refused_by_class():
+    from transformers import BartConfig, BartForConditionalGeneration, LlamaModel
+
+    bart = BartForConditionalGeneration(BartConfig(vocab_size=96, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                   encoder_attention_heads=2, decoder_attention_heads=2,
+                                                   encoder_ffn_dim=32, decoder_ffn_dim=32)).eval()
+    with pytest.raises(TypeError, match="target BartForConditionalGeneration is an encoder-decoder model"):
+        specdec.speculative_generate(bart, "ngram", [3, 4], max_new_tokens=3)
+    with pytest.raises(TypeError, match="target BartForConditionalGeneration is an encoder-decoder model"):
+        specdec.autoregressive_generate(bart, [3, 4], max_new_tokens=3)
+    target = build_tiny("llama", seed=0)
+    with pytest.raises(TypeError, match="drafter BartForConditionalGeneration is an encoder-decoder model"):
+        specdec.speculative_generate(target, bart, [3, 4], max_new_tokens=3)
+    with pytest.raises(TypeError, match="target LlamaModel has no language-model head"):
+        specdec.speculative_generate(LlamaModel(target.config), "ngram", [3, 4], max_new_tokens=3)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_padded_drafter_vocabulary_is_fine_and_exact(pair, temperature):
-    """A drafter whose embedding is padded larger (or smaller) drafts in the target's vocabulary."""
-    target, _ = pair
-    for size in (128, 90):
+def test_padded_drafter_vocabulary_is_fine_and_exact(temperature):
+    """A drafter whose embedding is padded larger (or is a little smaller) drafts in the target's vocabulary."""
+    target = build_tiny("llama", vocab_size=1000, seed=0)
+    for size in (1024, 990):
         padded = build_tiny("llama", vocab_size=size, seed=0, layers=1)
         res = specdec.speculative_generate(target, padded, [1, 2, 3], max_new_tokens=12, temperature=temperature,
                                            seed=3, stop_token_ids=[])
         plain = specdec.speculative_generate(target, "ngram", [1, 2, 3], max_new_tokens=12, stop_token_ids=[])
-        assert all(t < 96 for t in res.tokens)
+        assert all(t < 1000 for t in res.tokens)
         if temperature == 0.0:
             assert res.tokens == plain.tokens
 
@@ -121,44 +172,54 @@ def test_drafter_on_another_device_is_refused(pair):
         spec(pair, drafter=elsewhere)
 
 
+class Fixed(specdec.Drafter):
+    """A custom drafter: proposes ``width`` ones per row, declaring ``free`` free tokens and ``calls`` forwards."""
+
+    def __init__(self, width: int, free: int = 0, calls: int = 0) -> None:
+        self.width, self.free_tokens, self.calls, self.rows = width, free, calls, 0
+
+    def prefill(self, prompts):
+        self.rows += prompts.size
+        return 0
+
+    def propose(self, limit, sampler, stop=None):
+        tokens = torch.ones(self.rows, self.width, dtype=torch.long)
+        return specdec.Proposal(tokens, torch.full((self.rows,), self.width), None, calls=self.calls)
+
+    def commit(self, accepted, next_token):
+        pass
+
+    def select(self, rows):
+        self.rows = len(rows)
+
+    def reset(self):
+        self.rows = 0
+
+
 def test_custom_drafter_proposing_too_much_is_refused(pair):
-    class Greedy:
-        def prefill(self, input_ids):
-            return 0
-
-        def propose(self, k, sampler):
-            return specdec.Proposal(torch.ones(1, k + 1, dtype=torch.long), None)
-
-        def commit(self, n_accepted, next_token):
-            pass
-
-    with pytest.raises(ValueError, match="proposed 3 tokens when asked for at most 2"):
-        spec(pair, drafter=Greedy(), gamma=2)
+    with pytest.raises(ValueError, match="proposed 3 tokens for prompt 0 when asked for at most 2"):
+        spec(pair, drafter=Fixed(3), gamma=2)
+    with pytest.raises(ValueError, match="proposed 2 tokens for prompt 1 when asked for at most 0"):
+        spec(pair, drafter=Fixed(2), prompt=[[1, 2, 3], [4, 5]], schedule=_PerRow([2, 0]))
 
 
-def test_free_tokens_allow_longer_model_free_drafts_only(pair):
-    """A drafter declaring free_tokens may copy more than gamma (q None, no forward), cut to the room
-    left; a proposal that cost a forward stays within gamma."""
+class _PerRow(specdec.Schedule):
+    """A schedule with a fixed limit per row."""
 
-    class Copier:
-        free_tokens = 5
-        calls = 0
+    def __init__(self, limits):
+        self.fixed = limits
 
-        def prefill(self, input_ids):
-            return 0
+    def limits(self, rows, device):
+        return torch.tensor(self.fixed[:rows])
 
-        def propose(self, k, sampler):
-            return specdec.Proposal(torch.ones(1, 5, dtype=torch.long), None, self.calls)
 
-        def commit(self, n_accepted, next_token):
-            pass
-
+def test_free_tokens_allow_longer_model_free_drafts(pair):
+    """A drafter declaring free_tokens may copy more than gamma, cut to the room left; beyond its free
+    tokens it is refused."""
     target, _ = pair
     reference = specdec.autoregressive_generate(target, [1, 2, 3], max_new_tokens=4, stop_token_ids=[]).tokens
-    res = spec(pair, drafter=Copier(), gamma=2, stop_token_ids=[])
+    res = spec(pair, drafter=Fixed(5, free=5), gamma=2, stop_token_ids=[])
     assert res.tokens == reference  # exactly 4 tokens: the 5 drafts were cut to the 3 that fit
     assert res.stats.records[0].drafted == 3
-    costly = Copier()
-    costly.calls = 1
-    with pytest.raises(ValueError, match="proposed 5 tokens when asked for at most 2"):
-        spec(pair, drafter=costly, gamma=2)
+    with pytest.raises(ValueError, match="proposed 5 tokens for prompt 0 when asked for at most 4"):
+        spec(pair, drafter=Fixed(5, free=4), gamma=2)

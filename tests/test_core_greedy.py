@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec
+from specdec.batch import PromptBatch
 
 PAIRS: dict[str, tuple] = {}
 
@@ -38,7 +39,7 @@ prompts = st.lists(st.integers(3, 95), min_size=1, max_size=12)
 def test_greedy_equals_target_generate(arch, prompt, gamma, which):
     target, agree, wild = pair(arch)
     drafter = {"agree": agree, "wild": wild, "self": target, "ngram": "ngram",
-               "lookup+agree": specdec.LookupModelDrafter(agree), "lookup+wild": specdec.LookupModelDrafter(wild)}[which]
+               "lookup+agree": specdec.LookupDrafter(agree), "lookup+wild": specdec.LookupDrafter(wild)}[which]
     reference = hf_greedy(target, prompt, 24, [])
     res = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=24, gamma=gamma, stop_token_ids=[])
     assert_same_greedy(target, prompt, res.tokens, reference)
@@ -148,27 +149,30 @@ def test_lookup_then_model_uses_both_drafters_and_stays_exact():
     target, agree, _ = pair("llama")
     prompt = [5, 17, 33, 5, 17, 33, 5, 17, 40, 41, 42]
     reference = hf_greedy(target, prompt, 40, [])
-    res = specdec.speculative_generate(target, specdec.LookupModelDrafter(agree), prompt, max_new_tokens=40,
+    res = specdec.speculative_generate(target, specdec.LookupDrafter(agree), prompt, max_new_tokens=40,
                                        gamma=4, stop_token_ids=[])
     assert_same_greedy(target, prompt, res.tokens, reference)
     assert 0 < res.stats.drafter_calls < res.stats.drafted  # model rounds cost calls, lookup rounds none
 
 
 def test_prompt_lookup_copies_the_latest_earlier_occurrence():
-    """The continuation of the latest earlier match, num_tokens long whatever k is (None: k)."""
-    tokens = torch.tensor([[1, 2, 5, 6, 1, 2, 7, 8, 9, 1, 2]])
+    """The continuation of the latest earlier match, num_tokens long whatever the limit is (None: the
+    limit); rows of a batch look up in their own text."""
+    tokens = [1, 2, 5, 6, 1, 2, 7, 8, 9, 1, 2]
     free = specdec.NgramDrafter(specdec.NgramConfig(min_ngram=2, num_tokens=3))
-    free.prefill(tokens)
+    free.prefill(PromptBatch.from_lists([tokens], "cpu"))
     assert free.free_tokens == 3
-    assert free.propose(1, None).tokens.tolist() == [[7, 8, 9]]  # not [5, 6, 1] after the first "1 2"
+    assert free.propose(torch.tensor([1]), None).tokens.tolist() == [[7, 8, 9]]  # not [5, 6, 1] after the first "1 2"
     plain = specdec.NgramDrafter()
-    plain.prefill(tokens)
-    assert plain.free_tokens == 0 and plain.propose(2, None).tokens.tolist() == [[7, 8]]
-    plain.commit(0, 4)  # ... 1 2 4: "2 4" and "4" never occurred before
-    assert plain.propose(2, None).k == 0
+    plain.prefill(PromptBatch.from_lists([tokens, [4, 5, 4]], "cpu"))
+    proposal = plain.propose(torch.tensor([2, 2]), None)
+    assert plain.free_tokens == 0 and proposal.drafts() == [[7, 8], [5, 4]]
+    plain.commit(torch.tensor([0, 2]), torch.tensor([4, 5]))  # ... 1 2 4: "2 4" and "4" never occurred before
+    assert plain.propose(torch.tensor([2, 2]), None).drafts() == [[], [4, 5]]  # row 1: 4 5 4 5 4 5
+    assert plain.propose(torch.tensor([2, 0]), None).drafts() == [[], []]  # a limit of 0 proposes nothing
     loop = specdec.NgramDrafter(specdec.NgramConfig(num_tokens=7))
-    loop.prefill(torch.tensor([[9, 3, 4, 3, 4]]))  # "3 4" last seen 2 tokens back: the copy runs into the end
-    assert loop.propose(1, None).tokens.tolist() == [[3, 4, 3, 4, 3, 4, 3]]  # and goes on copying itself
+    loop.prefill(PromptBatch.from_lists([[9, 3, 4, 3, 4]], "cpu"))  # "3 4" last seen 2 tokens back: the copy runs into the end
+    assert loop.propose(torch.tensor([1]), None).tokens.tolist() == [[3, 4, 3, 4, 3, 4, 3]]  # and goes on copying itself
 
 
 def test_lookup_copies_beyond_gamma_and_ends_at_max_new_tokens():
@@ -179,7 +183,7 @@ def test_lookup_copies_beyond_gamma_and_ends_at_max_new_tokens():
     prompt = base + hf_greedy(target, base, 16, []) + base
     for max_new in (7, 30):
         reference = hf_greedy(target, prompt, max_new, [])
-        res = specdec.speculative_generate(target, specdec.LookupModelDrafter(agree), prompt,
+        res = specdec.speculative_generate(target, specdec.LookupDrafter(agree), prompt,
                                            max_new_tokens=max_new, gamma=2, stop_token_ids=[])
         assert_same_greedy(target, prompt, res.tokens, reference)
         assert len(res.tokens) == max_new

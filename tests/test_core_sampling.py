@@ -21,8 +21,15 @@ from scipy.stats import chisquare
 
 import specdec
 from specdec.acceptance import Verdict, speculative_sampling
-from specdec.config import SamplingConfig
+from specdec.config import SamplingConfig, VerifyConfig
+from specdec.drafters import Proposal
 from specdec.sampling import Sampler
+
+
+def verify(draft: torch.Tensor, q: torch.Tensor | None, logits: torch.Tensor, sampler: Sampler) -> Verdict:
+    """The sampling rule on full-length drafts [B, k]."""
+    lengths = torch.full((draft.shape[0],), draft.shape[1], dtype=torch.long)
+    return speculative_sampling(Proposal(draft, lengths, q), logits, sampler, VerifyConfig())
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 5, 0.85)]  # (temperature, top_k, top_p)
 P_MIN = 1e-3  # fixed seeds make these deterministic; a lossy rule lands far below
@@ -79,12 +86,12 @@ def test_rule_first_token_is_distributed_as_p(setting, deterministic):
     else:
         q = q_one.expand(batch, k, vocab)
         draft = torch.multinomial(q_one, batch, replacement=True, generator=gen).T  # [B, k]
-    verdict = speculative_sampling(draft, q, target_logits.expand(batch, k + 1, vocab), sampler)
-    first = torch.where(verdict.n_accepted > 0, draft[:, 0], verdict.next_token)  # [B]
+    verdict = verify(draft, q, target_logits.expand(batch, k + 1, vocab), sampler)
+    first = torch.where(verdict.accepted > 0, draft[:, 0], verdict.next_token)  # [B]
     counts = torch.bincount(first, minlength=vocab).numpy()
     exact = reference_probs(target_logits[0], temperature, top_k, top_p).numpy()
     assert chi2_pvalue(counts, exact) > P_MIN
-    assert 0 < verdict.n_accepted.float().mean() < k  # both acceptances and rejections happen
+    assert 0 < verdict.accepted.float().mean() < k  # both acceptances and rejections happen
 
 
 def test_rule_with_a_wrong_residual_is_caught():
@@ -95,13 +102,13 @@ def test_rule_with_a_wrong_residual_is_caught():
     logits = torch.randn(2, vocab, generator=gen) * 2
     q_one = torch.softmax(torch.randn(1, vocab, generator=gen) * 2, -1)
     draft = torch.multinomial(q_one, batch, replacement=True, generator=gen).T  # [B, 1]
-    good = speculative_sampling(draft, q_one.expand(batch, 1, vocab), logits.expand(batch, 2, vocab), sampler)
+    good = verify(draft, q_one.expand(batch, 1, vocab), logits.expand(batch, 2, vocab), sampler)
     p = sampler.probs(logits[0])
     wrong_next = torch.multinomial(p.expand(batch, vocab), 1, generator=gen).squeeze(-1)
-    bad = Verdict(good.n_accepted, wrong_next)
+    bad = Verdict(good.accepted, wrong_next)
     exact = reference_probs(logits[0], 1.0, 0, 1.0).numpy()
     for verdict, ok in ((good, True), (bad, False)):
-        first = torch.where(verdict.n_accepted > 0, draft[:, 0], verdict.next_token)
+        first = torch.where(verdict.accepted > 0, draft[:, 0], verdict.next_token)
         assert (chi2_pvalue(torch.bincount(first, minlength=vocab).numpy(), exact) > P_MIN) == ok
 
 
@@ -135,7 +142,7 @@ def test_end_to_end_distribution_matches_target_sampling(setting, drafter_kind):
     toy = build_toy(vocab_size=8, seed=1, scale=0.8)
     # lookup+model: 1-token matches, so that lookup fires in this tiny vocabulary, and drafts of up to 3
     # copied tokens, more than gamma and more than the room left (cut by the round)
-    lookup = specdec.LookupModelDrafter(toy, specdec.NgramConfig(min_ngram=1, num_tokens=3))
+    lookup = specdec.LookupDrafter(toy, specdec.NgramConfig(min_ngram=1, num_tokens=3))
     drafter = {"model": toy, "ngram": "ngram", "lookup+model": lookup}[drafter_kind]
     # lookup+model: the prompt's last token is new, so round 1 is the model's and later rounds mix
     prompt = [3, 4, 3, 6] if drafter_kind == "lookup+model" else TOY_PROMPT
@@ -178,7 +185,7 @@ def test_plain_loop_distribution_matches_target_sampling():
 def test_same_seed_same_tokens(drafter_kind):
     target = build_tiny("llama", seed=0)
     small = build_tiny("llama", seed=3, layers=1)
-    drafter = {"model": small, "ngram": "ngram", "lookup+model": specdec.LookupModelDrafter(small)}[drafter_kind]
+    drafter = {"model": small, "ngram": "ngram", "lookup+model": specdec.LookupDrafter(small)}[drafter_kind]
     kwargs = {"max_new_tokens": 30, "gamma": 3, "temperature": 0.9, "top_k": 20, "top_p": 0.95, "stop_token_ids": []}
     runs = [specdec.speculative_generate(target, drafter, [1, 5, 6, 1, 5], seed=s, **kwargs).tokens
             for s in (7, 7, 8)]

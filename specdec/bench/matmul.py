@@ -29,7 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from specdec.cache import KVCache
+from specdec.cache import RaggedCache
 from specdec.loading import load_model
 
 
@@ -78,21 +78,22 @@ def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int, contex
     names = ("forward", "forward, W @ x.T", "linear", "W @ x.T")
     times: dict[int, dict[str, list[float]]] = {q: {name: [] for name in names} for q in lengths}
     with torch.inference_mode():
-        cache = KVCache(model)
+        cache = RaggedCache(model, 1)
         cache.forward(prompt[:, :context])
+        keep = torch.tensor([context])
         for _ in range(repeats + 2):  # the first two rounds warm up and are dropped below
             for q in lengths:
                 x = {m.in_features: torch.randn(q, m.in_features, dtype=m.weight.dtype) for m in linears}
                 new = prompt[:, context : context + q]
                 started = time.perf_counter()
-                cache.forward(new, q)
+                cache.forward(new, None, q)
                 _timed(times[q]["forward"], started)
-                cache.crop_to(context)
+                cache.keep(keep)
                 with gemm_layout(model):
                     started = time.perf_counter()
-                    cache.forward(new, q)
+                    cache.forward(new, None, q)
                     _timed(times[q]["forward, W @ x.T"], started)
-                    cache.crop_to(context)
+                    cache.keep(keep)
                 started = time.perf_counter()
                 for m in linears:
                     torch.nn.functional.linear(x[m.in_features], m.weight)

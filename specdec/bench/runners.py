@@ -12,7 +12,7 @@ Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assiste
 - ``spec@<label>``: the same with another drafter model (``--compare``), so drafters are compared
   in one run, prompt by prompt (:func:`compared_runners`).
 - ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
-- ``spec-lookup``: ours with ``LookupModelDrafter``: prompt lookup first (up to 12 copied tokens),
+- ``spec-lookup``: ours with ``LookupDrafter``: prompt lookup first (up to 12 copied tokens),
   the drafter model (gamma tokens) when lookup finds nothing; no theoretical speedup (no fixed gamma).
 - ``hf-assisted``: ``generate(assistant_model=drafter)`` with our gamma as a constant schedule
   (``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"``, the confidence
@@ -40,8 +40,11 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec.bench.measure import ForwardMeter
+from specdec.config import LOOKUP, DrafterConfig
+from specdec.drafters import Drafter, make_drafter
 from specdec.drafters.hybrid import LOOKUP_NGRAM
 from specdec.stats import GenerationStats
+from specdec.target import make_target
 
 
 @dataclass(frozen=True)
@@ -245,10 +248,11 @@ class Speculative:
         # lookup+model drafts up to LOOKUP_NGRAM.num_tokens copied tokens or gamma from the model: no fixed gamma
         self.cost = {"model": DrafterCost.MODEL_STEP, "ngram": DrafterCost.MEASURED_DRAFT}.get(kind, DrafterCost.NONE)
 
-    def _drafter(self, models: BenchModels) -> object:
-        if self.kind == "lookup+model":
-            return specdec.LookupModelDrafter(models.drafter)
-        return models.drafter_for(self) if self.kind == "model" else "ngram"
+    def _drafter(self, models: BenchModels) -> Drafter:
+        """The drafter of this method, from the one factory (the loaded drafter model stands for its name)."""
+        name = {"model": "model", "ngram": "ngram", "lookup+model": f"{LOOKUP}model"}[self.kind]
+        target = make_target(models.target)
+        return make_drafter(DrafterConfig(name), target, loader=lambda _: models.drafter_for(self))
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
         assert setting.gamma is not None

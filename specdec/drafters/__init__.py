@@ -1,51 +1,126 @@
-"""Drafters behind one protocol, and a registry of the model-free ones by name.
+"""Drafters behind one base class, and the one factory that builds them from what a user names.
 
-``make_drafter`` turns what the user passed into a ``Drafter``: a registered name ("ngram"), a
-``transformers`` causal LM (wrapped in ``ModelDrafter`` and checked against the target), or any
-object implementing the protocol (used as is). New drafters register with ``register_drafter``.
+``make_drafter`` turns what the API, the CLI, the chat or the bench was given into a ready
+``Drafter`` for a target:
+
+- a ``Drafter`` object: checked against the target (``align``) and used as is;
+- a transformers model: wrapped by the first entry of ``MODEL_DRAFTERS`` that accepts it (a causal
+  LM: ``ModelDrafter``) and checked against the target (vocabulary, device);
+- a name or a ``DrafterConfig``: a registered model-free drafter ("ngram"), a model to load (a
+  shipped name or a folder, through ``loader``: by default ``load_model`` on the target's device
+  and dtype; callers that keep models pass their own, which decides what a name means), or "lookup+NAME": prompt lookup first and
+  the drafter NAME when lookup finds nothing (``LookupDrafter``).
+
+New drafters register with ``register_drafter`` (by name) or ``register_model_drafter`` (by the
+kind of model they wrap).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.drafters.base import Drafter, Proposal
-from specdec.drafters.hybrid import LookupModelDrafter
+from specdec.config import LOOKUP, DrafterConfig
+from specdec.drafters.base import Drafter, FollowingDrafter, NoDrafter, Proposal, StopRule
+from specdec.drafters.hybrid import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 
-# name -> factory taking no arguments; used when ``drafter`` is a string
+# name -> factory taking no arguments: the model-free drafters a name selects
 DRAFTERS: dict[str, Callable[[], Drafter]] = {"ngram": NgramDrafter}
+# (accepts a model?, wraps it) in the order tried: which Drafter drafts with a given kind of model
+MODEL_DRAFTERS: list[tuple[Callable[[PreTrainedModel], bool], Callable[[PreTrainedModel], Drafter]]] = []
+
+Loader = Callable[[str], PreTrainedModel]
 
 
 def register_drafter(name: str, factory: Callable[[], Drafter]) -> None:
-    """Make ``speculative_generate(target, name, ...)`` use ``factory()``."""
+    """Make the drafter name ``name`` build ``factory()``."""
     DRAFTERS[name] = factory
 
 
-def make_drafter(
-    drafter: object, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None
-) -> Drafter:
-    """A ready drafter for ``target`` from a name, a causal LM or a protocol object."""
-    if isinstance(drafter, str):
-        if drafter not in DRAFTERS:
-            raise ValueError(
-                f"unknown drafter {drafter!r}: use one of {', '.join(sorted(DRAFTERS))}, "
-                "a transformers causal LM, or an object with prefill/propose/commit"
-            )
-        return DRAFTERS[drafter]()
-    if isinstance(drafter, PreTrainedModel):
-        return ModelDrafter(drafter).align(target, tokenizer)
-    if isinstance(drafter, (ModelDrafter, LookupModelDrafter)):
-        return drafter.align(target, tokenizer)
+def register_model_drafter(accepts: Callable[[PreTrainedModel], bool], wrap: Callable[[PreTrainedModel], Drafter]) -> None:
+    """Let models that ``accepts`` draft through ``wrap(model)``; tried before earlier entries."""
+    MODEL_DRAFTERS.insert(0, (accepts, wrap))
+
+
+def _causal_lm(model: PreTrainedModel) -> bool:
+    return not getattr(model.config, "is_encoder_decoder", False) and model.get_output_embeddings() is not None
+
+
+register_model_drafter(_causal_lm, ModelDrafter)
+
+
+def model_drafter(model: PreTrainedModel) -> Drafter:
+    """The drafter that drafts with ``model``; a clear error for a kind of model none handles."""
+    for accepts, wrap in MODEL_DRAFTERS:
+        if accepts(model):
+            return wrap(model)
+    kind = "an encoder-decoder model" if getattr(model.config, "is_encoder_decoder", False) else "a model"
+    raise TypeError(f"drafter {type(model).__name__} is {kind} that no drafter handles: draft with a causal LM "
+                    "(with its language-model head: load it with AutoModelForCausalLM or specdec.load_model)")
+
+
+def _check_name(name: str) -> None:
+    """Refuse a name that is neither registered nor a shipped model nor an existing folder."""
+    from specdec.loading import SHIPPED_MODELS
+
+    if name not in DRAFTERS and name not in SHIPPED_MODELS and not Path(name).expanduser().exists():
+        raise ValueError(
+            f"unknown drafter {name!r}: use {', '.join(sorted(DRAFTERS))}, lookup+NAME, a shipped model "
+            f"({', '.join(SHIPPED_MODELS)}) or a model folder"
+        )
+
+
+def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | None = None,
+                 loader: Loader | None = None) -> Drafter:
+    """A ready drafter for ``target`` (a ``Target``) from a Drafter, a model, a name or a DrafterConfig."""
     if isinstance(drafter, Drafter):
-        return drafter
-    raise TypeError(
-        f"drafter must be a transformers causal LM, a drafter name ({', '.join(sorted(DRAFTERS))}) or an "
-        f"object with prefill/propose/commit methods, got {type(drafter).__name__}"
-    )
+        return drafter.align(target, tokenizer)
+    if isinstance(drafter, PreTrainedModel):
+        return model_drafter(drafter).align(target, tokenizer)
+    if isinstance(drafter, str):
+        drafter = DrafterConfig(drafter)
+    if not isinstance(drafter, DrafterConfig):
+        raise TypeError(
+            f"drafter must be a transformers model, a drafter name ({', '.join(sorted(DRAFTERS))}, lookup+NAME, a "
+            f"model name or folder), a DrafterConfig or a Drafter, got {type(drafter).__name__}"
+        )
+    if drafter.name in DRAFTERS:
+        return DRAFTERS[drafter.name]().align(target, tokenizer)
+    name = drafter.model
+    assert name is not None
+    if loader is None:
+        from specdec.loading import load_model
+
+        _check_name(name)
+
+        def loader(path: str) -> PreTrainedModel:
+            return load_model(path, device=target.device, dtype=target.model.dtype)
+
+    inner = make_drafter(loader(name), target, tokenizer)
+    if not drafter.name.startswith(LOOKUP):
+        return inner
+    if not isinstance(inner, FollowingDrafter):
+        raise TypeError(f"lookup+{name}: the drafter {name!r} cannot follow tokens that lookup drafted")
+    return LookupDrafter(inner)
 
 
-__all__ = ["DRAFTERS", "Drafter", "LookupModelDrafter", "ModelDrafter", "NgramDrafter", "Proposal", "make_drafter", "register_drafter"]
+__all__ = [
+    "DRAFTERS",
+    "MODEL_DRAFTERS",
+    "Drafter",
+    "FollowingDrafter",
+    "LookupDrafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "NoDrafter",
+    "Proposal",
+    "StopRule",
+    "make_drafter",
+    "model_drafter",
+    "register_drafter",
+    "register_model_drafter",
+]

@@ -1,60 +1,168 @@
-"""The Drafter protocol: anything that proposes tokens for the target to verify.
+"""The Drafter contract: anything that proposes tokens for the target to verify, for a batch of rows.
 
-A drafter follows the committed sequence through three calls per generation:
+A drafter follows each row's committed sequence through these calls:
 
-- ``prefill(input_ids)`` once, with the prompt ``[1, T]``;
-- ``propose(k, sampler) -> Proposal`` at the start of each round: up to ``k`` draft tokens that
-  continue the committed sequence, with their probabilities ``q`` (or ``None`` for a
-  deterministic drafter, which verification treats as one-hot: Leviathan et al. 2023, sec. 2.3);
-- ``commit(n_accepted, next_token)`` at the end of each round: the first ``n_accepted`` drafts
-  were kept and ``next_token`` (recovered or bonus) follows them. The drafter rolls its own
-  state (e.g. its KV cache) back here.
+- ``prefill(prompts)`` when rows join the batch (a ``PromptBatch``; the new rows come after the
+  existing ones); returns the forward passes it spent;
+- ``propose(limit [B], sampler, stop) -> Proposal`` at the start of each round: for each row ``b``
+  up to ``limit[b]`` draft tokens continuing its committed sequence, with their probabilities ``q``
+  (or ``None`` for a deterministic drafter, which verification treats as one-hot: Leviathan et al.
+  2023, sec. 2.3). ``stop`` (a schedule's within-round rule, e.g. SpecDec++'s acceptance head) is
+  asked after each drafted position which rows stop there;
+- ``commit(accepted [B], next_token [B])`` at the end of each round: row ``b`` kept its first
+  ``accepted[b]`` drafts and ``next_token[b]`` (recovered or bonus) follows them. The drafter rolls
+  its own state (e.g. its KV cache) back here;
+- ``select(rows)`` when rows leave the batch (finished rows cost nothing more); ``reset()`` drops
+  every row.
 
-Drafters may return fewer than ``k`` tokens, including none. A drafter whose drafts sometimes cost
-no forward (prompt lookup) may declare ``free_tokens``: such a proposal (``q`` None, ``calls`` 0)
-may then hold up to that many tokens, more than ``k``; the round verifies what fits before
+Drafters may return fewer than ``limit`` tokens for a row, including none. A drafter whose drafts
+sometimes cost no forward (prompt lookup) declares ``free_tokens``: a row's proposal may then hold
+up to that many tokens, more than ``limit``; the round verifies what fits before
 ``max_new_tokens`` and the context, and ``commit`` treats the rest as rejected. Drafters own no
-sampling policy: the ``Sampler`` passed to ``propose`` carries the warpers and the generator, so
-that q is shaped exactly like p.
+sampling policy: the ``Sampler`` passed to ``propose`` carries each row's warpers and generator, so
+that q is shaped exactly like p. ``context_limit`` is the longest sequence the drafter can hold
+(None: unbounded); ``returns_hidden`` says whether it fills ``Proposal.hidden`` when a stop rule
+asks for hidden states.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
+    from specdec.batch import PromptBatch
     from specdec.sampling import Sampler
+    from specdec.target import Target
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """Draft tokens of one round."""
+    """Draft tokens of one round, per row."""
 
-    tokens: torch.Tensor  # [1, k] long, the drafted continuation (k may be 0)
-    q: torch.Tensor | None  # [1, k, V] drafter probabilities of each position, or None = one-hot
+    tokens: torch.Tensor  # [B, k] long; row b's drafts are tokens[b, :lengths[b]], the rest is padding
+    lengths: torch.Tensor  # [B] long, drafts per row (0 <= lengths <= k)
+    q: torch.Tensor | None = None  # [B, k, V] drafter probabilities per position, or None = one-hot
+    hidden: torch.Tensor | None = None  # [B, k, H] the drafter's last hidden state behind each draft, if asked
     calls: int = 0  # drafter forward passes spent on this proposal (0 for model-free drafters)
 
     @property
     def k(self) -> int:
-        """Number of drafted tokens."""
+        """Width of the proposal (the longest row's drafts)."""
         return self.tokens.shape[1]
 
+    @classmethod
+    def empty(cls, rows: int, device: torch.device | str) -> Proposal:
+        """No drafts for any row."""
+        return cls(torch.zeros(rows, 0, dtype=torch.long, device=device),
+                   torch.zeros(rows, dtype=torch.long, device=device))
 
-@runtime_checkable
-class Drafter(Protocol):
-    """What the round loop needs from a drafter (see module docstring)."""
+    def select(self, rows: torch.Tensor) -> Proposal:
+        """The proposal of the rows ``rows`` [B']."""
+        pick = (lambda t: None if t is None else t[rows])
+        return replace(self, tokens=self.tokens[rows], lengths=self.lengths[rows], q=pick(self.q),
+                       hidden=pick(self.hidden))
 
-    def prefill(self, input_ids: torch.Tensor) -> None:
-        """Start a generation from the prompt ``input_ids`` [1, T]."""
+    def cut(self, lengths: torch.Tensor) -> Proposal:
+        """The same drafts cut to at most ``lengths`` [B] per row (and the width to the longest)."""
+        lengths = torch.minimum(self.lengths, lengths)
+        width = int(lengths.max()) if lengths.numel() else 0
+        trim = (lambda t: None if t is None else t[:, :width])
+        return replace(self, tokens=self.tokens[:, :width], lengths=lengths, q=trim(self.q), hidden=trim(self.hidden))
+
+    def drafts(self) -> list[list[int]]:
+        """Each row's drafts as a list (the edge where Python state, like prompt lookup's, reads them)."""
+        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
+
+
+class StopRule(Protocol):
+    """A schedule's within-round stop: after drafting ``position`` (0-based), which rows stop there."""
+
+    needs_hidden: bool  # whether it reads the drafter's hidden state (the drafter must return it)
+
+    def __call__(self, position: int, logits: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
+        """logits [B, V] and hidden [B, H] behind the draft at ``position`` -> [B] bool (True: stop)."""
         ...
 
-    def propose(self, k: int, sampler: Sampler) -> Proposal:
-        """Draft up to ``k`` tokens continuing the committed sequence."""
-        ...
 
-    def commit(self, n_accepted: int, next_token: int) -> None:
-        """Keep the first ``n_accepted`` drafts, then ``next_token``; roll back the rest."""
-        ...
+def committed_tokens(drafts: list[list[int]], accepted: torch.Tensor, next_token: torch.Tensor) -> list[list[int]]:
+    """Each row's tokens committed by a round: its accepted drafts, then the recovered or bonus token."""
+    return [row[:n] + [t] for row, n, t in zip(drafts, accepted.tolist(), next_token.tolist())]
+
+
+class Drafter(ABC):
+    """What the round loop needs from a drafter (see the module docstring)."""
+
+    context_limit: int | None = None  # longest sequence the drafter can hold; None = unbounded
+    free_tokens: int = 0  # longest model-free draft of a row, past its limit (prompt lookup); 0 = none
+    returns_hidden: bool = False  # whether it can fill Proposal.hidden (for stop rules that read it)
+
+    def align(self, target: Target, tokenizer: object | None = None) -> Drafter:
+        """Check the drafter against ``target`` (vocabulary, device) before decoding; returns itself."""
+        return self
+
+    @abstractmethod
+    def prefill(self, prompts: PromptBatch) -> int:
+        """Add the rows of ``prompts`` after the current ones; return the forward passes spent."""
+
+    @abstractmethod
+    def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
+        """Draft up to ``limit[b]`` tokens for each row ``b`` (``limit`` [B] long)."""
+
+    @abstractmethod
+    def commit(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
+        """Row b keeps its first ``accepted[b]`` drafts, then ``next_token[b]``; roll back the rest."""
+
+    @abstractmethod
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` [B'] (in that order)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop every row."""
+
+
+class FollowingDrafter(Drafter):
+    """A drafter that can also follow tokens committed from another drafter's proposal (for composition).
+
+    ``follow(tokens)`` appends each row's newly committed tokens; ``commit`` is ``follow`` of the
+    drafter's own accepted drafts and the next token."""
+
+    @abstractmethod
+    def follow(self, tokens: list[list[int]]) -> None:
+        """Append ``tokens[b]``, the tokens row ``b`` committed this round (whoever drafted them)."""
+
+    @abstractmethod
+    def last_drafts(self) -> list[list[int]]:
+        """Each row's drafts in the last proposal."""
+
+    def commit(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
+        self.follow(committed_tokens(self.last_drafts(), accepted, next_token))
+
+
+class NoDrafter(Drafter):
+    """Drafts nothing: the round loop then decodes plainly, one target forward per token."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.device = torch.device("cpu")
+
+    def prefill(self, prompts: PromptBatch) -> int:
+        self.rows += prompts.size
+        self.device = prompts.ids.device
+        return 0
+
+    def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
+        return Proposal.empty(self.rows, self.device)
+
+    def commit(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
+        pass
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.rows = len(rows)
+
+    def reset(self) -> None:
+        self.rows = 0

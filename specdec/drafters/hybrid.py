@@ -1,16 +1,18 @@
-"""Prompt lookup first, the drafter model when lookup finds nothing: ``LookupModelDrafter``.
+"""Prompt lookup first, another drafter when lookup finds nothing: ``LookupDrafter`` ("lookup+NAME").
 
-Each round asks the n-gram drafter (``ngram.py``) first: when the latest n-gram occurred earlier,
-its continuation is proposed at no model cost (one-hot q, like prompt lookup alone); otherwise the
-drafter model drafts (``model.py``, with its q). Both follow every committed token: the one that
-did not draft this round is told the accepted drafts and the next token (``follow``), so the model's
-KV cache catches up in its next forward (its pending tokens), never re-reading the prefix.
+Each round, every row asks the n-gram drafter (``ngram.py``) first: when its latest n-gram occurred
+earlier, the continuation is proposed at no model cost (one-hot q, like prompt lookup alone);
+the rows where lookup finds nothing are drafted by the fallback drafter (a drafter model:
+``model.py``, with its q; or any other ``FollowingDrafter``). Both follow every committed token:
+after each round both are told each row's committed tokens (``follow``), so the model's KV cache
+catches up in its next forward (its pending tokens), never re-reading the prefix. When no row needs
+the fallback, it is not run at all.
 
-Exactness: which drafter proposes depends only on the committed sequence, so each round is an
-ordinary round of one of the two drafters and the verification rule keeps greedy output equal to
-the target's and sampled output distributed as the target's (Leviathan et al. 2023, sec. 2.3 for
-the one-hot case). Code repeats itself (names, idioms, and a small target's loops), which lookup
-copies for free; the model covers the rest.
+Exactness: which drafter proposes for a row depends only on that row's committed sequence, so each
+row's round is an ordinary round of one of the two drafters and the verification rule keeps greedy
+output equal to the target's and sampled output distributed as the target's (Leviathan et al. 2023,
+sec. 2.3 for the one-hot case). Code repeats itself (names, idioms, and a small target's loops),
+which lookup copies for free; the model covers the rest.
 
 Its lookup (``LOOKUP_NGRAM``) differs from the ``ngram`` drafter's defaults: it needs a match of 2
 tokens (a 1-token match is a worse guess than the model's), and it copies up to 12 tokens, more than
@@ -23,10 +25,11 @@ end of the text go on copying itself (``ngram.py``) then gave 2.42x against 2.30
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
+from specdec.batch import PromptBatch
 from specdec.config import NgramConfig
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import FollowingDrafter, Proposal, StopRule
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.sampling import Sampler
@@ -34,42 +37,77 @@ from specdec.sampling import Sampler
 LOOKUP_NGRAM = NgramConfig(min_ngram=2, max_ngram=3, num_tokens=12)  # chosen on validation prompts (above)
 
 
-class LookupModelDrafter:
-    """Prompt lookup when the latest n-gram recurs, else the drafter model."""
+def _merged(lookup: Proposal, fallback: Proposal, use_lookup: torch.Tensor) -> Proposal:
+    """Row b's drafts from ``lookup`` where ``use_lookup[b]``, else from ``fallback``; q one-hot for lookup rows."""
+    width = max(lookup.k, fallback.k)
+    pad = (lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1])))
+    tokens = torch.where(use_lookup[:, None], pad(lookup.tokens), pad(fallback.tokens))  # [B, k]
+    lengths = torch.where(use_lookup, lookup.lengths, fallback.lengths)  # [B]
+    q = None
+    if fallback.q is not None:
+        vocab = fallback.q.shape[-1]
+        q_fallback = torch.nn.functional.pad(fallback.q, (0, 0, 0, width - fallback.k))  # [B, k, V]
+        q = torch.where(use_lookup[:, None, None], torch.nn.functional.one_hot(tokens, vocab).to(q_fallback.dtype),
+                        q_fallback)
+    hidden = None
+    if fallback.hidden is not None:
+        hidden = torch.nn.functional.pad(fallback.hidden, (0, 0, 0, width - fallback.k))  # [B, k, H]
+    return Proposal(tokens, lengths, q, hidden, calls=fallback.calls)
 
-    def __init__(self, model: PreTrainedModel | ModelDrafter, ngram: NgramConfig = LOOKUP_NGRAM) -> None:
-        self.model = model if isinstance(model, ModelDrafter) else ModelDrafter(model)
+
+class LookupDrafter(FollowingDrafter):
+    """Prompt lookup for the rows whose latest n-gram recurs, the fallback drafter for the others."""
+
+    def __init__(self, fallback: FollowingDrafter | PreTrainedModel, ngram: NgramConfig = LOOKUP_NGRAM) -> None:
+        self.fallback = fallback if isinstance(fallback, FollowingDrafter) else ModelDrafter(fallback)
         self.lookup = NgramDrafter(ngram)
-        self.context_limit = self.model.context_limit
-        self._used: ModelDrafter | NgramDrafter = self.model  # who proposed this round
-        self._draft: list[int] = []
+        self.context_limit = self.fallback.context_limit
+        self.returns_hidden = self.fallback.returns_hidden
+        self._drafts: list[list[int]] = []
 
     @property
-    def free_tokens(self) -> int:
-        """Lookup may copy more than gamma (see ``drafters.base``)."""
+    def free_tokens(self) -> int:  # type: ignore[override]
+        """Lookup may copy more than the limit (see ``drafters.base``)."""
         return self.lookup.free_tokens
 
-    def align(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> LookupModelDrafter:
-        """Check the drafter model against ``target`` (see ``ModelDrafter.align``)."""
-        self.model.align(target, tokenizer)
+    def align(self, target, tokenizer=None) -> LookupDrafter:
+        """Check the fallback drafter against the target."""
+        self.fallback.align(target, tokenizer)
         return self
 
-    def prefill(self, input_ids: torch.Tensor) -> int:
-        """Index the prompt [1, T] for lookup and cache it in the drafter model."""
-        self.lookup.prefill(input_ids)
-        return self.model.prefill(input_ids)
+    def prefill(self, prompts: PromptBatch) -> int:
+        """Index the new rows for lookup and prefill them in the fallback drafter."""
+        self.lookup.prefill(prompts)
+        self._drafts += [[] for _ in range(prompts.size)]
+        return self.fallback.prefill(prompts)
 
-    def propose(self, k: int, sampler: Sampler) -> Proposal:
-        """Lookup's continuation if it has one, else ``k`` tokens from the model."""
-        proposal = self.lookup.propose(k, sampler)
-        self._used = self.lookup if proposal.k > 0 or k == 0 else self.model
-        if self._used is self.model:
-            proposal = self.model.propose(k, sampler)
-        self._draft = proposal.tokens[0].tolist()
+    def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
+        """Lookup's continuation for rows that have one, the fallback's drafts for the others."""
+        found = self.lookup.propose(limit, sampler)
+        use_lookup = found.lengths > 0  # [B]
+        need = (~use_lookup) & (limit > 0)  # [B] rows the fallback drafts for
+        if bool(need.any()):
+            drafted = self.fallback.propose(torch.where(need, limit, 0), sampler, stop)
+            proposal = _merged(found, drafted, use_lookup)
+        else:
+            proposal = found
+        self._drafts = proposal.drafts()
         return proposal
 
-    def commit(self, n_accepted: int, next_token: int) -> None:
-        """The proposer rolls back; the other follows the committed tokens."""
-        self._used.commit(n_accepted, next_token)
-        other = self.model if self._used is self.lookup else self.lookup
-        other.follow([*self._draft[:n_accepted], next_token])
+    def last_drafts(self) -> list[list[int]]:
+        return self._drafts
+
+    def follow(self, tokens: list[list[int]]) -> None:
+        """Both drafters take every row's committed tokens."""
+        self.lookup.follow(tokens)
+        self.fallback.follow(tokens)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.lookup.select(rows)
+        self.fallback.select(rows)
+        self._drafts = [self._drafts[i] for i in rows.tolist()]
+
+    def reset(self) -> None:
+        self.lookup.reset()
+        self.fallback.reset()
+        self._drafts = []

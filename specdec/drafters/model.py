@@ -1,32 +1,73 @@
-"""A small causal LM as drafter (Leviathan et al. 2023; Chen et al. 2023).
+"""A small causal LM as drafter (Leviathan et al. 2023; Chen et al. 2023), for a batch of rows.
 
-Contract: the drafter keeps its own KV cache across rounds and feeds the model only tokens it
-has not seen. Between rounds it holds ``pending`` tokens, committed but not yet in its cache: the
-newest committed token, plus, after a round whose drafts were all accepted, the last draft token
-(never forwarded, since its successor came from the target). ``propose`` forwards the pending
-tokens in the same call that yields the first draft, so the catch-up costs no extra forward and
-never re-reads the prefix. Invariant after every commit: cache length + pending == committed.
+Contract: the drafter keeps its own KV cache across rounds (a ``RaggedCache``: rows of different
+lengths share it) and feeds the model only tokens it has not seen. Between rounds each row holds
+``pending`` tokens, committed but not yet in its cache: the newest committed token, plus, after a
+round whose drafts were all accepted, the last draft (never forwarded, since its successor came from
+the target), or, after rounds another drafter proposed (``follow``), all the tokens committed since.
+``propose`` forwards every row's pending tokens (left-padded) in the same call that yields the first
+draft, so the catch-up costs no extra forward and never re-reads the prefix. Then it drafts
+``max(limit)`` positions for the whole batch; a row's proposal ends at its own limit, or where the
+stop rule stops it. Invariant after every commit, per row: cache live tokens + pending == committed.
+
+Rollback (``follow``, which ``commit`` calls with the drafter's own accepted drafts): of the drafts
+forwarded into the cache this round, a row keeps the longest prefix that agrees with the tokens it
+committed; the rest of its committed tokens become pending. That one rule covers a rejection, a
+full acceptance, a row whose limit was shorter than the batch's, and rows another drafter proposed.
 
 Logits are aligned to the target's vocabulary (sliced if the drafter's embedding is padded larger,
 padded with -inf if smaller) before the sampler's warpers, so q and p share one index space. A
 drafter with fewer rows than the target reads a committed token it has no row for (the target's
 padding) as its last row: its drafts may suffer, verification keeps the output exact.
+
+``check_vocabularies`` refuses a drafter whose vocabulary is not the target's: sizes may differ only
+by padding (at most ``PADDING_FRACTION`` of the target's vocabulary), and where both models' own
+tokenizers are known (their folders) they must agree on every id both have. A different bos id is
+only a warning: the prompt decides what the models see.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+import warnings
+from functools import lru_cache
+from pathlib import Path
 
-from specdec.cache import KVCache
-from specdec.drafters.base import Proposal
+import torch
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.batch import PromptBatch, left_mask, left_padded
+from specdec.cache import RaggedCache
+from specdec.drafters.base import FollowingDrafter, Proposal, StopRule
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
 
-# Vocabularies of different sizes are taken as one vocabulary with padding when they differ by at
-# most this many rows (padding to a multiple of 64 or 128 adds fewer), unless a tokenizer shows more.
-PADDING_TOLERANCE = 256
+# Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
+# share of the target's (padding to a multiple of 64 or 128 adds far less on real vocabularies).
+PADDING_FRACTION = 1 / 32
+FIX = "use a drafter trained with the target's tokenizer"
+
+
+@lru_cache(maxsize=16)
+def _folder_vocab(folder: str) -> tuple[tuple[int, str], ...] | None:
+    """(id, token) pairs of the tokenizer stored in a model folder, or None when there is none."""
+    path = Path(folder)
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError):
+        return None
+    return tuple(sorted((i, t) for t, i in tokenizer.get_vocab().items()))
+
+
+def _vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> dict[int, str] | None:
+    """id -> token of ``tokenizer``, else of the tokenizer in the model's folder, else None."""
+    if tokenizer is not None and hasattr(tokenizer, "get_vocab"):
+        return {i: t for t, i in tokenizer.get_vocab().items()}
+    folder = getattr(model, "name_or_path", "") or ""
+    pairs = _folder_vocab(folder) if folder and Path(folder).is_dir() else None
+    return dict(pairs) if pairs is not None else None
 
 
 def _bos_id(model: PreTrainedModel) -> object:
@@ -39,29 +80,56 @@ def check_vocabularies(
 ) -> None:
     """Refuse a drafter whose vocabulary is not the target's (padding aside), with a clear ValueError.
 
-    Compared: the tokens both can emit. With a tokenizer, both models must cover all of its tokens;
-    without one, the sizes may differ only by padding (``PADDING_TOLERANCE``). Declared bos ids must
-    agree (eos ids may differ legitimately, e.g. a base model and its chat variant).
+    ``tokenizer`` (the target's, when the caller has it) must fit in both models' outputs. Sizes may
+    differ by at most ``PADDING_FRACTION`` of the target's vocabulary; tokenizers known for both sides
+    must map every shared id to the same token. A bos mismatch is a warning.
     """
     v_target, v_drafter = logits_size(target), logits_size(drafter)
-    fix = "use a drafter trained with the target's tokenizer"
-    if tokenizer is not None:
+    if tokenizer is not None and hasattr(tokenizer, "__len__"):
         n = len(tokenizer)
         for who, v in (("target", v_target), ("drafter", v_drafter)):
             if v < n:
-                raise ValueError(f"the tokenizer has {n} tokens but the {who} emits only {v}: {fix}")
-    elif abs(v_target - v_drafter) > PADDING_TOLERANCE:
+                raise ValueError(f"the tokenizer has {n} tokens but the {who} emits only {v}: {FIX}")
+    if abs(v_target - v_drafter) > v_target * PADDING_FRACTION:
         raise ValueError(
             f"drafter vocabulary ({v_drafter} tokens) differs from the target's ({v_target}) by more than "
-            f"padding: {fix} (or pass tokenizer= to check the shared tokens)"
+            f"padding (at most {PADDING_FRACTION:.1%} of the target's): {FIX}"
         )
+    mine, theirs = _vocab(target, tokenizer), _vocab(drafter)
+    if mine is not None and theirs is not None:
+        for i in sorted(mine.keys() & theirs.keys()):
+            if mine[i] != theirs[i]:
+                raise ValueError(f"the drafter's tokenizer differs from the target's: id {i} is {theirs[i]!r} for "
+                                 f"the drafter and {mine[i]!r} for the target: {FIX}")
     t_bos, d_bos = _bos_id(target), _bos_id(drafter)
     if t_bos is not None and d_bos is not None and t_bos != d_bos:
-        raise ValueError(f"drafter and target disagree on bos_token_id ({d_bos} vs {t_bos}): {fix}")
+        warnings.warn(f"drafter and target declare different bos_token_id ({d_bos} vs {t_bos}); the prompt "
+                      "decides what both see, so decoding stays exact", stacklevel=3)
 
 
-class ModelDrafter:
+def check_device(target_device: torch.device, drafter_device: torch.device) -> None:
+    """Refuse a drafter on another device than the target's."""
+    if drafter_device != target_device:
+        raise ValueError(
+            f"drafter is on {drafter_device} but the target is on {target_device}: "
+            f"move it with drafter.to({str(target_device)!r})"
+        )
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ModelDrafter(FollowingDrafter):
     """Drafts with a causal LM and its KV cache; q is the warped drafter distribution."""
+
+    returns_hidden = True
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.model = model.eval()
@@ -69,24 +137,21 @@ class ModelDrafter:
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)
         self.device = input_device(model)
-        self.cache: KVCache | None = None
-        self.pending: torch.Tensor | None = None  # [1, m] committed tokens not yet in the cache
-        self._draft: torch.Tensor | None = None  # [1, k] the last proposal
+        self.cache = RaggedCache(model, 0, self.device)
+        self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
+        self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
+        self._fed: list[list[int]] | None = None  # per row: drafts forwarded into the cache since the last commit
+        self._mark: torch.Tensor | None = None  # [B] live tokens before those drafts
 
-    def align(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> ModelDrafter:
-        """Check the drafter against ``target`` (vocabulary, device) and adopt its vocabulary size."""
-        check_vocabularies(target, self.model, tokenizer)
-        target_device = input_device(target)
-        if self.device != target_device:
-            raise ValueError(
-                f"drafter is on {self.device} but the target is on {target_device}: "
-                f"move it with drafter.to({str(target_device)!r})"
-            )
-        self.vocab_size = logits_size(target)
+    def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> ModelDrafter:
+        """Check the drafter against the target (vocabulary, device) and adopt its vocabulary size."""
+        check_vocabularies(target.model, self.model, tokenizer)
+        check_device(target.device, self.device)
+        self.vocab_size = target.vocab_size
         return self
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
-        """Drafter logits [1, V_d] -> [1, V] in the target's vocabulary."""
+        """Drafter logits [B, V_d] -> [B, V] in the target's vocabulary."""
         if self.vocab_size is None or logits.shape[-1] == self.vocab_size:
             return logits
         if logits.shape[-1] > self.vocab_size:
@@ -94,58 +159,83 @@ class ModelDrafter:
         pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def _step(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Forward ``input_ids`` [1, n] -> aligned logits of the last position [1, V]; checks finiteness."""
+    def _step(self, ids: torch.Tensor, valid: torch.Tensor | None, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Forward ``ids`` [B, n] -> (aligned logits of the last position [B, V], its hidden state [B, H] | None)."""
         if self.vocab_size is not None and self.own_vocab_size < self.vocab_size:
-            input_ids = input_ids.clamp(max=self.own_vocab_size - 1)  # tokens it has no row for
-        logits = self.cache.forward(input_ids)[:, -1]  # [1, V_d]
+            ids = ids.clamp(max=self.own_vocab_size - 1)  # tokens it has no row for
+        out = self.cache.forward(ids, valid, output_hidden_states=hidden)
+        logits = out.logits[:, -1]  # [B, V_d]
         check_finite(logits, "drafter")
-        return self._aligned(logits)
+        return self._aligned(logits), out.hidden_states[-1][:, -1] if hidden else None
 
-    def prefill(self, input_ids: torch.Tensor) -> int:
-        """Cache the prompt [1, T] except its last token, which stays pending."""
-        self.cache = KVCache(self.model)
-        self.pending = input_ids[:, -1:]
-        if input_ids.shape[1] > 1:
-            self.cache.forward(input_ids[:, :-1])
-            return 1
-        return 0
+    def prefill(self, prompts: PromptBatch) -> int:
+        """Cache the new rows' prompts except their last tokens, which stay pending."""
+        new = RaggedCache(self.model, prompts.size, self.device)
+        calls = 0
+        if prompts.ids.shape[1] > 1:
+            valid = prompts.valid()[:, :-1]
+            new.forward(prompts.ids[:, :-1], None if bool(valid.all()) else valid)
+            calls = 1
+        self.cache.merge(new)
+        self.pending += [[row[-1]] for row in prompts.rows()]
+        self._drafts += [[] for _ in range(prompts.size)]
+        return calls
 
-    def propose(self, k: int, sampler: Sampler) -> Proposal:
-        """Draft ``k`` tokens autoregressively: k forwards, the first also catching up on pending."""
-        if k == 0:
-            self._draft = self.pending[:, :0]
-            return Proposal(self._draft, None, 0)
-        tokens, probs = [], []
-        logits = self._step(self.pending)  # [1, V]
-        for i in range(k):
-            if sampler.greedy:
-                token = logits.argmax(dim=-1, keepdim=True)  # [1, 1]
-            else:
-                q = sampler.probs(logits)  # [1, V]
-                token = sampler.sample(q)[:, None]  # [1, 1]
-                probs.append(q)
+    def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
+        """Draft ``max(limit)`` positions for the batch: that many forwards, the first also catching up on
+        the pending tokens; row b's proposal ends at ``limit[b]`` or where ``stop`` stops it."""
+        rows = len(self.pending)
+        steps = int(limit.max()) if rows else 0
+        if steps == 0:
+            self._drafts = [[] for _ in range(rows)]
+            return Proposal.empty(rows, self.device)
+        hidden = stop is not None and stop.needs_hidden
+        ids, counts = left_padded(self.pending, self.device)  # [B, P], [B]
+        valid = None if len({len(p) for p in self.pending}) == 1 else left_mask(counts, ids.shape[1])  # [B, P]
+        logits, state = self._step(ids, valid, hidden)
+        self._mark, self.pending = self.cache.live.clone(), [[] for _ in range(rows)]
+        active = limit > 0  # [B] rows still drafting
+        lengths = torch.zeros_like(limit)
+        tokens, probs, states = [], [], []
+        for i in range(steps):
+            token, q = sampler.draft(logits, active)  # [B], [B, V] | None; only drafting rows draw
             tokens.append(token)
-            if i < k - 1:
-                logits = self._step(token)
-        self._draft = torch.cat(tokens, dim=1)  # [1, k]
-        q_all = torch.stack(probs, dim=1) if probs else None  # [1, k, V]
-        return Proposal(self._draft, q_all, k)
+            probs.append(q)
+            states.append(state)
+            lengths = lengths + active.long()
+            active = active & (limit > i + 1)
+            if stop is not None:
+                active = active & ~stop(i, logits, state)
+            if i == steps - 1 or not bool(active.any()):
+                break
+            logits, state = self._step(token[:, None], None, hidden)
+        drafted = torch.stack(tokens, dim=1)  # [B, k]
+        self._fed = [row[: len(tokens) - 1] for row in drafted.tolist()]
+        proposal = Proposal(drafted, lengths, None if probs[0] is None else torch.stack(probs, dim=1),
+                            torch.stack(states, dim=1) if hidden else None, calls=len(tokens))
+        self._drafts = proposal.drafts()
+        return proposal
 
-    def follow(self, tokens: list[int]) -> None:
-        """Take ``tokens`` committed without this drafter's proposal (another drafter's round)."""
-        new = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, m]
-        self.pending = torch.cat([self.pending, new], dim=1)
+    def last_drafts(self) -> list[list[int]]:
+        return self._drafts
 
-    def commit(self, n_accepted: int, next_token: int) -> None:
-        """Roll the cache back to the accepted drafts; pending becomes what the cache lacks."""
-        k = self._draft.shape[1]
-        nxt = torch.tensor([[next_token]], dtype=torch.long, device=self.device)  # [1, 1]
-        if k == 0:
-            self.pending = torch.cat([self.pending, nxt], dim=1)
-        elif n_accepted < k:
-            # The cache holds the round's start (committed - pending), pending, then drafts 1..k-1.
-            self.cache.crop_to(self.cache.length - (k - 1) + n_accepted)
-            self.pending = nxt
-        else:
-            self.pending = torch.cat([self._draft[:, -1:], nxt], dim=1)
+    def follow(self, tokens: list[list[int]]) -> None:
+        """Each row keeps the forwarded drafts that agree with its committed ``tokens``; the rest is pending."""
+        if self._fed is None:  # nothing forwarded since the last commit: all of it waits
+            self.pending = [p + t for p, t in zip(self.pending, tokens)]
+            return
+        keep = [common_prefix(fed, new) for fed, new in zip(self._fed, tokens)]
+        assert self._mark is not None
+        self.cache.keep(self._mark + torch.tensor(keep, dtype=torch.long, device=self.device))
+        self.pending = [new[n:] for new, n in zip(tokens, keep)]
+        self._fed, self._mark = None, None
+
+    def select(self, rows: torch.Tensor) -> None:
+        index = rows.tolist()
+        self.cache.select(rows.to(self.device))
+        self.pending = [self.pending[i] for i in index]
+        self._drafts = [self._drafts[i] for i in index]
+
+    def reset(self) -> None:
+        self.cache = RaggedCache(self.model, 0, self.device)
+        self.pending, self._drafts, self._fed, self._mark = [], [], None, None

@@ -1,0 +1,172 @@
+"""The Target handle: the model whose output is reproduced, and its cache rule, for a batch of rows.
+
+The round loop talks to the target only through this handle, so it never asks which kind of model
+it has:
+
+- ``prefill(prompts)`` adds rows (a ``PromptBatch``) after the current ones and caches each row's
+  committed tokens but the newest, which is the next round's first input;
+- ``verify(tokens [B, m], lengths [B])`` scores ``m`` tokens per row in one forward pass (row b's
+  first ``lengths[b]`` are real: its newest committed token, then its drafts) and returns the
+  logits of every position [B, m, V] (and the last hidden states [B, m, H] when asked);
+- ``rollback(keep [B])`` keeps the first ``keep[b]`` of the tokens just verified in row b's cache;
+- ``select(rows)`` keeps some rows (finished rows leave), ``reset()`` drops them all.
+
+Invariant after every round, per row: cached tokens == committed tokens - 1.
+
+``CausalTarget`` serves decoder-only causal LMs through a ``RaggedCache``. ``make_target`` picks the
+implementation from a registry and refuses, before any decoding, a model no implementation handles
+(an encoder-decoder model, a model without a language-model head), naming its class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.batch import PromptBatch
+from specdec.cache import RaggedCache
+from specdec.loading import context_limit, input_device, vocab_size
+from specdec.sampling import check_finite
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The target's verdict material for one round."""
+
+    logits: torch.Tensor  # [B, m, V]
+    hidden: torch.Tensor | None = None  # [B, m, H] last hidden states, when asked
+
+
+class Target(ABC):
+    """What the round loop needs from the target (see the module docstring)."""
+
+    model: PreTrainedModel
+    vocab_size: int  # size of the logits (output embedding rows, padding included)
+    context_limit: int | None  # longest sequence the model accepts; None = unbounded
+    device: torch.device
+
+    def stop_token_ids(self) -> list[int]:
+        """The model's end-of-sequence id(s), from its generation config (else its config)."""
+        config = getattr(self.model, "generation_config", None)
+        eos = getattr(config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.model.config, "eos_token_id", None)
+        if eos is None:
+            return []
+        return [eos] if isinstance(eos, int) else [int(t) for t in eos]
+
+    @property
+    @abstractmethod
+    def rows(self) -> int:
+        """Rows in the batch."""
+
+    @abstractmethod
+    def prefill(self, prompts: PromptBatch) -> int:
+        """Add the rows of ``prompts``; return the forward passes spent."""
+
+    @abstractmethod
+    def verify(self, tokens: torch.Tensor, lengths: torch.Tensor, hidden: bool = False) -> Scores:
+        """Score ``tokens`` [B, m] (row b's first ``lengths[b]`` real) in one forward pass."""
+
+    @abstractmethod
+    def rollback(self, keep: torch.Tensor) -> None:
+        """Keep the first ``keep[b]`` tokens of the last ``verify`` in row b's cache."""
+
+    @abstractmethod
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` [B'] (in that order)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop every row."""
+
+    @abstractmethod
+    def cached(self) -> torch.Tensor:
+        """[B] tokens in each row's cache (for tests of the invariant)."""
+
+
+class CausalTarget(Target):
+    """A decoder-only causal LM behind a ``RaggedCache``."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model.eval()
+        self.vocab_size = vocab_size(model)
+        self.context_limit = context_limit(model)
+        self.device = input_device(model)
+        self.cache = RaggedCache(model, 0, self.device)
+        self._mark: torch.Tensor | None = None  # [B] live tokens before the last verify
+
+    @property
+    def rows(self) -> int:
+        return self.cache.rows
+
+    def prefill(self, prompts: PromptBatch) -> int:
+        new = RaggedCache(self.model, prompts.size, self.device)
+        calls = 0
+        if prompts.ids.shape[1] > 1:
+            valid = prompts.valid()[:, :-1]  # [B, T-1]
+            new.forward(prompts.ids[:, :-1], None if bool(valid.all()) else valid)
+            calls = 1
+        self.cache.merge(new)
+        return calls
+
+    def verify(self, tokens: torch.Tensor, lengths: torch.Tensor, hidden: bool = False) -> Scores:
+        width = tokens.shape[1]
+        valid = None
+        if any(n != width for n in lengths.tolist()):
+            valid = torch.arange(width, device=tokens.device)[None, :] < lengths[:, None]  # [B, m]
+        self._mark = self.cache.live.clone()
+        out = self.cache.forward(tokens, valid, logits_to_keep=width, output_hidden_states=hidden)
+        check_finite(out.logits, "target", valid)
+        return Scores(out.logits, out.hidden_states[-1] if hidden else None)
+
+    def rollback(self, keep: torch.Tensor) -> None:
+        assert self._mark is not None, "rollback() follows verify()"
+        self.cache.keep(self._mark + keep)
+        self._mark = None
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.select(rows.to(self.device))
+
+    def reset(self) -> None:
+        self.cache = RaggedCache(self.model, 0, self.device)
+
+    def cached(self) -> torch.Tensor:
+        return self.cache.live
+
+
+# (accepts a model?, builds its Target) in the order tried; encoder-decoder targets register here too.
+TARGETS: list[tuple[Callable[[PreTrainedModel], bool], Callable[[PreTrainedModel], Target]]] = []
+
+
+def register_target(accepts: Callable[[PreTrainedModel], bool], build: Callable[[PreTrainedModel], Target]) -> None:
+    """Let ``make_target`` build ``build(model)`` for models that ``accepts``; tried before earlier ones."""
+    TARGETS.insert(0, (accepts, build))
+
+
+def _decoder_only(model: PreTrainedModel) -> bool:
+    return not getattr(model.config, "is_encoder_decoder", False)
+
+
+register_target(_decoder_only, CausalTarget)
+
+
+def make_target(model: object) -> Target:
+    """The ``Target`` handle of ``model`` (a transformers model with a language-model head, or a Target)."""
+    if isinstance(model, Target):
+        return model
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"target must be a transformers causal LM, got {type(model).__name__}")
+    if model.get_output_embeddings() is None:
+        raise TypeError(f"target {type(model).__name__} has no language-model head: load it with "
+                        "AutoModelForCausalLM (or specdec.load_model), not AutoModel")
+    for accepts, build in TARGETS:
+        if accepts(model):
+            return build(model)
+    kind = "an encoder-decoder model" if not _decoder_only(model) else "a model"
+    raise TypeError(f"target {type(model).__name__} is {kind} that no Target implementation handles yet: "
+                    "specdec decodes decoder-only causal LMs")
