@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 from tiny_models import save_tiny_pair
 
 from specdec.bench import (
@@ -390,3 +391,32 @@ def test_matmul_probe_layouts_compute_the_same_product(pair: tuple[Path, Path, P
     assert all(ms > 0 for row in rows.values() for ms in row.values())
     matmul.main(["--model", str(target), "--lengths", "1", "2", "--repeats", "1"])
     assert "linear / W @ x.T" in capsys.readouterr().out
+
+
+def test_batch_sweep_runs_every_method_at_every_batch_size(pair: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    from specdec.bench.batched import BASELINE as HF
+    from specdec.bench.batched import print_sweep, run_sweep, sweep_goals, write_sweep
+
+    config = _config(pair, num_prompts=3, batch_sizes=(1, 2), output=str(tmp_path), repeats=2)
+    run = run_sweep(config)
+    assert {(c.method, c.batch) for c in run.cells} == {
+        (m, b) for m in (HF, "spec", "plain", "spec-lookup", "auto") for b in (1, 2)}
+    for cell in run.cells:
+        assert len(cell.wall_s) == 2 and cell.tokens == 3 * 8 and cell.compared == 3
+        assert cell.equal + cell.ties == 3  # greedy: every row equals the target alone (or a near tie)
+        assert 0 <= cell.bookkeeping < 1
+        if cell.method in (HF, "plain"):
+            assert cell.tau == 1.0 and cell.alpha is None
+        if cell.method == "spec":
+            assert cell.tau > 1.0 and cell.alpha is not None
+    assert set(run.crossover) <= {1, 2}  # auto measured at the batch sizes it saw (rows leave: 1 too)
+    names = [g.name for g in sweep_goals(run)]
+    assert "spec-lookup / hf at B=1" in names and "auto / best of plain, spec-lookup at B=2" in names
+    paths = write_sweep(run, tmp_path)
+    assert json.loads(paths[0].read_text())["cells"][0]["method"] == run.cells[0].method
+    assert paths[1].stat().st_size > 1000
+    console = Console(record=True, width=200)
+    print_sweep(run, console)
+    assert "goal spec-lookup / hf at B=1" in console.export_text()
+    only_on = run_sweep(replace(config, speculate=("on",), batch_sizes=(2,), repeats=1))
+    assert {c.method for c in only_on.cells} == {HF, "spec", "spec-lookup"}

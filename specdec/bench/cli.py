@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
         return 0
     config = config_from_args(args)
+    if config.batch_sizes:
+        from specdec.bench.batched import run_and_report
+
+        return run_and_report(config, console)
     report = build_report(run_benchmark(config))
     paths = write_outputs(report, Path(config.output), plots=config.plots)
     print_report(report, console)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+from specdec.config import SPECULATE, ModelConfig, SamplingConfig, SpecConfig
 
 _MODELS = ModelConfig()
 _SAMPLING = SamplingConfig()
@@ -44,6 +44,8 @@ class BenchConfig:
     output: str = "bench-out"  # directory for records.jsonl, summary.json and the plots
     plots: bool = True  # write the PNG plots
     progress: bool = True  # show a progress bar over prompts
+    batch_sizes: tuple[int, ...] = ()  # run the batch sweep at these batch sizes (e.g. 1,2,4,8,16) instead of the per-prompt comparison
+    speculate: tuple[str, ...] = SPECULATE  # batch sweep: our loop with speculation off (plain), on (spec-lookup) and auto
 
     def __post_init__(self) -> None:
         """Check every field; sampling knobs by the core's own rules (SamplingConfig, SpecConfig)."""
@@ -61,6 +63,10 @@ class BenchConfig:
         for t in self.temperature:
             SamplingConfig(temperature=t, top_k=self.top_k, top_p=self.top_p)
         SpecConfig(gamma=self.gamma[0], max_new_tokens=self.max_new_tokens)
+        if any(b < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes must be ints >= 1, got {self.batch_sizes}")
+        if not self.speculate or any(s not in SPECULATE for s in self.speculate):
+            raise ValueError(f"speculate must be one or more of {', '.join(SPECULATE)}, got {self.speculate}")
 
 
 def quick(config: BenchConfig) -> BenchConfig:
