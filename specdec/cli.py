@@ -30,7 +30,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 
 if typing.TYPE_CHECKING:
     from specdec.console import Settings
@@ -54,6 +54,9 @@ ALIASES: Mapping[str, Sequence[str]] = {
     "target": ("--model",),
     "drafter": ("--draft-model", "--draft_model"),
     "rule": ("--verify",),
+    # transformers' names for the schedule and its number of drafted tokens
+    "schedule": ("--num-assistant-tokens-schedule", "--num_assistant_tokens_schedule"),
+    "gamma": ("--num-assistant-tokens", "--num_assistant_tokens"),
 }
 MODES = ("speculative", "target", "drafter")  # what decodes: draft + verify, the target or the drafter alone
 
@@ -103,8 +106,16 @@ def add_config_arguments(
         if "_" in f.name:
             flags.append(f"--{f.name}")
         flags.extend(aliases.get(f.name, ()))
-        kind = _scalar_type(hints[f.name])
         help_text = comments.get(f.name, "").replace("%", "%%")
+        if typing.get_origin(hints[f.name]) is tuple:  # a fixed number of values, e.g. --bound MIN MAX
+            args = typing.get_args(hints[f.name])
+            group.add_argument(
+                *flags, dest=f.name, type=args[0], nargs=len(args), default=f.default,
+                metavar=tuple(n.upper() for n in ("min", "max")) if len(args) == 2 else None,
+                help=f"{help_text} (default: {' '.join(map(str, f.default))})",
+            )
+            continue
+        kind = _scalar_type(hints[f.name])
         group.add_argument(
             *flags, dest=f.name, type=kind, default=f.default, metavar=kind.__name__.upper(),
             help=f"{help_text} (default: %(default)s)",
@@ -113,12 +124,13 @@ def add_config_arguments(
 
 def config_from(args: argparse.Namespace, cls: type[T]) -> T:
     """Build (and so validate) a config dataclass from the parsed flags of its fields."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser, modes: Sequence[str] = MODES) -> None:
     """The flags ``generate`` and ``chat`` share: models, sampling, the round loop, stops, display."""
-    for cls in (ModelConfig, SpecConfig, SamplingConfig, VerifyConfig):
+    for cls in (ModelConfig, SpecConfig, SamplingConfig, VerifyConfig, ScheduleConfig):
         add_config_arguments(parser, cls)
     parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
     parser.add_argument("--mode", choices=modes, default=modes[0],
@@ -145,6 +157,7 @@ def settings_from(args: argparse.Namespace) -> tuple[ModelConfig, Settings]:
         sampling=config_from(args, SamplingConfig),
         spec=config_from(args, SpecConfig),
         verify=config_from(args, VerifyConfig),
+        schedule=config_from(args, ScheduleConfig),
         mode=args.mode,
         stop_strings=tuple(args.stop),
         chat_template=args.chat_template,
@@ -214,6 +227,7 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
         **dataclasses.asdict(settings.spec),
         **dataclasses.asdict(settings.sampling),
         "verify": settings.verify.rule,
+        **dataclasses.asdict(settings.schedule),
         "lossless": result.stats.lossless,
         "stop": list(settings.stop_strings),
         "stats": result.stats.to_dict(),

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import specdec
 from specdec.cli import MODES, UsageError, add_decoding_arguments, settings_from
-from specdec.config import LOOKUP, ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import LOOKUP, ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.drafters import Drafter, make_drafter
 from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, BatchStats, GenerationResult, RoundEvent
 from specdec.target import make_target
@@ -41,6 +41,7 @@ STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: 
 LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
           (BONUS, "bonus: the target's extra token after a full acceptance"))
 DEFAULT_VERIFY = VerifyConfig()  # the rule that fits the temperature
+DEFAULT_SCHEDULE = ScheduleConfig()  # constant gamma
 DETOKENIZE_CONTEXT = 5  # prompt tokens decoded before the first new one (as vLLM's incremental detokenizer)
 
 
@@ -52,6 +53,7 @@ class Settings:
     spec: SpecConfig  # gamma, max_new_tokens, batch_size, speculate
     mode: str  # one of cli.MODES (or COMPARE in chat)
     verify: VerifyConfig = DEFAULT_VERIFY  # the verification rule
+    schedule: ScheduleConfig = DEFAULT_SCHEDULE  # how far each row drafts
     stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these
     chat_template: bool = False  # wrap the prompt in the tokenizer's chat template
     show_acceptance: bool = False  # colour tokens by kind
@@ -145,7 +147,7 @@ class Session:
         if settings.mode == "speculative":
             return specdec.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
                                                 gamma=settings.spec.gamma, speculate=settings.spec.speculate,
-                                                verify=settings.verify, **kwargs)
+                                                verify=settings.verify, schedule=settings.schedule, **kwargs)
         return specdec.autoregressive_generate(self.model(self._name(settings.mode)), prompt_ids, **kwargs)
 
 

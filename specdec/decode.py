@@ -41,7 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.acceptance import Verdict, Verifier, rule_for
 from specdec.batch import PromptBatch
-from specdec.config import SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.drafters import Drafter, NoDrafter, Proposal, make_drafter
 from specdec.events import (
     ACCEPT,
@@ -274,8 +274,9 @@ class Decoder:
         self.clock.new_round()
         caps = self._caps()  # [B]
         with self.events.phase(PROPOSE):
-            limit = torch.minimum(self.schedule.limits(len(self.rows), self.device), caps)  # [B]
-            proposal = self._admitted(self.drafter.propose(limit, self.sampler, self.schedule.stop), limit, caps)
+            plan = self.schedule.plan(len(self.rows), self.device)
+            limit = torch.minimum(plan.limit, caps)  # [B]
+            proposal = self._admitted(self.drafter.propose(limit, self.sampler, plan.stop), limit, caps)
         with self.events.phase(VERIFY):
             candidates = torch.cat([self.last[:, None], proposal.tokens], dim=1)  # [B, k+1]
             scores = self.target.verify(candidates, proposal.lengths + 1)  # logits [B, k+1, V]
@@ -294,10 +295,11 @@ class Decoder:
         """Append each row's accepted drafts and next token (up to its stops); record; tell listeners."""
         drafts, lengths = proposal.drafts(), proposal.lengths.tolist()
         accepted, next_tokens = verdict.accepted.tolist(), verdict.next_token.tolist()
+        ended = proposal.ended or ("",) * len(self.rows)
         committed = 0
-        for row, draft, drafted, n, nxt in zip(self.rows, drafts, lengths, accepted, next_tokens):
+        for row, draft, drafted, n, nxt, why in zip(self.rows, drafts, lengths, accepted, next_tokens, ended):
             event = row.commit(draft[:n] + [nxt], _kinds(drafted, n), self.tokenizer)
-            row.stats.record_round(drafted, n, len(event.tokens))
+            row.stats.record_round(drafted, n, len(event.tokens), why)
             row.stats.target_calls += 1
             row.stats.drafter_calls += proposal.calls
             row.stats.target_time_s += self.clock.round[VERIFY]
@@ -463,7 +465,7 @@ def speculative_generate(
     verify: str | VerifyConfig | None = None,
     batch_size: int = SpecConfig.batch_size,
     speculate: str = SpecConfig.speculate,
-    schedule: Schedule | None = None,
+    schedule: Schedule | ScheduleConfig | str | None = None,
 ) -> GenerationResult | list[GenerationResult]:
     """Generate with ``target``, drafting with ``drafter``, for one prompt or a list of prompts.
 
@@ -474,7 +476,8 @@ def speculative_generate(
     decoding of each prompt; sampled output is distributed as its sampling. ``verify`` names the
     rule (None: exact when greedy, sampling otherwise); ``batch_size`` rows decode together;
     ``speculate`` "on", "off" (plain decoding) or "auto" (measured per batch size); ``schedule``
-    overrides the constant ``gamma``. ``on_round`` hears each row's committed tokens as rounds end,
+    (a name, a ``ScheduleConfig`` or a ``Schedule``) decides how far each row drafts (None: the
+    constant ``gamma``). ``on_round`` hears each row's committed tokens as rounds end,
     ``on_result`` each prompt's result as it finishes (in completion order).
     """
     spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate)
@@ -486,7 +489,9 @@ def speculative_generate(
     rule_for(verify, sampling.greedy)  # refuses a rule that does not fit the temperature, before any work
     chosen = NoDrafter() if spec.speculate == "off" else make_drafter(drafter, handle, tokenizer)
     chosen.reset()  # a Drafter object passed in may hold the rows of an earlier call
-    results = _decode(handle, chosen, schedule or make_schedule(spec.gamma, spec.speculate), requests,
+    if not isinstance(schedule, Schedule):
+        schedule = make_schedule(spec, ScheduleConfig(schedule) if isinstance(schedule, str) else schedule, chosen)
+    results = _decode(handle, chosen, schedule, requests,
                       verify=verify, batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round,
                       on_result=on_result)
     return results[0] if single else results
@@ -514,6 +519,6 @@ def autoregressive_generate(
     handle = make_target(target)
     requests, single = build_requests(handle, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
                                       stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer)
-    results = _decode(handle, NoDrafter(), make_schedule(1), requests, verify=VerifyConfig(),
+    results = _decode(handle, NoDrafter(), make_schedule(spec), requests, verify=VerifyConfig(),
                       batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round, on_result=on_result)
     return results[0] if single else results

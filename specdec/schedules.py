@@ -1,12 +1,22 @@
 """How many tokens each row drafts next: schedules behind one base class and a registry.
 
-A ``Schedule`` decides per row, before each round, how many tokens to draft (``limits``; the loop
-then caps them by the room each row has left), may stop rows within a round (``stop``, a
-``StopRule`` the drafter asks after each drafted position), and learns from each round's outcome
-(``update``). Rows join (``add``) and leave (``select``) with the batch.
+Before each round a ``Schedule`` plans, per row, the most tokens to draft (``DraftPlan.limit``; the
+loop then caps it by the room each row has left) and may hand the drafter a ``StopRule`` that stops
+rows within the round (asked after each drafted position; the draft there is kept). After the round
+it learns from the outcome (``update``). Rows join (``add``) and leave (``select``) with the batch.
+Every decision is per row. Drafted lengths stay within ``ScheduleConfig.bound`` [MIN, MAX].
 
 - ``constant``: gamma tokens every round (Leviathan et al. 2023).
-- ``Crossover`` wraps another schedule for ``speculate="auto"``: the first rounds at each batch size
+- ``heuristic``: transformers' rule: a row's K starts at gamma, +2 after a round whose drafts were
+  all accepted, -1 otherwise.
+- ``confidence``: transformers 5's confidence stop: a row stops drafting where the drafter's
+  probability of its draft falls below a threshold (0.4 to start), retuned after each round from
+  that row's past drafts (the ROC threshold minimising fpr + 3 fnr, as ``AssistedCandidateGenerator``
+  does, written here without scikit-learn).
+- ``ada`` (SpecDec++, Huang et al. 2024): a trained acceptance head reads the drafter's hidden
+  state at each drafted position and predicts P(accept); a row stops when
+  1 - prod_j a_j > threshold, with a_1 := 1 (the first token is always drafted).
+- ``Crossover`` wraps any of them for ``speculate="auto"``: the first rounds at each batch size
   (bucketed to powers of two) alternate between drafting as the inner schedule says and not drafting
   at all (plain decoding through the same loop), timed by the loop's events; from then on that batch
   size drafts only if its rounds produced more tokens per second. Batched verification gets dearer
@@ -17,22 +27,35 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdec.acceptance import Verdict
-from specdec.drafters.base import Proposal, StopRule
+from specdec.config import ScheduleConfig, SpecConfig
+from specdec.drafters.base import Drafter, DraftStep, Proposal, StopRule
 from specdec.events import Listener, RoundSummary
+
+CONFIDENCE_START = 0.4  # transformers 5's assistant_confidence_threshold default
+ROC_FALSE_NEGATIVE_COST = 3.0  # transformers' cost: fpr + 3 * fnr
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """What a round drafts, per row."""
+
+    limit: torch.Tensor  # [B] long, the most tokens each row drafts (before the room caps)
+    stop: StopRule | None = None  # a within-round stop rule, or None
 
 
 class Schedule(ABC):
     """How far each row drafts (see the module docstring)."""
 
-    stop: StopRule | None = None  # a within-round stop rule, or None
-
     @abstractmethod
-    def limits(self, rows: int, device: torch.device | str) -> torch.Tensor:
-        """[B] long: the tokens each row would draft this round (before the room caps)."""
+    def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
+        """The plan of the coming round for ``rows`` rows."""
 
     def update(self, proposal: Proposal, verdict: Verdict) -> None:
         """Learn from a round's drafts and their verdict."""
@@ -50,8 +73,140 @@ class Constant(Schedule):
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
 
-    def limits(self, rows: int, device: torch.device | str) -> torch.Tensor:
-        return torch.full((rows,), self.gamma, dtype=torch.long, device=device)
+    def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
+        return DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long, device=device))
+
+
+class PerRow(Schedule):
+    """A schedule keeping one state value per row, which joins and leaves with its row."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.state: list[float] = []
+
+    def add(self, rows: int) -> None:
+        self.state += [self.start] * rows
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.state = [self.state[i] for i in rows.tolist()]
+
+
+class Heuristic(PerRow):
+    """transformers' heuristic: K += 2 after a fully accepted round, K -= 1 otherwise, within [MIN, MAX]."""
+
+    def __init__(self, gamma: int, bound: tuple[int, int]) -> None:
+        super().__init__(float(min(max(gamma, bound[0]), bound[1])))
+        self.low, self.high = bound
+
+    def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
+        return DraftPlan(torch.tensor([int(k) for k in self.state], dtype=torch.long, device=device))
+
+    def update(self, proposal: Proposal, verdict: Verdict) -> None:
+        for row, (drafted, accepted) in enumerate(zip(proposal.lengths.tolist(), verdict.accepted.tolist())):
+            if drafted:  # a row that drafted nothing (no room) learns nothing
+                k = self.state[row] + 2 if accepted == drafted else self.state[row] - 1
+                self.state[row] = float(min(max(k, self.low), self.high))
+
+
+def roc_threshold(probs: list[float], matches: list[int], cost_fn: float = ROC_FALSE_NEGATIVE_COST) -> float:
+    """The probability threshold minimising fpr + cost_fn * fnr over the ROC curve of (probs, matches)
+    (``sklearn.metrics.roc_curve``'s points, its leading infinite threshold included)."""
+    p, y = np.asarray(probs, dtype=np.float64), np.asarray(matches, dtype=np.int64)
+    order = np.argsort(-p, kind="stable")
+    p, y = p[order], y[order]
+    last = np.r_[np.nonzero(np.diff(p))[0], len(p) - 1]  # the last index of each distinct probability
+    tps = np.cumsum(y)[last]
+    fps = last + 1 - tps
+    positives, negatives = int(y.sum()), len(y) - int(y.sum())
+    fpr = np.r_[0.0, fps / negatives]
+    tpr = np.r_[0.0, tps / positives]
+    thresholds = np.r_[np.inf, p[last]]
+    return float(thresholds[int(np.argmin(fpr + cost_fn * (1 - tpr)))])
+
+
+class _ConfidenceStop:
+    """Stops rows whose draft's probability is below their threshold; remembers each draft's probability."""
+
+    needs_hidden = False
+
+    def __init__(self, thresholds: torch.Tensor, low: int) -> None:
+        self.thresholds = thresholds  # [B]
+        self.low = low
+        self.probs: list[torch.Tensor] = []  # per position: [B] probability of each row's draft
+
+    def __call__(self, step: DraftStep) -> torch.Tensor:
+        q = step.q if step.q is not None else torch.softmax(step.logits.float(), dim=-1)  # [B, V]
+        p = q.gather(1, step.tokens[:, None]).squeeze(1)  # [B]
+        self.probs.append(p)
+        return (p < self.thresholds) & (step.position + 1 >= self.low)
+
+
+class Confidence(PerRow):
+    """transformers 5's confidence stop, per row, with its ROC retuning after each round."""
+
+    def __init__(self, threshold: float, bound: tuple[int, int]) -> None:
+        super().__init__(threshold)
+        self.low, self.high = bound
+        self.history: list[tuple[list[float], list[int]]] = []  # per row: (draft probabilities, matched)
+        self._stop: _ConfidenceStop | None = None
+
+    def add(self, rows: int) -> None:
+        super().add(rows)
+        self.history += [([], []) for _ in range(rows)]
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        self.history = [self.history[i] for i in rows.tolist()]
+
+    def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
+        self._stop = _ConfidenceStop(torch.tensor(self.state, device=device), self.low)
+        return DraftPlan(torch.full((rows,), self.high, dtype=torch.long, device=device), self._stop)
+
+    def update(self, proposal: Proposal, verdict: Verdict) -> None:
+        if self._stop is None or not self._stop.probs:
+            return
+        probs = torch.stack(self._stop.probs, dim=1).tolist()  # [B, positions]
+        for row, (drafted, accepted) in enumerate(zip(proposal.lengths.tolist(), verdict.accepted.tolist())):
+            seen = min(drafted, accepted + 1)  # the accepted drafts and the first rejected one
+            if proposal.ended and proposal.ended[row] == "lookup":
+                continue  # a lookup copy was not drafted by the model: no probabilities to learn from
+            history_p, history_m = self.history[row]
+            history_p += probs[row][:seen]
+            history_m += [1] * min(accepted, seen) + [0] * (seen - accepted)
+            if len(history_p) > 5 and 0 in history_m and 1 in history_m:
+                self.state[row] = roc_threshold(history_p, history_m)
+
+
+class _AdaStop:
+    """SpecDec++'s stop: 1 - prod_{j<=i} a_j > threshold, a_1 := 1, a_j the head's P(accept) of draft j."""
+
+    needs_hidden = True
+
+    def __init__(self, accept: Callable[[torch.Tensor], torch.Tensor], threshold: float, low: int, rows: int,
+                 device: torch.device | str) -> None:
+        self.accept = accept
+        self.threshold = threshold
+        self.low = low
+        self.product = torch.ones(rows, device=device)  # [B] running product of predicted acceptances
+
+    def __call__(self, step: DraftStep) -> torch.Tensor:
+        if step.position > 0:  # the first draft's acceptance counts as 1
+            assert step.hidden is not None
+            self.product = self.product * self.accept(step.hidden).to(self.product.dtype)
+        return (1 - self.product > self.threshold) & (step.position + 1 >= self.low)
+
+
+class Ada(Schedule):
+    """SpecDec++: draft while the acceptance head predicts the drafts will all be accepted."""
+
+    def __init__(self, accept: Callable[[torch.Tensor], torch.Tensor], threshold: float, bound: tuple[int, int]) -> None:
+        self.accept = accept  # hidden [B, H] -> P(accept) [B]
+        self.threshold = threshold
+        self.low, self.high = bound
+
+    def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
+        stop = _AdaStop(self.accept, self.threshold, self.low, rows, device)
+        return DraftPlan(torch.full((rows,), self.high, dtype=torch.long, device=device), stop)
 
 
 def batch_bucket(rows: int) -> int:
@@ -69,11 +224,7 @@ class Crossover(Schedule, Listener):
         self._trials: dict[int, dict[bool, list[float]]] = {}  # bucket -> mode -> [rounds, tokens, seconds]
         self._mode: tuple[int, bool] | None = None  # (bucket, drafting) of the round in flight
 
-    @property
-    def stop(self) -> StopRule | None:  # type: ignore[override]
-        return self.inner.stop
-
-    def limits(self, rows: int, device: torch.device | str) -> torch.Tensor:
+    def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         bucket = batch_bucket(rows)
         drafting = self.choice.get(bucket)
         if drafting is None:  # still measuring: alternate the two modes, drafting first
@@ -82,7 +233,8 @@ class Crossover(Schedule, Listener):
             self._mode = (bucket, drafting)
         else:
             self._mode = None
-        return self.inner.limits(rows, device) if drafting else torch.zeros(rows, dtype=torch.long, device=device)
+        plan = self.inner.plan(rows, device)
+        return plan if drafting else DraftPlan(torch.zeros_like(plan.limit))
 
     def round_ended(self, summary: RoundSummary) -> None:
         if self._mode is None:
@@ -107,15 +259,43 @@ class Crossover(Schedule, Listener):
         self.inner.select(rows)
 
 
-SCHEDULES: dict[str, Callable[..., Schedule]] = {"constant": Constant}
+def _ada(spec: SpecConfig, config: ScheduleConfig, drafter: Drafter) -> Schedule:
+    """The ada schedule with the acceptance head of ``config.head`` (default: beside the drafter model)."""
+    if not drafter.returns_hidden or drafter.hidden_size is None:
+        raise ValueError(f"--schedule ada reads the drafter's hidden states, and this drafter "
+                         f"({type(drafter).__name__}) has none: draft with a model (e.g. lookup+code-drafter)")
+    path = config.head or drafter.head_path()
+    if path is None:
+        raise ValueError("--schedule ada needs an acceptance head: pass --head PATH (train one with "
+                         "`specdec train head`)")
+    from specdec.heads import load_head
+
+    head = load_head(Path(path), drafter.hidden_size)
+    threshold = config.stop_threshold if config.stop_threshold is not None else head.default_threshold
+    return Ada(head.accept_probability, threshold, config.bound)
 
 
-def register_schedule(name: str, factory: Callable[..., Schedule]) -> None:
-    """Make the schedule ``name`` available to ``make_schedule`` (and the CLI)."""
+# name -> (spec, config, drafter) -> Schedule
+SCHEDULES: dict[str, Callable[[SpecConfig, ScheduleConfig, Drafter], Schedule]] = {
+    "constant": lambda spec, config, drafter: Constant(spec.gamma),
+    "heuristic": lambda spec, config, drafter: Heuristic(spec.gamma, config.bound),
+    "confidence": lambda spec, config, drafter: Confidence(
+        CONFIDENCE_START if config.stop_threshold is None else config.stop_threshold, config.bound),
+    "ada": _ada,
+}
+
+
+def register_schedule(name: str, factory: Callable[[SpecConfig, ScheduleConfig, Drafter], Schedule]) -> None:
+    """Make the schedule ``name`` available to ``make_schedule`` (and the CLI's --schedule)."""
     SCHEDULES[name] = factory
 
 
-def make_schedule(gamma: int, speculate: str = "on") -> Schedule:
-    """The constant schedule of ``gamma``, wrapped in ``Crossover`` for ``speculate="auto"``."""
-    schedule: Schedule = Constant(gamma)
-    return Crossover(schedule) if speculate == "auto" else schedule
+def make_schedule(spec: SpecConfig, config: ScheduleConfig | None = None, drafter: Drafter | None = None) -> Schedule:
+    """The schedule ``config`` names for ``drafter``, wrapped in ``Crossover`` for ``speculate="auto"``."""
+    config = config or ScheduleConfig()
+    if config.schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {config.schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if drafter is None and config.schedule == "ada":
+        raise ValueError("the ada schedule needs the drafter whose hidden states it reads")
+    schedule = SCHEDULES[config.schedule](spec, config, drafter)  # type: ignore[arg-type]
+    return Crossover(schedule) if spec.speculate == "auto" else schedule

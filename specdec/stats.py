@@ -38,9 +38,10 @@ CONTEXT_LIMIT = "context_limit"
 class RoundRecord:
     """One round: how many tokens were drafted, accepted, and emitted (committed)."""
 
-    drafted: int  # draft tokens proposed this round (gamma, or fewer near limits)
+    drafted: int  # draft tokens proposed this round (the drafted length: gamma, or what the schedule chose)
     accepted: int  # of those, kept by verification (a prefix of the draft)
     emitted: int  # tokens committed this round, after stop truncation
+    ended: str = ""  # why the draft ended: bound, threshold, lookup, room or none ("" when the drafter does not say)
 
 
 @dataclass
@@ -62,7 +63,7 @@ class GenerationStats:
     lossless: bool = True  # whether the verification rule reproduces the target exactly
     records: list[RoundRecord] = field(default_factory=list)  # one per round
 
-    def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
+    def record_round(self, drafted: int, accepted: int, emitted: int, ended: str = "") -> None:
         """Add one round's counts."""
         self.rounds += 1
         self.drafted += drafted
@@ -73,7 +74,7 @@ class GenerationStats:
                 per.extend([0] * (n - len(per)))
             for i in range(n):
                 per[i] += 1
-        self.records.append(RoundRecord(drafted, accepted, emitted))
+        self.records.append(RoundRecord(drafted, accepted, emitted, ended))
 
     @property
     def acceptance_rate(self) -> float:

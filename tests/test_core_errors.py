@@ -9,6 +9,7 @@ import torch
 from conftest import build_tiny, char_tokenizer, truncated_copy
 
 import specdec
+from specdec.schedules import DraftPlan
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +210,8 @@ class _PerRow(specdec.Schedule):
     def __init__(self, limits):
         self.fixed = limits
 
-    def limits(self, rows, device):
-        return torch.tensor(self.fixed[:rows])
+    def plan(self, rows, device):
+        return DraftPlan(torch.tensor(self.fixed[:rows]))
 
 
 def test_free_tokens_allow_longer_model_free_drafts(pair):

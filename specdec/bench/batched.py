@@ -41,7 +41,7 @@ from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.measure import Clock, ForwardMeter
 from specdec.bench.prompts import Prompt, load_prompts
-from specdec.config import LOOKUP, DrafterConfig
+from specdec.config import LOOKUP, DrafterConfig, SpecConfig
 from specdec.drafters import make_drafter
 from specdec.loading import load_model, load_tokenizer
 from specdec.schedules import Crossover, Schedule, make_schedule
@@ -113,7 +113,8 @@ def _ours(drafter: str | None, speculate: str) -> Callable[..., Output]:
             chosen = make_drafter(DrafterConfig(drafter), target, loader=lambda _: models.drafter)
             schedule = None
             if speculate == "auto":  # measured once per batch size, kept over the repeats
-                schedule = models.crossovers.setdefault(batch, make_schedule(config.gamma[0], "auto"))
+                schedule = models.crossovers.setdefault(
+                    batch, make_schedule(SpecConfig(gamma=config.gamma[0], speculate="auto")))
             results = specdec.speculative_generate(target, chosen, ids, batch_size=batch, gamma=config.gamma[0],
                                                    schedule=schedule, **kwargs)
         return Output([r.tokens for r in results], sum(r.stats.rounds for r in results),

@@ -21,8 +21,8 @@ up to that many tokens, more than ``limit``; the round verifies what fits before
 ``max_new_tokens`` and the context, and ``commit`` treats the rest as rejected. Drafters own no
 sampling policy: the ``Sampler`` passed to ``propose`` carries each row's warpers and generator, so
 that q is shaped exactly like p. ``context_limit`` is the longest sequence the drafter can hold
-(None: unbounded); ``returns_hidden`` says whether it fills ``Proposal.hidden`` when a stop rule
-asks for hidden states.
+(None: unbounded); ``returns_hidden`` says whether it fills ``Proposal.hidden`` (of
+``hidden_size``) when a stop rule asks for hidden states.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ if TYPE_CHECKING:
     from specdec.target import Target
 
 
+# Why a row's draft ended (``Proposal.ended``; the per-round records carry it, as SpecDec++'s logs do).
+ENDED_NONE = "none"  # nothing was drafted (limit 0, or lookup found nothing and no model drafts)
+ENDED_LIMIT = "bound"  # the row drafted as many tokens as it was allowed (the schedule's bound or the room left)
+ENDED_THRESHOLD = "threshold"  # the schedule's stop rule stopped it (confidence, acceptance head)
+ENDED_LOOKUP = "lookup"  # a prompt-lookup copy, whose length is the copy's
+ENDED_ROOM = "room"  # cut by the round to what fits before max_new_tokens or the context
+
+
 @dataclass(frozen=True)
 class Proposal:
     """Draft tokens of one round, per row."""
@@ -48,6 +56,7 @@ class Proposal:
     q: torch.Tensor | None = None  # [B, k, V] drafter probabilities per position, or None = one-hot
     hidden: torch.Tensor | None = None  # [B, k, H] the drafter's last hidden state behind each draft, if asked
     calls: int = 0  # drafter forward passes spent on this proposal (0 for model-free drafters)
+    ended: tuple[str, ...] = ()  # per row, why its draft ended (ENDED_*); () when the drafter does not say
 
     @property
     def k(self) -> int:
@@ -55,10 +64,10 @@ class Proposal:
         return self.tokens.shape[1]
 
     @classmethod
-    def empty(cls, rows: int, device: torch.device | str) -> Proposal:
+    def empty(cls, rows: int, device: torch.device | str, ended: str = ENDED_NONE) -> Proposal:
         """No drafts for any row."""
         return cls(torch.zeros(rows, 0, dtype=torch.long, device=device),
-                   torch.zeros(rows, dtype=torch.long, device=device))
+                   torch.zeros(rows, dtype=torch.long, device=device), ended=(ended,) * rows)
 
     def select(self, rows: torch.Tensor) -> Proposal:
         """The proposal of the rows ``rows`` [B']."""
@@ -78,13 +87,26 @@ class Proposal:
         return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
 
 
+@dataclass(frozen=True)
+class DraftStep:
+    """One drafted position of a round, as a stop rule sees it."""
+
+    position: int  # 0-based position of the draft in the round
+    tokens: torch.Tensor  # [B] the tokens drafted there
+    logits: torch.Tensor  # [B, V] the drafter's logits they were chosen from (target vocabulary)
+    q: torch.Tensor | None  # [B, V] the warped probabilities they were sampled from (None: greedy rows)
+    hidden: torch.Tensor | None  # [B, H] the drafter's last hidden state there, when the rule needs it
+    drafting: torch.Tensor  # [B] bool, the rows that drafted this position
+
+
 class StopRule(Protocol):
-    """A schedule's within-round stop: after drafting ``position`` (0-based), which rows stop there."""
+    """A schedule's within-round stop: after each drafted position, which rows stop there (the draft at
+    that position is kept)."""
 
     needs_hidden: bool  # whether it reads the drafter's hidden state (the drafter must return it)
 
-    def __call__(self, position: int, logits: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
-        """logits [B, V] and hidden [B, H] behind the draft at ``position`` -> [B] bool (True: stop)."""
+    def __call__(self, step: DraftStep) -> torch.Tensor:
+        """[B] bool: True where the row stops drafting after ``step.position``."""
         ...
 
 
@@ -99,6 +121,11 @@ class Drafter(ABC):
     context_limit: int | None = None  # longest sequence the drafter can hold; None = unbounded
     free_tokens: int = 0  # longest model-free draft of a row, past its limit (prompt lookup); 0 = none
     returns_hidden: bool = False  # whether it can fill Proposal.hidden (for stop rules that read it)
+    hidden_size: int | None = None  # the size of those hidden states
+
+    def head_path(self) -> str | None:
+        """Where an acceptance head trained for this drafter sits by default (beside its model), if anywhere."""
+        return None
 
     def align(self, target: Target, tokenizer: object | None = None) -> Drafter:
         """Check the drafter against ``target`` (vocabulary, device) before decoding; returns itself."""
@@ -156,7 +183,7 @@ class NoDrafter(Drafter):
         return 0
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
-        return Proposal.empty(self.rows, self.device)
+        return Proposal.empty(self.rows, self.device, ENDED_NONE)
 
     def commit(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
         pass

@@ -52,7 +52,10 @@ def _merged(lookup: Proposal, fallback: Proposal, use_lookup: torch.Tensor) -> P
     hidden = None
     if fallback.hidden is not None:
         hidden = torch.nn.functional.pad(fallback.hidden, (0, 0, 0, width - fallback.k))  # [B, k, H]
-    return Proposal(tokens, lengths, q, hidden, calls=fallback.calls)
+    ended = ()
+    if lookup.ended and fallback.ended:
+        ended = tuple(a if use else b for a, b, use in zip(lookup.ended, fallback.ended, use_lookup.tolist()))
+    return Proposal(tokens, lengths, q, hidden, calls=fallback.calls, ended=ended)
 
 
 class LookupDrafter(FollowingDrafter):
@@ -63,12 +66,16 @@ class LookupDrafter(FollowingDrafter):
         self.lookup = NgramDrafter(ngram)
         self.context_limit = self.fallback.context_limit
         self.returns_hidden = self.fallback.returns_hidden
+        self.hidden_size = self.fallback.hidden_size
         self._drafts: list[list[int]] = []
 
     @property
     def free_tokens(self) -> int:  # type: ignore[override]
         """Lookup may copy more than the limit (see ``drafters.base``)."""
         return self.lookup.free_tokens
+
+    def head_path(self) -> str | None:
+        return self.fallback.head_path()
 
     def align(self, target, tokenizer=None) -> LookupDrafter:
         """Check the fallback drafter against the target."""

@@ -37,7 +37,15 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.batch import PromptBatch, left_mask, left_padded
 from specdec.cache import RaggedCache
-from specdec.drafters.base import FollowingDrafter, Proposal, StopRule
+from specdec.drafters.base import (
+    ENDED_LIMIT,
+    ENDED_NONE,
+    ENDED_THRESHOLD,
+    DraftStep,
+    FollowingDrafter,
+    Proposal,
+    StopRule,
+)
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
@@ -136,12 +144,18 @@ class ModelDrafter(FollowingDrafter):
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)
+        self.hidden_size = model.config.get_text_config().hidden_size
         self.device = input_device(model)
         self.cache = RaggedCache(model, 0, self.device)
         self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
         self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
         self._fed: list[list[int]] | None = None  # per row: drafts forwarded into the cache since the last commit
         self._mark: torch.Tensor | None = None  # [B] live tokens before those drafts
+
+    def head_path(self) -> str | None:
+        """``acceptance_head/`` in the drafter model's folder."""
+        folder = getattr(self.model, "name_or_path", "") or ""
+        return str(Path(folder) / "acceptance_head") if folder and Path(folder).is_dir() else None
 
     def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> ModelDrafter:
         """Check the drafter against the target (vocabulary, device) and adopt its vocabulary size."""
@@ -195,6 +209,7 @@ class ModelDrafter(FollowingDrafter):
         logits, state = self._step(ids, valid, hidden)
         self._mark, self.pending = self.cache.live.clone(), [[] for _ in range(rows)]
         active = limit > 0  # [B] rows still drafting
+        stopped = torch.zeros_like(active)  # [B] rows the stop rule stopped
         lengths = torch.zeros_like(limit)
         tokens, probs, states = [], [], []
         for i in range(steps):
@@ -203,16 +218,19 @@ class ModelDrafter(FollowingDrafter):
             probs.append(q)
             states.append(state)
             lengths = lengths + active.long()
-            active = active & (limit > i + 1)
             if stop is not None:
-                active = active & ~stop(i, logits, state)
+                halt = active & stop(DraftStep(i, token, logits, q, state, active))
+                stopped, active = stopped | halt, active & ~halt
+            active = active & (limit > i + 1)
             if i == steps - 1 or not bool(active.any()):
                 break
             logits, state = self._step(token[:, None], None, hidden)
         drafted = torch.stack(tokens, dim=1)  # [B, k]
         self._fed = [row[: len(tokens) - 1] for row in drafted.tolist()]
+        ended = tuple(ENDED_NONE if n == 0 else ENDED_THRESHOLD if s else ENDED_LIMIT
+                      for n, s in zip(lengths.tolist(), stopped.tolist()))
         proposal = Proposal(drafted, lengths, None if probs[0] is None else torch.stack(probs, dim=1),
-                            torch.stack(states, dim=1) if hidden else None, calls=len(tokens))
+                            torch.stack(states, dim=1) if hidden else None, calls=len(tokens), ended=ended)
         self._drafts = proposal.drafts()
         return proposal
 

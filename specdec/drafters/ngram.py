@@ -22,7 +22,7 @@ import torch
 
 from specdec.batch import PromptBatch, right_padded
 from specdec.config import NgramConfig
-from specdec.drafters.base import FollowingDrafter, Proposal, StopRule
+from specdec.drafters.base import ENDED_LOOKUP, ENDED_NONE, FollowingDrafter, Proposal, StopRule
 from specdec.sampling import Sampler
 
 
@@ -87,7 +87,7 @@ class NgramDrafter(FollowingDrafter):
         self._drafts = [row.propose(self.config.num_tokens or n) if n > 0 else []
                         for row, n in zip(self.rows, limit.tolist())]
         tokens, lengths = right_padded(self._drafts, self.device)  # [B, k], [B]
-        return Proposal(tokens, lengths)
+        return Proposal(tokens, lengths, ended=tuple(ENDED_LOOKUP if d else ENDED_NONE for d in self._drafts))
 
     def last_drafts(self) -> list[list[int]]:
         return self._drafts

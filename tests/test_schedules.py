@@ -1,0 +1,181 @@
+"""Schedules (issue 18): how far each row drafts; every schedule keeps greedy output exact.
+
+- every schedule (constant, heuristic, confidence, ada with a stand-in head) keeps every row of a
+  batch equal to the target's greedy decoding, with the drafter model and with lookup first;
+- the heuristic's +2 / -1 rule and its bounds, per row;
+- the confidence stop and transformers' ROC retuning (against a brute-force search of thresholds);
+- SpecDec++'s stop rule: the running product, the first token always drafted, the bounds;
+- the records say how long each draft was and why it ended;
+- bad input: threshold outside (0, 1), bounds, ada without hidden states or head.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
+
+import specdec
+from specdec.acceptance import Verdict
+from specdec.config import ScheduleConfig, SpecConfig
+from specdec.drafters.base import DraftStep, Proposal
+from specdec.schedules import Ada, Confidence, Crossover, Heuristic, _AdaStop, make_schedule, roc_threshold
+
+PROMPTS = [[5, 17, 33, 5, 17], [3], [9, 8, 7, 6, 5, 4, 3, 2, 11, 12], [40, 41]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = build_tiny("llama", seed=0)
+    return target, truncated_copy(target, 1)
+
+
+def fake_head(hidden: torch.Tensor) -> torch.Tensor:
+    """A stand-in acceptance head: P(accept) from the hidden state's first feature (deterministic)."""
+    return torch.sigmoid(3 * hidden[:, 0])
+
+
+SCHEDULES = {
+    "constant": lambda: "constant",
+    "heuristic": lambda: "heuristic",
+    "confidence": lambda: ScheduleConfig("confidence", stop_threshold=0.3, bound=(1, 6)),
+    "ada": lambda: Ada(fake_head, 0.5, (1, 8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("lookup", [False, True])
+def test_every_schedule_keeps_greedy_exact(pair, name, lookup):
+    target, drafter = pair
+    chosen = specdec.LookupDrafter(drafter) if lookup else drafter
+    results = specdec.speculative_generate(target, chosen, PROMPTS, max_new_tokens=24, gamma=3, stop_token_ids=[],
+                                           batch_size=3, schedule=SCHEDULES[name]())
+    for prompt, result in zip(PROMPTS, results):
+        assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, 24, []))
+        ended = {r.ended for r in result.stats.records}
+        assert ended <= {"bound", "threshold", "lookup", "room", "none"}
+        if name in ("confidence", "ada"):
+            assert max(r.drafted for r in result.stats.records) <= (12 if lookup else 8)
+    drafted = [r.drafted for res in results for r in res.stats.records]
+    if name == "constant" and not lookup:
+        assert set(drafted) <= {0, 1, 2, 3}
+
+
+def test_heuristic_moves_each_row_within_its_bounds():
+    schedule = Heuristic(4, (2, 7))
+    schedule.add(3)
+    assert schedule.plan(3, "cpu").limit.tolist() == [4, 4, 4]
+    proposal = Proposal(torch.zeros(3, 4, dtype=torch.long), torch.tensor([4, 4, 0]))
+    for _ in range(3):  # row 0: all accepted (+2, capped at 7); row 1: a rejection (-1, floored at 2)
+        schedule.update(proposal, Verdict(torch.tensor([4, 1, 0]), torch.zeros(3, dtype=torch.long)))
+    assert schedule.plan(3, "cpu").limit.tolist() == [7, 2, 4]  # row 2 drafted nothing: unchanged
+    schedule.select(torch.tensor([2, 0]))
+    schedule.add(1)
+    assert schedule.plan(3, "cpu").limit.tolist() == [4, 7, 4]
+
+
+def brute_force_threshold(probs, matches, cost=3.0):
+    """The threshold (from inf and the observed probabilities) minimising fpr + cost * fnr, first on ties."""
+    best, best_cost = None, None
+    positives = sum(matches)
+    negatives = len(matches) - positives
+    for t in [float("inf"), *sorted(set(probs), reverse=True)]:
+        tp = sum(1 for p, m in zip(probs, matches) if p >= t and m)
+        fp = sum(1 for p, m in zip(probs, matches) if p >= t and not m)
+        c = fp / negatives + cost * (1 - tp / positives)
+        if best_cost is None or c < best_cost - 1e-12:
+            best, best_cost = t, c
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_roc_threshold_matches_a_brute_force_search(seed):
+    gen = torch.Generator().manual_seed(seed)
+    probs = (torch.rand(40, generator=gen) * 10).round().div(10).tolist()  # ties included
+    matches = [int(torch.rand(1, generator=gen) < p) for p in probs]
+    if 0 not in matches or 1 not in matches:
+        matches[0], matches[1] = 0, 1
+    assert roc_threshold(probs, matches) == brute_force_threshold(probs, matches)
+
+
+def test_confidence_stops_below_the_threshold_and_learns_from_outcomes():
+    schedule = Confidence(0.4, (2, 5))
+    schedule.add(2)
+    plan = schedule.plan(2, "cpu")
+    assert plan.limit.tolist() == [5, 5]
+    logits = torch.log(torch.tensor([[0.9, 0.1], [0.3, 0.7]]))  # row 0 drafts token 0 (0.9), row 1 token 1 (0.7)
+    step = DraftStep(0, torch.tensor([0, 1]), logits, None, None, torch.tensor([True, True]))
+    assert plan.stop(step).tolist() == [False, False]  # MIN is 2: no stop at the first position
+    low = DraftStep(1, torch.tensor([1, 1]), logits, None, None, torch.tensor([True, True]))
+    assert plan.stop(low).tolist() == [True, False]  # row 0's draft has probability 0.1 < 0.4
+    proposal = Proposal(torch.zeros(2, 2, dtype=torch.long), torch.tensor([2, 2]))
+    schedule.update(proposal, Verdict(torch.tensor([1, 2]), torch.zeros(2, dtype=torch.long)))
+    assert schedule.history[0] == ([pytest.approx(0.9), pytest.approx(0.1)], [1, 0])
+    assert schedule.history[1] == ([pytest.approx(0.7), pytest.approx(0.7)], [1, 1])
+
+
+def test_ada_stop_rule_product_first_token_and_bounds():
+    accept = [torch.tensor([0.2, 0.9]), torch.tensor([0.5, 0.5])]
+    calls = iter(accept)
+    stop = _AdaStop(lambda hidden: next(calls), threshold=0.3, low=1, rows=2, device="cpu")
+    drafting = torch.tensor([True, True])
+    step = lambda i: DraftStep(i, torch.zeros(2, dtype=torch.long), torch.zeros(2, 3), None,
+                               torch.zeros(2, 4), drafting)
+    assert stop(step(0)).tolist() == [False, False]  # a_1 := 1: the head is not even asked
+    assert stop(step(1)).tolist() == [True, False]  # 1 - 0.2 = 0.8 > 0.3; 1 - 0.9 = 0.1
+    assert stop(step(2)).tolist() == [True, True]  # row 1: 1 - 0.9 * 0.5 = 0.55 > 0.3
+    lenient = _AdaStop(lambda hidden: torch.tensor([0.0, 0.0]), threshold=0.3, low=3, rows=2, device="cpu")
+    assert [lenient(step(i)).tolist() for i in range(3)] == [[False, False], [False, False], [True, True]]
+
+
+def test_ada_drafts_within_its_bounds_and_stops_on_the_head(pair):
+    target, drafter = pair
+    never = Ada(lambda hidden: torch.zeros(hidden.shape[0]), 0.5, (2, 9))  # predicts rejection: stop at MIN
+    res = specdec.speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=20, stop_token_ids=[],
+                                       schedule=never)
+    assert {r.drafted for r in res.stats.records[:-2]} == {2}
+    assert {r.ended for r in res.stats.records[:-2]} == {"threshold"}
+    always = Ada(lambda hidden: torch.ones(hidden.shape[0]), 0.5, (2, 9))  # predicts acceptance: draft MAX
+    res = specdec.speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=40, stop_token_ids=[],
+                                       schedule=always)
+    assert res.stats.records[0].drafted == 9 and res.stats.records[0].ended == "bound"
+
+
+def test_crossover_measures_both_modes_then_keeps_one():
+    from specdec.events import RoundSummary
+    from specdec.schedules import Constant
+
+    auto = Crossover(Constant(4), trial_rounds=2)
+    modes = []
+    for fast_draft in itertools.repeat(True, 4):
+        plan = auto.plan(3, "cpu")
+        drafting = bool(plan.limit.any())
+        modes.append(drafting)
+        auto.round_ended(RoundSummary(3, 12 if drafting else 0, 9 if drafting and fast_draft else 3, 0.01))
+    assert modes == [True, False, True, False] and auto.choice == {4: True}
+    assert auto.plan(4, "cpu").limit.tolist() == [4] * 4  # the bucket of 3 and 4 rows: decided
+    assert auto.plan(5, "cpu").limit.tolist() == [4] * 5  # a new bucket (8): measuring again, drafting first
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"stop_threshold": 0.0}, r"stop_threshold must be in \(0, 1\)"),
+    ({"stop_threshold": 1.5}, r"stop_threshold must be in \(0, 1\)"),
+    ({"bound": (0, 4)}, "bound must be MIN MAX with 1 <= MIN <= MAX"),
+    ({"bound": (5, 4)}, "bound must be MIN MAX with 1 <= MIN <= MAX"),
+    ({"schedule": "eager"}, "schedule must be one of constant, heuristic, confidence, ada"),
+])
+def test_bad_schedule_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ScheduleConfig(**kwargs)
+
+
+def test_ada_needs_hidden_states_and_a_head(pair, tmp_path):
+    target, drafter = pair
+    with pytest.raises(ValueError, match="reads the drafter's hidden states, and this drafter \\(NgramDrafter\\)"):
+        specdec.speculative_generate(target, "ngram", [1, 2], max_new_tokens=3, schedule="ada")
+    with pytest.raises(ValueError, match="needs an acceptance head: pass --head PATH"):
+        specdec.speculative_generate(target, drafter, [1, 2], max_new_tokens=3, schedule="ada")
+    with pytest.raises(ValueError, match="needs the drafter"):
+        make_schedule(SpecConfig(), ScheduleConfig("ada"))
