@@ -72,6 +72,11 @@ class PromptBatch:
         width = self.source.shape[1]
         return torch.arange(width, device=self.source.device)[None, :] < self.source_lengths[:, None]
 
+    def source_rows(self) -> list[list[int]]:
+        """Each row's real source ids, as lists."""
+        assert self.source is not None and self.source_lengths is not None
+        return [row[:n] for row, n in zip(self.source.tolist(), self.source_lengths.tolist())]
+
     def rows(self) -> list[list[int]]:
         """Each row's real ids, as lists (for drafters that keep Python state, like prompt lookup)."""
         width = self.ids.shape[1]

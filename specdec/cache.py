@@ -41,9 +41,10 @@ COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be wor
 class RaggedCache:
     """One model's KV cache for a batch of rows of different lengths."""
 
-    def __init__(self, model: torch.nn.Module, rows: int = 0, device: torch.device | str = "cpu") -> None:
+    def __init__(self, model: torch.nn.Module, rows: int = 0, device: torch.device | str = "cpu",
+                 cache: DynamicCache | None = None) -> None:
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.cache = cache if cache is not None else DynamicCache(config=model.config)
         for layer in self.cache.layers:
             if not isinstance(layer, DynamicLayer):
                 raise TypeError(
@@ -78,16 +79,23 @@ class RaggedCache:
                 "prompt only (its window counts cache slots, not tokens): use batch_size=1"
             )
         real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
+        mask = positions = None
         if holes:
             positions = (self.live[:, None] + real.long().cumsum(1) - 1).clamp_min(0)  # [B, n]
             mask = torch.cat([self.mask, real], dim=1).long()  # [B, S + n]
-            kwargs.update(attention_mask=mask, position_ids=positions)
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=logits_to_keep, **kwargs)
+        out = self._call(input_ids, mask, positions, logits_to_keep, kwargs)
         self.mask = torch.cat([self.mask, real], dim=1)
         self.live = self.live + real.sum(dim=1)
         self.holes = holes
         return out
+
+    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+              logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        """The model's forward on new tokens (mask and positions None: the model's own, no holes)."""
+        if attention_mask is not None:
+            kwargs.update(attention_mask=attention_mask, position_ids=position_ids)
+        return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                          logits_to_keep=logits_to_keep, **kwargs)
 
     def keep(self, n: torch.Tensor) -> None:
         """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
@@ -156,21 +164,26 @@ class RaggedCache:
             self.cache, self.mask, self.live, self.holes = other.cache, other.mask, other.live, other.holes
             return
         width = max(self.slots, other.slots)
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            like = mine if mine.is_initialized and mine.keys is not None else theirs
-            if not (like.is_initialized and like.keys is not None):
-                continue  # neither cache has stored a token yet
+        layers = max(len(self.cache.layers), len(other.cache.layers))  # caches made without a config grow lazily
+        while len(self.cache.layers) < layers:
+            self.cache.layers.append(DynamicLayer())
+        for index, mine in enumerate(self.cache.layers):
+            theirs = other.cache.layers[index] if index < len(other.cache.layers) else None
+            stored = [layer for layer in (mine, theirs) if layer is not None and layer.is_initialized
+                      and layer.keys is not None and layer.keys.shape[2] > 0]
+            if not stored:
+                continue  # neither cache has stored a token in this layer yet
+            like = stored[0].keys
             parts = []
             for layer, cache in ((mine, self), (theirs, other)):
-                shape = (cache.rows, like.keys.shape[1], width, like.keys.shape[-1])
-                if not (layer.is_initialized and layer.keys is not None) or layer.keys.shape[2] == 0:
-                    empty = like.keys.new_zeros(shape)
+                if layer is None or layer not in stored:
+                    empty = like.new_zeros(cache.rows, like.shape[1], width, like.shape[-1])
                     parts.append((empty, empty))
                     continue
-                pad = like.keys.new_zeros(shape[0], shape[1], width - layer.keys.shape[2], shape[3])
+                pad = like.new_zeros(cache.rows, like.shape[1], width - layer.keys.shape[2], like.shape[-1])
                 parts.append((torch.cat([pad, layer.keys], 2), torch.cat([pad, layer.values], 2)))
             if not mine.is_initialized:
-                mine.lazy_initialization(like.keys, like.values)
+                mine.lazy_initialization(like, like)
             mine.keys = torch.cat([parts[0][0], parts[1][0]], dim=0)
             mine.values = torch.cat([parts[0][1], parts[1][1]], dim=0)
         masks = [torch.cat([m.new_zeros(m.shape[0], width - m.shape[1]), m], dim=1) for m in (self.mask, other.mask)]

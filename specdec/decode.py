@@ -358,29 +358,31 @@ def _scalar(value: object) -> bool:
         not isinstance(value, torch.Tensor) or value.dim() == 0)
 
 
-def prompt_list(prompts: object, tokenizer: PreTrainedTokenizerBase | None) -> tuple[list[list[int]], bool]:
+def prompt_list(prompts: object, tokenizer: PreTrainedTokenizerBase | None,
+                noun: str = "prompt") -> tuple[list[list[int]], bool]:
     """``prompts`` -> (each prompt's ids, whether one prompt was given rather than a list).
 
     One prompt: a list of ints, an integer tensor [T] or [1, T], or a string (with ``tokenizer``).
-    Several: a list of those (all strings or all ids), or an integer tensor [B, T] with B > 1."""
+    Several: a list of those (all strings or all ids), or an integer tensor [B, T] with B > 1.
+    ``noun`` names them in errors ("prompt", or "source" for an encoder-decoder target)."""
     if isinstance(prompts, str):
-        return [_one(prompts, tokenizer, "the prompt")], True
+        return [_one(prompts, tokenizer, f"the {noun}")], True
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() < 2 or prompts.shape[0] == 1:
-            return [_one(prompts, tokenizer, "the prompt")], True
+            return [_one(prompts, tokenizer, f"the {noun}")], True
         if prompts.dim() != 2:
-            raise ValueError(f"prompts must have shape [T], [1, T] or [B, T], got {list(prompts.shape)}")
-        return [_one(p, tokenizer, f"prompt {i}") for i, p in enumerate(prompts)], False
+            raise ValueError(f"{noun}s must have shape [T], [1, T] or [B, T], got {list(prompts.shape)}")
+        return [_one(p, tokenizer, f"{noun} {i}") for i, p in enumerate(prompts)], False
     if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
-        raise TypeError(f"prompts must be token ids, a string, or a list of those, got {type(prompts).__name__}")
+        raise TypeError(f"{noun}s must be token ids, a string, or a list of those, got {type(prompts).__name__}")
     if not prompts:
-        raise ValueError("the prompt is empty (no tokens, or an empty list of prompts): pass at least one prompt "
-                         "of at least one token (e.g. the tokenizer's bos token)")
+        raise ValueError(f"the {noun} is empty (no tokens, or an empty list of {noun}s): pass at least one {noun} "
+                         "of at least one token" + (" (e.g. the tokenizer's bos token)" if noun == "prompt" else ""))
     if _scalar(prompts[0]):
-        return [_one(prompts, tokenizer, "the prompt")], True
+        return [_one(prompts, tokenizer, f"the {noun}")], True
     if len({isinstance(p, str) for p in prompts}) > 1:
-        raise TypeError("the prompts mix strings and token ids: pass all strings (with tokenizer=) or all ids")
-    return [_one(p, tokenizer, f"prompt {i}") for i, p in enumerate(prompts)], False
+        raise TypeError(f"the {noun}s mix strings and token ids: pass all strings (with tokenizer=) or all ids")
+    return [_one(p, tokenizer, f"{noun} {i}") for i, p in enumerate(prompts)], False
 
 
 def _one(prompt: object, tokenizer: PreTrainedTokenizerBase | None, where: str) -> list[int]:
@@ -397,18 +399,22 @@ def build_requests(target: Target, prompts: object, *, max_new_tokens: int, samp
     """Validate the prompts and stops shared by both loops -> (one request per prompt, single prompt?).
 
     A row's generator seed is ``sampling.seed + its index`` (None: each drawn from torch's global RNG)."""
-    rows, single = prompt_list(prompts, tokenizer)
+    sources = getattr(target, "encoder_decoder", False)  # an encoder-decoder target: the prompts are its sources
+    rows, single = prompt_list(prompts, tokenizer, "source" if sources else "prompt")
     for i, ids in enumerate(rows):
-        where = "the prompt" if single else f"prompt {i}"
+        where = ("the source" if single else f"source {i}") if sources else ("the prompt" if single else f"prompt {i}")
         if not ids:
-            raise ValueError(f"{where} is empty: pass at least one token (e.g. the tokenizer's bos token)")
+            raise ValueError(f"{where} is empty: pass at least one token" + (
+                "" if sources else " (e.g. the tokenizer's bos token)"))
         lo, hi = min(ids), max(ids)
         if lo < 0 or hi >= target.vocab_size:
             raise ValueError(f"{where}'s token ids must lie in [0, {target.vocab_size}) (the target's vocabulary), "
                              f"got {lo}..{hi}")
-        if target.context_limit is not None and len(ids) > target.context_limit:
-            raise ValueError(f"{where} has {len(ids)} tokens but the target's context holds "
-                             f"{target.context_limit}: shorten it")
+        limit = target.source_limit if sources else target.context_limit
+        if limit is not None and len(ids) > limit:
+            whose = "encoder's positions hold" if sources else "target's context holds"
+            raise ValueError(f"{where} has {len(ids)} tokens but the {whose} {limit}: shorten it by "
+                             f"{len(ids) - limit}")
     if isinstance(stop_strings, str):
         stop_strings = (stop_strings,)
     stop_strings = tuple(stop_strings or ())
@@ -423,9 +429,12 @@ def build_requests(target: Target, prompts: object, *, max_new_tokens: int, samp
     requests = []
     for i, ids in enumerate(rows):
         seed = sampling.seed if sampling.seed is None else sampling.seed + i
-        requests.append(Request(ids, max_new_tokens, SamplingConfig(sampling.temperature, sampling.top_k,
-                                                                     sampling.top_p, seed),
-                                stop_ids, stop_strings, index=i))
+        row_sampling = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+        if sources:  # the decoder starts from its start token; the prompt is the encoder's input
+            requests.append(Request([target.decoder_start], max_new_tokens, row_sampling, stop_ids, stop_strings,
+                                    source=ids, index=i))
+        else:
+            requests.append(Request(ids, max_new_tokens, row_sampling, stop_ids, stop_strings, index=i))
     return requests, single
 
 

@@ -13,9 +13,11 @@ it has:
 
 Invariant after every round, per row: cached tokens == committed tokens - 1.
 
-``CausalTarget`` serves decoder-only causal LMs through a ``RaggedCache``. ``make_target`` picks the
-implementation from a registry and refuses, before any decoding, a model no implementation handles
-(an encoder-decoder model, a model without a language-model head), naming its class.
+``ModelTarget`` serves a transformers model with a language-model head through its cache handle: a
+``RaggedCache`` for a decoder-only causal LM, a ``Seq2SeqCache`` for an encoder-decoder model (whose
+rows' committed sequences start with the decoder's start token, their sources encoded once when
+they join). ``make_target`` picks the implementation from a registry and refuses, before any
+decoding, a model no implementation handles (a model without a language-model head), naming its class.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.batch import PromptBatch
-from specdec.cache import RaggedCache
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
+from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder, source_limit
 
 
 @dataclass(frozen=True)
@@ -89,15 +91,19 @@ class Target(ABC):
         """[B] tokens in each row's cache (for tests of the invariant)."""
 
 
-class CausalTarget(Target):
-    """A decoder-only causal LM behind a ``RaggedCache``."""
+class ModelTarget(Target):
+    """A transformers model with a language-model head behind its cache handle (decoder-only or
+    encoder-decoder: the round loop does not ask which)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()
         self.vocab_size = vocab_size(model)
-        self.context_limit = context_limit(model)
+        self.encoder_decoder = is_encoder_decoder(model)
+        self.context_limit = context_limit(model)  # the decoder's positions
+        self.decoder_start = decoder_start_id(model) if self.encoder_decoder else None
+        self.source_limit = source_limit(model) if self.encoder_decoder else None
         self.device = input_device(model)
-        self.cache = RaggedCache(model, 0, self.device)
+        self.cache = cache_for(model, 0, self.device)
         self._mark: torch.Tensor | None = None  # [B] live tokens before the last verify
 
     @property
@@ -105,12 +111,15 @@ class CausalTarget(Target):
         return self.cache.rows
 
     def prefill(self, prompts: PromptBatch) -> int:
-        new = RaggedCache(self.model, prompts.size, self.device)
+        new = cache_for(self.model, prompts.size, self.device)
         calls = 0
+        if self.encoder_decoder:
+            assert prompts.source is not None, "an encoder-decoder target needs each row's source"
+            calls += new.encode(prompts.source, prompts.source_valid())
         if prompts.ids.shape[1] > 1:
             valid = prompts.valid()[:, :-1]  # [B, T-1]
             new.forward(prompts.ids[:, :-1], None if bool(valid.all()) else valid)
-            calls = 1
+            calls += 1
         self.cache.merge(new)
         return calls
 
@@ -122,7 +131,8 @@ class CausalTarget(Target):
         self._mark = self.cache.live.clone()
         out = self.cache.forward(tokens, valid, logits_to_keep=width, output_hidden_states=hidden)
         check_finite(out.logits, "target", valid)
-        return Scores(out.logits, out.hidden_states[-1] if hidden else None)
+        states = (out.decoder_hidden_states if self.encoder_decoder else out.hidden_states) if hidden else None
+        return Scores(out.logits, states[-1] if states is not None else None)
 
     def rollback(self, keep: torch.Tensor) -> None:
         assert self._mark is not None, "rollback() follows verify()"
@@ -133,7 +143,7 @@ class CausalTarget(Target):
         self.cache.select(rows.to(self.device))
 
     def reset(self) -> None:
-        self.cache = RaggedCache(self.model, 0, self.device)
+        self.cache = cache_for(self.model, 0, self.device)
 
     def cached(self) -> torch.Tensor:
         return self.cache.live
@@ -148,11 +158,11 @@ def register_target(accepts: Callable[[PreTrainedModel], bool], build: Callable[
     TARGETS.insert(0, (accepts, build))
 
 
-def _decoder_only(model: PreTrainedModel) -> bool:
-    return not getattr(model.config, "is_encoder_decoder", False)
+def _language_model(model: PreTrainedModel) -> bool:
+    return model.get_output_embeddings() is not None
 
 
-register_target(_decoder_only, CausalTarget)
+register_target(_language_model, ModelTarget)
 
 
 def make_target(model: object) -> Target:
@@ -167,6 +177,4 @@ def make_target(model: object) -> Target:
     for accepts, build in TARGETS:
         if accepts(model):
             return build(model)
-    kind = "an encoder-decoder model" if not _decoder_only(model) else "a model"
-    raise TypeError(f"target {type(model).__name__} is {kind} that no Target implementation handles yet: "
-                    "specdec decodes decoder-only causal LMs")
+    raise TypeError(f"target {type(model).__name__} is a model that no Target implementation handles")

@@ -23,7 +23,7 @@ from specdec.config import SamplingConfig
 from specdec.drafters.model import ModelDrafter
 from specdec.sampling import Sampler
 from specdec.schedules import Constant
-from specdec.target import CausalTarget
+from specdec.target import ModelTarget
 
 MODELS: dict[str, tuple] = {}
 
@@ -48,7 +48,7 @@ def test_ragged_commit_keeps_every_row_exact(arch, data):
     target_model, drafter_model = models(arch)
     prompts = data.draw(st.lists(st.lists(st.integers(3, 95), min_size=1, max_size=9), min_size=1, max_size=4))
     committed = [list(p) for p in prompts]
-    target, drafter = CausalTarget(target_model), ModelDrafter(drafter_model)
+    target, drafter = ModelTarget(target_model), ModelDrafter(drafter_model)
     sampler = Sampler.create(SamplingConfig(), "cpu", rows=len(prompts))
     with torch.inference_mode():
         target.prefill(PromptBatch.from_lists(prompts, "cpu"))

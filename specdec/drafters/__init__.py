@@ -46,11 +46,12 @@ def register_model_drafter(accepts: Callable[[PreTrainedModel], bool], wrap: Cal
     MODEL_DRAFTERS.insert(0, (accepts, wrap))
 
 
-def _causal_lm(model: PreTrainedModel) -> bool:
-    return not getattr(model.config, "is_encoder_decoder", False) and model.get_output_embeddings() is not None
+def _language_model(model: PreTrainedModel) -> bool:
+    """A causal LM or an encoder-decoder model with its language-model head (``ModelDrafter`` drafts with both)."""
+    return model.get_output_embeddings() is not None
 
 
-register_model_drafter(_causal_lm, ModelDrafter)
+register_model_drafter(_language_model, ModelDrafter)
 
 
 def model_drafter(model: PreTrainedModel) -> Drafter:
@@ -58,9 +59,8 @@ def model_drafter(model: PreTrainedModel) -> Drafter:
     for accepts, wrap in MODEL_DRAFTERS:
         if accepts(model):
             return wrap(model)
-    kind = "an encoder-decoder model" if getattr(model.config, "is_encoder_decoder", False) else "a model"
-    raise TypeError(f"drafter {type(model).__name__} is {kind} that no drafter handles: draft with a causal LM "
-                    "(with its language-model head: load it with AutoModelForCausalLM or specdec.load_model)")
+    raise TypeError(f"drafter {type(model).__name__} is a model that no drafter handles: draft with a language "
+                    "model with its head (load it with AutoModelForCausalLM, AutoModelForSeq2SeqLM or specdec.load_model)")
 
 
 def _check_name(name: str) -> None:

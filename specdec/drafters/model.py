@@ -36,7 +36,6 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.batch import PromptBatch, left_mask, left_padded
-from specdec.cache import RaggedCache
 from specdec.drafters.base import (
     ENDED_LIMIT,
     ENDED_NONE,
@@ -49,6 +48,7 @@ from specdec.drafters.base import (
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
+from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder
 
 # Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
 # share of the target's (padding to a multiple of 64 or 128 adds far less on real vocabularies).
@@ -144,9 +144,10 @@ class ModelDrafter(FollowingDrafter):
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)
-        self.hidden_size = model.config.get_text_config().hidden_size
+        self.hidden_size = model.config.get_text_config(decoder=True).hidden_size
         self.device = input_device(model)
-        self.cache = RaggedCache(model, 0, self.device)
+        self.encoder_decoder = is_encoder_decoder(model)
+        self.cache = cache_for(model, 0, self.device)
         self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
         self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
         self._fed: list[list[int]] | None = None  # per row: drafts forwarded into the cache since the last commit
@@ -158,7 +159,16 @@ class ModelDrafter(FollowingDrafter):
         return str(Path(folder) / "acceptance_head") if folder and Path(folder).is_dir() else None
 
     def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> ModelDrafter:
-        """Check the drafter against the target (vocabulary, device) and adopt its vocabulary size."""
+        """Check the drafter against the target (kind, vocabulary, device) and adopt its vocabulary size."""
+        target_kind = "an encoder-decoder" if getattr(target, "encoder_decoder", False) else "a decoder-only"
+        if getattr(target, "encoder_decoder", False) != self.encoder_decoder:
+            mine = "an encoder-decoder" if self.encoder_decoder else "a decoder-only"
+            raise ValueError(f"the drafter {type(self.model).__name__} is {mine} model but the target is "
+                             f"{target_kind} one: the drafter must read what the target reads (use a drafter of "
+                             "the target's kind, or prompt lookup)")
+        if self.encoder_decoder and decoder_start_id(self.model) != target.decoder_start:
+            raise ValueError(f"the drafter starts its decoder with token {decoder_start_id(self.model)} but the "
+                             f"target with {target.decoder_start}: {FIX}")
         check_vocabularies(target.model, self.model, tokenizer)
         check_device(target.device, self.device)
         self.vocab_size = target.vocab_size
@@ -180,16 +190,23 @@ class ModelDrafter(FollowingDrafter):
         out = self.cache.forward(ids, valid, output_hidden_states=hidden)
         logits = out.logits[:, -1]  # [B, V_d]
         check_finite(logits, "drafter")
-        return self._aligned(logits), out.hidden_states[-1][:, -1] if hidden else None
+        if not hidden:
+            return self._aligned(logits), None
+        states = out.decoder_hidden_states if self.encoder_decoder else out.hidden_states
+        return self._aligned(logits), states[-1][:, -1]
 
     def prefill(self, prompts: PromptBatch) -> int:
-        """Cache the new rows' prompts except their last tokens, which stay pending."""
-        new = RaggedCache(self.model, prompts.size, self.device)
+        """Cache the new rows' prompts except their last tokens, which stay pending (an encoder-decoder
+        drafter first encodes the rows' sources with its own encoder, once)."""
+        new = cache_for(self.model, prompts.size, self.device)
         calls = 0
+        if self.encoder_decoder:
+            assert prompts.source is not None, "an encoder-decoder drafter needs each row's source"
+            calls += new.encode(prompts.source, prompts.source_valid())
         if prompts.ids.shape[1] > 1:
             valid = prompts.valid()[:, :-1]
             new.forward(prompts.ids[:, :-1], None if bool(valid.all()) else valid)
-            calls = 1
+            calls += 1
         self.cache.merge(new)
         self.pending += [[row[-1]] for row in prompts.rows()]
         self._drafts += [[] for _ in range(prompts.size)]
@@ -255,5 +272,5 @@ class ModelDrafter(FollowingDrafter):
         self._drafts = [self._drafts[i] for i in index]
 
     def reset(self) -> None:
-        self.cache = RaggedCache(self.model, 0, self.device)
+        self.cache = cache_for(self.model, 0, self.device)
         self.pending, self._drafts, self._fed, self._mark = [], [], None, None

@@ -14,6 +14,11 @@ A draft costs no forward, so its length need not be gamma: ``NgramConfig.num_tok
 the end of the text goes on copying itself, so inside a repeat of period p it is still full length,
 not p tokens (which the latest occurrence alone would give). Each row keeps its own text and index
 (``Lookup``); a row whose limit is 0 proposes nothing.
+
+For an encoder-decoder target (translation) each row also indexes its source: when the output's
+latest n-gram has no earlier occurrence in the output but occurs in the source, the tokens that
+followed it there are copied (numbers, names and format markers pass through translation unchanged,
+and a shared vocabulary spells them alike).
 """
 
 from __future__ import annotations
@@ -27,12 +32,17 @@ from specdec.sampling import Sampler
 
 
 class Lookup:
-    """One row's committed sequence and its n-gram index."""
+    """One row's committed sequence and its n-gram index (and, for an encoder-decoder target, its source's)."""
 
-    def __init__(self, config: NgramConfig, tokens: list[int]) -> None:
+    def __init__(self, config: NgramConfig, tokens: list[int], source: list[int] | None = None) -> None:
         self.config = config
         self.tokens: list[int] = []  # the committed sequence, prompt included
         self._latest_end: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence before the last token
+        self.source = source or []  # the source a translation copies from (numbers, names, format markers)
+        self._source_end: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence in the source
+        for end in range(1, len(self.source)):  # n-grams of the source that have a continuation there
+            for n in range(config.min_ngram, min(config.max_ngram, end) + 1):
+                self._source_end[tuple(self.source[end - n : end])] = end
         self.append(tokens)
 
     def append(self, tokens: list[int]) -> None:
@@ -45,12 +55,17 @@ class Lookup:
                 self._latest_end[tuple(self.tokens[end - n : end])] = end
 
     def propose(self, length: int) -> list[int]:
-        """Up to ``length`` tokens that followed the longest matching suffix; possibly none."""
+        """Up to ``length`` tokens that followed the longest matching suffix (in the text itself first,
+        then in the source); possibly none."""
         end = len(self.tokens)
-        for n in range(min(self.config.max_ngram, end - 1), self.config.min_ngram - 1, -1):
-            start = self._latest_end.get(tuple(self.tokens[end - n :]))
+        for n in range(min(self.config.max_ngram, end), self.config.min_ngram - 1, -1):
+            key = tuple(self.tokens[end - n :])
+            start = self._latest_end.get(key) if n < end else None
             if start is not None:  # an earlier occurrence, with a continuation
                 return self._copy(start, length)
+            start = self._source_end.get(key)
+            if start is not None:  # the source had it: copy what followed there
+                return self.source[start : start + length]
         return []
 
     def _copy(self, start: int, length: int) -> list[int]:
@@ -77,9 +92,10 @@ class NgramDrafter(FollowingDrafter):
         return self.config.num_tokens or 0
 
     def prefill(self, prompts: PromptBatch) -> int:
-        """Index the new rows' prompts."""
+        """Index the new rows' prompts (and their sources, for an encoder-decoder target)."""
         self.device = prompts.ids.device
-        self.rows += [Lookup(self.config, row) for row in prompts.rows()]
+        sources = prompts.source_rows() if prompts.source is not None else [None] * prompts.size
+        self.rows += [Lookup(self.config, row, source) for row, source in zip(prompts.rows(), sources)]
         return 0
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:

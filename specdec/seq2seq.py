@@ -1,0 +1,187 @@
+"""Encoder-decoder models behind the same cache handle: each row's encoder output, per-row positions.
+
+A ``Seq2SeqCache`` is a ``RaggedCache`` of the decoder's self-attention (rows of different lengths,
+dead slots masked) that also holds, per row, the encoder's output for its source: the encoder runs
+once per source, when the row joins (``encode``), and the cross-attention keys and values computed
+from it are kept in the ``EncoderDecoderCache`` beside the self-attention cache, so a round feeds
+the decoder only its new tokens. Rows leaving select the cross-attention cache too; rows joining
+pad the sources (right, masked) and have the cross-attention recomputed once for the batch.
+
+Positions. transformers' encoder-decoder decoders compute positions from cache slots (Marian, BART
+and Pegasus add ``embed_positions`` of ``past_key_values_length + arange``; T5 biases attention
+by slot distances), which is wrong once rows of a batch hold different numbers of live tokens.
+``PositionOverride`` gives them the rows' own positions (live tokens before each slot), as the
+causal LMs' ``position_ids`` do: a forward hook on the decoder's ``embed_positions`` (an
+``nn.Embedding``: its rows at the per-row positions, plus its ``offset``), or, for T5's relative
+bias, the first self-attention layer's ``compute_bias`` computed from per-row positions of queries and
+keys ([B, heads, q, k], which broadcasts where T5 adds it). A decoder with neither is decoded
+without holes only (batches of one prompt).
+
+The decoder's start token begins every row's committed sequence and is never part of the output.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, ModelOutput
+
+from specdec.cache import RaggedCache
+
+
+def is_encoder_decoder(model: PreTrainedModel) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def decoder_start_id(model: PreTrainedModel) -> int:
+    """The token every decoder sequence starts with (generation config first, as ``generate`` reads it)."""
+    for config in (getattr(model, "generation_config", None), model.config):
+        start = getattr(config, "decoder_start_token_id", None)
+        if start is not None:
+            return int(start)
+    raise ValueError(f"{type(model).__name__} declares no decoder_start_token_id: set it in its config")
+
+
+def source_limit(model: PreTrainedModel) -> int | None:
+    """The longest source the encoder takes (its positions), or None when unbounded (relative positions)."""
+    encoder = model.get_encoder()
+    table = getattr(encoder, "embed_positions", None)
+    if isinstance(table, nn.Embedding):
+        return table.num_embeddings - int(getattr(table, "offset", 0))
+    return None
+
+
+class PositionOverride:
+    """Per-row positions for a decoder that computes them from cache slots (see the module docstring)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.query: torch.Tensor | None = None  # [B, m] positions of the new tokens
+        self.keys: torch.Tensor | None = None  # [B, S + m] positions of every slot (dead ones: any)
+        decoder = model.get_decoder()
+        table = getattr(decoder, "embed_positions", None)
+        self.supported = True
+        if isinstance(table, nn.Embedding):
+            table.register_forward_hook(self._embedding_hook)
+        elif (attention := self._relative_attention(decoder)) is not None:
+            original = attention.compute_bias
+
+            def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+                if self.query is None:
+                    return original(query_length, key_length, device=device, past_seen_tokens=past_seen_tokens)
+                relative = self.keys[:, None, :] - self.query[:, :, None]  # [B, q, k]
+                buckets = attention._relative_position_bucket(
+                    relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
+                    max_distance=attention.relative_attention_max_distance)
+                return attention.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, heads, q, k]
+
+            attention.compute_bias = compute_bias
+        else:
+            self.supported = False
+
+    @staticmethod
+    def _relative_attention(decoder: nn.Module) -> nn.Module | None:
+        """T5's first decoder self-attention, which holds the relative position bias."""
+        for module in decoder.modules():
+            if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias"):
+                return module
+        return None
+
+    def _embedding_hook(self, module: nn.Embedding, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        if self.query is None:
+            return output
+        return nn.Embedding.forward(module, self.query + int(getattr(module, "offset", 0))).to(output.dtype)
+
+    @contextmanager
+    def applied(self, query: torch.Tensor | None, keys: torch.Tensor | None) -> Iterator[None]:
+        self.query, self.keys = query, keys
+        try:
+            yield
+        finally:
+            self.query = self.keys = None
+
+
+_OVERRIDES: dict[int, PositionOverride] = {}  # id(model) -> its override (hooks are installed once per model)
+
+
+def position_override(model: PreTrainedModel) -> PositionOverride:
+    key = id(model)
+    if key not in _OVERRIDES or getattr(model, "_specdec_positions", None) is not _OVERRIDES[key]:
+        _OVERRIDES[key] = PositionOverride(model)
+        model._specdec_positions = _OVERRIDES[key]
+    return _OVERRIDES[key]
+
+
+class Seq2SeqCache(RaggedCache):
+    """The decoder cache of an encoder-decoder model for ragged rows, with each row's encoder output."""
+
+    def __init__(self, model: PreTrainedModel, rows: int = 0, device: torch.device | str = "cpu") -> None:
+        super().__init__(model, rows, device, cache=DynamicCache())
+        self.positions = position_override(model)
+        self.encoded: torch.Tensor | None = None  # [B, S, H] encoder outputs
+        self.source_mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] real source tokens
+        self.cross = DynamicCache()  # cross-attention keys and values, computed at the first decoder forward
+        self.past = EncoderDecoderCache(self.cache, self.cross)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def encode(self, source: torch.Tensor, valid: torch.Tensor) -> int:
+        """Run the encoder once on the rows' sources [B, S] (``valid`` [B, S] marks real tokens)."""
+        self.encoded = self.model.get_encoder()(input_ids=source, attention_mask=valid.long()).last_hidden_state
+        self.source_mask = valid
+        return 1
+
+    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+              logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        if position_ids is not None and not self.positions.supported:
+            raise ValueError(f"{type(self.model).__name__}'s decoder computes positions from cache slots in a way "
+                             "specdec cannot correct for rows of different lengths: use batch_size=1")
+        keys = None
+        if position_ids is not None:
+            assert attention_mask is not None
+            keys = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)  # [B, S + m]
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = logits_to_keep
+        with self.positions.applied(position_ids, keys):
+            out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=self.encoded),
+                             attention_mask=self.source_mask.long(), decoder_input_ids=input_ids,
+                             decoder_attention_mask=attention_mask, past_key_values=self.past, use_cache=True,
+                             **kwargs)
+        if not self._keeps_logits:
+            out.logits = out.logits[:, -logits_to_keep:]
+        return out
+
+    def _reset_cross(self) -> None:
+        """Forget the cross-attention keys and values: the next forward recomputes them for every row."""
+        self.cross = DynamicCache()
+        self.past = EncoderDecoderCache(self.cache, self.cross)
+
+    def select(self, rows: torch.Tensor) -> None:
+        super().select(rows)
+        if self.encoded is not None:
+            self.encoded, self.source_mask = self.encoded[rows], self.source_mask[rows]
+        self.cross.batch_select_indices(rows)
+        self.past = EncoderDecoderCache(self.cache, self.cross)
+        self.past.is_updated = {i: self.cross.get_seq_length(i) > 0 for i in range(len(self.cross))}
+
+    def merge(self, other: RaggedCache) -> None:
+        assert isinstance(other, Seq2SeqCache)
+        rows = self.rows
+        super().merge(other)
+        if rows == 0 or self.encoded is None:
+            self.encoded, self.source_mask = other.encoded, other.source_mask
+        elif other.encoded is not None:
+            width = max(self.encoded.shape[1], other.encoded.shape[1])
+            pad = (lambda t: nn.functional.pad(t, (0, 0, 0, width - t.shape[1])))
+            self.encoded = torch.cat([pad(self.encoded), pad(other.encoded)])
+            masks = [nn.functional.pad(m, (0, width - m.shape[1])) for m in (self.source_mask, other.source_mask)]
+            self.source_mask = torch.cat(masks)
+        self._reset_cross()
+
+
+def cache_for(model: PreTrainedModel, rows: int, device: torch.device | str) -> RaggedCache:
+    """The cache handle of ``model``: a ``Seq2SeqCache`` for an encoder-decoder model, else a ``RaggedCache``."""
+    return Seq2SeqCache(model, rows, device) if is_encoder_decoder(model) else RaggedCache(model, rows, device)
