@@ -32,10 +32,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as err:
         raise UsageError(f"specdec serve needs {err.name}: install the server's extra with {EXTRA}") from None
-    from specdec.serve.server import build_app
+    from specdec.serve.server import bind, build_app, make_server, url_of
 
     if args.gpu is not None:
         if args.device is not None:
@@ -47,12 +47,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     warning = exposure_warning(config)
     if warning:
         print(f"specdec serve: warning: {warning}", file=sys.stderr)
+    sock = bind(config.host, config.port)
     app = build_app(config, models, spec, sampling, verify)
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    print(f"specdec serve: {models.target} (drafter {models.drafter}, speculate {spec.speculate}, batch size "
-          f"{spec.batch_size}) on http://{host}:{config.port}: the page at /, the API at /v1",
-          file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    drafter = "none" if spec.speculate == "off" else models.drafter
+    print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, batch size "
+          f"{spec.batch_size}) on {url_of(sock)}: the page at /, the API at /v1", file=sys.stderr, flush=True)
+    make_server(app, config.log_level).run(sockets=[sock])
     return 0
 
 

@@ -20,7 +20,7 @@ class ServeConfig:
 
     host: str = "127.0.0.1"  # address to bind; 0.0.0.0 or :: serves every interface (set an API key then)
     port: int = 8000  # TCP port; 0 = any free port
-    api_key: str | None = None  # require "Authorization: Bearer KEY" on every endpoint but /health; None = $SPECDEC_API_KEY, else open
+    api_key: str | None = None  # require "Authorization: Bearer KEY" on the API, /metrics and /stats (not /health, nor the page's files); None = $SPECDEC_API_KEY, else none
     model_name: str | None = None  # the model id clients name; None = the target's shipped name or folder name
     max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
     log_level: str = "warning"  # uvicorn's log level: critical, error, warning, info, debug, trace

@@ -2,8 +2,9 @@
 
 ``build_app`` loads the models once (through the console's ``Session``: the target, the drafter
 named as for ``specdec generate``), builds the ``Engine`` of the target, and returns the app.
-``ServerThread`` runs an app with uvicorn on a socket it binds first (port 0 = a free port, known
-before the server starts), on a thread: for tests and for ``specdec bench --serve``.
+The server runs on a socket bound first (``bind``; port 0 = a free port, known before the server
+starts), in the foreground (``specdec serve``) or on a thread (``ServerThread``: tests and
+``specdec bench --serve``).
 """
 
 from __future__ import annotations
@@ -58,22 +59,39 @@ def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampli
     return create_app([served], config, metrics)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (``host``, ``port``) (0 = a free port): the server's address is known before it runs."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(err.errno, f"cannot listen on {host} port {port}: {err.strerror} (pick another --port)") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The http:// address of a bound socket."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def make_server(app: FastAPI, log_level: str = "warning") -> uvicorn.Server:
+    """The uvicorn server of ``app`` (its engines start and stop with the app's lifespan)."""
+    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+
+
 class ServerThread:
     """A uvicorn server on a thread, on a socket bound first (``port`` 0 = a free one)."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
-        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
-        self.host, self.port = host, self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+        self.sock = bind(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.url = url_of(self.sock)
+        self.server = make_server(app, log_level)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="specdec-uvicorn", daemon=True)
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
 
     def start(self, timeout: float = 60.0) -> ServerThread:
         """Start serving; return once the server accepts connections (or raise after ``timeout``)."""
