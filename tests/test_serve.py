@@ -212,14 +212,14 @@ def test_completion_equals_generate_streaming_and_not(server, client, session):
     assert chunks[-1].choices == [] and chunks[-1].usage.speculation == spec
 
 
-def test_completion_equals_the_generate_command(server, client, pair):
+def test_completion_equals_the_generate_command(server, client, pair, capsys):
+    """The `specdec generate --json` command itself (in this process: the same code, no interpreter start)."""
+    from specdec.cli import main
+
     prompt = PROMPTS[1]
-    out = subprocess.run([sys.executable, "-m", "specdec", "generate", "--json", "--target", str(pair.target),
-                          "--drafter", f"lookup+{pair.drafter}", "--max-new-tokens", "20", "--device", "cpu",
-                          prompt], capture_output=True, text=True, timeout=300, check=False,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr
-    cli = json.loads(out.stdout)
+    assert main(["generate", "--json", "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
+                 "--max-new-tokens", "20", "--device", "cpu", prompt]) == 0
+    cli = json.loads(capsys.readouterr().out)
     whole = client.completions.create(model="target", prompt=prompt, max_tokens=20, temperature=0)
     assert whole.specdec["token_ids"] == cli["tokens"] and whole.choices[0].text == cli["text"]
 
@@ -570,3 +570,31 @@ def check_page(page: DevTools, server: Server, prompt: str, tokens: list[int], t
     keep = os.environ.get("SPECDEC_SCREENSHOT")  # a place to keep the screenshot, to look at it
     if keep:
         shutil.copy(path, keep)
+
+
+# ------------------------------------------------------------------------------------ bench --serve
+
+
+def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
+    from specdec.bench.config import BenchConfig
+    from specdec.bench.serve import percentile, run_serve_bench, serve_goals, write_serve
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:3])))
+    config = BenchConfig(target=str(pair.target), drafter=str(pair.drafter), serve=True, clients=(1, 2),
+                         speculate=("off", "on"), prompts=str(prompts), num_prompts=3, max_new_tokens=6, repeats=2,
+                         warmup=1, progress=False, device="cpu", output=str(tmp_path))
+    run = run_serve_bench(config)
+    assert sorted((c.mode, c.clients) for c in run.cells) == [("off", 1), ("off", 2), ("on", 1), ("on", 2)]
+    assert run.batch_size == 2
+    for cell in run.cells:
+        assert cell.requests == (3 if cell.clients == 1 else 4)  # rounded up to a multiple of the clients
+        assert len(cell.p50_s) == len(cell.tokens_per_s) == 2
+        assert 0 < cell.median("ttft_s") <= cell.median("p50_s") <= cell.median("p95_s")
+        assert 0 < cell.tokens <= 6 * cell.requests
+        assert cell.greedy_equal == cell.compared == cell.requests  # speculation changes no greedy token
+    assert [g.name for g in serve_goals(run)] == ["median latency off / on at 1 client(s)",
+                                                  "median latency off / on at 2 client(s)"]
+    saved = json.loads(write_serve(run, tmp_path).read_text())
+    assert len(saved["cells"]) == 4 and saved["config"]["serve"] is True
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
