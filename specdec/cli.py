@@ -1,4 +1,4 @@
-"""The ``specdec`` command line: ``generate``, ``chat``, ``train`` and ``bench``.
+"""The ``specdec`` command line: ``generate``, ``chat``, ``train``, ``bench`` and ``serve``.
 
 Flags and defaults are generated from the config dataclasses (``specdec.config``): each field
 becomes ``--field-name`` (plus ``--field_name``), typed from its annotation, its help taken from
@@ -45,6 +45,7 @@ SUBCOMMANDS: Mapping[str, str] = {
     "chat": "specdec.console",
     "train": "specdec.train.cli",
     "bench": "specdec.bench.cli",
+    "serve": "specdec.serve.cli",
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention

@@ -87,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
         return 0
     config = config_from_args(args)
+    if config.serve:
+        from specdec.bench.serve import run_and_report as serve_and_report
+
+        return serve_and_report(config, console)
     if config.batch_sizes:
         from specdec.bench.batched import run_and_report
 

@@ -45,7 +45,9 @@ class BenchConfig:
     plots: bool = True  # write the PNG plots
     progress: bool = True  # show a progress bar over prompts
     batch_sizes: tuple[int, ...] = ()  # run the batch sweep at these batch sizes (e.g. 1,2,4,8,16) instead of the per-prompt comparison
-    speculate: tuple[str, ...] = SPECULATE  # batch sweep: our loop with speculation off (plain), on (spec-lookup) and auto
+    speculate: tuple[str, ...] = SPECULATE  # batch sweep and --serve: our loop with speculation off (plain), on (spec-lookup) and auto
+    serve: bool = False  # drive `specdec serve` (one server per --speculate mode) with --clients concurrent clients instead
+    clients: tuple[int, ...] = (1, 4, 16)  # --serve: concurrent clients, each sending its next prompt when its reply ends
 
     def __post_init__(self) -> None:
         """Check every field; sampling knobs by the core's own rules (SamplingConfig, SpecConfig)."""
@@ -65,6 +67,8 @@ class BenchConfig:
         SpecConfig(gamma=self.gamma[0], max_new_tokens=self.max_new_tokens)
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes must be ints >= 1, got {self.batch_sizes}")
+        if not self.clients or any(c < 1 for c in self.clients):
+            raise ValueError(f"clients must be one or more ints >= 1, got {self.clients}")
         if not self.speculate or any(s not in SPECULATE for s in self.speculate):
             raise ValueError(f"speculate must be one or more of {', '.join(SPECULATE)}, got {self.speculate}")
 

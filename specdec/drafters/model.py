@@ -259,7 +259,9 @@ class ModelDrafter(FollowingDrafter):
         if self._fed is None:  # nothing forwarded since the last commit: all of it waits
             self.pending = [p + t for p, t in zip(self.pending, tokens)]
             return
-        keep = [common_prefix(fed, new) for fed, new in zip(self._fed, tokens)]
+        # the newest committed token stays pending even when it was forwarded (a row that drafted nothing
+        # may have had exactly it forwarded): the next round's first forward starts from it
+        keep = [min(common_prefix(fed, new), len(new) - 1) for fed, new in zip(self._fed, tokens)]
         assert self._mark is not None
         self.cache.keep(self._mark + torch.tensor(keep, dtype=torch.long, device=self.device))
         self.pending = [new[n:] for new, n in zip(tokens, keep)]

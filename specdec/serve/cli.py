@@ -1,0 +1,70 @@
+"""``specdec serve``: the OpenAI-compatible server, with the flags of ``specdec generate``.
+
+Flags come from ``ServeConfig`` (host, port, API key, model id, body limit) and from the core's
+config classes, exactly as for ``generate`` (``--target``, ``--drafter``, ``--gamma``,
+``--batch-size``, ``--speculate``, ``--temperature``...): the decoding flags are the defaults of
+requests that do not set their own. FastAPI and uvicorn are the optional extra
+``pip install -e ".[serve]"``; without them the command says so in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.cli import UsageError, add_config_arguments, config_from
+from specdec.config import ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.serve.config import API_KEY_ENV, ServeConfig
+
+EXTRA = 'pip install -e ".[serve]"'  # how to install what the server needs
+
+
+def exposure_warning(config: ServeConfig) -> str | None:
+    """What to warn of when the server listens beyond this machine without a key (None: nothing)."""
+    if config.key() is not None or config.loopback:
+        return None
+    where = "every interface" if config.all_interfaces else config.host
+    return (f"listening on {where} without an API key: anyone who can reach this machine can use the model; "
+            f"set --api-key or ${API_KEY_ENV}")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise UsageError(f"specdec serve needs {err.name}: install the server's extra with {EXTRA}") from None
+    from specdec.serve.server import bind, build_app, make_server, url_of
+
+    if args.gpu is not None:
+        if args.device is not None:
+            raise UsageError("give --device or --gpu, not both")
+        args.device = f"cuda:{args.gpu}"
+    config = config_from(args, ServeConfig)
+    models, spec = config_from(args, ModelConfig), config_from(args, SpecConfig)
+    sampling, verify = config_from(args, SamplingConfig), config_from(args, VerifyConfig)
+    warning = exposure_warning(config)
+    if warning:
+        print(f"specdec serve: warning: {warning}", file=sys.stderr)
+    sock = bind(config.host, config.port)
+    app = build_app(config, models, spec, sampling, verify)
+    drafter = "none" if spec.speculate == "off" else models.drafter
+    print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, batch size "
+          f"{spec.batch_size}) on {url_of(sock)}: the page at /, the API at /v1", file=sys.stderr, flush=True)
+    make_server(app, config.log_level).run(sockets=[sock])
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``specdec serve``."""
+    parser = subparsers.add_parser(
+        "serve", help="an OpenAI-compatible server with continuous batching and a live page of speculation",
+        description="Serve the target over OpenAI's API (/v1/completions, /v1/chat/completions, streaming "
+        "included), batching requests continuously, with Prometheus metrics at /metrics and a live page at /. "
+        f"Needs the extra: {EXTRA}.",
+    )
+    for cls in (ServeConfig, ModelConfig, SpecConfig, SamplingConfig, VerifyConfig):
+        add_config_arguments(parser, cls)
+    parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
+    parser.set_defaults(func=_run_serve)

@@ -1,0 +1,61 @@
+"""Settings of ``specdec serve``: the one source of the server's own defaults.
+
+The decoding settings (models, sampling, the round loop, the verification rule) are the core's
+config classes (``specdec.config``), given as flags exactly as to ``specdec generate``; a request's
+own ``max_tokens``, ``temperature``, ``top_p``, ``seed`` and ``stop`` override them for that request.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+
+API_KEY_ENV = "SPECDEC_API_KEY"  # the environment variable read when --api-key is not given
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Where the server listens and what it lets in."""
+
+    host: str = "127.0.0.1"  # address to bind; 0.0.0.0 or :: serves every interface (set an API key then)
+    port: int = 8000  # TCP port; 0 = any free port
+    api_key: str | None = None  # require "Authorization: Bearer KEY" on the API, /metrics and /stats (not /health, nor the page's files); None = $SPECDEC_API_KEY, else none
+    model_name: str | None = None  # the model id clients name; None = the target's shipped name or folder name
+    max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
+    log_level: str = "warning"  # uvicorn's log level: critical, error, warning, info, debug, trace
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an int in 0..65535 (0 = any free port), got {self.port!r}")
+        if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be an int >= 1024, got {self.max_body_bytes!r}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key is empty: give a non-empty key or leave it out")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+            raise ValueError(f"log_level must be one of critical, error, warning, info, debug, trace, "
+                             f"got {self.log_level!r}")
+
+    def key(self) -> str | None:
+        """The API key in force: ``api_key``, else ``$SPECDEC_API_KEY``, else None (no key)."""
+        return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+    @property
+    def all_interfaces(self) -> bool:
+        """Whether ``host`` binds every interface (0.0.0.0, ::, or the empty string)."""
+        if self.host in ("", "*"):
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_unspecified
+        except ValueError:
+            return False
+
+    @property
+    def loopback(self) -> bool:
+        """Whether ``host`` is a loopback address (or localhost): reachable from this machine only."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False

@@ -1,0 +1,347 @@
+"""The serving engine: one ``Decoder`` driven by one worker thread, fed from a queue.
+
+Continuous batching (Yu et al. 2022, "Orca: A Distributed Serving System for Transformer-Based
+Generative Models": iteration-level scheduling; vLLM's scheduler): requests do not wait for a batch
+to finish. The HTTP handlers (on the event loop) hand each request to the worker through a
+thread-safe queue; at the next round boundary the worker ``Decoder.submit``s it and the decoder
+lets it join the running batch (prefill, then rounds beside the others). Each row's committed tokens
+come back as ``RoundEvent``s: the engine is a ``Listener`` of its decoder and forwards each one, as a
+``Round`` with the round's draft counts, to its request's asyncio queue
+(``loop.call_soon_threadsafe``), then a ``Finished`` item with the row's ``GenerationResult``. A finished row leaves the batch at once (the decoder does this); a
+request whose client went away is cancelled (``Decoder.cancel``) and leaves before its next round.
+
+Contracts:
+- Only the worker thread touches the decoder, its models and caches; handlers only enqueue.
+- Every request gets a unique ``Request.index`` (its ``RoundEvent.row``), so events never mix.
+- A row's tokens do not depend on the rows beside it: greedy rows equal the target's own greedy
+  decoding (up to near ties of its two best logits), seeded sampled rows draw from their own generator.
+- If a round raises, every request in flight gets a ``Failed`` item, the caches are dropped, and
+  the engine goes on serving new requests.
+The engine knows nothing about HTTP or text: ``specdec.serve.app`` does the protocol and detokenizing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from specdec.config import VerifyConfig
+from specdec.decode import Decoder, Request, Row
+from specdec.drafters import Drafter
+from specdec.events import Listener, RoundSummary
+from specdec.schedules import Schedule
+from specdec.serve.metrics import ModelMetrics
+from specdec.stats import GenerationResult, RoundEvent
+from specdec.target import Target
+
+log = logging.getLogger("specdec.serve")
+
+LOAD_INTERVAL_S = 0.5  # seconds between two samples of the load history
+LOAD_SAMPLES = 240  # samples kept (two minutes)
+IDLE_WAIT_S = 0.5  # the idle worker wakes this often (to sample the load and to see a stop)
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one round committed for a request, with the round's drafts."""
+
+    tokens: list[int]  # the committed token ids (after stop truncation)
+    kinds: list[str]  # one label per token: accepted / recovered / bonus / target
+    drafted: int  # draft tokens verified for this request this round
+    accepted: int  # of those, accepted
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last item of a request's stream: its result (tokens, figures, why it stopped)."""
+
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The last item of a request's stream when the engine could not decode it."""
+
+    message: str
+
+
+Item = Round | Finished | Failed
+
+
+class Job:
+    """One request in flight: its ``Request``, the asyncio queue its items go to, its timings."""
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.items: asyncio.Queue[Item] = asyncio.Queue()
+        self.submitted = time.perf_counter()
+        self.first_token_at: float | None = None  # perf_counter of its first committed token
+        self.last_round_at: float | None = None  # perf_counter of its latest committed round
+        self.row: Row | None = None  # its row in the decoder, once the worker took it
+        self.drafted = 0  # drafts verified so far (each round's count is the difference)
+        self.accepted = 0  # drafts accepted so far
+        self.cancelled = False  # the client went away
+        self.finished = False  # a Finished or Failed item was sent
+
+    def push(self, item: Item) -> None:
+        """Hand ``item`` to the request's handler (from the worker thread)."""
+        if isinstance(item, (Finished, Failed)):
+            self.finished = True
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    async def next(self) -> Item:
+        """The next item (rounds in commit order, then ``Finished`` or ``Failed``)."""
+        return await self.items.get()
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """The server's load over one sampling interval."""
+
+    time: float  # seconds since the engine started
+    running: int  # rows in the batch at the end of the interval
+    waiting: int  # requests waiting to join
+    batch: float  # rows per round, averaged over the interval's rounds (0 when idle)
+    tokens_per_s: float  # tokens committed per second, all rows
+
+
+@dataclass
+class Totals:
+    """Counters since the engine started (all requests)."""
+
+    requests: int = 0  # requests finished (cancelled ones included)
+    cancelled: int = 0  # of those, cancelled (client gone)
+    new_tokens: int = 0  # tokens committed
+    rounds: int = 0  # row-rounds (one per row per round)
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens accepted
+
+
+@dataclass
+class _Interval:
+    """What the worker counts between two load samples."""
+
+    started: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    rounds: int = 0
+    rows: int = 0
+
+
+class Engine(Listener):
+    """Decodes the requests handed to it, continuously batched, on its own worker thread."""
+
+    def __init__(self, target: Target, drafter: Drafter, schedule: Schedule, *, batch_size: int,
+                 tokenizer: PreTrainedTokenizerBase | None = None, verify: VerifyConfig | None = None,
+                 metrics: ModelMetrics | None = None, speculate: str = "on") -> None:
+        self.target, self.drafter, self.schedule = target, drafter, schedule
+        self.batch_size = batch_size
+        self.tokenizer = tokenizer
+        self.verify = verify or VerifyConfig()
+        self.metrics = metrics
+        self.speculate = speculate  # on / off / auto: shown by the page
+        self.decoder = self._new_decoder()
+        self._inbox: queue.SimpleQueue[tuple[str, Job | None]] = queue.SimpleQueue()
+        self._jobs: dict[int, Job] = {}  # Request.index -> job, for the worker only
+        self._indexes = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._started = time.perf_counter()
+        self._interval = _Interval()
+        self._load_lock = threading.Lock()
+        self._load: deque[LoadSample] = deque(maxlen=LOAD_SAMPLES)
+        self.totals = Totals()
+        self.running = 0  # rows in the batch (read by other threads; written by the worker)
+        self.waiting = 0  # requests not yet in the batch
+        self.batch = 0  # rows in the latest round
+
+    def _new_decoder(self) -> Decoder:
+        return Decoder(self.target, self.drafter, self.schedule, verify=self.verify, batch_size=self.batch_size,
+                       tokenizer=self.tokenizer, listeners=[self])
+
+    # ------------------------------------------------------------------ the event loop's side
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._work, name="specdec-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the worker after its current round; requests in flight get ``Failed``."""
+        self._stopping = True
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> Job:
+        """Queue ``request`` (its ``index`` is replaced by a unique one); its items arrive on the job."""
+        job = Job(replace(request, index=next(self._indexes)), loop)
+        self._inbox.put(("submit", job))
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client of ``job`` went away: its row leaves the batch before its next round."""
+        if not job.finished:
+            job.cancelled = True
+            self._inbox.put(("cancel", job))
+
+    def load_history(self) -> list[LoadSample]:
+        """The load samples kept, oldest first."""
+        with self._load_lock:
+            return list(self._load)
+
+    # ------------------------------------------------------------------------ the worker's side
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while not self._stopping:
+                self._take_inbox(block=not self.decoder.busy)
+                if self.decoder.busy and not self._stopping:
+                    self._step()
+                self._sample_load()
+            self._fail_all("the server is shutting down")
+
+    def _take_inbox(self, block: bool) -> None:
+        """Submit new requests and apply cancellations (at a round boundary)."""
+        try:
+            command, job = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if command == "submit" and job is not None:
+                self._submit(job)
+            elif command == "cancel" and job is not None and job.row is not None and not job.row.done:
+                self.decoder.cancel(job.row)
+            try:
+                command, job = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+        self._update_gauges()
+
+    def _submit(self, job: Job) -> None:
+        if job.cancelled:
+            self._count_finished(job, "abort")
+            return
+        try:
+            job.row = self.decoder.submit(job.request)
+        except ValueError as err:
+            job.push(Failed(str(err)))
+            return
+        self._jobs[job.request.index] = job
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(job.request.ids))
+
+    def _step(self) -> None:
+        try:
+            finished = self.decoder.step()
+        except Exception as err:  # a round failed: drop this batch, keep serving
+            log.exception("a decoding round failed")
+            self._fail_all(f"decoding failed: {type(err).__name__}: {err}")
+            return
+        for row in finished:
+            self._finish(row)
+        self._update_gauges()
+
+    def _finish(self, row: Row) -> None:
+        job = self._jobs.pop(row.request.index, None)
+        if job is None:
+            return
+        if job.cancelled:
+            self._count_finished(job, "abort")
+            return
+        result = row.result(None)
+        job.push(Finished(result))
+        self._count_finished(job, result.stop_reason)
+
+    def _count_finished(self, job: Job, reason: str) -> None:
+        self.totals.requests += 1
+        self.totals.cancelled += reason == "abort"
+        if self.metrics is not None:
+            self.metrics.finished(reason, time.perf_counter() - job.submitted)
+
+    def _fail_all(self, message: str) -> None:
+        """Every request in flight fails; the caches are dropped and a fresh decoder takes over."""
+        for job in self._jobs.values():
+            job.push(Failed(message))
+            self._count_finished(job, "abort")
+        self._jobs.clear()
+        while True:
+            try:
+                command, job = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if command == "submit" and job is not None:
+                job.push(Failed(message))
+        self.target.reset()
+        self.drafter.reset()
+        self.schedule.select(torch.zeros(0, dtype=torch.long, device=self.target.device))
+        self.decoder = self._new_decoder()
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.running = len(self.decoder.rows)
+        self.waiting = len(self.decoder.waiting) + self._inbox.qsize()
+        if self.metrics is not None:
+            self.metrics.running.set(self.running)
+            self.metrics.waiting.set(self.waiting)
+
+    def _sample_load(self) -> None:
+        now = time.perf_counter()
+        span = now - self._interval.started
+        if span < LOAD_INTERVAL_S:
+            return
+        i = self._interval
+        sample = LoadSample(time=now - self._started, running=self.running, waiting=self.waiting,
+                            batch=i.rows / i.rounds if i.rounds else 0.0, tokens_per_s=i.tokens / span)
+        with self._load_lock:
+            self._load.append(sample)
+        self._interval = _Interval(started=now)
+
+    # ------------------------------------------------------------------- the decoder's events
+
+    def round_committed(self, event: RoundEvent) -> None:
+        job = self._jobs.get(event.row)
+        if job is None or job.row is None:
+            return
+        now = time.perf_counter()
+        stats = job.row.stats
+        drafted, accepted = stats.drafted - job.drafted, stats.accepted - job.accepted
+        job.drafted, job.accepted = stats.drafted, stats.accepted
+        t = self.totals
+        t.new_tokens += len(event.tokens)
+        t.rounds += 1
+        t.drafted += drafted
+        t.accepted += accepted
+        if self.metrics is not None:
+            self.metrics.round(drafted, accepted, len(event.tokens), self.totals)
+            if job.first_token_at is None:
+                self.metrics.ttft.observe(now - job.submitted)
+            else:
+                self.metrics.itl.observe(now - (job.last_round_at or now))
+        if job.first_token_at is None:
+            job.first_token_at = now
+        job.last_round_at = now
+        if not job.cancelled:
+            job.push(Round(event.tokens, event.kinds, drafted, accepted))
+
+    def round_ended(self, summary: RoundSummary) -> None:
+        self._interval.tokens += summary.tokens
+        self._interval.rounds += 1
+        self._interval.rows += summary.rows
+        self.batch = summary.rows
+

@@ -1,0 +1,116 @@
+"""Building a server from the configs, and running it (in the foreground, or on a thread).
+
+``build_app`` loads the models once (through the console's ``Session``: the target, the drafter
+named as for ``specdec generate``), builds the ``Engine`` of the target, and returns the app.
+The server runs on a socket bound first (``bind``; port 0 = a free port, known before the server
+starts), in the foreground (``specdec serve``) or on a thread (``ServerThread``: tests and
+``specdec bench --serve``).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from specdec.config import ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.console import Session
+from specdec.drafters import NoDrafter
+from specdec.loading import SHIPPED_MODELS
+from specdec.schedules import make_schedule
+from specdec.serve.app import ServedModel, create_app
+from specdec.serve.config import ServeConfig
+from specdec.serve.engine import Engine
+from specdec.serve.metrics import ServerMetrics
+from specdec.target import make_target
+
+
+def model_id(target: str) -> str:
+    """The id clients name a target by: its shipped name, or its folder's name."""
+    return target if target in SHIPPED_MODELS else Path(target).expanduser().resolve().name
+
+
+def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig, verify: VerifyConfig, *,
+                 metrics: ServerMetrics, name: str | None = None, session: Session | None = None) -> ServedModel:
+    """Load the target (and drafter, unless ``spec.speculate`` is off) and build its engine."""
+    session = session or Session(models)
+    tokenizer = session.tokenizer("speculative")
+    target = make_target(session.model(models.target))
+    drafter = NoDrafter() if spec.speculate == "off" else session.drafter()
+    served_id = name or model_id(models.target)
+    engine = Engine(target, drafter, make_schedule(spec.gamma, spec.speculate), batch_size=spec.batch_size,
+                    tokenizer=tokenizer, verify=verify, metrics=metrics.for_model(served_id),
+                    speculate=spec.speculate)
+    description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
+                   "gamma": spec.gamma, "device": str(target.device)}
+    return ServedModel(served_id, engine, tokenizer, target.vocab_size, target.context_limit,
+                       frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description)
+
+
+def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
+              verify: VerifyConfig, session: Session | None = None) -> FastAPI:
+    """The app serving ``models.target`` with the decoding settings given (loads the models)."""
+    metrics = ServerMetrics()
+    served = served_model(models, spec, sampling, verify, metrics=metrics, name=config.model_name, session=session)
+    return create_app([served], config, metrics)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (``host``, ``port``) (0 = a free port): the server's address is known before it runs."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(err.errno, f"cannot listen on {host} port {port}: {err.strerror} (pick another --port)") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The http:// address of a bound socket."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def make_server(app: FastAPI, log_level: str = "warning") -> uvicorn.Server:
+    """The uvicorn server of ``app`` (its engines start and stop with the app's lifespan)."""
+    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+
+
+class ServerThread:
+    """A uvicorn server on a thread, on a socket bound first (``port`` 0 = a free one)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        self.sock = bind(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.url = url_of(self.sock)
+        self.server = make_server(app, log_level)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="specdec-uvicorn", daemon=True)
+
+    def start(self, timeout: float = 60.0) -> ServerThread:
+        """Start serving; return once the server accepts connections (or raise after ``timeout``)."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on {self.url} did not start")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop serving (the engines stop with the app) and wait for the thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()
+
+    def __enter__(self) -> ServerThread:  # noqa: PYI034 - a final class
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

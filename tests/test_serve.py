@@ -1,0 +1,600 @@
+"""`specdec serve` (issue 20): the OpenAI API over a continuously batched decoder, its metrics and its page.
+
+One server runs for the module: the real command (`python -m specdec serve`) in a subprocess on a
+free loopback port, over the tiny pair of `tiny_models` (drafter `lookup+<tiny drafter>`, batch
+size 3, an API key), driven by the official `openai` client and by raw HTTP. References come from
+the same code path as `specdec generate` (`console.Session.generate`) in this process, each prompt
+decoded alone, and once from the `specdec generate --json` command itself:
+
+- completion and chat, streaming and not, equal to the reference at temperature 0 (text and token
+  ids), a seeded sampled request equal to its seeded reference, stop strings left out of the text;
+- 32 requests from 4 concurrent clients (more than the batch holds, so rows wait and join at round
+  boundaries) with mixed settings: each equals its own reference (nothing lost, nothing mixed), and
+  the Prometheus counters add up to the responses' usage;
+- a client that disconnects mid-stream: its row leaves (running back to 0, an abort counted) and
+  the next request is served normally;
+- every bad input answers an OpenAI error object with the right status, and the server keeps serving;
+  the API key: 401 on every endpoint but /health;
+- the page in headless Chromium (driven over the DevTools protocol): a prompt streams into coloured
+  tokens, equal to the reference, and a screenshot is saved.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+from tiny_models import TinyPair, save_tiny_pair
+from transformers import AutoTokenizer
+
+from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+from specdec.console import Session, Settings
+from specdec.serve.cli import exposure_warning
+from specdec.serve.config import ServeConfig
+from specdec.serve.protocol import ChatMessage, chat_prompt_ids, plain_chat
+
+KEY = "test-key-123"
+MAX_TOKENS = 24  # the server's --max-new-tokens
+BATCH = 3  # the server's --batch-size: fewer rows than the load test's 4 clients
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+PROMPTS = ["def add(a, b):", "class Point:\n    def __init__(self, x, y):", "for i in range(10):",
+           "import os\nimport sys\n", "def parse_args(argv):\n    parser = ", "if __name__ == '__main__':"]
+START_TIMEOUT = 180  # seconds for the server to come up on a loaded machine
+HTTP_TIMEOUT = 60  # seconds for one request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    port: int
+    pair: TinyPair
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> TinyPair:
+    """The tiny pair, its tokenizer given a chat template (the template path of chat completions)."""
+    pair = save_tiny_pair(tmp_path_factory.mktemp("serve-pair"))
+    for folder in (pair.target, pair.drafter):
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer.chat_template = CHAT_TEMPLATE
+        tokenizer.save_pretrained(folder)
+    return pair
+
+
+@pytest.fixture(scope="module")
+def server(pair, tmp_path_factory):
+    """`specdec serve` in a subprocess on a free loopback port."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve-log") / "server.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""}
+    command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--api-key", KEY,
+               "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
+               "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH), "--device", "cpu"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"specdec serve exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if get(url + "/health", key=None)[0] == 200:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"specdec serve did not answer /health in {START_TIMEOUT} s:\n{log.read_text()}")
+        time.sleep(0.2)
+    yield Server(url, port, pair, log)
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def session(pair) -> Session:
+    """The models as `specdec generate` loads them, for references (each prompt decoded alone)."""
+    return Session(ModelConfig(target=str(pair.target), drafter=f"lookup+{pair.drafter}", device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, timeout=HTTP_TIMEOUT, max_retries=0)
+
+
+def reference(session: Session, ids: list[int], max_tokens: int = MAX_TOKENS, temperature: float = 0.0,
+              seed: int | None = None, stop: tuple[str, ...] = ()) -> tuple[list[int], str]:
+    """(token ids, OpenAI text) of `specdec generate`'s code path for `ids` alone."""
+    settings = Settings(sampling=SamplingConfig(temperature=temperature, seed=seed),
+                        spec=SpecConfig(max_new_tokens=max_tokens), mode="speculative", stop_strings=stop)
+    result = session.generate(ids, settings)
+    text = session.tokenizer("speculative").decode(result.tokens, skip_special_tokens=True)
+    if result.stop_reason == "stop_string":
+        text = text[: min(i for i in (text.find(s) for s in stop) if i >= 0)]
+    return result.tokens, text
+
+
+def encode(session: Session, text: str) -> list[int]:
+    return list(session.tokenizer("speculative")(text).input_ids)
+
+
+def get(url: str, key: str | None = KEY) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def post(url: str, body: bytes, key: str | None = KEY, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus series' samples whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            series, value = line.rsplit(" ", 1)
+            if all(f'{k}="{v}"' in series for k, v in labels.items()):
+                total += float(value)
+    return total
+
+
+def stats(server: Server) -> dict:
+    return json.loads(get(server.url + "/stats")[1])["models"][0]
+
+
+# ------------------------------------------------------------------------------ equal to generate
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["target"]
+    assert get(server.url + "/health", key=None) == (200, b'{"status":"ok"}')
+
+
+def test_completion_equals_generate_streaming_and_not(server, client, session):
+    prompt = PROMPTS[0]
+    tokens, text = reference(session, encode(session, prompt))
+    whole = client.completions.create(model="target", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+    assert whole.choices[0].text == text and whole.specdec["token_ids"] == tokens
+    assert whole.choices[0].finish_reason == "length"
+    usage = whole.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(encode(session, prompt)), len(tokens))
+    spec = usage.speculation
+    assert spec["lossless"] is True and 0 < spec["accepted"] <= spec["drafted"]
+    assert spec["acceptance_rate"] == pytest.approx(spec["accepted"] / spec["drafted"])
+    assert spec["mean_accepted_length"] == pytest.approx(len(tokens) / spec["rounds"])
+    kinds = whole.specdec["kinds"]
+    assert len(kinds) == len(tokens) and set(kinds) <= {"accepted", "recovered", "bonus"}
+
+    chunks = list(client.completions.create(model="target", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert [t for c in chunks if c.choices for t in c.specdec["tokens"]] == tokens
+    assert [k for c in chunks if c.choices for k in c.specdec["kinds"]] == kinds
+    pieces = [p for c in chunks if c.choices for p in c.specdec["pieces"]]
+    assert "".join(p["text"] for p in pieces) == text and {p["kind"] for p in pieces} <= set(kinds)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.speculation == spec
+
+
+def test_completion_equals_the_generate_command(server, client, pair, capsys):
+    """The `specdec generate --json` command itself (in this process: the same code, no interpreter start)."""
+    from specdec.cli import main
+
+    prompt = PROMPTS[1]
+    assert main(["generate", "--json", "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
+                 "--max-new-tokens", "20", "--device", "cpu", prompt]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    whole = client.completions.create(model="target", prompt=prompt, max_tokens=20, temperature=0)
+    assert whole.specdec["token_ids"] == cli["tokens"] and whole.choices[0].text == cli["text"]
+
+
+def test_chat_uses_the_template_and_equals_generate(client, session):
+    messages = [{"role": "system", "content": "write python"}, {"role": "user", "content": "def add(a, b):"}]
+    tokenizer = session.tokenizer("speculative")
+    ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+    assert tokenizer.decode(ids).endswith("<|assistant|>")
+    tokens, text = reference(session, ids)
+    whole = client.chat.completions.create(model="target", messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == text and whole.specdec["token_ids"] == tokens
+    assert whole.usage.prompt_tokens == len(ids)
+    chunks = list(client.chat.completions.create(model="target", messages=messages, max_tokens=MAX_TOKENS,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_fallback_without_a_template(session):
+    tokenizer = AutoTokenizer.from_pretrained(session.models.target)
+    tokenizer.chat_template = None
+    messages = [ChatMessage(role="user", content="hello"), ChatMessage(role="assistant", content="hi")]
+    text = plain_chat([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}])
+    assert text == "user: hello\nassistant: hi\nassistant:"
+    assert chat_prompt_ids(messages, tokenizer) == list(tokenizer(text).input_ids)
+
+
+def test_seeded_sampling_and_stop_strings(client, session):
+    prompt = PROMPTS[2]
+    tokens, text = reference(session, encode(session, prompt), temperature=0.9, seed=7)
+    whole = client.completions.create(model="target", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.9, seed=7)
+    assert whole.specdec["token_ids"] == tokens and whole.choices[0].text == text
+    assert whole.usage.speculation["lossless"] is True
+    # a stop string the greedy text contains: cut before it (OpenAI), kept in the token ids (the core)
+    greedy_tokens, greedy_text = reference(session, encode(session, PROMPTS[0]))
+    stop = greedy_text.strip().split()[2]
+    tokens, text = reference(session, encode(session, PROMPTS[0]), stop=(stop,))
+    assert stop not in text and len(tokens) < len(greedy_tokens)
+    for stream in (False, True):
+        reply = client.completions.create(model="target", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                          stop=[stop], stream=stream)
+        if stream:
+            chunks = list(reply)
+            assert "".join(c.choices[0].text for c in chunks) == text
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        else:
+            assert reply.choices[0].text == text and reply.specdec["token_ids"] == tokens
+            assert reply.choices[0].finish_reason == "stop" and reply.specdec["stop_reason"] == "stop_string"
+
+
+# ---------------------------------------------------------------------------------------- batching
+
+
+def test_load_32_requests_from_4_clients(server, client, session):
+    """Each request's output is its own reference, whatever ran beside it; the counters add up."""
+    cases = []
+    for i in range(32):
+        prompt = PROMPTS[i % len(PROMPTS)]
+        sampled = i % 4 == 3
+        cases.append({"prompt": prompt, "max_tokens": 8 + (i * 5) % 17, "temperature": 0.8 if sampled else 0.0,
+                      "seed": 100 + i if sampled else None, "stream": i % 3 == 0})
+    expected = {}
+    for case in cases:
+        key = (case["prompt"], case["max_tokens"], case["temperature"], case["seed"])
+        if key not in expected:
+            expected[key] = reference(session, encode(session, case["prompt"]), case["max_tokens"],
+                                      case["temperature"], case["seed"])
+    before = get(server.url + "/metrics")[1].decode()
+    results: dict[int, tuple[list[int], str, dict]] = {}
+    errors: list[BaseException] = []
+    peak = {"running": 0, "waiting": 0}
+    done = threading.Event()
+
+    def work(worker: int) -> None:
+        try:
+            for i in range(worker, 32, 4):
+                c = cases[i]
+                kwargs = {"model": "target", "prompt": c["prompt"], "max_tokens": c["max_tokens"],
+                          "temperature": c["temperature"], "seed": c["seed"]}
+                if c["stream"]:
+                    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                                            **kwargs))
+                    tokens = [t for ch in chunks if ch.choices for t in ch.specdec["tokens"]]
+                    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+                    results[i] = (tokens, text, chunks[-1].usage.speculation)
+                else:
+                    reply = client.completions.create(**kwargs)
+                    results[i] = (reply.specdec["token_ids"], reply.choices[0].text, reply.usage.speculation)
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            s = stats(server)
+            peak["running"] = max(peak["running"], s["running"])
+            peak["waiting"] = max(peak["waiting"], s["waiting"])
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    watcher = threading.Thread(target=watch)
+    for t in (*threads, watcher):
+        t.start()
+    for t in threads:
+        t.join(240)
+    done.set()
+    watcher.join(10)
+    assert not errors, errors
+    assert sorted(results) == list(range(32))
+    for i, case in enumerate(cases):
+        tokens, text = expected[(case["prompt"], case["max_tokens"], case["temperature"], case["seed"])]
+        assert results[i][:2] == (tokens, text), f"request {i} ({case}) differs from its reference"
+    assert peak["running"] == BATCH, peak  # the batch filled up...
+    assert peak["waiting"] >= 1, peak  # ...and the 4th client's request waited to join
+    after = get(server.url + "/metrics")[1].decode()
+    delta = {name: metric(after, name) - metric(before, name) for name in (
+        "vllm:request_success_total", "vllm:generation_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total", "vllm:time_to_first_token_seconds_count")}
+    assert delta["vllm:request_success_total"] == 32
+    assert delta["vllm:generation_tokens_total"] == sum(len(r[0]) for r in results.values())
+    assert delta["vllm:spec_decode_num_draft_tokens_total"] == sum(r[2]["drafted"] for r in results.values())
+    assert delta["vllm:spec_decode_num_accepted_tokens_total"] == sum(r[2]["accepted"] for r in results.values())
+    assert delta["vllm:time_to_first_token_seconds_count"] == 32
+    assert metric(after, "vllm:num_requests_running") == 0 and metric(after, "vllm:num_requests_waiting") == 0
+
+
+def test_disconnect_mid_stream_frees_the_row(server, client, session):
+    aborted = metric(get(server.url + "/metrics")[1].decode(), "vllm:request_success_total", finished_reason="abort")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    body = json.dumps({"model": "target", "prompt": PROMPTS[3], "max_tokens": 4000, "stream": True})
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer {KEY}"})
+    response = connection.getresponse()
+    assert response.status == 200
+    events = 0
+    while events < 3:
+        line = response.fp.readline()
+        assert line, "the stream ended before the client went away"
+        events += line.startswith(b"data: {")
+    assert stats(server)["running"] == 1
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    deadline = time.monotonic() + 30
+    while True:
+        metrics = get(server.url + "/metrics")[1].decode()
+        if metric(metrics, "vllm:request_success_total", finished_reason="abort") == aborted + 1:
+            break
+        assert time.monotonic() < deadline, "the disconnected request was not cancelled"
+        time.sleep(0.05)
+    s = stats(server)
+    assert s["running"] == 0 and s["waiting"] == 0
+    assert s["totals"]["cancelled"] >= 1
+    tokens, text = reference(session, encode(session, PROMPTS[4]))
+    reply = client.completions.create(model="target", prompt=PROMPTS[4], max_tokens=MAX_TOKENS, temperature=0)
+    assert reply.specdec["token_ids"] == tokens and reply.choices[0].text == text
+
+
+# ------------------------------------------------------------------------------ bad input and keys
+
+
+BAD = [  # (path, body, status, param, code)
+    ("/v1/completions", b'{"model": "target", "prompt": "x",', 400, None, "invalid_json"),
+    ("/v1/completions", b'["not", "an", "object"]', 400, None, "invalid_body"),
+    ("/v1/completions", b'{"model": "target"}', 400, "prompt", "missing_required_parameter"),
+    ("/v1/chat/completions", b'{"model": "target"}', 400, "messages", "missing_required_parameter"),
+    ("/v1/chat/completions", b'{"model": "target", "messages": []}', 400, "messages", "invalid_value"),
+    ("/v1/completions", b'{"model": "gpt-4", "prompt": "x"}', 404, "model", "model_not_found"),
+    ("/v1/chat/completions", b'{"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}', 404,
+     "model", "model_not_found"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "max_tokens": 0}', 400, "max_tokens", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "max_tokens": -3}', 400, "max_tokens", "invalid_value"),
+    ("/v1/chat/completions", json.dumps({"model": "target", "messages": [{"role": "user", "content": "x"}],
+                                         "max_completion_tokens": 0}).encode(), 400, "max_completion_tokens",
+     "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "temperature": -0.5}', 400, "temperature",
+     "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "top_p": 0}', 400, "top_p", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "top_p": 1.5}', 400, "top_p", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "n": 2}', 400, "n", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": ""}', 400, "prompt", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": ["a", "b"]}', 400, "prompt", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": [1, 99999]}', 400, "prompt", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "stop": [""]}', 400, "stop", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "temperature": "hot"}', 400, "temperature",
+     "invalid_value"),
+    ("/v1/completions", json.dumps({"model": "target", "prompt": [5] * 8192}).encode(), 400, "prompt",
+     "context_length_exceeded"),
+    ("/v1/completions", json.dumps({"model": "target", "prompt": "x" * (1 << 20)}).encode(), 413, None,
+     "request_too_large"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param", "code"), BAD,
+                         ids=[f"{i}-{b[3] or b[4]}" for i, b in enumerate(BAD)])
+def test_bad_input_gets_an_openai_error(server, path, body, status, param, code):
+    got, reply = post(server.url + path, body)
+    assert got == status, reply
+    error = reply["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert (error["param"], error["code"]) == (param, code), error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_the_server_keeps_serving_after_bad_input(server, client, session):
+    for path, body, *_ in BAD[:6]:
+        post(server.url + path, body)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="target", prompt="x", temperature=-1)
+    tokens, text = reference(session, encode(session, PROMPTS[5]))
+    reply = client.completions.create(model="target", prompt=PROMPTS[5], max_tokens=MAX_TOKENS, temperature=0)
+    assert reply.specdec["token_ids"] == tokens and reply.choices[0].text == text
+    assert get(server.url + "/health", key=None)[0] == 200
+
+
+@pytest.mark.parametrize("key", [None, "wrong-key"])
+def test_every_endpoint_but_health_needs_the_key(server, key):
+    for path in ("/v1/models", "/metrics", "/stats"):
+        status, body = get(server.url + path, key=key)
+        assert status == 401, path
+        assert json.loads(body)["error"]["type"] == "authentication_error"
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        status, body = post(server.url + path, b'{"model": "target", "prompt": "x"}', key=key)
+        assert status == 401 and body["error"]["code"] == "invalid_api_key", path
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key=key or "none", max_retries=0).models.list()
+    assert get(server.url + "/health", key=key)[0] == 200
+    assert get(server.url + "/", key=key)[0] == 200  # the page's static files hold no data
+
+
+def test_exposure_warning():
+    assert exposure_warning(ServeConfig()) is None
+    assert exposure_warning(ServeConfig(host="::1")) is None
+    assert "every interface" in exposure_warning(ServeConfig(host="0.0.0.0", api_key=None))
+    assert "every interface" in exposure_warning(ServeConfig(host="::"))
+    assert exposure_warning(ServeConfig(host="0.0.0.0", api_key="k")) is None
+
+
+# ------------------------------------------------------------------------------------- the page
+
+
+class DevTools:
+    """A page of headless Chromium, driven over the DevTools protocol (one websocket)."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws  # a websockets.sync connection to the page's DevTools address
+        self.ids = itertools.count(1)
+
+    def call(self, method: str, timeout: float = 30.0, **params) -> dict:
+        n = next(self.ids)
+        self.ws.send(json.dumps({"id": n, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout
+        while True:
+            message = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message.get("id") == n:
+                assert "error" not in message, message
+                return message["result"]
+
+    def evaluate(self, expression: str) -> object:
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        assert "exceptionDetails" not in result, result
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 60.0) -> object:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"timed out waiting for {expression}"
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory):
+    """Headless Chromium with a fresh profile and a DevTools port; its page's websocket address."""
+    executable = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if executable is None:
+        pytest.fail("the page test needs Chromium: apt-get install -y chromium (.ci/run installs it)")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    proc = subprocess.Popen([executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                             "--disable-sync", "--disable-dev-shm-usage", f"--user-data-dir={profile}",
+                             "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+                             "--window-size=1280,900", "about:blank"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, "Chromium did not open its DevTools port"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as response:
+            pages = [t for t in json.loads(response.read()) if t["type"] == "page"]
+        yield pages[0]["webSocketDebuggerUrl"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_page_streams_coloured_tokens(server, chromium, session, tmp_path):
+    from websockets.sync.client import connect
+
+    prompt = "class Point:"
+    tokens, text = reference(session, encode(session, prompt), max_tokens=40)
+    with connect(chromium, max_size=None, open_timeout=30) as ws:
+        check_page(DevTools(ws), server, prompt, tokens, text, tmp_path)
+
+
+def check_page(page: DevTools, server: Server, prompt: str, tokens: list[int], text: str, tmp_path: Path) -> None:
+    """Load the page, give it the key, submit the prompt, wait for coloured tokens, save a screenshot."""
+    page.call("Page.enable")
+    page.call("Page.navigate", url=server.url + "/")
+    page.wait_for("document.readyState === 'complete' && !!document.getElementById('generate')")
+    page.wait_for("document.getElementById('key-label').classList.contains('needed')")  # 401 without the key
+    page.evaluate(f"""(() => {{
+        const key = document.getElementById('api-key');
+        key.value = {json.dumps(KEY)};
+        key.dispatchEvent(new Event('change'));
+    }})()""")
+    page.wait_for("document.getElementById('model').options.length === 1")
+    page.evaluate(f"""(() => {{
+        document.getElementById('prompt').value = {json.dumps(prompt)};
+        document.getElementById('max-tokens').value = '40';
+        document.getElementById('generate').click();
+    }})()""")
+    page.wait_for("document.body.dataset.state === 'done' && "
+                  "document.querySelectorAll('#output span.tok.accepted').length > 0")
+    shown = page.evaluate("document.getElementById('output').textContent")
+    assert shown == text
+    kinds = page.evaluate("[...document.querySelectorAll('#output span.tok')].map(s => s.className)")
+    assert {"tok accepted"} <= set(kinds) <= {"tok accepted", "tok recovered", "tok bonus"}
+    colour = page.evaluate("getComputedStyle(document.querySelector('#output span.tok.accepted')).color")
+    assert colour == "rgb(26, 127, 55)"  # the accepted green of style.css
+    assert page.evaluate("document.getElementById('ntokens').textContent") == str(len(tokens))
+    assert page.evaluate("document.getElementById('tau').textContent") != "–"
+    page.wait_for("document.getElementById('requests').textContent !== '–'")  # the load view polls /stats
+    shot = base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"])
+    path = tmp_path / "page.png"
+    path.write_bytes(shot)
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000
+    keep = os.environ.get("SPECDEC_SCREENSHOT")  # a place to keep the screenshot, to look at it
+    if keep:
+        shutil.copy(path, keep)
+
+
+# ------------------------------------------------------------------------------------ bench --serve
+
+
+def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
+    from specdec.bench.config import BenchConfig
+    from specdec.bench.serve import percentile, run_serve_bench, serve_goals, write_serve
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:3])))
+    config = BenchConfig(target=str(pair.target), drafter=str(pair.drafter), serve=True, clients=(1, 2),
+                         speculate=("off", "on"), prompts=str(prompts), num_prompts=3, max_new_tokens=6, repeats=2,
+                         warmup=1, progress=False, device="cpu", output=str(tmp_path))
+    run = run_serve_bench(config)
+    assert sorted((c.mode, c.clients) for c in run.cells) == [("off", 1), ("off", 2), ("on", 1), ("on", 2)]
+    assert run.batch_size == 2
+    for cell in run.cells:
+        assert cell.requests == (3 if cell.clients == 1 else 4)  # rounded up to a multiple of the clients
+        assert len(cell.p50_s) == len(cell.tokens_per_s) == 2
+        assert 0 < cell.median("ttft_s") <= cell.median("p50_s") <= cell.median("p95_s")
+        assert 0 < cell.tokens <= 6 * cell.requests
+        assert cell.greedy_equal == cell.compared == cell.requests  # speculation changes no greedy token
+    assert [g.name for g in serve_goals(run)] == ["median latency off / on at 1 client(s)",
+                                                  "median latency off / on at 2 client(s)"]
+    saved = json.loads(write_serve(run, tmp_path).read_text())
+    assert len(saved["cells"]) == 4 and saved["config"]["serve"] is True
+    assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
