@@ -15,6 +15,10 @@
     specdec train export runs/code-target-s3/final models/code-target --dtype bf16
     specdec train export runs/code-drafter-s5/final models/code-drafter --dtype bf16
     specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
+    specdec train head --outputs runs/code-target-outputs.jsonl --valid-outputs runs/valid-outputs.jsonl \
+        --out runs/acceptance-head       # the SpecDec++ acceptance head (see specdec/heads/cli.py)
+    specdec train head-eval --head runs/acceptance-head/final --valid-outputs runs/valid-outputs.jsonl \
+        --out runs/acceptance-head/eval
 
 Run ``lm`` again with the same ``--out`` to resume. Every ``TrainConfig`` field of the preset can be
 overridden (``--max-steps``, ``--lr``, ...).
@@ -149,3 +153,7 @@ def register(subparsers) -> None:
     card.add_argument("--bench-dir", default="bench-out/card",
                       help="a `specdec bench --methods plain-hf,plain,spec,spec-lookup --temperature 0 1` output folder")
     card.set_defaults(func=_cmd_card)
+
+    from specdec.heads.cli import register as register_head
+
+    register_head(sub)

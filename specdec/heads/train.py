@@ -1,0 +1,262 @@
+"""Training of the acceptance head on precomputed drafter states (SpecDec++'s recipe).
+
+Contract: ``train_head(cfg, out_dir)`` trains an ``AcceptanceHead`` on the examples of
+``cfg.data`` (built by ``specdec.heads.data``; the drafter is frozen, so its hidden states are
+computed once and training only runs the head), writes a resumable checkpoint every
+``cfg.save_every`` steps and, at ``cfg.max_steps``, the head folder ``out_dir/final``
+(``AcceptanceHead.from_pretrained``-loadable) with ``training.json`` (config and loss history).
+Calling it again on the same ``out_dir`` resumes: weights, AdamW state and step are restored and
+the batch of step ``s`` is a pure function of ``(seed, s)``, so an interrupted run ends where an
+uninterrupted one does. Checkpoints are safetensors + JSON (no pickle).
+
+Loss (SpecDec++ ``train.py``): soft-label cross-entropy with class weights, reject ``w`` (6) and
+accept 1, normalised by the batch's total weight:
+``sum_n [w (1 - l_n) (-log P_n(reject)) + l_n (-log P_n(accept))] / sum_n [w (1 - l_n) + l_n]``.
+The weight makes the head cautious: a missed rejection costs more than a missed acceptance.
+
+Data parallel: run under ``torchrun --nproc_per_node N`` or ``accelerate launch`` (gloo on CPU,
+nccl on GPUs). Every process draws the same global batch of ``cfg.batch_size`` examples and takes
+every N-th; the loss's denominator is summed over processes before the division, so the averaged
+gradients equal one process's on the whole batch: N processes reproduce a single-process run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdec.heads.data import LABEL_KINDS, HeadData, load_head_data
+from specdec.heads.model import AcceptanceHead, HeadConfig
+
+
+@dataclass(frozen=True)
+class HeadTrainConfig:
+    """One training run of the head (defaults: the shipped head's recipe)."""
+
+    data: str  # head data folder (`specdec.heads.data`): the training examples
+    valid: str | None = None  # head data folder of held-out prompts, for the validation loss
+    labels: tuple[str, ...] = ("greedy", "sampling")  # label kinds trained on (one head for both by default)
+    num_blocks: int = 3  # residual blocks of the head (SpecDec++: 3)
+    reject_weight: float = 6.0  # class weight of rejection in the loss (acceptance: 1)
+    batch_size: int = 4096  # examples per optimizer step, over all processes
+    lr: float = 1e-3  # peak AdamW learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 100  # linear warm-up
+    weight_decay: float = 0.0
+    max_steps: int = 3000  # total optimizer steps
+    eval_every: int = 250  # steps between validation losses
+    save_every: int = 250  # steps between checkpoints (resume points)
+    seed: int = 0  # initial weights and batch order
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.labels if k not in LABEL_KINDS]
+        if unknown or not self.labels:
+            raise ValueError(f"labels must be a non-empty subset of {', '.join(LABEL_KINDS)}, got {self.labels!r}")
+        if self.reject_weight <= 0:
+            raise ValueError(f"reject_weight must be > 0, got {self.reject_weight}")
+        for name in ("batch_size", "max_steps", "eval_every", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def weighted_soft_ce(logits: torch.Tensor, label: torch.Tensor, reject_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, 2], soft labels [N] (P(accept)) -> (numerator, denominator) of SpecDec++'s loss
+    (sums; the loss is their ratio, and the denominator does not depend on the weights)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, 2]
+    reject = reject_weight * (1.0 - label)  # [N]
+    numerator = -(reject * logp[:, 0] + label * logp[:, 1]).sum()
+    return numerator, (reject + label).sum()
+
+
+def batch_indices(n: int, step: int, batch_size: int, seed: int) -> torch.Tensor:
+    """The example indices of step ``step``: consecutive slices of per-epoch permutations of range(n),
+    a pure function of (n, step, batch_size, seed). [batch_size] long"""
+    first = step * batch_size
+    out = []
+    while len(out) < batch_size:
+        epoch, offset = divmod(first, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        take = perm[offset : offset + batch_size - len(out)]
+        out.extend(take.tolist())
+        first += len(take)
+    return torch.tensor(out, dtype=torch.long)
+
+
+def lr_at(step: int, cfg: HeadTrainConfig) -> float:
+    """Linear warm-up, then cosine decay to ``lr * min_lr_ratio`` at ``max_steps``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate_loss(head: AcceptanceHead, data: HeadData, reject_weight: float, batch: int = 65536) -> dict:
+    """The weighted loss, the unweighted soft cross-entropy, the Brier score and the mean prediction
+    vs the mean label, over all of ``data``."""
+    num = den = ce = brier = pred_sum = 0.0
+    for i in range(0, len(data), batch):
+        h, label = data.hidden[i : i + batch].float(), data.label[i : i + batch]
+        logits = head(h)
+        n, d = weighted_soft_ce(logits, label, reject_weight)
+        n1, _ = weighted_soft_ce(logits, label, 1.0)
+        p = logits.float().softmax(-1)[:, 1]
+        num, den, ce = num + float(n), den + float(d), ce + float(n1)
+        brier += float(((p - label) ** 2).sum())
+        pred_sum += float(p.sum())
+    count = max(1, len(data))
+    return {"loss": num / max(den, 1e-12), "ce": ce / count, "brier": brier / count,
+            "mean_pred": pred_sum / count, "mean_label": float(data.label.float().mean()) if len(data) else 0.0}
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint records besides weights and optimizer."""
+
+    step: int = 0
+    history: list = field(default_factory=list)  # [{"step", "train_loss", "lr", "valid": {kind: metrics}}]
+
+
+def _save_checkpoint(out: Path, head: AcceptanceHead, optimizer: torch.optim.Optimizer, state: TrainState,
+                     cfg: HeadTrainConfig) -> None:
+    """Write ``out/checkpoint`` atomically: head weights, AdamW state (safetensors), state.json."""
+    tmp = out / "checkpoint.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    head.save_pretrained(tmp)
+    opt = optimizer.state_dict()
+    tensors = {f"state.{i}.{k}": v.detach().clone().contiguous().reshape(v.shape)
+               for i, s in opt["state"].items() for k, v in s.items() if isinstance(v, torch.Tensor)}
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    groups = [{k: v for k, v in g.items()} for g in opt["param_groups"]]
+    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), "config": _config_json(cfg),
+                                                "param_groups": groups}, indent=1))
+    final = out / "checkpoint"
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def _load_checkpoint(out: Path, head: AcceptanceHead, optimizer: torch.optim.Optimizer) -> TrainState:
+    ckpt = out / "checkpoint"
+    head.load_state_dict(load_file(str(ckpt / "model.safetensors")))
+    saved = json.loads((ckpt / "state.json").read_text())
+    tensors = load_file(str(ckpt / "optimizer.safetensors"))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        _, i, name = key.split(".", 2)
+        state.setdefault(int(i), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+    return TrainState(**saved["state"])
+
+
+def _config_json(cfg: HeadTrainConfig) -> dict:
+    return {**asdict(cfg), "labels": list(cfg.labels)}
+
+
+def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | None = None,
+               log=print, show_progress: bool = True) -> Path | None:
+    """Train (or resume) the head. Returns ``out_dir/final`` once ``max_steps`` is reached, else None
+    (stopped at ``stop_at_step`` with a checkpoint; call again to resume)."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    rank, world, main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
+    out = Path(out_dir)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    data = load_head_data(cfg.data, cfg.labels)
+    if len(data) == 0:
+        raise ValueError(f"{cfg.data} holds no examples with labels {', '.join(cfg.labels)}")
+    valid = load_head_data(cfg.valid, cfg.labels) if cfg.valid else None
+    hidden_size = int(data.meta["hidden_size"])
+    torch.manual_seed(cfg.seed)
+    head = AcceptanceHead(HeadConfig(hidden_size=hidden_size, num_blocks=cfg.num_blocks,
+                                     labels="+".join(cfg.labels), drafter=data.meta["config"].get("drafter")))
+    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    state = TrainState()
+    if (out / "checkpoint").exists():
+        state = _load_checkpoint(out, head, optimizer)
+        if main:
+            log(f"resumed {out} at step {state.step}")
+    model, optimizer = accelerator.prepare(head, optimizer)
+    device = accelerator.device
+    if main:
+        n_params = sum(p.numel() for p in head.parameters())
+        log(f"training a {cfg.num_blocks}-block head ({n_params} parameters) on {len(data)} examples "
+            f"({', '.join(f'{k}: {int((data.kind == LABEL_KINDS.index(k)).sum())}' for k in cfg.labels)}), "
+            f"{cfg.max_steps} steps of {cfg.batch_size} over {world} process(es)")
+    progress = None
+    if main and show_progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        progress = Progress(TextColumn("head"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                            TextColumn("{task.fields[info]}"))
+        task = progress.add_task("train", total=cfg.max_steps, completed=state.step, info="")
+        progress.start()
+    window_loss, window_n = 0.0, 0
+    try:
+        while state.step < cfg.max_steps:
+            step = state.step
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            idx = batch_indices(len(data), step, cfg.batch_size, cfg.seed)[rank::world]  # this process's share
+            h = data.hidden[idx].float().to(device)  # [b, H]
+            label = data.label[idx].float().to(device)  # [b]
+            numerator, denominator = weighted_soft_ce(model(h), label, cfg.reject_weight)
+            total = accelerator.reduce(denominator.detach(), "sum")  # the global batch's weight
+            loss = numerator / total * world  # DDP averages gradients over processes: undo the 1/world
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.step += 1
+            window_loss += float(accelerator.reduce(numerator.detach(), "sum")) / float(total)
+            window_n += 1
+            record = None
+            if state.step % 50 == 0 or state.step == cfg.max_steps:
+                record = {"step": state.step, "train_loss": round(window_loss / window_n, 5), "lr": lr_at(step, cfg)}
+                window_loss, window_n = 0.0, 0
+            if valid is not None and (state.step % cfg.eval_every == 0 or state.step == cfg.max_steps):
+                record = record or {"step": state.step}
+                unwrapped = accelerator.unwrap_model(model)
+                record["valid"] = {k: {m: round(v, 5) for m, v in
+                                       evaluate_loss(unwrapped, valid.of_kind(k), cfg.reject_weight).items()}
+                                   for k in cfg.labels}
+            if record is not None:
+                state.history.append(record)
+                if main:
+                    info = f"loss {record.get('train_loss', float('nan')):.4f}"
+                    if "valid" in record:
+                        info += " valid " + " ".join(f"{k} {v['loss']:.4f}" for k, v in record["valid"].items())
+                    if progress is not None:
+                        progress.update(task, info=info)
+                    log(f"[{out.name}] step {state.step}/{cfg.max_steps} {info}")
+            if progress is not None:
+                progress.update(task, completed=state.step)
+            stopping = stop_at_step is not None and state.step == stop_at_step and state.step < cfg.max_steps
+            if main and (state.step % cfg.save_every == 0 or state.step == cfg.max_steps or stopping):
+                _save_checkpoint(out, accelerator.unwrap_model(model), optimizer, state, cfg)
+            if stopping:
+                accelerator.wait_for_everyone()
+                if main:
+                    log(f"stopped at step {state.step}; run again to resume")
+                return None
+    finally:
+        if progress is not None:
+            progress.stop()
+    accelerator.wait_for_everyone()
+    final = out / "final"
+    if main:
+        accelerator.unwrap_model(model).save_pretrained(final)
+        (final / "training.json").write_text(json.dumps(
+            {"config": _config_json(cfg), "data": data.meta, "examples": len(data), "processes": world,
+             "history": state.history}, indent=1) + "\n")
+    accelerator.wait_for_everyone()
+    return final
