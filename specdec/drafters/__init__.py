@@ -23,6 +23,7 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.config import LOOKUP, DrafterConfig
+from specdec.drafters import block_model  # noqa: F401  (registers the block drafter with the Auto classes)
 from specdec.drafters.base import Drafter, FollowingDrafter, NoDrafter, Proposal, StopRule
 from specdec.drafters.hybrid import LookupDrafter
 from specdec.drafters.model import ModelDrafter

@@ -19,6 +19,8 @@
         --out runs/acceptance-head       # the SpecDec++ acceptance head (see specdec/heads/cli.py)
     specdec train head-eval --head runs/acceptance-head/final --valid-outputs runs/valid-outputs.jsonl \
         --out runs/acceptance-head/eval
+    specdec train block-drafter --out runs/code-block-drafter --outputs runs/code-target-outputs.jsonl \
+        --valid runs/valid-outputs.jsonl   # SpecDec's block drafter (see specdec/train/block.py)
 
 Run ``lm`` again with the same ``--out`` to resume. Every ``TrainConfig`` field of the preset can be
 overridden (``--max-steps``, ``--lr``, ...).
@@ -29,24 +31,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from specdec.train.presets import PRESETS, TrainConfig
+from specdec.train.presets import PRESETS, BlockTrainConfig, TrainConfig
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig,
+                      suffix: str = " (overrides the preset)") -> None:
     from specdec.cli import field_comments
 
-    comments = field_comments(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
+    comments = field_comments(cls)
+    for f in dataclasses.fields(cls):
         if f.name in ("shape",):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                                help=comments.get(f.name, "") + " (overrides the preset)")
+                                help=comments.get(f.name, "") + suffix.format(default=f.default))
         else:
             kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
             parser.add_argument(flag, dest=f.name, type=kind, default=None,
-                                help=(comments.get(f.name, "") + " (overrides the preset)").replace("%", "%%"))
+                                help=(comments.get(f.name, "") + suffix.format(default=f.default)).replace("%", "%%"))
 
 
 def _config_from(args: argparse.Namespace) -> TrainConfig:
@@ -70,6 +73,37 @@ def _cmd_lm(args: argparse.Namespace) -> int:
     final = train(_config_from(args), args.out, args.tokenizer, device=args.device,
                   stop_after_s=args.stop_after, stop_at_step=args.stop_at_step)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
+def _cmd_block_drafter(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.train.block import train_block_drafter
+
+    torch.set_num_threads(args.threads)
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(BlockTrainConfig)
+                 if getattr(args, f.name, None) is not None}
+    final = train_block_drafter(BlockTrainConfig(**overrides), args.out, stop_after_s=args.stop_after,
+                                stop_at_step=args.stop_at_step)
+    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
+def _cmd_block_eval(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from specdec.train.block import evaluate_block_drafter, format_evaluation
+
+    torch.set_num_threads(args.threads)
+    result = evaluate_block_drafter(args.model, args.valid, target=args.target, drafter=args.drafter or None,
+                                    records=args.records, steps=args.steps)
+    print(format_evaluation(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
 
@@ -122,6 +156,27 @@ def register(subparsers) -> None:
                     help="checkpoint and stop at this step (resume later)")
     _add_config_flags(lm)
     lm.set_defaults(func=_cmd_lm)
+
+    block = sub.add_parser("block-drafter", help="distil SpecDec's block drafter from the target (resumable)")
+    block.add_argument("--out", required=True, help="run folder: checkpoint/ (resume) and final/")
+    block.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                       help="checkpoint and stop after this long (resume later)")
+    block.add_argument("--stop-at-step", type=int, default=None, metavar="STEP",
+                       help="checkpoint and stop at this step (resume later)")
+    block.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    _add_config_flags(block, BlockTrainConfig, suffix=" (default: {default})")
+    block.set_defaults(func=_cmd_block_drafter)
+
+    ev = sub.add_parser("block-eval", help="a block drafter's offline figures: tau by k, forward times")
+    ev.add_argument("--model", required=True, help="the block drafter's folder")
+    ev.add_argument("--valid", required=True, help="held-out `specdec train outputs --split validation` file")
+    ev.add_argument("--target", default="code-target")
+    ev.add_argument("--drafter", default="code-drafter", help="autoregressive drafter compared ('' for none)")
+    ev.add_argument("--records", type=int, default=300, help="greedy records measured")
+    ev.add_argument("--steps", type=int, default=24, help="timed forwards per probe (medians)")
+    ev.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ev.add_argument("--out", default=None, help="also write the figures as JSON here")
+    ev.set_defaults(func=_cmd_block_eval)
 
     gen = sub.add_parser("outputs", help="the target's continuations of train-split prompts (drafter data; resumable)")
     gen.add_argument("--target", required=True, help="the target model (a folder or a shipped name)")

@@ -46,6 +46,43 @@ class TrainConfig:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class BlockTrainConfig:
+    """One block-drafter training run. Defaults are the shipped model's recipe."""
+
+    target: str = "code-target"  # the target distilled from, a folder or shipped name (embeddings, tokenizer, hidden states)
+    outputs: str = "runs/code-target-outputs.jsonl"  # `specdec train outputs` file; its temperature-0 records
+    outputs_records: int | None = None  # read only the file's first N lines (None: all there when the run starts)
+    valid: str | None = None  # held-out `specdec train outputs --split validation` file for evaluation
+    valid_records: int = 100  # greedy validation records measured at each evaluation
+    init_from: str | None = "code-drafter"  # a Llama causal LM of the target's vocabulary whose weights start the drafter (its shape replaces the four below); None: fresh layers, embeddings from the target
+    hidden_size: int = 256  # drafter width
+    num_hidden_layers: int = 2  # drafter decoder layers
+    num_attention_heads: int = 4  # attention heads per layer
+    intermediate_size: int = 704  # MLP width
+    max_block_size: int = 25  # largest block k trained (each step draws k uniformly from 1..this)
+    draft_vocab_size: int = 2048  # rows of the drafting head: the target's most frequent output tokens (0 = all)
+    condition_on_target: bool = False  # add the target's last hidden state to the block positions
+    prefix_loss: float = 0.5  # weight of the next-token loss at prefix positions (dense signal for the prefix states)
+    hidden_dropout: float = 0.1  # share of blocks trained without the target's hidden state (first rounds)
+    block_tokens: int = 128  # block positions per training sequence: ceil(block_tokens / k) blocks of the step's k
+    seq_len: int = 256  # longest prefix per sequence (prompts are cropped from the left)
+    batch_size: int = 16  # sequences per step
+    glancing_start: float = 0.5  # glancing ratio at step 0 (share of wrong positions revealed)
+    glancing_end: float = 0.3  # glancing ratio at max_steps (linear in between)
+    label_smoothing: float = 0.1  # cross-entropy label smoothing
+    lr: float = 2e-3  # peak AdamW learning rate
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 100  # linear warm-up
+    weight_decay: float = 0.1  # AdamW weight decay (matrices only)
+    grad_clip: float = 1.0  # gradient-norm clip
+    max_steps: int = 3000  # optimizer steps
+    eval_every: int = 250  # steps between validation measurements (needs `valid`)
+    save_every: int = 50  # steps between checkpoints
+    bf16: bool = False  # bf16 autocast (weights and optimizer stay fp32); slower on CPUs without bf16 units
+    seed: int = 0  # data order, block cuts and glancing choices
+
+
 PRESETS: dict[str, TrainConfig] = {
     # ~23.5M parameters with the 8192-token vocabulary (tied embeddings).
     "code-target": TrainConfig(),
