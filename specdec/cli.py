@@ -44,6 +44,7 @@ SUBCOMMANDS: Mapping[str, str] = {
     "chat": "specdec.console",
     "train": "specdec.train.cli",
     "bench": "specdec.bench.cli",
+    "data": "specdec.data.cli",
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
