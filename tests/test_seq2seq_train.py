@@ -138,7 +138,8 @@ def test_export_bf16_and_evaluate_the_stored_weights(setup, tmp_path):
     root, cfg, final = setup
     dst = export(final, tmp_path / "shipped", dtype="bf16")
     with safe_open(str(dst / "model.safetensors"), "pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable) == {torch.bfloat16}
+        dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    assert dtypes == {torch.bfloat16}
     results = evaluate(dst, cfg.data, split="test", beams=(1, 2), hypotheses_dir=tmp_path / "hyp")
     assert [(q.num_beams, q.sentences) for q in results] == [(1, 12), (2, 12)]
     assert all(0 <= q.bleu <= 100 and 0 <= q.chrf <= 100 for q in results)
