@@ -141,7 +141,7 @@ def _cmd_seq2seq(args: argparse.Namespace) -> int:
 def _cmd_translations(args: argparse.Namespace) -> int:
     from specdec.train.seq2seq import write_translations
 
-    n = write_translations(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size,
+    n = write_translations(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size, chunk=args.chunk,
                            device=args.device)
     print(f"{args.out}: {n} translations")
     return 0
@@ -238,6 +238,7 @@ def register(subparsers) -> None:
     tr.add_argument("--out", required=True, help="JSONL file to append to (run again to resume)")
     tr.add_argument("--split", choices=["train", "validation"], default="train")
     tr.add_argument("--batch-size", type=int, default=64)
+    tr.add_argument("--chunk", type=int, default=2048, help="sources per write (a file cut short is a uniform sample)")
     tr.add_argument("--device", default="cpu")
     tr.set_defaults(func=_cmd_translations)
 

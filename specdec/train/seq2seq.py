@@ -397,34 +397,37 @@ def translate(model, tokenizer, sources: Sequence[str], num_beams: int = 1, batc
 
 
 def write_translations(model_dir: str | Path, data: str | Path, out: str | Path, split: str = "train",
-                       batch_size: int = 64, device: str = "cpu", log: Callable[[str], None] = print) -> int:
+                       batch_size: int = 64, chunk: int = 2048, device: str = "cpu",
+                       log: Callable[[str], None] = print) -> int:
     """Append the model's greedy translations of ``split``'s sources to ``out`` as JSON lines
     ``{"i", "src", "tgt", "ids", "catalogue"}`` (``i`` = the pair's index in the split file,
     ``ids`` = translation ids, eos included, decoder start excluded; ``tgt`` = their text).
-    Resumes: indices already in ``out`` are skipped. Returns how many records ``out`` holds."""
+    Sources go in a fixed shuffled order, ``chunk`` at a time (batched by length within a
+    chunk), so a file cut short is a uniform sample of the split. Resumes: indices already in
+    ``out`` are skipped. Returns how many records ``out`` holds."""
     if split == "test":
         raise ValueError("the test split is held out for evaluation: translate train or validation")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     pairs = load_pairs(data, split)
     done = read_translations(out) if out.exists() else {}
-    todo = [i for i in range(len(pairs)) if i not in done]
+    order = list(range(len(pairs)))
+    random.Random(0).shuffle(order)
+    todo = [i for i in order if i not in done]
     log(f"{len(pairs)} {split} sources, {len(done)} already in {out}, {len(todo)} to translate")
     model, tokenizer = _load_for_inference(model_dir, device)
     started, count = time.perf_counter(), 0
     with out.open("a", encoding="utf-8") as f:
-        def save(idx: list[int], batch: list[list[int]]) -> None:
-            nonlocal count
-            for i, ids in zip(idx, batch):
-                text = tokenizer.decode(ids, skip_special_tokens=True)
-                record = {"i": todo[i], "src": pairs[todo[i]].src, "tgt": text, "ids": ids,
-                          "catalogue": pairs[todo[i]].catalogue}
+        for start in range(0, len(todo), chunk):
+            part = todo[start : start + chunk]
+            ids = translate(model, tokenizer, [pairs[i].src for i in part], batch_size=batch_size)
+            for i, t in zip(part, ids):
+                record = {"i": i, "src": pairs[i].src, "tgt": tokenizer.decode(t, skip_special_tokens=True),
+                          "ids": t, "catalogue": pairs[i].catalogue}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
             f.flush()
-            count += len(idx)
+            count += len(part)
             log(f"translated {count}/{len(todo)} ({count / (time.perf_counter() - started):.1f} sources/s)")
-
-        translate(model, tokenizer, [pairs[i].src for i in todo], batch_size=batch_size, on_batch=save)
     return len(read_translations(out))
 
 
