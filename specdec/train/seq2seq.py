@@ -106,8 +106,8 @@ class Example:
 
 def load_examples(cfg: Seq2SeqTrainConfig, tokenizer: PreTrainedTokenizerBase, split: str,
                   limit: int | None = None) -> list[Example]:
-    """The split's pairs tokenized, in file order; train pairs longer than ``cfg.max_tokens`` on
-    either side are left out. With ``cfg.translations`` (distillation) the train targets are the
+    """The split's pairs tokenized, in file order; pairs longer than ``cfg.max_tokens`` on either
+    side are left out (validation loss is measured in the regime trained on). With ``cfg.translations`` (distillation) the train targets are the
     target's translations, and only the sources it has translated so far are used (a file still
     being written by ``write_translations`` serves as far as it goes)."""
     pairs = load_pairs(cfg.data, split)[:limit]
@@ -126,9 +126,7 @@ def load_examples(cfg: Seq2SeqTrainConfig, tokenizer: PreTrainedTokenizerBase, s
         targets = tokenizer(text_target=[p.tgt for p in pairs])["input_ids"]
     src_ids = tokenizer(sources)["input_ids"]
     examples = [Example(s, t) for s, t in zip(src_ids, targets)]
-    if split == "train":
-        examples = [e for e in examples if len(e.src) <= cfg.max_tokens and 1 < len(e.tgt) <= cfg.max_tokens]
-    return examples
+    return [e for e in examples if len(e.src) <= cfg.max_tokens and 1 < len(e.tgt) <= cfg.max_tokens]
 
 
 def build_model(shape: Seq2SeqShape, tokenizer: PreTrainedTokenizerBase, dropout: float = 0.1) -> MarianMTModel:
