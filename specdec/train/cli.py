@@ -20,7 +20,7 @@ The translation pair (encoder-decoder, on `specdec data gettext --out data/gette
 
     specdec train seq2seq-tokenizer --data data/gettext-de --out runs/translate-tokenizer
     specdec train seq2seq --preset translate-target --out runs/translate-target
-    specdec train translations --model runs/translate-target/final --out runs/translate-target-translations.jsonl
+    specdec train translations --model runs/translate-target/final --out runs/translate-target-translations-train.jsonl
     specdec train seq2seq --preset translate-drafter --out runs/translate-drafter
     specdec train seq2seq-export runs/translate-target/final models/translate-target --dtype bf16
     specdec train seq2seq-eval models/translate-target --split test --beams 1 5
