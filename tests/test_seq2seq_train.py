@@ -148,3 +148,14 @@ def test_export_bf16_and_evaluate_the_stored_weights(setup, tmp_path):
 
     refs = [json.loads(x)["tgt"] for x in (root / "data/test.jsonl").read_text(encoding="utf-8").splitlines()]
     assert results[0].bleu == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+
+
+def test_stage_two_continues_from_a_trained_model(setup, tmp_path):
+    _root, cfg, final = setup
+    stage1 = json.loads((final / "training.json").read_text())["state"]["history"]
+    cfg2 = dataclasses.replace(cfg, init_from=str(final), max_steps=10, eval_every=10, seed=1)
+    stage2 = train_seq2seq(cfg2, tmp_path / "s2", log=lambda m: None)
+    history = json.loads((stage2 / "training.json").read_text())["state"]["history"]
+    first = next(r["val_loss"] for r in stage1 if "val_loss" in r)  # fresh weights after 10 steps
+    assert history[-1]["val_loss"] < first
+    assert AutoModelForSeq2SeqLM.from_pretrained(stage2).config.d_model == cfg.shape.d_model

@@ -64,6 +64,7 @@ class Seq2SeqTrainConfig:
     data: str = "data/gettext-de"  # a `specdec data gettext` folder (train.jsonl, validation.jsonl)
     tokenizer: str = "runs/translate-tokenizer"  # a `specdec train seq2seq-tokenizer` folder
     translations: str | None = None  # the target's translations of the train sources (distillation); None = references
+    init_from: str | None = None  # start from this trained model (a stage-2 run: fresh optimizer and schedule)
     batch_size: int = 64  # sentence pairs per step (batches group pairs of similar length)
     max_tokens: int = 128  # pairs longer than this on either side (eos included) are left out of training
     lr: float = 1e-3  # peak AdamW learning rate
@@ -84,6 +85,10 @@ PRESETS: dict[str, Seq2SeqTrainConfig] = {
     # ~6.8M parameters with the 8000-token vocabulary: 3 + 3 layers of width 256 (600 steps: 0.75 epoch,
     # what one contended CPU thread gave in the time there was).
     "translate-target": Seq2SeqTrainConfig(),
+    # Stage 2: the same model continued from stage 1 (new batch order, fresh AdamW, its own warm-up
+    # and cosine decay).
+    "translate-target-s2": Seq2SeqTrainConfig(init_from="runs/translate-target/final", lr=7e-4, warmup_steps=100,
+                                              max_steps=3000, seed=1),
     # ~2.1M parameters: 2 + 2 layers of width 128, on the target's greedy translations.
     "translate-drafter": Seq2SeqTrainConfig(
         shape=Seq2SeqShape(128, 2, 2, 4, 512), translations="runs/translate-target-translations-train.jsonl",
@@ -265,7 +270,13 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
     if len(train_examples) < cfg.batch_size:
         raise ValueError(f"{cfg.data} has {len(train_examples)} usable train pairs, fewer than a batch of {cfg.batch_size}")
     lengths = [len(e.src) + len(e.tgt) for e in train_examples]
-    model = build_model(cfg.shape, tokenizer, cfg.dropout).to(device)
+    model = build_model(cfg.shape, tokenizer, cfg.dropout)
+    if cfg.init_from is not None:
+        model = AutoModelForSeq2SeqLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+        if model.config.vocab_size != len(tokenizer):
+            raise ValueError(f"--init-from {cfg.init_from} has vocabulary {model.config.vocab_size}, "
+                             f"the tokenizer {len(tokenizer)}: use the tokenizer it was trained with")
+    model = model.to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_positions" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
