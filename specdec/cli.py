@@ -46,6 +46,7 @@ SUBCOMMANDS: Mapping[str, str] = {
     "train": "specdec.train.cli",
     "bench": "specdec.bench.cli",
     "serve": "specdec.serve.cli",
+    "data": "specdec.data.cli",
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention

@@ -22,6 +22,15 @@
     specdec train block-drafter --out runs/code-block-drafter --outputs runs/code-target-outputs.jsonl \
         --valid runs/valid-outputs.jsonl   # SpecDec's block drafter (see specdec/train/block.py)
 
+The translation pair (encoder-decoder, on `specdec data gettext --out data/gettext-de`):
+
+    specdec train seq2seq-tokenizer --data data/gettext-de --out runs/translate-tokenizer
+    specdec train seq2seq --preset translate-target --out runs/translate-target
+    specdec train translations --model runs/translate-target/final --out runs/translate-target-translations-train.jsonl
+    specdec train seq2seq --preset translate-drafter --out runs/translate-drafter
+    specdec train seq2seq-export runs/translate-target/final models/translate-target --dtype bf16
+    specdec train seq2seq-eval models/translate-target --split test --beams 1 5
+
 Run ``lm`` again with the same ``--out`` to resume. Every ``TrainConfig`` field of the preset can be
 overridden (``--max-steps``, ``--lr``, ...).
 """
@@ -134,6 +143,70 @@ def _cmd_card(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ("shape",)) -> None:
+    """One ``--flag`` per field of ``cls`` (default None: the preset's value stands)."""
+    from specdec.cli import field_comments
+
+    comments = field_comments(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
+                            help=(comments.get(f.name, "") + " (overrides the preset)").replace("%", "%%"))
+
+
+def _cmd_seq2seq_tokenizer(args: argparse.Namespace) -> int:
+    from specdec.data.seq2seq_tokenizer import train_translation_tokenizer
+
+    tok = train_translation_tokenizer(args.data, args.out, vocab_size=args.vocab_size)
+    print(f"tokenizer with {len(tok)} tokens saved to {args.out}")
+    return 0
+
+
+def _cmd_seq2seq(args: argparse.Namespace) -> int:
+    from specdec.train.seq2seq import PRESETS as SEQ2SEQ_PRESETS
+    from specdec.train.seq2seq import Seq2SeqTrainConfig, train_seq2seq
+
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Seq2SeqTrainConfig)
+                 if f.name != "shape" and getattr(args, f.name, None) is not None}
+    cfg = dataclasses.replace(SEQ2SEQ_PRESETS[args.preset], **overrides)
+    final = train_seq2seq(cfg, args.out, device=args.device, stop_after_s=args.stop_after, stop_at_step=args.stop_at_step)
+    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
+def _cmd_translations(args: argparse.Namespace) -> int:
+    from specdec.train.seq2seq import write_translations
+
+    n = write_translations(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size, chunk=args.chunk,
+                           device=args.device)
+    print(f"{args.out}: {n} translations")
+    return 0
+
+
+def _cmd_seq2seq_export(args: argparse.Namespace) -> int:
+    from specdec.train.seq2seq import export as export_seq2seq
+
+    print(f"exported to {export_seq2seq(args.src, args.dst, dtype=args.dtype)}")
+    return 0
+
+
+def _cmd_seq2seq_eval(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from specdec.train.seq2seq import agreement, evaluate
+
+    figures = {"model": args.model, "quality": [asdict(q) for q in evaluate(
+        args.model, args.data, split=args.split, beams=args.beams, batch_size=args.batch_size, limit=args.limit,
+        device=args.device, hypotheses_dir=args.hypotheses)]}
+    if args.agreement_with is not None:
+        figures["agreement"] = agreement(args.model, args.agreement_with, device=args.device)
+    print(json.dumps(figures, indent=1))
+    return 0
+
+
 def register(subparsers) -> None:
     """Add ``specdec train`` and its subcommands."""
     train = subparsers.add_parser("train", help="train the tokenizer and models (resumable)",
@@ -197,6 +270,55 @@ def register(subparsers) -> None:
     exp.add_argument("dst")
     exp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     exp.set_defaults(func=_cmd_export)
+
+    from specdec.train.seq2seq import PRESETS as SEQ2SEQ_PRESETS
+    from specdec.train.seq2seq import Seq2SeqTrainConfig
+
+    stok = sub.add_parser("seq2seq-tokenizer", help="train the shared English/German BPE on a gettext corpus")
+    stok.add_argument("--data", required=True, help="a `specdec data gettext` folder")
+    stok.add_argument("--out", required=True, help="folder to save the tokenizer to")
+    stok.add_argument("--vocab-size", type=int, default=8000)
+    stok.set_defaults(func=_cmd_seq2seq_tokenizer)
+
+    s2s = sub.add_parser("seq2seq", help="train or resume an encoder-decoder translation model (Marian)")
+    s2s.add_argument("--preset", choices=sorted(SEQ2SEQ_PRESETS), default="translate-target")
+    s2s.add_argument("--out", required=True, help="run folder: checkpoint/ (resume) and final/")
+    s2s.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    s2s.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                     help="checkpoint and stop after this long (resume later)")
+    s2s.add_argument("--stop-at-step", type=int, default=None, metavar="STEP",
+                     help="checkpoint and stop at this step (resume later)")
+    _add_dataclass_flags(s2s, Seq2SeqTrainConfig)
+    s2s.set_defaults(func=_cmd_seq2seq)
+
+    tr = sub.add_parser("translations", help="a model's greedy translations of a split's sources (distillation data; resumable)")
+    tr.add_argument("--model", required=True, help="the target's folder")
+    tr.add_argument("--data", default="data/gettext-de", help="a `specdec data gettext` folder")
+    tr.add_argument("--out", required=True, help="JSONL file to append to (run again to resume)")
+    tr.add_argument("--split", choices=["train", "validation"], default="train")
+    tr.add_argument("--batch-size", type=int, default=64)
+    tr.add_argument("--chunk", type=int, default=2048, help="sources per write (a file cut short is a uniform sample)")
+    tr.add_argument("--device", default="cpu")
+    tr.set_defaults(func=_cmd_translations)
+
+    sexp = sub.add_parser("seq2seq-export", help="save a trained encoder-decoder for shipping (safetensors)")
+    sexp.add_argument("src")
+    sexp.add_argument("dst")
+    sexp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    sexp.set_defaults(func=_cmd_seq2seq_export)
+
+    sev = sub.add_parser("seq2seq-eval", help="BLEU and chrF of plain generate (greedy, beam) on a split")
+    sev.add_argument("model", help="a model folder")
+    sev.add_argument("--data", default="data/gettext-de", help="a `specdec data gettext` folder")
+    sev.add_argument("--split", choices=["validation", "test"], default="test")
+    sev.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="beam sizes (1 = greedy)")
+    sev.add_argument("--batch-size", type=int, default=64)
+    sev.add_argument("--limit", type=int, default=None, help="only the split's first N pairs")
+    sev.add_argument("--hypotheses", default=None, metavar="DIR", help="also write the translations here")
+    sev.add_argument("--agreement-with", default=None, metavar="JSONL",
+                     help="also report teacher-forced top-1 agreement with these target translations")
+    sev.add_argument("--device", default="cpu")
+    sev.set_defaults(func=_cmd_seq2seq_eval)
 
     card = sub.add_parser("card", help="measure the shipped pair and write both model cards (README.md)")
     card.add_argument("--target", default="models/code-target")

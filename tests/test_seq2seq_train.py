@@ -1,0 +1,161 @@
+"""The encoder-decoder training tool: a tiny Marian run learns, resumes exactly, ships, distils.
+
+The corpus is a small synthetic word-for-word 'translation' written by the test (no catalogues)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
+
+from specdec.data.gettext import Corpus, Pair, write_corpus
+from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
+from specdec.train.seq2seq import (
+    PRESETS,
+    agreement,
+    batch_indices,
+    evaluate,
+    export,
+    load_examples,
+    read_translations,
+    train_seq2seq,
+    write_translations,
+)
+
+WORDS = {"open": "öffnen", "file": "Datei", "the": "die", "cannot": "kann nicht", "save": "speichern",
+         "new": "neue", "folder": "Ordner", "error": "Fehler", "%s": "%s", "copy": "kopieren"}
+
+
+def _pairs(n: int, seed: int, catalogue: str) -> list[Pair]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = rng.choices(list(WORDS), k=rng.randint(1, 5))
+        out.append(Pair(" ".join(words), " ".join(WORDS[w] for w in words), catalogue))
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("s2s")
+    corpus = Corpus({"train": _pairs(160, 0, "a"), "validation": _pairs(16, 1, "b"), "test": _pairs(12, 2, "c")},
+                    {"train": ["a"], "validation": ["b"], "test": ["c"]}, {"a": 160, "b": 16, "c": 12})
+    data = write_corpus(corpus, root / "data")
+    texts = [t for p in corpus.splits["train"] for t in (p.src, p.tgt)]
+    train_seq2seq_tokenizer(texts, vocab_size=300).save_pretrained(root / "tok")
+    cfg = dataclasses.replace(PRESETS["tiny"], data=str(data), tokenizer=str(root / "tok"))
+    final = train_seq2seq(cfg, root / "run", log=lambda m: None)
+    return root, cfg, final
+
+
+def test_tiny_run_learns_and_loads_without_specdec(setup):
+    _root, _cfg, final = setup
+    history = json.loads((final / "training.json").read_text())["state"]["history"]
+    losses = [r["val_loss"] for r in history if "val_loss" in r]
+    assert len(losses) == 2 and losses[-1] < losses[0]
+    model = AutoModelForSeq2SeqLM.from_pretrained(final)
+    assert isinstance(model, MarianMTModel) and (final / "model.safetensors").is_file()
+    tok = AutoTokenizer.from_pretrained(final)
+    assert model.config.decoder_start_token_id == tok.pad_token_id == 0
+    assert model.generation_config.num_beams == 1 and not model.generation_config.do_sample
+    out = model.generate(**tok(["open the file"], return_tensors="pt"), max_new_tokens=8)
+    assert out[0, 0] == 0 and out.shape[1] <= 9
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def test_resume_reproduces_the_uninterrupted_run(setup, tmp_path):
+    _root, cfg, final = setup
+    assert train_seq2seq(cfg, tmp_path / "run", stop_at_step=7, log=lambda m: None) is None
+    resumed = train_seq2seq(cfg, tmp_path / "run", log=lambda m: None)
+    a = AutoModelForSeq2SeqLM.from_pretrained(final).state_dict()
+    b = AutoModelForSeq2SeqLM.from_pretrained(resumed).state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_batches_are_a_pure_function_of_step_and_cover_each_epoch():
+    cfg = dataclasses.replace(PRESETS["tiny"], batch_size=7)
+    lengths = [random.Random(i).randint(2, 40) for i in range(100)]
+    per_epoch = 15  # ceil(100 / 7)
+    epoch = [i for s in range(per_epoch) for i in batch_indices(lengths, cfg, s)]
+    assert sorted(epoch) == list(range(100))
+    assert batch_indices(lengths, cfg, 3) == batch_indices(lengths, cfg, 3)
+    assert [batch_indices(lengths, cfg, s) for s in range(per_epoch, 2 * per_epoch)] != \
+        [batch_indices(lengths, cfg, s) for s in range(per_epoch)]
+
+
+def test_translations_resume_and_a_model_agrees_with_its_own_greedy_output(setup, tmp_path):
+    _root, cfg, final = setup
+    full = tmp_path / "full.jsonl"
+    assert write_translations(final, cfg.data, full, split="validation", batch_size=5, log=lambda m: None) == 16
+    part = tmp_path / "part.jsonl"
+    lines = full.read_text(encoding="utf-8").splitlines(keepends=True)
+    part.write_text("".join(lines[:6]) + lines[6][:10], encoding="utf-8")  # an interrupted write
+    assert write_translations(final, cfg.data, part, split="validation", batch_size=5, log=lambda m: None) == 16
+    assert read_translations(part) == read_translations(full)
+    records = read_translations(full)
+    assert sorted(records) == list(range(16))
+    tok = AutoTokenizer.from_pretrained(final)
+    model = AutoModelForSeq2SeqLM.from_pretrained(final)
+    one = model.generate(**tok([records[3]["src"]], return_tensors="pt"), max_new_tokens=64)[0, 1:].tolist()
+    assert records[3]["ids"] == one[: one.index(1) + 1] if 1 in one else one
+    assert agreement(final, full, batch_size=4)["top1_agreement"] == 1.0  # teacher forcing = its own greedy
+    with pytest.raises(ValueError, match="held out"):
+        write_translations(final, cfg.data, tmp_path / "t.jsonl", split="test")
+
+
+def test_distillation_reads_translations_and_refuses_a_foreign_file(setup, tmp_path):
+    _root, cfg, final = setup
+    path = tmp_path / "train.jsonl"
+    write_translations(final, cfg.data, path, split="train", batch_size=32, log=lambda m: None)
+    tok = AutoTokenizer.from_pretrained(cfg.tokenizer)
+    kd = dataclasses.replace(cfg, translations=str(path))
+    examples = load_examples(kd, tok, "train")
+    records = read_translations(path)
+    kept = [i for i in range(160) if 1 < len(records[i]["ids"]) <= cfg.max_tokens]
+    assert [e.tgt for e in examples] == [records[i]["ids"] for i in kept if len(tok(records[i]["src"])["input_ids"]) <= cfg.max_tokens]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    partial = tmp_path / "partial.jsonl"  # a file still being written: only what it holds is used
+    partial.write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    first = sorted(json.loads(x)["i"] for x in lines[:40])
+    got = load_examples(dataclasses.replace(cfg, translations=str(partial)), tok, "train")
+    assert [e.tgt for e in got] == [records[i]["ids"] for i in first if 1 < len(records[i]["ids"]) <= cfg.max_tokens
+                                    and len(tok(records[i]["src"])["input_ids"]) <= cfg.max_tokens]
+    bad = json.loads(lines[0])
+    bad["src"] = "something else"
+    path.write_text("\n".join([json.dumps(bad)] + lines[1:]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="another corpus"):
+        load_examples(kd, tok, "train")
+
+
+def test_export_bf16_and_evaluate_the_stored_weights(setup, tmp_path):
+    root, cfg, final = setup
+    dst = export(final, tmp_path / "shipped", dtype="bf16")
+    with safe_open(str(dst / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+    assert dtypes == {torch.bfloat16}
+    results = evaluate(dst, cfg.data, split="test", beams=(1, 2), hypotheses_dir=tmp_path / "hyp")
+    assert [(q.num_beams, q.sentences) for q in results] == [(1, 12), (2, 12)]
+    assert all(0 <= q.bleu <= 100 and 0 <= q.chrf <= 100 for q in results)
+    hyps = [json.loads(x) for x in (tmp_path / "hyp/test.beam1.txt").read_text(encoding="utf-8").splitlines()]
+    import sacrebleu
+
+    refs = [json.loads(x)["tgt"] for x in (root / "data/test.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert results[0].bleu == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+
+
+def test_stage_two_continues_from_a_trained_model(setup, tmp_path):
+    _root, cfg, final = setup
+    stage1 = json.loads((final / "training.json").read_text())["state"]["history"]
+    cfg2 = dataclasses.replace(cfg, init_from=str(final), max_steps=10, eval_every=10, seed=1)
+    stage2 = train_seq2seq(cfg2, tmp_path / "s2", log=lambda m: None)
+    history = json.loads((stage2 / "training.json").read_text())["state"]["history"]
+    first = next(r["val_loss"] for r in stage1 if "val_loss" in r)  # fresh weights after 10 steps
+    assert history[-1]["val_loss"] < first
+    assert AutoModelForSeq2SeqLM.from_pretrained(stage2).config.d_model == cfg.shape.d_model
