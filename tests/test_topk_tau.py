@@ -25,7 +25,7 @@ def reference_verdict(draft: list[int], logits: list[list[float]], beta: int, ta
         if order.index(token) >= beta or (tau is not None and gap > tau):
             break
         n += 1
-    best = sorted(range(len(logits[n])), key=lambda t: (-logits[n][t], t))[0]
+    best = min(range(len(logits[n])), key=lambda t: (-logits[n][t], t))
     return n, best
 
 
