@@ -2,7 +2,7 @@
 
 One server runs for the module: the real command (`python -m specdec serve`) in a subprocess on a
 free loopback port, over the tiny pair of `tiny_models` (drafter `lookup+<tiny drafter>`, batch
-size 3, an API key), driven by the official `openai` client and by raw HTTP. References come from
+size 3, the heuristic schedule, an API key), driven by the official `openai` client and by raw HTTP. References come from
 the same code path as `specdec generate` (`console.Session.generate`) in this process, each prompt
 decoded alone, and once from the `specdec generate --json` command itself:
 
@@ -42,7 +42,7 @@ import pytest
 from tiny_models import TinyPair, save_tiny_pair
 from transformers import AutoTokenizer
 
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig
 from specdec.console import Session, Settings
 from specdec.serve.cli import exposure_warning
 from specdec.serve.config import ServeConfig
@@ -51,6 +51,7 @@ from specdec.serve.protocol import ChatMessage, chat_prompt_ids, plain_chat
 KEY = "test-key-123"
 MAX_TOKENS = 24  # the server's --max-new-tokens
 BATCH = 3  # the server's --batch-size: fewer rows than the load test's 4 clients
+SCHEDULE = ScheduleConfig("heuristic")  # the server's --schedule: per-row state that rows joining and leaving must keep
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 PROMPTS = ["def add(a, b):", "class Point:\n    def __init__(self, x, y):", "for i in range(10):",
@@ -92,7 +93,8 @@ def server(pair, tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""}
     command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--api-key", KEY,
                "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
-               "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH), "--device", "cpu"]
+               "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH), "--device", "cpu",
+               "--schedule", SCHEDULE.schedule]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -132,7 +134,8 @@ def reference(session: Session, ids: list[int], max_tokens: int = MAX_TOKENS, te
               seed: int | None = None, stop: tuple[str, ...] = ()) -> tuple[list[int], str]:
     """(token ids, OpenAI text) of `specdec generate`'s code path for `ids` alone."""
     settings = Settings(sampling=SamplingConfig(temperature=temperature, seed=seed),
-                        spec=SpecConfig(max_new_tokens=max_tokens), mode="speculative", stop_strings=stop)
+                        spec=SpecConfig(max_new_tokens=max_tokens), mode="speculative", stop_strings=stop,
+                        schedule=SCHEDULE)
     result = session.generate(ids, settings)
     text = session.tokenizer("speculative").decode(result.tokens, skip_special_tokens=True)
     if result.stop_reason == "stop_string":
@@ -183,6 +186,7 @@ def stats(server: Server) -> dict:
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["target"]
+    assert stats(server)["schedule"] == SCHEDULE.schedule
     assert get(server.url + "/health", key=None) == (200, b'{"status":"ok"}')
 
 
@@ -218,7 +222,7 @@ def test_completion_equals_the_generate_command(server, client, pair, capsys):
 
     prompt = PROMPTS[1]
     assert main(["generate", "--json", "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
-                 "--max-new-tokens", "20", "--device", "cpu", prompt]) == 0
+                 "--max-new-tokens", "20", "--device", "cpu", "--schedule", SCHEDULE.schedule, prompt]) == 0
     cli = json.loads(capsys.readouterr().out)
     whole = client.completions.create(model="target", prompt=prompt, max_tokens=20, temperature=0)
     assert whole.specdec["token_ids"] == cli["tokens"] and whole.choices[0].text == cli["text"]
