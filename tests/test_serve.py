@@ -428,6 +428,18 @@ def test_bad_input_gets_an_openai_error(server, path, body, status, param, code)
     assert error["type"] == "invalid_request_error"
 
 
+def test_a_huge_declared_body_is_refused_before_it_is_sent(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    connection.putrequest("POST", "/v1/completions")
+    for name, value in (("Content-Type", "application/json"), ("Authorization", f"Bearer {KEY}"),
+                        ("Content-Length", str(1 << 30))):
+        connection.putheader(name, value)
+    connection.endheaders()  # headers only: the server answers from Content-Length alone
+    response = connection.getresponse()
+    assert response.status == 413 and json.loads(response.read())["error"]["code"] == "request_too_large"
+    connection.close()
+
+
 def test_the_server_keeps_serving_after_bad_input(server, client, session):
     for path, body, *_ in BAD[:6]:
         post(server.url + path, body)
