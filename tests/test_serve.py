@@ -47,6 +47,7 @@ from specdec.console import Session, Settings
 from specdec.serve.cli import exposure_warning
 from specdec.serve.config import ServeConfig
 from specdec.serve.protocol import ChatMessage, chat_prompt_ids, plain_chat
+from specdec.serve.server import model_id
 
 KEY = "test-key-123"
 MAX_TOKENS = 24  # the server's --max-new-tokens
@@ -216,6 +217,22 @@ def test_completion_equals_generate_streaming_and_not(server, client, session):
     assert chunks[-1].choices == [] and chunks[-1].usage.speculation == spec
 
 
+def test_a_raw_stream_is_server_sent_events_ending_in_done(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    body = json.dumps({"model": "target", "prompt": PROMPTS[2], "max_tokens": 10, "stream": True})
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer {KEY}"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    events = response.read().decode().split("\n\n")
+    connection.close()
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: {") for e in events[:-2]) and len(chunks) >= 2
+    assert {c["object"] for c in chunks} == {"text_completion"} and len({c["id"] for c in chunks}) == 1
+    assert sum(len(c["specdec"]["tokens"]) for c in chunks) == 10 and chunks[-1]["choices"][0]["finish_reason"]
+
+
 def test_completion_equals_the_generate_command(server, client, pair, capsys):
     """The `specdec generate --json` command itself (in this process: the same code, no interpreter start)."""
     from specdec.cli import main
@@ -342,12 +359,18 @@ def test_load_32_requests_from_4_clients(server, client, session):
     after = get(server.url + "/metrics")[1].decode()
     delta = {name: metric(after, name) - metric(before, name) for name in (
         "vllm:request_success_total", "vllm:generation_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
-        "vllm:spec_decode_num_accepted_tokens_total", "vllm:time_to_first_token_seconds_count")}
+        "vllm:spec_decode_num_accepted_tokens_total", "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count")}
     assert delta["vllm:request_success_total"] == 32
     assert delta["vllm:generation_tokens_total"] == sum(len(r[0]) for r in results.values())
     assert delta["vllm:spec_decode_num_draft_tokens_total"] == sum(r[2]["drafted"] for r in results.values())
     assert delta["vllm:spec_decode_num_accepted_tokens_total"] == sum(r[2]["accepted"] for r in results.values())
-    assert delta["vllm:time_to_first_token_seconds_count"] == 32
+    assert delta["vllm:time_to_first_token_seconds_count"] == delta["vllm:e2e_request_latency_seconds_count"] == 32
+    # one inter-token latency per committed round after a request's first
+    assert delta["vllm:inter_token_latency_seconds_count"] == sum(r[2]["rounds"] for r in results.values()) - 32
+    assert metric(after, "vllm:spec_decode_draft_acceptance_rate") == pytest.approx(
+        metric(after, "vllm:spec_decode_num_accepted_tokens_total")
+        / metric(after, "vllm:spec_decode_num_draft_tokens_total"))
     assert metric(after, "vllm:num_requests_running") == 0 and metric(after, "vllm:num_requests_waiting") == 0
 
 
@@ -469,11 +492,30 @@ def test_every_endpoint_but_health_needs_the_key(server, key):
 
 
 def test_exposure_warning():
-    assert exposure_warning(ServeConfig()) is None
+    assert ServeConfig().host == "127.0.0.1" and exposure_warning(ServeConfig()) is None
     assert exposure_warning(ServeConfig(host="::1")) is None
     assert "every interface" in exposure_warning(ServeConfig(host="0.0.0.0", api_key=None))
     assert "every interface" in exposure_warning(ServeConfig(host="::"))
     assert exposure_warning(ServeConfig(host="0.0.0.0", api_key="k")) is None
+
+
+def test_the_command_warns_when_it_listens_everywhere_without_a_key(tmp_path, capsys, monkeypatch):
+    from specdec.cli import main
+
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    # the warning comes before the models load; a missing target then ends it with one line, exit 2
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0", "--target", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("specdec serve: warning: listening on every interface without an API key")
+    assert err[1].startswith("specdec serve: error: ") and len(err) == 2
+    monkeypatch.setenv("SPECDEC_API_KEY", "from-env")
+    assert ServeConfig(host="0.0.0.0").key() == "from-env" and exposure_warning(ServeConfig(host="0.0.0.0")) is None
+    assert ServeConfig(api_key="flag").key() == "flag"
+
+
+def test_model_ids_are_shipped_names_or_folder_names(pair):
+    assert model_id("code-target") == "code-target"
+    assert model_id(str(pair.target)) == "target"
 
 
 # ------------------------------------------------------------------------------------- the page
