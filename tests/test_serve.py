@@ -621,6 +621,7 @@ def check_page(page: DevTools, server: Server, prompt: str, tokens: list[int], t
     assert page.evaluate("document.getElementById('ntokens').textContent") == str(len(tokens))
     assert page.evaluate("document.getElementById('tau').textContent") != "–"
     page.wait_for("document.getElementById('requests').textContent !== '–'")  # the load view polls /stats
+    assert f"schedule {SCHEDULE.schedule}," in page.evaluate("document.getElementById('server').textContent")
     shot = base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"])
     path = tmp_path / "page.png"
     path.write_bytes(shot)
