@@ -115,8 +115,10 @@ class Sampler:
 
     def uniform(self, counts: torch.Tensor, width: int, device: torch.device | str) -> torch.Tensor:
         """[B, width] U(0, 1) draws: row b's first ``counts[b]`` from its own generator (so a row's stream
-        depends on its own rounds only), the rest 1.0. With one shared generator: [B, width] from it."""
-        if len(self.generators) == 1:
+        depends on its own rounds only), the rest 1.0. With one generator shared by several rows:
+        [B, width] from it. A single row with its generator draws as its own (the one sampled row of a
+        mixed batch, verified alone, draws exactly what it would beside the others)."""
+        if len(self.generators) != counts.shape[0]:  # one generator for several rows
             return torch.rand((counts.shape[0], width), generator=self.generators[0], device=device)
         out = torch.ones(counts.shape[0], width, device=device)
         for row, (n, generator) in enumerate(zip(counts.tolist(), self.generators)):

@@ -2,7 +2,7 @@
 
 One server runs for the module: the real command (`python -m specdec serve`) in a subprocess on a
 free loopback port, over the tiny pair of `tiny_models` (drafter `lookup+<tiny drafter>`, batch
-size 3, an API key), driven by the official `openai` client and by raw HTTP. References come from
+size 3, the heuristic schedule, an API key), driven by the official `openai` client and by raw HTTP. References come from
 the same code path as `specdec generate` (`console.Session.generate`) in this process, each prompt
 decoded alone, and once from the `specdec generate --json` command itself:
 
@@ -42,15 +42,17 @@ import pytest
 from tiny_models import TinyPair, save_tiny_pair
 from transformers import AutoTokenizer
 
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig
+from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig
 from specdec.console import Session, Settings
 from specdec.serve.cli import exposure_warning
 from specdec.serve.config import ServeConfig
 from specdec.serve.protocol import ChatMessage, chat_prompt_ids, plain_chat
+from specdec.serve.server import model_id
 
 KEY = "test-key-123"
 MAX_TOKENS = 24  # the server's --max-new-tokens
 BATCH = 3  # the server's --batch-size: fewer rows than the load test's 4 clients
+SCHEDULE = ScheduleConfig("heuristic")  # the server's --schedule: per-row state that rows joining and leaving must keep
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 PROMPTS = ["def add(a, b):", "class Point:\n    def __init__(self, x, y):", "for i in range(10):",
@@ -92,7 +94,8 @@ def server(pair, tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""}
     command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--api-key", KEY,
                "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
-               "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH), "--device", "cpu"]
+               "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH), "--device", "cpu",
+               "--schedule", SCHEDULE.schedule]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -132,7 +135,8 @@ def reference(session: Session, ids: list[int], max_tokens: int = MAX_TOKENS, te
               seed: int | None = None, stop: tuple[str, ...] = ()) -> tuple[list[int], str]:
     """(token ids, OpenAI text) of `specdec generate`'s code path for `ids` alone."""
     settings = Settings(sampling=SamplingConfig(temperature=temperature, seed=seed),
-                        spec=SpecConfig(max_new_tokens=max_tokens), mode="speculative", stop_strings=stop)
+                        spec=SpecConfig(max_new_tokens=max_tokens), mode="speculative", stop_strings=stop,
+                        schedule=SCHEDULE)
     result = session.generate(ids, settings)
     text = session.tokenizer("speculative").decode(result.tokens, skip_special_tokens=True)
     if result.stop_reason == "stop_string":
@@ -183,6 +187,7 @@ def stats(server: Server) -> dict:
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["target"]
+    assert stats(server)["schedule"] == SCHEDULE.schedule
     assert get(server.url + "/health", key=None) == (200, b'{"status":"ok"}')
 
 
@@ -212,13 +217,29 @@ def test_completion_equals_generate_streaming_and_not(server, client, session):
     assert chunks[-1].choices == [] and chunks[-1].usage.speculation == spec
 
 
+def test_a_raw_stream_is_server_sent_events_ending_in_done(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    body = json.dumps({"model": "target", "prompt": PROMPTS[2], "max_tokens": 10, "stream": True})
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer {KEY}"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+    events = response.read().decode().split("\n\n")
+    connection.close()
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: {") for e in events[:-2]) and len(chunks) >= 2
+    assert {c["object"] for c in chunks} == {"text_completion"} and len({c["id"] for c in chunks}) == 1
+    assert sum(len(c["specdec"]["tokens"]) for c in chunks) == 10 and chunks[-1]["choices"][0]["finish_reason"]
+
+
 def test_completion_equals_the_generate_command(server, client, pair, capsys):
     """The `specdec generate --json` command itself (in this process: the same code, no interpreter start)."""
     from specdec.cli import main
 
     prompt = PROMPTS[1]
     assert main(["generate", "--json", "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
-                 "--max-new-tokens", "20", "--device", "cpu", prompt]) == 0
+                 "--max-new-tokens", "20", "--device", "cpu", "--schedule", SCHEDULE.schedule, prompt]) == 0
     cli = json.loads(capsys.readouterr().out)
     whole = client.completions.create(model="target", prompt=prompt, max_tokens=20, temperature=0)
     assert whole.specdec["token_ids"] == cli["tokens"] and whole.choices[0].text == cli["text"]
@@ -338,12 +359,18 @@ def test_load_32_requests_from_4_clients(server, client, session):
     after = get(server.url + "/metrics")[1].decode()
     delta = {name: metric(after, name) - metric(before, name) for name in (
         "vllm:request_success_total", "vllm:generation_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
-        "vllm:spec_decode_num_accepted_tokens_total", "vllm:time_to_first_token_seconds_count")}
+        "vllm:spec_decode_num_accepted_tokens_total", "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count", "vllm:e2e_request_latency_seconds_count")}
     assert delta["vllm:request_success_total"] == 32
     assert delta["vllm:generation_tokens_total"] == sum(len(r[0]) for r in results.values())
     assert delta["vllm:spec_decode_num_draft_tokens_total"] == sum(r[2]["drafted"] for r in results.values())
     assert delta["vllm:spec_decode_num_accepted_tokens_total"] == sum(r[2]["accepted"] for r in results.values())
-    assert delta["vllm:time_to_first_token_seconds_count"] == 32
+    assert delta["vllm:time_to_first_token_seconds_count"] == delta["vllm:e2e_request_latency_seconds_count"] == 32
+    # one inter-token latency per committed round after a request's first
+    assert delta["vllm:inter_token_latency_seconds_count"] == sum(r[2]["rounds"] for r in results.values()) - 32
+    assert metric(after, "vllm:spec_decode_draft_acceptance_rate") == pytest.approx(
+        metric(after, "vllm:spec_decode_num_accepted_tokens_total")
+        / metric(after, "vllm:spec_decode_num_draft_tokens_total"))
     assert metric(after, "vllm:num_requests_running") == 0 and metric(after, "vllm:num_requests_waiting") == 0
 
 
@@ -424,6 +451,18 @@ def test_bad_input_gets_an_openai_error(server, path, body, status, param, code)
     assert error["type"] == "invalid_request_error"
 
 
+def test_a_huge_declared_body_is_refused_before_it_is_sent(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    connection.putrequest("POST", "/v1/completions")
+    for name, value in (("Content-Type", "application/json"), ("Authorization", f"Bearer {KEY}"),
+                        ("Content-Length", str(1 << 30))):
+        connection.putheader(name, value)
+    connection.endheaders()  # headers only: the server answers from Content-Length alone
+    response = connection.getresponse()
+    assert response.status == 413 and json.loads(response.read())["error"]["code"] == "request_too_large"
+    connection.close()
+
+
 def test_the_server_keeps_serving_after_bad_input(server, client, session):
     for path, body, *_ in BAD[:6]:
         post(server.url + path, body)
@@ -453,11 +492,30 @@ def test_every_endpoint_but_health_needs_the_key(server, key):
 
 
 def test_exposure_warning():
-    assert exposure_warning(ServeConfig()) is None
+    assert ServeConfig().host == "127.0.0.1" and exposure_warning(ServeConfig()) is None
     assert exposure_warning(ServeConfig(host="::1")) is None
     assert "every interface" in exposure_warning(ServeConfig(host="0.0.0.0", api_key=None))
     assert "every interface" in exposure_warning(ServeConfig(host="::"))
     assert exposure_warning(ServeConfig(host="0.0.0.0", api_key="k")) is None
+
+
+def test_the_command_warns_when_it_listens_everywhere_without_a_key(tmp_path, capsys, monkeypatch):
+    from specdec.cli import main
+
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    # the warning comes before the models load; a missing target then ends it with one line, exit 2
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0", "--target", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("specdec serve: warning: listening on every interface without an API key")
+    assert err[1].startswith("specdec serve: error: ") and len(err) == 2
+    monkeypatch.setenv("SPECDEC_API_KEY", "from-env")
+    assert ServeConfig(host="0.0.0.0").key() == "from-env" and exposure_warning(ServeConfig(host="0.0.0.0")) is None
+    assert ServeConfig(api_key="flag").key() == "flag"
+
+
+def test_model_ids_are_shipped_names_or_folder_names(pair):
+    assert model_id("code-target") == "code-target"
+    assert model_id(str(pair.target)) == "target"
 
 
 # ------------------------------------------------------------------------------------- the page
@@ -563,6 +621,7 @@ def check_page(page: DevTools, server: Server, prompt: str, tokens: list[int], t
     assert page.evaluate("document.getElementById('ntokens').textContent") == str(len(tokens))
     assert page.evaluate("document.getElementById('tau').textContent") != "–"
     page.wait_for("document.getElementById('requests').textContent !== '–'")  # the load view polls /stats
+    assert f"schedule {SCHEDULE.schedule}," in page.evaluate("document.getElementById('server').textContent")
     shot = base64.b64decode(page.call("Page.captureScreenshot", format="png")["data"])
     path = tmp_path / "page.png"
     path.write_bytes(shot)

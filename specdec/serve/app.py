@@ -18,8 +18,9 @@ each token's kind; on each streamed chunk the round's token ids, their kinds, th
 Security: with an API key (``--api-key`` or ``$SPECDEC_API_KEY``) every API endpoint (``/v1/*``,
 ``/metrics``, ``/stats``) answers 401 without ``Authorization: Bearer KEY`` (compared in constant
 time); ``/health`` and the page's static files (which hold no data: the page asks for the key and
-sends it) stay open. Bodies over ``max_body_bytes`` get 413, before being read when Content-Length
-says so. Every error is an OpenAI error object, and the server keeps serving.
+sends it) stay open. Bodies over ``max_body_bytes`` get 413 (read to their end and dropped, up to
+``DRAIN_BYTES`` more, so the client sees the answer; larger ones at once). Every error is an OpenAI
+error object, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from specdec.stats import GenerationStats
 log = logging.getLogger("specdec.serve")
 STATIC = resources.files("specdec.serve") / "static"
 DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is still there
+DRAIN_BYTES = 8 << 20  # an oversize body up to this much past the limit is read (and dropped) before its 413
 
 
 @dataclass
@@ -204,18 +206,25 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
 
 
 async def read_json(request: Request, limit: int) -> object:
-    """The request's JSON body: 413 past ``limit`` bytes, 400 when it is not JSON."""
+    """The request's JSON body: 413 past ``limit`` bytes, 400 when it is not JSON.
+
+    An oversize body of up to ``DRAIN_BYTES`` more is read to its end (and dropped) before the 413: a
+    client still sending it would otherwise find the connection closed under it (a broken pipe, not
+    the answer). Anything larger is refused at once (from its Content-Length, or when it gets there)."""
     length = request.headers.get("content-length", "")
     too_large = APIError(413, f"the request body is larger than {limit} bytes (the server's --max-body-bytes)",
                          code="request_too_large")
-    if length.isdigit() and int(length) > limit:
+    if length.isdigit() and int(length) > limit + DRAIN_BYTES:
         raise too_large
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
+        if size > limit + DRAIN_BYTES:
             raise too_large
-        chunks.append(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:
+        raise too_large
     try:
         return json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

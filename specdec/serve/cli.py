@@ -2,7 +2,7 @@
 
 Flags come from ``ServeConfig`` (host, port, API key, model id, body limit) and from the core's
 config classes, exactly as for ``generate`` (``--target``, ``--drafter``, ``--gamma``,
-``--batch-size``, ``--speculate``, ``--temperature``...): the decoding flags are the defaults of
+``--batch-size``, ``--speculate``, ``--schedule``, ``--temperature``...): the decoding flags are the defaults of
 requests that do not set their own. FastAPI and uvicorn are the optional extra
 ``pip install -e ".[serve]"``; without them the command says so in one line.
 """
@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from specdec.cli import UsageError, add_config_arguments, config_from
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.serve.config import API_KEY_ENV, ServeConfig
 
 EXTRA = 'pip install -e ".[serve]"'  # how to install what the server needs
@@ -44,13 +44,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     config = config_from(args, ServeConfig)
     models, spec = config_from(args, ModelConfig), config_from(args, SpecConfig)
     sampling, verify = config_from(args, SamplingConfig), config_from(args, VerifyConfig)
+    schedule = config_from(args, ScheduleConfig)
     warning = exposure_warning(config)
     if warning:
         print(f"specdec serve: warning: {warning}", file=sys.stderr)
     sock = bind(config.host, config.port)
-    app = build_app(config, models, spec, sampling, verify)
+    app = build_app(config, models, spec, sampling, verify, schedule=schedule)
     drafter = "none" if spec.speculate == "off" else models.drafter
-    print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, batch size "
+    print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, schedule {schedule.schedule}, batch size "
           f"{spec.batch_size}) on {url_of(sock)}: the page at /, the API at /v1", file=sys.stderr, flush=True)
     make_server(app, config.log_level).run(sockets=[sock])
     return 0
@@ -64,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "included), batching requests continuously, with Prometheus metrics at /metrics and a live page at /. "
         f"Needs the extra: {EXTRA}.",
     )
-    for cls in (ServeConfig, ModelConfig, SpecConfig, SamplingConfig, VerifyConfig):
+    for cls in (ServeConfig, ModelConfig, SpecConfig, SamplingConfig, VerifyConfig, ScheduleConfig):
         add_config_arguments(parser, cls)
     parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
     parser.set_defaults(func=_run_serve)

@@ -17,7 +17,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from specdec.config import ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.console import Session
 from specdec.drafters import NoDrafter
 from specdec.loading import SHIPPED_MODELS
@@ -35,27 +35,31 @@ def model_id(target: str) -> str:
 
 
 def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig, verify: VerifyConfig, *,
-                 metrics: ServerMetrics, name: str | None = None, session: Session | None = None) -> ServedModel:
-    """Load the target (and drafter, unless ``spec.speculate`` is off) and build its engine."""
+                 metrics: ServerMetrics, name: str | None = None, session: Session | None = None,
+                 schedule: ScheduleConfig | None = None) -> ServedModel:
+    """Load the target (and drafter, unless ``spec.speculate`` is off) and build its engine, drafting as
+    ``schedule`` says (None: the constant ``spec.gamma``)."""
     session = session or Session(models)
     tokenizer = session.tokenizer("speculative")
     target = make_target(session.model(models.target))
     drafter = NoDrafter() if spec.speculate == "off" else session.drafter()
     served_id = name or model_id(models.target)
-    engine = Engine(target, drafter, make_schedule(spec.gamma, spec.speculate), batch_size=spec.batch_size,
+    engine = Engine(target, drafter, make_schedule(spec, schedule, drafter), batch_size=spec.batch_size,
                     tokenizer=tokenizer, verify=verify, metrics=metrics.for_model(served_id),
                     speculate=spec.speculate)
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
-                   "gamma": spec.gamma, "device": str(target.device)}
+                   "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
+                   "device": str(target.device)}
     return ServedModel(served_id, engine, tokenizer, target.vocab_size, target.context_limit,
                        frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description)
 
 
 def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
-              verify: VerifyConfig, session: Session | None = None) -> FastAPI:
+              verify: VerifyConfig, session: Session | None = None, schedule: ScheduleConfig | None = None) -> FastAPI:
     """The app serving ``models.target`` with the decoding settings given (loads the models)."""
     metrics = ServerMetrics()
-    served = served_model(models, spec, sampling, verify, metrics=metrics, name=config.model_name, session=session)
+    served = served_model(models, spec, sampling, verify, metrics=metrics, name=config.model_name, session=session,
+                          schedule=schedule)
     return create_app([served], config, metrics)
 
 

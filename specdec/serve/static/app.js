@@ -207,7 +207,7 @@ async function pollLoad() {
     }
     const m = (await res.json()).models[0];
     const last = m.history.length ? m.history[m.history.length - 1] : null;
-    $("server").textContent = `${m.id}: drafter ${m.drafter}, gamma ${m.gamma}, speculate ${m.speculate}, ` +
+    $("server").textContent = `${m.id}: drafter ${m.drafter}, gamma ${m.gamma}, schedule ${m.schedule}, speculate ${m.speculate}, ` +
       `batch size ${m.batch_size}, ${m.device}`;
     $("running").textContent = String(m.running);
     $("waiting").textContent = String(m.waiting);
