@@ -17,7 +17,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 import specdec
 
@@ -101,11 +108,14 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
 ) -> PreTrainedModel:
-    """Load a causal LM from a local folder or shipped name, on ``device`` in ``dtype``, in eval mode."""
+    """Load a causal or encoder-decoder LM (as its config says) from a local folder or shipped name, on
+    ``device`` in ``dtype``, in eval mode."""
     path = resolve_model_path(path_or_name)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    model = auto.from_pretrained(
         path,
         dtype=torch_dtype,
         device_map="auto" if device == "auto" else None,

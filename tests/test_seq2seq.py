@@ -198,3 +198,14 @@ def test_bad_sources_and_mixed_kinds_are_refused():
     bart_target = pair("bart")[0]
     with pytest.raises(ValueError, match="starts its decoder with token 0 but the target with 2"):
         specdec.speculative_generate(bart_target, agree, [5, 6], max_new_tokens=3)
+
+
+def test_saved_encoder_decoder_folders_load_and_decode(tmp_path):
+    target, agree, _ = pair("marian")
+    target.save_pretrained(tmp_path / "target")
+    agree.save_pretrained(tmp_path / "drafter")
+    loaded = specdec.load_model(tmp_path / "target")
+    assert loaded.config.is_encoder_decoder and type(loaded) is type(target)
+    res = specdec.speculative_generate(loaded, str(tmp_path / "drafter"), SOURCES[1], max_new_tokens=12,
+                                       stop_token_ids=[])
+    assert res.tokens == generate(target, SOURCES[1], 12, [])
