@@ -22,6 +22,8 @@ from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
 WORDS = {"open": "öffnen", "file": "Datei", "the": "die", "cannot": "kann nicht", "save": "speichern",
          "%s": "%s", "42": "42", "error": "Fehler"}
 
+EOS_BIAS = 4.8
+
 
 def _pairs(n: int, seed: int, catalogue: str) -> list[Pair]:
     rng = random.Random(seed)
@@ -49,6 +51,7 @@ def pair(tmp_path_factory):
         for name, param in target.model.decoder.layers[-1].named_parameters():
             if name.endswith(("out_proj.weight", "fc2.weight")):
                 param.mul_(0.2)
+        target.final_logits_bias[0, 1] = EOS_BIAS  # some sources end before max_new_tokens, some do not
     drafter = copy.deepcopy(target)
     drafter.model.decoder.layers = drafter.model.decoder.layers[:1]
     drafter.config.decoder_layers = 1
@@ -76,6 +79,9 @@ def test_every_method_equals_plain_greedy_and_generate(pair):
     assert methods["model"]["rounds"] < tokens
     assert 0 <= report["bleu"] <= 100 and 0 <= report["chrf"] <= 100
     assert table(report).count("\n") == 2 + len(methods) - 1
+    assert 0 < report["uncapped_sources"] == report["sources"] - methods["plain"]["at_cap"] < report["sources"]
+    uncapped = [m["uncapped"] for m in methods.values()]
+    assert len({u["tokens"] for u in uncapped}) == 1 and uncapped[0]["tokens"] < tokens
 
 
 def test_the_sample_is_seeded_uniform_and_keeps_file_order(pair):
