@@ -82,6 +82,9 @@ def test_every_method_equals_plain_greedy_and_generate(pair):
     assert 0 < report["uncapped_sources"] == report["sources"] - methods["plain"]["at_cap"] < report["sources"]
     uncapped = [m["uncapped"] for m in methods.values()]
     assert len({u["tokens"] for u in uncapped}) == 1 and uncapped[0]["tokens"] < tokens
+    for m in methods.values():  # the sources' own times add up to the call's
+        for total, rows in zip(m["seconds"], m["row_seconds"]):
+            assert all(t > 0 for t in rows) and 0.8 * total < sum(rows) <= total
 
 
 def test_the_sample_is_seeded_uniform_and_keeps_file_order(pair):

@@ -38,7 +38,13 @@ from pathlib import Path
 
 import sacrebleu
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 import specdec
 from specdec.drafters import model_drafter
@@ -133,18 +139,31 @@ class RowOutput:
 
 def hf_greedy(model: PreTrainedModel, sources: Sequence[list[int]], max_new_tokens: int, eos: int) -> list[RowOutput]:
     """transformers' greedy ``generate`` of each source alone (new tokens, the start token left out)."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens, num_beams=1, do_sample=False, eos_token_id=eos,
+                              pad_token_id=model.config.pad_token_id,
+                              decoder_start_token_id=model.config.decoder_start_token_id)
     outs = []
     for ids in sources:
         start = time.perf_counter()
         out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             max_new_tokens=max_new_tokens, num_beams=1, do_sample=False, eos_token_id=eos)
+                             generation_config=config)
         tokens = out[0, 1:].tolist()
         outs.append(RowOutput(tokens, len(tokens), time.perf_counter() - start))
     return outs
 
 
-def _rows(results: list) -> list[RowOutput]:
-    return [RowOutput(r.tokens, r.stats.rounds, r.stats.wall_time_s, r.stats.drafted, r.stats.accepted) for r in results]
+def timed_rows(generate: Callable[..., list]) -> list[RowOutput]:
+    """Run ``generate(on_result=...)`` (ours, batch 1: sources finish in order) and time each source
+    from the previous one's end (or the call's start) to its own (a row's ``wall_time_s`` counts
+    from its submission, when all were submitted at once)."""
+    finished: list[tuple[float, list[int]]] = []
+    start = time.perf_counter()
+    results = generate(on_result=lambda r: finished.append((time.perf_counter(), list(r.tokens))))
+    if [tokens for _, tokens in finished] != [r.tokens for r in results]:
+        raise RuntimeError("sources finished out of order: the per-source times need batch size 1")
+    ends = [end for end, _ in finished]
+    return [RowOutput(r.tokens, r.stats.rounds, b - a, r.stats.drafted, r.stats.accepted)
+            for r, a, b in zip(results, [start, *ends], ends)]
 
 
 def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) -> dict:
@@ -160,10 +179,11 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     common = {"max_new_tokens": config.max_new_tokens, "stop_token_ids": [eos], "batch_size": 1}
 
     def ours(drafter: object) -> Callable[[], list[RowOutput]]:
-        return lambda: _rows(specdec.speculative_generate(target, drafter, sources, gamma=config.gamma, **common))
+        return lambda: timed_rows(lambda **kw: specdec.speculative_generate(target, drafter, sources,
+                                                                            gamma=config.gamma, **common, **kw))
 
     methods: dict[str, Callable[[], list[RowOutput]]] = {
-        "plain": lambda: _rows(specdec.autoregressive_generate(target, sources, **common)),
+        "plain": lambda: timed_rows(lambda **kw: specdec.autoregressive_generate(target, sources, **common, **kw)),
         "ngram": ours("ngram"),
     }
     if drafter_model is not None:
