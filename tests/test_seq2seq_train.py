@@ -159,3 +159,16 @@ def test_stage_two_continues_from_a_trained_model(setup, tmp_path):
     first = next(r["val_loss"] for r in stage1 if "val_loss" in r)  # fresh weights after 10 steps
     assert history[-1]["val_loss"] < first
     assert AutoModelForSeq2SeqLM.from_pretrained(stage2).config.d_model == cfg.shape.d_model
+
+
+def test_cli_translations_references_trains_on_the_references(setup, tmp_path):
+    """`--translations references` overrides a distillation preset back to the reference translations."""
+    from specdec.cli import main
+
+    _root, cfg, _final = setup
+    out = tmp_path / "run"
+    assert main(["train", "seq2seq", "--preset", "translate-drafter", "--translations", "references",
+                 "--data", cfg.data, "--tokenizer", cfg.tokenizer, "--max-steps", "1", "--warmup-steps", "1",
+                 "--eval-pairs", "4", "--out", str(out)]) == 0
+    config = json.loads((out / "final" / "training.json").read_text())["config"]
+    assert config["translations"] is None and config["max_steps"] == 1

@@ -170,6 +170,8 @@ def _cmd_seq2seq(args: argparse.Namespace) -> int:
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Seq2SeqTrainConfig)
                  if f.name != "shape" and getattr(args, f.name, None) is not None}
+    if overrides.get("translations") == "references":  # distil from nothing: train on the reference translations
+        overrides["translations"] = None
     cfg = dataclasses.replace(SEQ2SEQ_PRESETS[args.preset], **overrides)
     final = train_seq2seq(cfg, args.out, device=args.device, stop_after_s=args.stop_after, stop_at_step=args.stop_at_step)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")

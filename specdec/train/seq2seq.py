@@ -63,7 +63,7 @@ class Seq2SeqTrainConfig:
     shape: Seq2SeqShape = field(default_factory=lambda: Seq2SeqShape(256, 3, 3, 4, 768))
     data: str = "data/gettext-de"  # a `specdec data gettext` folder (train.jsonl, validation.jsonl)
     tokenizer: str = "runs/translate-tokenizer"  # a `specdec train seq2seq-tokenizer` folder
-    translations: str | None = None  # the target's translations of the train sources (distillation); None = references
+    translations: str | None = None  # the target's translations of the train sources (distillation); None (CLI: `references`) = the reference translations
     init_from: str | None = None  # start from this trained model (a stage-2 run: fresh optimizer and schedule)
     batch_size: int = 64  # sentence pairs per step (batches group pairs of similar length)
     max_tokens: int = 128  # pairs longer than this on either side (eos included) are left out of training

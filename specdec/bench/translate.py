@@ -1,0 +1,303 @@
+"""Translation benchmark (issue 19): an encoder-decoder target, greedy, batch 1, on held-out sources.
+
+SpecDec (Xia et al. 2023) measures speculative decoding on translation; this runs our loop on the
+English→German pair of ``specdec data gettext`` (or any ``AutoModelForSeq2SeqLM`` with its
+tokenizer and a JSONL file of ``{"src", "tgt"}`` pairs). Every method decodes the same sources one
+at a time, greedy, up to ``max_new_tokens``:
+
+- ``hf``: the target's own ``generate(num_beams=1, do_sample=False)``, one source at a time;
+- ``plain``: our loop drafting nothing (``speculate="off"``): the ratio's denominator;
+- ``ngram``: prompt lookup, which also copies spans from the source (numbers, names, markers);
+- ``model``: an encoder-decoder drafter model; ``lookup+model``: lookup first, the model when
+  lookup finds nothing.
+
+The repeats run in one process; in each repeat every method runs once, in rotating order, so the
+machine's noise falls on all of them alike. Reported per method: tokens/s of the median repeat,
+its ratio over ``plain`` (and over ``hf``), τ = tokens per target forward per row (new tokens /
+rounds), α (accepted / drafted), how many outputs differ from ``plain`` (must be 0: greedy is
+exact) and how many ran into ``max_new_tokens``; then tokens/s (summed per-source wall times,
+median repeat), its ratio and τ over the "uncapped" sources only, those whose plain output ended
+before ``max_new_tokens`` (a weak target loops, and lookup drafts a loop easily). BLEU and chrF
+(sacrebleu) of ``plain``'s outputs against the references come with them.
+
+    python -m specdec.bench.translate --target runs/translate-target/final \\
+        --drafter runs/translate-drafter/final --data data/gettext-de --split test --limit 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import sacrebleu
+import torch
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+import specdec
+from specdec.drafters import model_drafter
+
+
+@dataclass(frozen=True)
+class TranslateBenchConfig:
+    """What the translation benchmark decodes and how often."""
+
+    target: str  # the target's folder (an AutoModelForSeq2SeqLM with its tokenizer)
+    data: str  # a `specdec data gettext` folder ({split}.jsonl with "src" and "tgt")
+    drafter: str | None = None  # an encoder-decoder drafter's folder; None = lookup only
+    split: str = "test"  # which file of ``data``
+    limit: int = 200  # sources sampled from the split (seeded, uniform); 0 = all
+    seed: int = 19  # the sample's seed
+    max_new_tokens: int = 128  # per source, the same for every method
+    gamma: int = 4  # tokens drafted per round
+    repeats: int = 3  # runs of every method; the median is reported
+    hf: bool = True  # also time transformers' own generate
+    threads: int = 1  # torch threads
+
+
+@dataclass
+class MethodRun:
+    """One method's figures over all repeats."""
+
+    name: str
+    tokens: int = 0  # new tokens, all sources (the same every repeat)
+    seconds: list[float] = field(default_factory=list)  # wall time of each repeat
+    rounds: int = 0  # target forwards summed over sources (plain: one per token)
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens accepted
+    differ: int = 0  # outputs that differ from plain's
+    at_cap: int = 0  # outputs that ran into max_new_tokens
+    row_tokens: list[int] = field(default_factory=list)  # [source]: new tokens
+    row_rounds: list[int] = field(default_factory=list)  # [source]: target forwards (hf: its tokens)
+    row_seconds: list[list[float]] = field(default_factory=list)  # [repeat][source]: wall time of that source
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.median_s
+
+    @property
+    def tau(self) -> float:
+        """Tokens per round: new tokens per target forward of a row."""
+        return self.tokens / max(self.rounds, 1)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / max(self.drafted, 1)
+
+    def subset(self, rows: Sequence[int]) -> dict:
+        """tokens/s (median repeat of the rows' summed wall times) and tau over ``rows`` only."""
+        tokens = sum(self.row_tokens[i] for i in rows)
+        seconds = statistics.median(sum(times[i] for i in rows) for times in self.row_seconds)
+        return {"tokens": tokens, "tokens_per_s": tokens / seconds,
+                "tau": tokens / max(sum(self.row_rounds[i] for i in rows), 1)}
+
+
+def sample_pairs(data: str | Path, split: str, limit: int, seed: int) -> list[dict]:
+    """``limit`` pairs of ``{data}/{split}.jsonl`` drawn uniformly with ``seed`` (file order kept)."""
+    path = Path(data) / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: build the corpus with `specdec data gettext --out {data}`")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if 0 < limit < len(rows):
+        keep = sorted(random.Random(seed).sample(range(len(rows)), limit))
+        rows = [rows[i] for i in keep]
+    return rows
+
+
+def encode_sources(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, texts: Sequence[str]) -> list[list[int]]:
+    """Source ids (eos appended by the tokenizer), cut to the encoder's positions."""
+    limit = model.config.max_position_embeddings
+    return [tokenizer(t, truncation=True, max_length=limit)["input_ids"] for t in texts]
+
+
+@dataclass(frozen=True)
+class RowOutput:
+    """One source's output under one method."""
+
+    tokens: list[int]  # new tokens (the decoder start token left out)
+    rounds: int  # target forwards
+    seconds: float  # wall time of this source
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens accepted
+
+
+def hf_greedy(model: PreTrainedModel, sources: Sequence[list[int]], max_new_tokens: int, eos: int) -> list[RowOutput]:
+    """transformers' greedy ``generate`` of each source alone (new tokens, the start token left out)."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens, num_beams=1, do_sample=False, eos_token_id=eos,
+                              pad_token_id=model.config.pad_token_id,
+                              decoder_start_token_id=model.config.decoder_start_token_id)
+    outs = []
+    for ids in sources:
+        start = time.perf_counter()
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             generation_config=config)
+        tokens = out[0, 1:].tolist()
+        outs.append(RowOutput(tokens, len(tokens), time.perf_counter() - start))
+    return outs
+
+
+def timed_rows(generate: Callable[..., list]) -> list[RowOutput]:
+    """Run ``generate(on_result=...)`` (ours, batch 1: sources finish in order) and time each source
+    from the previous one's end (or the call's start) to its own (a row's ``wall_time_s`` counts
+    from its submission, when all were submitted at once)."""
+    finished: list[tuple[float, list[int]]] = []
+    start = time.perf_counter()
+    results = generate(on_result=lambda r: finished.append((time.perf_counter(), list(r.tokens))))
+    if [tokens for _, tokens in finished] != [r.tokens for r in results]:
+        raise RuntimeError("sources finished out of order: the per-source times need batch size 1")
+    ends = [end for end, _ in finished]
+    return [RowOutput(r.tokens, r.stats.rounds, b - a, r.stats.drafted, r.stats.accepted)
+            for r, a, b in zip(results, [start, *ends], ends)]
+
+
+def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) -> dict:
+    """Decode the sampled sources with every method ``config.repeats`` times; return the figures."""
+    torch.set_num_threads(config.threads)
+    tokenizer = AutoTokenizer.from_pretrained(config.target)
+    target = AutoModelForSeq2SeqLM.from_pretrained(config.target, dtype=torch.float32).eval()
+    eos = target.config.eos_token_id
+    pairs = sample_pairs(config.data, config.split, config.limit, config.seed)
+    sources = encode_sources(tokenizer, target, [p["src"] for p in pairs])
+    drafter_model = (AutoModelForSeq2SeqLM.from_pretrained(config.drafter, dtype=torch.float32).eval()
+                     if config.drafter else None)
+    common = {"max_new_tokens": config.max_new_tokens, "stop_token_ids": [eos], "batch_size": 1}
+
+    def ours(drafter: object) -> Callable[[], list[RowOutput]]:
+        return lambda: timed_rows(lambda **kw: specdec.speculative_generate(target, drafter, sources,
+                                                                            gamma=config.gamma, **common, **kw))
+
+    methods: dict[str, Callable[[], list[RowOutput]]] = {
+        "plain": lambda: timed_rows(lambda **kw: specdec.autoregressive_generate(target, sources, **common, **kw)),
+        "ngram": ours("ngram"),
+    }
+    if drafter_model is not None:
+        methods["model"] = ours(drafter_model)
+        methods["lookup+model"] = ours(specdec.LookupDrafter(model_drafter(drafter_model)))
+    if config.hf:
+        methods["hf"] = lambda: hf_greedy(target, sources, config.max_new_tokens, eos)
+    runs = {name: MethodRun(name) for name in methods}
+    outputs: dict[str, list[list[int]]] = {}
+    names = list(methods)
+    with torch.inference_mode():
+        for repeat in range(config.repeats):
+            order = names[repeat % len(names):] + names[: repeat % len(names)]
+            for name in order:
+                start = time.perf_counter()
+                results = methods[name]()
+                seconds = time.perf_counter() - start
+                run = runs[name]
+                run.seconds.append(seconds)
+                run.row_seconds.append([r.seconds for r in results])
+                if repeat == 0:
+                    outputs[name] = [r.tokens for r in results]
+                    run.row_tokens = [len(r.tokens) for r in results]
+                    run.row_rounds = [r.rounds for r in results]
+                    run.rounds = sum(run.row_rounds)
+                    run.drafted = sum(r.drafted for r in results)
+                    run.accepted = sum(r.accepted for r in results)
+                    run.tokens = sum(run.row_tokens)
+                    run.at_cap = sum(n >= config.max_new_tokens for n in run.row_tokens)
+                log(f"repeat {repeat + 1}/{config.repeats} {name}: {seconds:.2f} s")
+    plain = outputs["plain"]
+    for name, run in runs.items():
+        run.differ = sum(a != b for a, b in zip(outputs[name], plain))
+    hypotheses = tokenizer.batch_decode(plain, skip_special_tokens=True)
+    references = [p["tgt"] for p in pairs]
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+    chrf = sacrebleu.corpus_chrf(hypotheses, [references])
+    base = runs["plain"].tokens_per_s
+    # a weak target loops until max_new_tokens, and lookup drafts loops well: the same figures over the
+    # sources whose plain output ended before the cap
+    uncapped = [i for i, t in enumerate(plain) if len(t) < config.max_new_tokens]
+    base_uncapped = runs["plain"].subset(uncapped)["tokens_per_s"] if uncapped else float("nan")
+    rows = []
+    for run in runs.values():
+        row = {**asdict(run), "median_s": run.median_s, "tokens_per_s": run.tokens_per_s,
+               "ratio_over_plain": run.tokens_per_s / base, "tau": run.tau, "alpha": run.alpha}
+        if "hf" in runs:
+            row["ratio_over_hf"] = run.tokens_per_s / runs["hf"].tokens_per_s
+        if uncapped:
+            sub = run.subset(uncapped)
+            row["uncapped"] = {**sub, "ratio_over_plain": sub["tokens_per_s"] / base_uncapped}
+        rows.append(row)
+    return {"config": asdict(config), "sources": len(sources), "uncapped_sources": len(uncapped),
+            "bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "methods": rows}
+
+
+def table(report: dict) -> str:
+    """The figures as a Markdown table."""
+    lines = [("| method | tokens/s | × plain | × hf | τ (tokens/round) | α | differ from plain | at cap "
+              "| uncapped: tokens/s | × plain | τ |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in report["methods"]:
+        tau = "1" if m["name"] in ("plain", "hf") else f"{m['tau']:.2f}"
+        alpha = "" if m["name"] in ("plain", "hf") else f"{m['alpha']:.2f}"
+        lines.append(f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['ratio_over_plain']:.2f} | "
+                     f"{m.get('ratio_over_hf', float('nan')):.2f} | {tau} | {alpha} | {m['differ']}/{report['sources']}"
+                     f" | {m['at_cap']} | {_sub(m, 'tokens_per_s', '.1f')} | {_sub(m, 'ratio_over_plain', '.2f')} "
+                     f"| {_sub(m, 'tau', '.2f')} |")
+    return "\n".join(lines)
+
+
+def _sub(method: dict, key: str, spec: str) -> str:
+    return format(method["uncapped"][key], spec) if "uncapped" in method else ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    defaults = TranslateBenchConfig(target="", data="")
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench.translate", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True, help="the target's folder")
+    parser.add_argument("--data", required=True, help="a `specdec data gettext` folder")
+    parser.add_argument("--drafter", help="an encoder-decoder drafter's folder")
+    parser.add_argument("--split", default=defaults.split, choices=["validation", "test"])
+    parser.add_argument("--limit", type=int, default=defaults.limit, help="sources sampled from the split (0 = all)")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--gamma", type=int, default=defaults.gamma)
+    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--no-hf", action="store_true", help="do not time transformers' generate")
+    parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args(argv)
+    for name in ("target", "drafter"):
+        folder = getattr(args, name)
+        if folder and not (Path(folder) / "config.json").is_file():
+            print(f"error: --{name} {folder} is not a model folder (no config.json)", file=sys.stderr)
+            return 2
+    if args.repeats < 1 or args.max_new_tokens < 1 or args.gamma < 1:
+        print("error: --repeats, --max-new-tokens and --gamma must be >= 1", file=sys.stderr)
+        return 2
+    config = TranslateBenchConfig(target=args.target, data=args.data, drafter=args.drafter, split=args.split,
+                                  limit=args.limit, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                                  gamma=args.gamma, repeats=args.repeats, hf=not args.no_hf, threads=args.threads)
+    try:
+        report = run_bench(config, log=lambda s: print(s, file=sys.stderr, flush=True))
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
+          f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}")
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

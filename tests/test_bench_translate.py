@@ -1,0 +1,106 @@
+"""The translation benchmark (issue 19) on a tiny Marian pair written by the test.
+
+Every method's greedy output must equal plain decoding's and transformers' own ``generate``; plain
+decoding runs one round per token; the sample of the split is seeded and uniform; a folder that is
+not a model is refused with exit 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+import torch
+from transformers import MarianConfig, MarianMTModel
+
+from specdec.bench.translate import TranslateBenchConfig, main, run_bench, sample_pairs, table
+from specdec.data.gettext import Corpus, Pair, write_corpus
+from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
+
+WORDS = {"open": "öffnen", "file": "Datei", "the": "die", "cannot": "kann nicht", "save": "speichern",
+         "%s": "%s", "42": "42", "error": "Fehler"}
+
+EOS_BIAS = 4.8
+
+
+def _pairs(n: int, seed: int, catalogue: str) -> list[Pair]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words = rng.choices(list(WORDS), k=rng.randint(1, 6))
+        out.append(Pair(" ".join(words), " ".join(WORDS[w] for w in words), catalogue))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-translate")
+    corpus = Corpus({"train": _pairs(40, 0, "a"), "validation": _pairs(8, 1, "b"), "test": _pairs(30, 2, "c")},
+                    {"train": ["a"], "validation": ["b"], "test": ["c"]}, {"a": 40, "b": 8, "c": 30})
+    data = write_corpus(corpus, root / "data")
+    tokenizer = train_seq2seq_tokenizer([t for p in corpus.splits["train"] for t in (p.src, p.tgt)], vocab_size=300)
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                          decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
+                          decoder_start_token_id=0, forced_eos_token_id=None, init_std=0.3)
+    target = MarianMTModel(config).eval()
+    with torch.no_grad():  # a weak last decoder layer: the target without it agrees with it often, not always
+        for name, param in target.model.decoder.layers[-1].named_parameters():
+            if name.endswith(("out_proj.weight", "fc2.weight")):
+                param.mul_(0.2)
+        target.final_logits_bias[0, 1] = EOS_BIAS  # some sources end before max_new_tokens, some do not
+    drafter = copy.deepcopy(target)
+    drafter.model.decoder.layers = drafter.model.decoder.layers[:1]
+    drafter.config.decoder_layers = 1
+    for name, model in (("target", target), ("drafter", drafter)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root, data
+
+
+def test_every_method_equals_plain_greedy_and_generate(pair):
+    root, data = pair
+    config = TranslateBenchConfig(target=str(root / "target"), data=str(data), drafter=str(root / "drafter"),
+                                  limit=12, max_new_tokens=10, repeats=2)
+    report = run_bench(config, log=lambda s: None)
+    methods = {m["name"]: m for m in report["methods"]}
+    assert set(methods) == {"plain", "ngram", "model", "lookup+model", "hf"}
+    assert report["sources"] == 12
+    tokens = methods["plain"]["tokens"]
+    assert tokens > 12
+    for m in methods.values():
+        assert m["differ"] == 0, m["name"]
+        assert m["tokens"] == tokens and len(m["seconds"]) == 2
+    assert methods["plain"]["rounds"] == tokens  # one target forward per token
+    assert 0 < methods["model"]["accepted"] < methods["model"]["drafted"]  # the drafter was heard, not always right
+    assert methods["model"]["rounds"] < tokens
+    assert 0 <= report["bleu"] <= 100 and 0 <= report["chrf"] <= 100
+    assert table(report).count("\n") == 2 + len(methods) - 1
+    assert 0 < report["uncapped_sources"] == report["sources"] - methods["plain"]["at_cap"] < report["sources"]
+    uncapped = [m["uncapped"] for m in methods.values()]
+    assert len({u["tokens"] for u in uncapped}) == 1 and uncapped[0]["tokens"] < tokens
+    for m in methods.values():  # the sources' own times add up to the call's
+        for total, rows in zip(m["seconds"], m["row_seconds"]):
+            assert all(t > 0 for t in rows) and 0.8 * total < sum(rows) <= total
+
+
+def test_the_sample_is_seeded_uniform_and_keeps_file_order(pair):
+    _root, data = pair
+    rows = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
+    a, b = sample_pairs(data, "test", 10, 3), sample_pairs(data, "test", 10, 3)
+    assert a == b and len(a) == 10
+    positions = [rows.index(r) for r in a]
+    assert positions == sorted(positions)
+    assert sample_pairs(data, "test", 0, 3) == rows
+    assert sample_pairs(data, "test", 10, 4) != a
+
+
+def test_bad_folders_exit_2(pair, tmp_path, capsys):
+    root, data = pair
+    assert main(["--target", str(tmp_path), "--data", str(data)]) == 2
+    assert "is not a model folder" in capsys.readouterr().err
+    assert main(["--target", str(root / "target"), "--data", str(tmp_path), "--repeats", "1", "--no-hf"]) == 2
+    assert "specdec data gettext" in capsys.readouterr().err
