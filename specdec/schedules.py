@@ -215,13 +215,20 @@ def batch_bucket(rows: int) -> int:
 
 
 class Crossover(Schedule, Listener):
-    """``speculate="auto"``: per batch size, draft only where drafting measured faster than not drafting."""
+    """``speculate="auto"``: per batch size, draft only where drafting measured faster than not drafting.
 
-    def __init__(self, inner: Schedule, trial_rounds: int = 6) -> None:
+    Per batch-size bucket, ``trial_rounds`` rounds of each mode (alternating, drafting first) are
+    timed; the mode with more tokens per second of round time is kept. After ``recheck_rounds`` rounds
+    in a bucket the choice is dropped and measured again, so one noisy trial (a shared machine, a
+    burst of prompts that lookup copies well) does not decide for good."""
+
+    def __init__(self, inner: Schedule, trial_rounds: int = 16, recheck_rounds: int = 512) -> None:
         self.inner = inner
         self.trial_rounds = trial_rounds  # timed rounds of each mode per batch-size bucket
+        self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
         self.choice: dict[int, bool] = {}  # bucket -> draft?
         self._trials: dict[int, dict[bool, list[float]]] = {}  # bucket -> mode -> [rounds, tokens, seconds]
+        self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
         self._mode: tuple[int, bool] | None = None  # (bucket, drafting) of the round in flight
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
@@ -233,6 +240,10 @@ class Crossover(Schedule, Listener):
             self._mode = (bucket, drafting)
         else:
             self._mode = None
+            self._kept[bucket] = self._kept.get(bucket, 0) + 1
+            if self._kept[bucket] >= self.recheck_rounds:  # measure this bucket again from its next round
+                del self.choice[bucket], self._trials[bucket]
+                self._kept[bucket] = 0
         plan = self.inner.plan(rows, device)
         return plan if drafting else DraftPlan(torch.zeros_like(plan.limit))
 

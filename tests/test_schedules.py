@@ -159,6 +159,27 @@ def test_crossover_measures_both_modes_then_keeps_one():
     assert auto.plan(5, "cpu").limit.tolist() == [4] * 5  # a new bucket (8): measuring again, drafting first
 
 
+def test_crossover_measures_again_and_follows_a_change():
+    from specdec.events import RoundSummary
+    from specdec.schedules import Constant
+
+    auto = Crossover(Constant(4), trial_rounds=2, recheck_rounds=5)
+
+    def rounds(n: int, drafting_wins: bool) -> list[bool]:
+        modes = []
+        for _ in range(n):
+            drafting = bool(auto.plan(1, "cpu").limit.any())
+            modes.append(drafting)
+            tokens = (4 if drafting_wins else 1) if drafting else 2  # tokens per 0.01 s round
+            auto.round_ended(RoundSummary(1, 4 if drafting else 0, tokens, 0.01))
+        return modes
+
+    assert rounds(4, drafting_wins=True) == [True, False, True, False] and auto.choice == {1: True}
+    assert rounds(4, drafting_wins=False) == [True] * 4  # kept while its recheck is not due
+    assert rounds(6, drafting_wins=False) == [True, True, False, True, False, False]  # due: measured again
+    assert auto.choice == {1: False}
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"stop_threshold": 0.0}, r"stop_threshold must be in \(0, 1\)"),
     ({"stop_threshold": 1.5}, r"stop_threshold must be in \(0, 1\)"),
