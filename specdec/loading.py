@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 import specdec
 
-SHIPPED_MODELS = ("code-target", "code-drafter")  # names resolved to models/<name> at the repo root
+SHIPPED_MODELS = ("code-target", "code-drafter", "code-block-drafter")  # names resolved to models/<name> at the repo root
 DEFAULT_TARGET = "code-target"  # what load_model(None) loads
 
 DTYPES: dict[str, torch.dtype] = {
