@@ -8,7 +8,6 @@ against one-block forwards, the hidden-state alignment against a direct target f
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import torch
@@ -16,12 +15,11 @@ from conftest import build_tiny, char_tokenizer
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoConfig, AutoModel, DynamicCache
 
-import specdec  # noqa: F401  (registers the block drafter with the Auto classes)
+import specdec
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
 from specdec.train.block import (
     HIDDEN_SPAN,
     IGNORE,
-    BlockBatch,
     Record,
     batch_at,
     block_acceptance,
@@ -41,9 +39,9 @@ V = 40  # vocabulary of the tiny models
 
 
 def tiny_drafter(seed: int = 0, **kw) -> BlockDrafterModel:
-    settings = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    max_position_embeddings=128, pad_token_id=0, max_block_size=6, tie_word_embeddings=True,
-                    initializer_range=0.3)
+    settings = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "max_position_embeddings": 128, "pad_token_id": 0, "max_block_size": 6, "tie_word_embeddings": True,
+                    "initializer_range": 0.3}
     settings.update(kw)
     torch.manual_seed(seed)
     return BlockDrafterModel(BlockDrafterConfig(**settings)).eval()
