@@ -16,6 +16,11 @@ fits; ``VerifyConfig.rule`` picks one (None: the one that fits each row's temper
   norm(max(0, p_i - q_i)); if all pass, sample the bonus token from p_{k+1}. A deterministic drafter
   (q None) is one-hot: x_i is accepted with probability p_i(x_i) and the residual is p_i with x_i
   removed. The output is distributed exactly as sampling from p.
+- ``topk_tau`` (SpecDec, Xia et al. 2023; temperature 0 only): accept x_i while it is among the
+  target's top-beta tokens and (top-1 logit - its logit) <= tau, on raw logits; the next token is
+  argmax p at the first failure (or after the last draft). beta = 1 is ``exact`` (ties go to the
+  lowest token id, as argmax breaks them); beta > 1 is an approximation of greedy decoding, reported
+  ``lossless: false``. SpecDec's released setting is beta = 5, tau = 3.
 """
 
 from __future__ import annotations
@@ -96,6 +101,23 @@ def speculative_sampling(proposal: Proposal, logits: torch.Tensor, sampler: Samp
     return Verdict(n, sampler.sample(residual))
 
 
+def top_beta_tau(proposal: Proposal, logits: torch.Tensor, sampler: Sampler, config: VerifyConfig) -> Verdict:
+    """SpecDec's relaxed greedy verification; q and the sampler are unused."""
+    draft = proposal.tokens  # [B, k]
+    k = draft.shape[1]
+    scores = logits[:, :k].float()  # [B, k, V]
+    best = logits.argmax(dim=-1)  # [B, k+1]
+    mine = scores.gather(-1, draft[..., None])  # [B, k, 1]
+    ids = torch.arange(scores.shape[-1], device=scores.device)
+    # the draft's rank in a stable descending sort: strictly higher logits, and equal ones with a lower id
+    rank = ((scores > mine) | ((scores == mine) & (ids < draft[..., None]))).sum(dim=-1)  # [B, k]
+    passes = rank < config.beta
+    if config.tau is not None:
+        passes &= (scores.max(dim=-1).values - mine.squeeze(-1)) <= config.tau
+    n = accepted_prefix(passes & _positions(proposal))  # [B]
+    return Verdict(n, best.gather(1, n[:, None]).squeeze(1))
+
+
 RULES: dict[str, Rule] = {}
 
 
@@ -110,6 +132,11 @@ register_rule(Rule("sampling", speculative_sampling, greedy=False, lossless=lamb
                    description="speculative sampling: accept with min(1, p/q), resample from max(0, p - q)"))
 
 
+register_rule(Rule("topk_tau", top_beta_tau, greedy=True, lossless=lambda c: c.beta == 1,
+                   description="SpecDec's top-beta/tau: accept drafts among the target's top-beta tokens within "
+                               "tau of its top-1 logit (greedy; beta = 1 is exact)"))
+
+
 def named_rule(name: str) -> Rule:
     """The registered rule ``name``; a clear error for an unknown one."""
     if name not in RULES:
@@ -119,6 +146,11 @@ def named_rule(name: str) -> Rule:
 
 def rule_for(config: VerifyConfig, greedy: bool) -> Rule:
     """The rule that verifies rows of this kind (greedy or sampled) under ``config``; clear errors."""
+    if config.rule is None and config.relaxed:
+        if not greedy:
+            raise ValueError("beta/tau (SpecDec's top-beta/tau rule) is defined for greedy decoding only: use "
+                             "temperature 0, or drop --beta/--tau to sample losslessly")
+        return RULES["topk_tau"]
     if config.rule is None:
         return RULES["exact" if greedy else "sampling"]
     rule = named_rule(config.rule)

@@ -229,6 +229,8 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
         **dataclasses.asdict(settings.spec),
         **dataclasses.asdict(settings.sampling),
         "verify": settings.verify.rule,
+        "beta": settings.verify.beta,
+        "tau": settings.verify.tau,
         **dataclasses.asdict(settings.schedule),
         "lossless": result.stats.lossless,
         "stop": list(settings.stop_strings),

@@ -93,11 +93,26 @@ class ScheduleConfig:
 class VerifyConfig:
     """Which verification rule keeps drafted tokens (see specdec.acceptance)."""
 
-    rule: str | None = None  # exact (greedy) or sampling (temperature > 0); None = the one that fits the temperature
+    rule: str | None = None  # exact (greedy), sampling (temperature > 0) or topk_tau (SpecDec); None = the one that fits
+    beta: int = 1  # topk_tau: a draft passes if among the target's top-beta tokens (1 = exact greedy; SpecDec: 5)
+    tau: float | None = None  # topk_tau: ...and its logit within tau of the top-1 logit (None = no limit; SpecDec: 3)
 
     def __post_init__(self) -> None:
         if self.rule is not None and not isinstance(self.rule, str):
             raise ValueError(f"rule must be a rule name or None, got {self.rule!r}")
+        if isinstance(self.beta, bool) or not isinstance(self.beta, int) or self.beta < 1:
+            raise ValueError(f"beta must be an int >= 1 (1 = exact greedy verification), got {self.beta!r}")
+        if self.tau is not None and (isinstance(self.tau, bool) or not isinstance(self.tau, (int, float))
+                                     or not self.tau >= 0):
+            raise ValueError(f"tau must be a number >= 0 (a logit gap) or None for no limit, got {self.tau!r}")
+        if self.rule is not None and self.rule != "topk_tau" and (self.beta != 1 or self.tau is not None):
+            raise ValueError(f"beta and tau belong to the topk_tau rule, not {self.rule!r}: drop them or use "
+                             "--verify topk_tau")
+
+    @property
+    def relaxed(self) -> bool:
+        """Whether beta/tau ask for SpecDec's top-beta/tau rule (beta > 1, or a tau given)."""
+        return self.rule == "topk_tau" or self.beta != 1 or self.tau is not None
 
 
 @dataclass(frozen=True)

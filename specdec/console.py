@@ -259,6 +259,8 @@ def summary_line(result: GenerationResult, mode: str) -> str:
     else:
         parts += [f"{mode} alone: nothing drafted, τ {s.mean_accepted_length:.2f}"]
     parts.append(f"stop: {result.stop_reason}")
+    if not s.lossless:
+        parts.append("relaxed verification: may differ from the target's own output")
     return " | ".join(parts)
 
 
