@@ -8,6 +8,7 @@ against one-block forwards, the hidden-state alignment against a direct target f
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from specdec.train.block import (
     glance,
     glancing_loss,
     load_records,
+    lr_at,
     make_optimizer,
     pack_blocks,
     step_generator,
@@ -343,3 +345,18 @@ def test_acceptance_counts_the_longest_correct_prefix():
     assert acc.blocks == len(runs)
     assert acc.tau == pytest.approx(1 + sum(runs) / len(runs))
     assert acc.position_acceptance[0] == pytest.approx(sum(n >= 1 for n in runs) / len(runs))
+
+
+def test_reschedule_ends_a_resumed_run_at_the_new_max_steps(tiny_target_run, tmp_path):
+    root, _ = tiny_target_run
+    cfg = _tiny_cfg(root)
+    quiet = {"log": lambda *_: None, "progress": False}
+    with pytest.raises(ValueError, match="resumed run"):
+        train_block_drafter(cfg, tmp_path / "fresh", reschedule_to=4, **quiet)
+    assert train_block_drafter(cfg, tmp_path / "run", stop_at_step=2, **quiet) is None
+    final = train_block_drafter(cfg, tmp_path / "run", reschedule_to=4, **quiet)
+    record = json.loads((final / "training.json").read_text())
+    assert record["config"]["max_steps"] == 4 and record["state"]["step"] == 4
+    # the last step ran at the new schedule's lr (the old one's at step 3 of 6 would be higher)
+    assert record["state"]["history"][-1]["lr"] == pytest.approx(lr_at(3, replace(cfg, max_steps=4)), abs=1e-6)
+    assert lr_at(3, replace(cfg, max_steps=4)) < lr_at(3, cfg)
