@@ -18,7 +18,9 @@ target's last hidden state (``condition_on_target``), precomputed once per recor
 Contract: ``train_block_drafter(cfg, out_dir)`` trains or resumes a run folder: ``checkpoint/``
 (weights, optimizer, step; the batch and the glancing choices of step ``s`` are a pure function
 of ``seed`` and ``s``, so a resumed run equals an uninterrupted one) and, at ``max_steps``,
-``final/`` (``save_pretrained`` safetensors, tokenizer). A run keeps the config it started with.
+``final/`` (``save_pretrained`` safetensors, tokenizer). A run keeps the config it started with,
+except ``max_steps`` when a resume asks for ``reschedule_to`` (the lr and glancing schedules then
+end there; the run is no longer equal to an uninterrupted one).
 ``block_acceptance`` measures the teacher-forced greedy acceptance per block position and the
 mean accepted length tau (Spec-Bench convention: +1 for the target's own token) on held-out records.
 """
