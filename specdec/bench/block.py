@@ -92,7 +92,7 @@ def build_methods(config: BenchConfig, target, drafter_model, block_model) -> li
     methods.append(Method(f"lookup+model g={config.gamma[0]}", "lookup+model", config.gamma[0], LookupDrafter(model)))
     for k in config.block_k:
         methods.append(Method(f"block k={k}", "block", k, block))
-    for k in config.block_k:
+    for k in config.lookup_block_k or config.block_k:
         methods.append(Method(f"lookup+block k={k}", "lookup+block", k, LookupDrafter(BlockDrafter(block_model))))
     for beta in config.beta:
         for tau in config.tau:

@@ -50,6 +50,7 @@ class BenchConfig:
     clients: tuple[int, ...] = (1, 4, 16)  # --serve: concurrent clients, each sending its next prompt when its reply ends
     block: str | None = None  # a block drafter ("block" = code-block-drafter, or a folder): run its sweep (specdec.bench.block) instead
     block_k: tuple[int, ...] = (4, 8, 12, 16, 25)  # --block: block sizes k swept (alone and behind prompt lookup)
+    lookup_block_k: tuple[int, ...] = ()  # --block: the k values also run behind prompt lookup (lookup+block); empty = every block_k
     beta: tuple[int, ...] = (1, 3, 5)  # --block: top-beta values of SpecDec's topk_tau rule (1 = exact)
     tau: tuple[float, ...] = (1.0, 3.0)  # --block: logit gaps tau of the topk_tau rule
     relaxed_k: int = 8  # --block: the block size k the beta x tau grid runs at
