@@ -149,3 +149,20 @@ def test_bad_input_is_refused_with_the_fix(target, tmp_path):
         make_drafter(f"lookup+block:{tmp_path / 'missing'}", handle)
     with pytest.raises(ValueError, match="block:PATH needs"):
         make_drafter("block:", handle)
+
+
+def test_the_shipped_block_drafter_decodes_the_shipped_target_exactly():
+    from specdec.loading import load_tokenizer
+
+    target, tokenizer = specdec.load_model("code-target"), load_tokenizer("code-target")
+    block = specdec.load_model("code-block-drafter")
+    assert isinstance(block, BlockDrafterModel) and block.config.vocab_size == target.config.vocab_size
+    assert load_tokenizer("code-block-drafter").get_vocab() == tokenizer.get_vocab()
+    prompts = ["def add(a, b):\n    return", "class Stack:\n    def __init__(self):\n        self."]
+    plain = specdec.speculative_generate(target, "ngram", prompts, max_new_tokens=24, tokenizer=tokenizer,
+                                         speculate="off")
+    for name in ("block", "lookup+block"):
+        results = specdec.speculative_generate(target, name, prompts, max_new_tokens=24, gamma=8,
+                                               tokenizer=tokenizer, batch_size=2)
+        assert [r.tokens for r in results] == [r.tokens for r in plain]
+        assert sum(r.stats.accepted for r in results) > 0  # a trained drafter: drafts are accepted
