@@ -16,12 +16,11 @@ from conftest import build_tiny, char_tokenizer
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoConfig, AutoModel, DynamicCache
 
-import specdec  # noqa: F401  (registers the block drafter with the Auto classes)
+import specdec
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
 from specdec.train.block import (
     HIDDEN_SPAN,
     IGNORE,
-    BlockBatch,
     Record,
     batch_at,
     block_acceptance,
@@ -29,6 +28,7 @@ from specdec.train.block import (
     glance,
     glancing_loss,
     load_records,
+    lr_at,
     make_optimizer,
     pack_blocks,
     step_generator,
@@ -41,9 +41,9 @@ V = 40  # vocabulary of the tiny models
 
 
 def tiny_drafter(seed: int = 0, **kw) -> BlockDrafterModel:
-    settings = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    max_position_embeddings=128, pad_token_id=0, max_block_size=6, tie_word_embeddings=True,
-                    initializer_range=0.3)
+    settings = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                    "max_position_embeddings": 128, "pad_token_id": 0, "max_block_size": 6, "tie_word_embeddings": True,
+                    "initializer_range": 0.3}
     settings.update(kw)
     torch.manual_seed(seed)
     return BlockDrafterModel(BlockDrafterConfig(**settings)).eval()
@@ -345,3 +345,18 @@ def test_acceptance_counts_the_longest_correct_prefix():
     assert acc.blocks == len(runs)
     assert acc.tau == pytest.approx(1 + sum(runs) / len(runs))
     assert acc.position_acceptance[0] == pytest.approx(sum(n >= 1 for n in runs) / len(runs))
+
+
+def test_reschedule_ends_a_resumed_run_at_the_new_max_steps(tiny_target_run, tmp_path):
+    root, _ = tiny_target_run
+    cfg = _tiny_cfg(root)
+    quiet = {"log": lambda *_: None, "progress": False}
+    with pytest.raises(ValueError, match="resumed run"):
+        train_block_drafter(cfg, tmp_path / "fresh", reschedule_to=4, **quiet)
+    assert train_block_drafter(cfg, tmp_path / "run", stop_at_step=2, **quiet) is None
+    final = train_block_drafter(cfg, tmp_path / "run", reschedule_to=4, **quiet)
+    record = json.loads((final / "training.json").read_text())
+    assert record["config"]["max_steps"] == 4 and record["state"]["step"] == 4
+    # the last step ran at the new schedule's lr (the old one's at step 3 of 6 would be higher)
+    assert record["state"]["history"][-1]["lr"] == pytest.approx(lr_at(3, replace(cfg, max_steps=4)), abs=1e-6)
+    assert lr_at(3, replace(cfg, max_steps=4)) < lr_at(3, cfg)

@@ -91,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         from specdec.bench.serve import run_and_report as serve_and_report
 
         return serve_and_report(config, console)
+    if config.block:
+        from specdec.bench.block import run_and_report as block_and_report
+
+        return block_and_report(config, console)
     if config.batch_sizes:
         from specdec.bench.batched import run_and_report
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from specdec.config import SPECULATE, ModelConfig, SamplingConfig, SpecConfig
+from specdec.config import SPECULATE, ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
 
 _MODELS = ModelConfig()
 _SAMPLING = SamplingConfig()
@@ -48,6 +48,12 @@ class BenchConfig:
     speculate: tuple[str, ...] = SPECULATE  # batch sweep and --serve: our loop with speculation off (plain), on (spec-lookup) and auto
     serve: bool = False  # drive `specdec serve` (one server per --speculate mode) with --clients concurrent clients instead
     clients: tuple[int, ...] = (1, 4, 16)  # --serve: concurrent clients, each sending its next prompt when its reply ends
+    block: str | None = None  # a block drafter ("block" = code-block-drafter, or a folder): run its sweep (specdec.bench.block) instead
+    block_k: tuple[int, ...] = (4, 8, 12, 16, 25)  # --block: block sizes k swept (alone and behind prompt lookup)
+    lookup_block_k: tuple[int, ...] = ()  # --block: the k values also run behind prompt lookup (lookup+block); empty = every block_k
+    beta: tuple[int, ...] = (1, 3, 5)  # --block: top-beta values of SpecDec's topk_tau rule (1 = exact)
+    tau: tuple[float, ...] = (1.0, 3.0)  # --block: logit gaps tau of the topk_tau rule
+    relaxed_k: int = 8  # --block: the block size k the beta x tau grid runs at
 
     def __post_init__(self) -> None:
         """Check every field; sampling knobs by the core's own rules (SamplingConfig, SpecConfig)."""
@@ -69,6 +75,11 @@ class BenchConfig:
             raise ValueError(f"batch_sizes must be ints >= 1, got {self.batch_sizes}")
         if not self.clients or any(c < 1 for c in self.clients):
             raise ValueError(f"clients must be one or more ints >= 1, got {self.clients}")
+        if any(k < 1 for k in self.block_k) or self.relaxed_k < 1:
+            raise ValueError(f"block_k and relaxed_k must be ints >= 1, got {self.block_k} and {self.relaxed_k}")
+        for beta in self.beta:
+            for tau in self.tau:
+                VerifyConfig(rule="topk_tau", beta=beta, tau=tau)  # the core's own checks of beta and tau
         if not self.speculate or any(s not in SPECULATE for s in self.speculate):
             raise ValueError(f"speculate must be one or more of {', '.join(SPECULATE)}, got {self.speculate}")
 

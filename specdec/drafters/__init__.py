@@ -9,7 +9,10 @@
 - a name or a ``DrafterConfig``: a registered model-free drafter ("ngram"), a model to load (a
   shipped name or a folder, through ``loader``: by default ``load_model`` on the target's device
   and dtype; callers that keep models pass their own, which decides what a name means), or "lookup+NAME": prompt lookup first and
-  the drafter NAME when lookup finds nothing (``LookupDrafter``).
+  the drafter NAME when lookup finds nothing (``LookupDrafter``). A block drafter model (SpecDec,
+  ``BlockDrafterModel``) drafts through ``BlockDrafter``; "block" names the shipped
+  ``code-block-drafter`` and "block:PATH" a block drafter folder (so "lookup+block" is prompt lookup
+  first, the block drafter otherwise).
 
 New drafters register with ``register_drafter`` (by name) or ``register_model_drafter`` (by the
 kind of model they wrap).
@@ -25,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec.config import LOOKUP, DrafterConfig
 from specdec.drafters import block_model  # noqa: F401  (registers the block drafter with the Auto classes)
 from specdec.drafters.base import Drafter, FollowingDrafter, NoDrafter, Proposal, StopRule
+from specdec.drafters.block import BlockDrafter, is_block_drafter
 from specdec.drafters.hybrid import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -35,6 +39,8 @@ DRAFTERS: dict[str, Callable[[], Drafter]] = {"ngram": NgramDrafter}
 MODEL_DRAFTERS: list[tuple[Callable[[PreTrainedModel], bool], Callable[[PreTrainedModel], Drafter]]] = []
 
 Loader = Callable[[str], PreTrainedModel]
+BLOCK = "block"  # "block" = the shipped block drafter, "block:PATH" = a block drafter folder
+SHIPPED_BLOCK = "code-block-drafter"
 
 
 def register_drafter(name: str, factory: Callable[[], Drafter]) -> None:
@@ -53,6 +59,19 @@ def _language_model(model: PreTrainedModel) -> bool:
 
 
 register_model_drafter(_language_model, ModelDrafter)
+register_model_drafter(is_block_drafter, BlockDrafter)
+
+
+def _block_name(name: str) -> tuple[str, bool]:
+    """A drafter model name with the block aliases resolved: (model name or folder, whether a block drafter is required)."""
+    if name == BLOCK:
+        return SHIPPED_BLOCK, True
+    if name.startswith(BLOCK + ":"):
+        path = name[len(BLOCK) + 1:]
+        if not path:
+            raise ValueError(f"drafter {name!r}: block:PATH needs the folder of a block drafter after the ':'")
+        return path, True
+    return name, False
 
 
 def model_drafter(model: PreTrainedModel) -> Drafter:
@@ -70,7 +89,7 @@ def _check_name(name: str) -> None:
 
     if name not in DRAFTERS and name not in SHIPPED_MODELS and not Path(name).expanduser().exists():
         raise ValueError(
-            f"unknown drafter {name!r}: use {', '.join(sorted(DRAFTERS))}, lookup+NAME, a shipped model "
+            f"unknown drafter {name!r}: use {', '.join(sorted(DRAFTERS))}, lookup+NAME, block, block:PATH, a shipped model "
             f"({', '.join(SHIPPED_MODELS)}) or a model folder"
         )
 
@@ -91,8 +110,8 @@ def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | N
         )
     if drafter.name in DRAFTERS:
         return DRAFTERS[drafter.name]().align(target, tokenizer)
-    name = drafter.model
-    assert name is not None
+    assert drafter.model is not None
+    name, block = _block_name(drafter.model)
     if loader is None:
         from specdec.loading import load_model
 
@@ -101,7 +120,11 @@ def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | N
         def loader(path: str) -> PreTrainedModel:
             return load_model(path, device=target.device, dtype=target.model.dtype)
 
-    inner = make_drafter(loader(name), target, tokenizer)
+    model = loader(name)
+    if block and not is_block_drafter(model):
+        raise ValueError(f"drafter {drafter.model!r}: {name} holds a {type(model).__name__}, not a block drafter "
+                         "(train one with specdec train block-drafter)")
+    inner = make_drafter(model, target, tokenizer)
     if not drafter.name.startswith(LOOKUP):
         return inner
     if not isinstance(inner, FollowingDrafter):
@@ -112,6 +135,7 @@ def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | N
 __all__ = [
     "DRAFTERS",
     "MODEL_DRAFTERS",
+    "BlockDrafter",
     "Drafter",
     "FollowingDrafter",
     "LookupDrafter",

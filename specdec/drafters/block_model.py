@@ -46,11 +46,20 @@ Training feeds several blocks per sequence at once through a ``BlockLayout`` (se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    DynamicCache,
+    LlamaConfig,
+    LlamaModel,
+    PreTrainedModel,
+)
 from transformers.modeling_outputs import ModelOutput
 
 MODEL_TYPE = "specdec-block-drafter"
@@ -177,7 +186,7 @@ class BlockDrafterPreTrainedModel(PreTrainedModel):
     config: BlockDrafterConfig
     config_class = BlockDrafterConfig
     base_model_prefix = "model"
-    _no_split_modules = ["LlamaDecoderLayer"]
+    _no_split_modules: ClassVar[list[str]] = ["LlamaDecoderLayer"]
     _supports_sdpa = True
     _supports_attention_backend = False
 
@@ -190,7 +199,7 @@ class BlockDrafterPreTrainedModel(PreTrainedModel):
 class BlockDrafterModel(BlockDrafterPreTrainedModel):
     """A Llama decoder that drafts a block of k tokens per forward pass (see the module docstring)."""
 
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: BlockDrafterConfig) -> None:
         super().__init__(config)

@@ -18,7 +18,9 @@ target's last hidden state (``condition_on_target``), precomputed once per recor
 Contract: ``train_block_drafter(cfg, out_dir)`` trains or resumes a run folder: ``checkpoint/``
 (weights, optimizer, step; the batch and the glancing choices of step ``s`` are a pure function
 of ``seed`` and ``s``, so a resumed run equals an uninterrupted one) and, at ``max_steps``,
-``final/`` (``save_pretrained`` safetensors, tokenizer). A run keeps the config it started with.
+``final/`` (``save_pretrained`` safetensors, tokenizer). A run keeps the config it started with,
+except ``max_steps`` when a resume asks for ``reschedule_to`` (the lr and glancing schedules then
+end there; the run is no longer equal to an uninterrupted one).
 ``block_acceptance`` measures the teacher-forced greedy acceptance per block position and the
 mean accepted length tau (Spec-Bench convention: +1 for the target's own token) on held-out records.
 """
@@ -175,13 +177,13 @@ def build_block_drafter(cfg: BlockTrainConfig, target, draft_vocab: torch.Tensor
     if source is not None and (source.model_type != "llama" or source.vocab_size != tconf.vocab_size):
         raise ValueError(f"init_from must be a Llama causal LM with the target's {tconf.vocab_size}-token vocabulary, "
                          f"got {source.model_type} with {source.vocab_size}")
-    shape = dict(hidden_size=source.hidden_size, num_hidden_layers=source.num_hidden_layers,
-                 num_attention_heads=source.num_attention_heads, num_key_value_heads=source.num_key_value_heads,
-                 intermediate_size=source.intermediate_size, head_dim=source.head_dim,
-                 rms_norm_eps=source.rms_norm_eps) if source is not None else dict(
-        hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size)
+    shape = {"hidden_size": source.hidden_size, "num_hidden_layers": source.num_hidden_layers,
+                 "num_attention_heads": source.num_attention_heads, "num_key_value_heads": source.num_key_value_heads,
+                 "intermediate_size": source.intermediate_size, "head_dim": source.head_dim,
+                 "rms_norm_eps": source.rms_norm_eps} if source is not None else {
+        "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_attention_heads,
+        "intermediate_size": cfg.intermediate_size}
     config = BlockDrafterConfig(
         vocab_size=tconf.vocab_size,
         max_position_embeddings=tconf.max_position_embeddings,
@@ -460,12 +462,21 @@ def _saved_config(folder: Path) -> BlockTrainConfig | None:
 
 
 def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_after_s: float | None = None,
-                        stop_at_step: int | None = None, log=print, progress: bool = True) -> Path | None:
+                        stop_at_step: int | None = None, reschedule_to: int | None = None, log=print,
+                        progress: bool = True) -> Path | None:
     """Train or resume a block drafter in ``out_dir``; the ``final`` folder at ``max_steps``, else
-    None (stopped by ``stop_after_s`` or ``stop_at_step`` with a checkpoint written)."""
+    None (stopped by ``stop_after_s`` or ``stop_at_step`` with a checkpoint written).
+    ``reschedule_to`` moves a resumed run's ``max_steps`` (where the cosine lr and the glancing
+    anneal end): the run is then no longer equal to an uninterrupted one, and its record says so."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the run's own bar and log lines only
@@ -478,6 +489,11 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
                        and f.name != "outputs_records"]
             log(f"resuming {out} with the config it started with (ignoring changed {', '.join(changed)})")
         cfg = saved
+    if reschedule_to is not None and reschedule_to != cfg.max_steps:
+        if saved is None:
+            raise ValueError("--reschedule-to moves a resumed run's schedule; start a new run with --max-steps")
+        log(f"rescheduling {out}: max_steps {cfg.max_steps} -> {reschedule_to}")
+        cfg = replace(cfg, max_steps=reschedule_to)
     if cfg.outputs_records is None:  # pin the data: the file may grow while this run lives
         cfg = replace(cfg, outputs_records=sum(1 for line in Path(cfg.outputs).read_text().splitlines() if line.strip()))
     for name in ("batch_size", "block_tokens", "max_steps", "max_block_size", "seq_len"):
@@ -693,8 +709,8 @@ def evaluate_block_drafter(block_path: str | Path, valid: str | Path, *, target:
 def format_evaluation(result: dict) -> str:
     """The figures as a Markdown table (rows: block sizes, then the autoregressive drafter's gammas)."""
     rel = result["relative"]
-    lines = ["| drafter | k or gamma | tau | acceptance by position | draft cost (target steps) | verify cost | "
-             "tokens per target step |", "|---|---|---|---|---|---|---|"]
+    lines = [("| drafter | k or gamma | tau | acceptance by position | draft cost (target steps) | verify cost | "
+             "tokens per target step |"), "|---|---|---|---|---|---|---|"]
     for k, a in result["block"].items():
         accept = " ".join(f"{x:.2f}" for x in a["position_acceptance"][:8]) + (" ..." if len(a["position_acceptance"]) > 8 else "")
         lines.append(f"| block | {k} | {a['tau']:.3f} | {accept} | {rel[f'block{k}']:.3f} | "

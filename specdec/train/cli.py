@@ -94,7 +94,7 @@ def _cmd_block_drafter(args: argparse.Namespace) -> int:
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(BlockTrainConfig)
                  if getattr(args, f.name, None) is not None}
     final = train_block_drafter(BlockTrainConfig(**overrides), args.out, stop_after_s=args.stop_after,
-                                stop_at_step=args.stop_at_step)
+                                stop_at_step=args.stop_at_step, reschedule_to=args.reschedule_to)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")
     return 0
 
@@ -238,6 +238,8 @@ def register(subparsers) -> None:
                        help="checkpoint and stop after this long (resume later)")
     block.add_argument("--stop-at-step", type=int, default=None, metavar="STEP",
                        help="checkpoint and stop at this step (resume later)")
+    block.add_argument("--reschedule-to", type=int, default=None, metavar="STEPS",
+                       help="on resume, end the lr and glancing schedules at STEPS instead of the saved max_steps")
     block.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     _add_config_flags(block, BlockTrainConfig, suffix=" (default: {default})")
     block.set_defaults(func=_cmd_block_drafter)

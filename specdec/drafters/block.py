@@ -1,0 +1,190 @@
+"""SpecDec's block drafter as a ``Drafter``: k draft tokens per row from one forward pass, for a batch.
+
+Follows SpecDec (Xia et al., EMNLP 2023 Findings): each round the drafter reads the committed
+prefix followed by k mask positions and drafts all k tokens at once (``block_model.py``: block
+position j predicts the token j + 1 places after the last committed token), so drafting costs one
+forward whatever k is. Departure (documented in ``block_model.py``): the prefix is attended causally
+and kept in a KV cache, so a round feeds only the tokens committed since the last one.
+
+Contract (``drafters.base``): the drafter keeps a ``RaggedCache`` of each row's committed tokens
+(rows of different lengths share it) and, per row, ``pending`` tokens committed but not yet
+cached (at least the newest one). ``propose(limit)`` makes one call
+``model(pending (left-padded) + k masks, block_size=k)`` with k = max(limit), reads the k block
+logits ``[B, k, V]``, draws every position with the round's ``Sampler`` (argmax when greedy; q is
+the warped distribution of each position, so verification stays exact when sampling), and then
+rolls the cache back per row to its committed tokens: the pending tokens stay cached, the k block
+slots (mask inputs, never real tokens) are dropped. Nothing drafted ever enters the cache, so
+``follow`` (which ``commit`` calls) only appends the committed tokens to ``pending``: a row that
+accepted a drafts feeds a + 1 tokens next round. Invariant after every call, per row: cache live
+tokens + pending == committed tokens.
+
+A row's proposal ends at its own ``limit`` or where the schedule's stop rule stops it (the stop
+rule sees each position's logits and q; the block's hidden states are not offered, since the
+acceptance head was trained on an autoregressive drafter's). A ``limit`` above the model's
+``max_block_size`` (the largest block it was built and trained for) is refused with a clear error.
+A model trained to read the target's hidden state runs unconditioned here (the round loop does not
+hand drafters the target's states); it was trained with that input dropped at times.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec.batch import PromptBatch, left_mask, left_padded
+from specdec.cache import RaggedCache
+from specdec.drafters.base import (
+    ENDED_LIMIT,
+    ENDED_NONE,
+    ENDED_THRESHOLD,
+    DraftStep,
+    FollowingDrafter,
+    Proposal,
+    StopRule,
+)
+from specdec.drafters.block_model import BlockDrafterModel
+from specdec.drafters.model import FIX, PADDING_FRACTION, _vocab, check_device
+from specdec.loading import context_limit, input_device
+from specdec.sampling import Sampler, check_finite
+
+BLOCK_FIX = "use a block drafter distilled from this target (specdec train block-drafter)"
+
+
+def is_block_drafter(model: PreTrainedModel) -> bool:
+    """Whether ``model`` is a block drafter (``BlockDrafter`` drafts with it)."""
+    return isinstance(model, BlockDrafterModel)
+
+
+class BlockDrafter(FollowingDrafter):
+    """Drafts k tokens per row in one forward of a ``BlockDrafterModel`` with a cached causal prefix."""
+
+    returns_hidden = False
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        if not is_block_drafter(model):
+            raise TypeError(f"BlockDrafter drafts with a block drafter model (BlockDrafterModel), got "
+                            f"{type(model).__name__}: {BLOCK_FIX}")
+        if model.config.prefix_attention != "causal":
+            raise ValueError("this block drafter attends bidirectionally over its prefix (SpecDec's rule), which "
+                             "cannot be cached across rounds: use one trained with prefix_attention='causal'")
+        self.model = model.eval()
+        self.max_block_size = int(model.config.max_block_size)  # largest k it drafts per round
+        self.mask_token_id = int(model.config.mask_token_id)
+        self.vocab_size: int | None = None  # the target's logits size once aligned; None = the model's own
+        self.context_limit = context_limit(model)
+        self.device = input_device(model)
+        self.cache = RaggedCache(model, 0, self.device)
+        self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
+        self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
+
+    def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> BlockDrafter:
+        """Check the block drafter against the target (kind, vocabulary, device); adopt its vocabulary size."""
+        if getattr(target, "encoder_decoder", False):
+            raise ValueError("the block drafter reads a decoder-only prefix but the target is an encoder-decoder "
+                             "model: draft with prompt lookup or an encoder-decoder drafter")
+        mine, theirs = int(self.model.config.vocab_size), int(target.vocab_size)
+        if abs(mine - theirs) > theirs * PADDING_FRACTION:
+            raise ValueError(f"block drafter vocabulary ({mine} tokens) differs from the target's ({theirs}) by more "
+                             f"than padding: {BLOCK_FIX}")
+        if tokenizer is not None and hasattr(tokenizer, "__len__") and mine < len(tokenizer):
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the block drafter knows only {mine}: {FIX}")
+        ours, drafter_vocab = _vocab(target.model, tokenizer), _vocab(self.model)
+        if ours is not None and drafter_vocab is not None:
+            for i in sorted(ours.keys() & drafter_vocab.keys()):
+                if ours[i] != drafter_vocab[i]:
+                    raise ValueError(f"the block drafter's tokenizer differs from the target's: id {i} is "
+                                     f"{drafter_vocab[i]!r} for the drafter and {ours[i]!r} for the target: {BLOCK_FIX}")
+        check_device(target.device, self.device)
+        self.vocab_size = theirs
+        return self
+
+    def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
+        """Block logits [B, k, V_d] -> [B, k, V] in the target's vocabulary."""
+        if self.vocab_size is None or logits.shape[-1] == self.vocab_size:
+            return logits
+        if logits.shape[-1] > self.vocab_size:
+            return logits[..., : self.vocab_size]
+        pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids the model has embeddings for (a padded target's extra ids read as its last)."""
+        return ids.clamp(max=int(self.model.config.vocab_size) - 1)
+
+    def prefill(self, prompts: PromptBatch) -> int:
+        """Cache the new rows' prompts except their last tokens, which stay pending."""
+        new = RaggedCache(self.model, prompts.size, self.device)
+        calls = 0
+        if prompts.ids.shape[1] > 1:
+            valid = prompts.valid()[:, :-1]  # [B, T-1]
+            new.forward(self._ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid, block_size=0)
+            calls = 1
+        self.cache.merge(new)
+        self.pending += [[row[-1]] for row in prompts.rows()]
+        self._drafts += [[] for _ in range(prompts.size)]
+        return calls
+
+    def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
+        """One forward: every row's pending tokens, then k = max(limit) mask positions; row b keeps
+        ``limit[b]`` drafts (fewer where ``stop`` stops it)."""
+        rows = len(self.pending)
+        k = int(limit.max()) if rows else 0
+        if k == 0:
+            self._drafts = [[] for _ in range(rows)]
+            return Proposal.empty(rows, self.device)
+        if k > self.max_block_size:
+            raise ValueError(f"the block drafter drafts at most {self.max_block_size} tokens per round (the largest "
+                             f"block it was trained for), asked for {k}: use --gamma {self.max_block_size} or less "
+                             f"(and --bound MIN {self.max_block_size} or less)")
+        ids, counts = left_padded(self.pending, self.device)  # [B, P], [B]
+        width = ids.shape[1]
+        block = torch.full((rows, k), self.mask_token_id, dtype=torch.long, device=self.device)  # [B, k]
+        valid = None
+        if len(set(counts.tolist())) > 1:
+            valid = torch.cat([left_mask(counts, width), torch.ones(rows, k, dtype=torch.bool, device=self.device)], 1)
+        before = self.cache.live.clone()  # [B]
+        with torch.no_grad():
+            out = self.cache.forward(self._ids(torch.cat([ids, block], dim=1)), valid, logits_to_keep=k, block_size=k)
+        self.cache.keep(before + counts)  # the pending tokens stay cached; the block's mask slots go
+        self.pending = [[] for _ in range(rows)]
+        logits = self._aligned(out.logits[:, -k:])  # [B, k, V]
+        check_finite(logits, "block drafter")
+        active = limit > 0  # [B] rows still drafting
+        stopped = torch.zeros_like(active)  # [B] rows the stop rule stopped
+        lengths = torch.zeros_like(limit)
+        tokens, probs = [], []
+        for i in range(k):
+            token, q = sampler.draft(logits[:, i], active)  # [B], [B, V] | None; only drafting rows draw
+            tokens.append(token)
+            probs.append(q)
+            lengths = lengths + active.long()
+            if stop is not None:
+                halt = active & stop(DraftStep(i, token, logits[:, i], q, None, active))
+                stopped, active = stopped | halt, active & ~halt
+            active = active & (limit > i + 1)
+            if not bool(active.any()):
+                break
+        drafted = torch.stack(tokens, dim=1)  # [B, k']
+        ended = tuple(ENDED_NONE if n == 0 else ENDED_THRESHOLD if s else ENDED_LIMIT
+                      for n, s in zip(lengths.tolist(), stopped.tolist()))
+        proposal = Proposal(drafted, lengths, None if probs[0] is None else torch.stack(probs, dim=1), None,
+                            calls=1, ended=ended)
+        self._drafts = proposal.drafts()
+        return proposal
+
+    def last_drafts(self) -> list[list[int]]:
+        return self._drafts
+
+    def follow(self, tokens: list[list[int]]) -> None:
+        """Row b committed ``tokens[b]``: they wait to be fed with the next block (drafts never enter the cache)."""
+        self.pending = [p + t for p, t in zip(self.pending, tokens)]
+
+    def select(self, rows: torch.Tensor) -> None:
+        index = rows.tolist()
+        self.cache.select(rows.to(self.device))
+        self.pending = [self.pending[i] for i in index]
+        self._drafts = [self._drafts[i] for i in index]
+
+    def reset(self) -> None:
+        self.cache = RaggedCache(self.model, 0, self.device)
+        self.pending, self._drafts = [], []
