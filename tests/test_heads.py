@@ -7,8 +7,9 @@
   a per-record computation from scratch.
 - Training: steps lower the loss on a learnable synthetic task; stop + resume ends in the same
   weights as an uninterrupted run; two processes on gloo (torchrun) end in the weights of one.
-- The stop rule as a pure function (product with a_1 := 1, bounds, per-row decisions) against a
-  plain Python loop, and ``HeadStop`` asked position by position agrees with it.
+- The stop rule (one rule: ``specdec.schedules.Ada``; the offline ``draft_lengths`` drives it with
+  precomputed values): product with a_1 := 1, bounds, per-row decisions, against a plain Python loop,
+  and the ada schedule with a real head drafts the lengths ``draft_lengths`` predicts.
 - Rounds for the offline simulation: drafts, labels and hidden states of every start equal a
   recomputation from scratch; the expected accepted length and the greedy walk on hand examples.
 """
@@ -16,7 +17,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import subprocess
@@ -44,9 +44,8 @@ from specdec.heads.data import (
     write_meta,
     write_shard,
 )
-from specdec.heads.evaluate import RoundData, expected_accepted, record_rounds, walk
+from specdec.heads.evaluate import RoundData, draft_lengths, expected_accepted, record_rounds, walk
 from specdec.heads.model import AcceptanceHead, HeadConfig
-from specdec.heads.stopping import HeadStop, check_rule, draft_lengths, running_acceptance, should_stop
 from specdec.heads.train import HeadTrainConfig, train_head, weighted_soft_ce
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +76,7 @@ def test_forward_is_residual_blocks_then_linear():
         h = h + torch.nn.functional.silu(h @ block.linear.weight.T + block.linear.bias)
     expected = h @ head.out.weight.T + head.out.bias
     assert torch.allclose(head(x), expected, atol=1e-6)
-    assert torch.allclose(head.accept_prob(x), expected.softmax(-1)[:, 1], atol=1e-6)
+    assert torch.allclose(head.accept_probability(x), expected.softmax(-1)[:, 1], atol=1e-6)
 
 
 def test_save_and_load_round_trip_and_errors(tmp_path):
@@ -183,6 +182,22 @@ def test_mixing_keeps_target_tokens_and_drops_their_examples():
     pos = out["position"].long()
     assert torch.equal(out["hidden"].float().argmax(-1), drafts[pos])
     assert torch.equal(out["label"], (drafts == P[contexts].argmax(-1)).float()[pos])
+
+
+def test_response_inputs_read_the_state_behind_each_draft():
+    target, drafter = BigramLM(P), BigramLM(Q)
+    record = Record(0, prompt=[3, 0], response=[1, 0, 2, 3])  # contexts of the 4 response tokens: 0, 1, 0, 2
+    out = examples_of_batch(target, drafter, [record], ("greedy", "sampling"), mixing=0.5, seed=0,
+                            inputs="response")
+    # no mixing: every position is an example, for each kind; the state is the one whose logits give
+    # q_j (one-hot of its input: the context token), not the draft's
+    assert out["position"].tolist() == [0, 1, 2, 3] * 2 and out["kind"].tolist() == [0] * 4 + [1] * 4
+    assert out["hidden"].float().argmax(-1).tolist() == [0, 1, 0, 2] * 2
+    assert out["label"][:4].tolist() == [0.0, 1.0, 0.0, 0.0]  # as in test_greedy_labels_by_hand
+    mixed = examples_of_batch(target, drafter, [record], ("sampling",), mixing=0.0, seed=0)
+    assert torch.equal(out["label"][4:], mixed["label"])  # the same draws and labels as the mixed build
+    with pytest.raises(ValueError, match="inputs must be one of mixed, response"):
+        HeadDataConfig(outputs="x.jsonl", inputs="teacher")
 
 
 # ---------------------------------------------------------------- labels on a tiny Llama pair
@@ -366,11 +381,6 @@ def reference_length(a: list[float], threshold: float, lo: int, hi: int) -> int:
     return len(a)
 
 
-def test_running_product_starts_at_one():
-    a = torch.tensor([[0.1, 0.5, 0.5, 0.2]])
-    assert running_acceptance(a)[0].tolist() == pytest.approx([1.0, 0.5, 0.25, 0.05])
-
-
 def test_first_token_always_drafted_and_bounds_hold():
     zero = torch.zeros(3, 10)  # the head sees only rejections
     assert draft_lengths(zero, 0.01, (1, 10)).tolist() == [2, 2, 2]  # 1 - a_1 = 0: never stops after token 1
@@ -385,7 +395,6 @@ def test_rows_decide_for_themselves():
     a = torch.tensor([[1.0, 0.9, 0.9, 0.9, 0.9], [1.0, 0.2, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
     # row 0: products 1, .9, .81, .729, .6561: 1 - P > 0.3 first after token 5; row 1: after 2; row 2: never
     assert draft_lengths(a, 0.3, (1, 16)).tolist() == [5, 2, 5]
-    assert should_stop(torch.tensor([0.5, 0.9]), torch.tensor([3, 3]), 0.3, (1, 16)).tolist() == [True, False]
 
 
 @settings(max_examples=150, deadline=None)
@@ -398,32 +407,13 @@ def test_draft_lengths_equal_the_loop(rows, threshold, lo, extra):
     assert got == [reference_length(r, threshold, lo, hi) for r in rows]
 
 
-def test_head_stop_asked_step_by_step_agrees_with_draft_lengths():
-    torch.manual_seed(0)
-    head = AcceptanceHead(HeadConfig(hidden_size=6, num_blocks=1))
-    hidden = torch.randn(7, 9, 6) * 2  # [B, k, H]
-    values = head.accept_prob(hidden)  # [B, k]
-    for threshold in (0.2, 0.5, 0.8):
-        rule = HeadStop(head, threshold, (2, 9))
-        stopped = torch.zeros(7, dtype=torch.bool)
-        length = torch.full((7,), 9)
-        for i in range(9):
-            stop = rule(i, torch.zeros(7, 3), hidden[:, i])
-            length = torch.where(stop & ~stopped, torch.tensor(i + 1), length)
-            stopped |= stop
-        assert torch.equal(length, draft_lengths(values, threshold, (2, 9)))
-        assert math.isclose(float(rule.product[0]), float(values[0, 1:].prod()), rel_tol=1e-5)
-
-
 def test_rule_errors_name_the_problem():
-    with pytest.raises(ValueError, match=r"threshold must be in \(0, 1\)"):
-        check_rule(1.0, (1, 4))
+    with pytest.raises(ValueError, match=r"stop_threshold must be in \(0, 1\)"):
+        draft_lengths(torch.ones(1, 4), 1.0, (1, 4))
     with pytest.raises(ValueError, match="1 <= MIN <= MAX"):
-        check_rule(0.5, (0, 4))
+        draft_lengths(torch.ones(1, 4), 0.5, (0, 4))
     with pytest.raises(ValueError, match="1 <= MIN <= MAX"):
-        check_rule(0.5, (5, 4))
-    with pytest.raises(ValueError, match="needs the drafter's hidden states"):
-        HeadStop(AcceptanceHead(HeadConfig(hidden_size=4)), 0.5, (1, 4))(0, torch.zeros(1, 3), None)
+        draft_lengths(torch.ones(1, 4), 0.5, (5, 4))
 
 
 # ---------------------------------------------------------------- rounds for the offline simulation

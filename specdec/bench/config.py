@@ -17,6 +17,7 @@ _MODELS = ModelConfig()
 _SAMPLING = SamplingConfig()
 _SPEC = SpecConfig()
 ORDERS = ("method", "prompt")  # the timing orders of --order (see specdec.bench.harness)
+SCHEDULED = ("heuristic", "confidence", "ada")  # the schedules --schedules runs as spec-<name> (specdec.schedules)
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class BenchConfig:
     target: str = _MODELS.target  # target model: a shipped name or a folder with config + safetensors
     drafter: str = _MODELS.drafter_model  # drafter model used by `spec` and `hf-assisted` (a name or a folder)
     compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
+    schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada) as method spec-<name>; spec itself is the constant schedule (--gamma)
     tokenizer: str | None = None  # folder of the tokenizer; None = the target's own folder
     methods: tuple[str, ...] = ()  # methods to run, by name or group (see --list); empty = all
     prompts: str | None = None  # a JSONL file with {"id", "prompt"} per line; None = built-in code prompts
@@ -71,6 +73,9 @@ class BenchConfig:
         for t in self.temperature:
             SamplingConfig(temperature=t, top_k=self.top_k, top_p=self.top_p)
         SpecConfig(gamma=self.gamma[0], max_new_tokens=self.max_new_tokens)
+        bad = [s for s in self.schedules if s not in SCHEDULED]
+        if bad:
+            raise ValueError(f"schedules must be among {', '.join(SCHEDULED)} (constant is spec with --gamma), got {bad}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes must be ints >= 1, got {self.batch_sizes}")
         if not self.clients or any(c < 1 for c in self.clients):

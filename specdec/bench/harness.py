@@ -50,6 +50,7 @@ from specdec.bench.runners import (
     compare_labels,
     compared_runners,
     drafter_label,
+    scheduled_runners,
     select_runners,
 )
 from specdec.loading import load_model, load_tokenizer
@@ -281,7 +282,7 @@ def run_benchmark(
 ) -> BenchRun:
     """Run every selected method on the same prompts; return all records and measurements."""
     labels = compare_labels(config.compare)
-    runners = select_runners(config.methods, registry) + compared_runners(labels)
+    runners = select_runners(config.methods, registry) + compared_runners(labels) + scheduled_runners(config.schedules)
     with _quiet_transformers():
         return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
 

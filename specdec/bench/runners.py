@@ -14,6 +14,11 @@ Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assiste
 - ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
 - ``spec-lookup``: ours with ``LookupDrafter``: prompt lookup first (up to 12 copied tokens),
   the drafter model (gamma tokens) when lookup finds nothing; no theoretical speedup (no fixed gamma).
+- ``spec-heuristic``, ``spec-confidence``, ``spec-ada`` (``--schedules``, :func:`scheduled_runners`):
+  ``spec`` with a schedule deciding each round's length instead of a constant gamma
+  (``specdec.schedules``, default bound 1..16): the +2/-1 heuristic from transformers' 20 tokens,
+  the drafter-confidence stop, SpecDec++'s acceptance head (the drafter's ``acceptance_head/`` and
+  its stored threshold); run once per temperature.
 - ``hf-assisted``: ``generate(assistant_model=drafter)`` with our gamma as a constant schedule
   (``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"``, the confidence
   stop off), and ``hf-assisted-default``: the same with transformers' own defaults. The better of
@@ -266,6 +271,32 @@ class Speculative:
         return _from_stats(res.tokens, res.stats)
 
 
+HEURISTIC_START = 20  # transformers' num_assistant_tokens default: where the heuristic schedule starts
+
+
+class Scheduled(Speculative):
+    """``spec`` with a schedule (heuristic, confidence, ada) choosing each round's draft length."""
+
+    uses_gamma = False
+
+    def __init__(self, schedule: str) -> None:
+        super().__init__(f"spec-{schedule}", "model")
+        self.schedule = schedule
+        self.description = f"our speculative_generate with the drafter model, the {schedule} schedule (bound 1..16)"
+        self.cost = DrafterCost.NONE  # no fixed gamma
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        res = specdec.speculative_generate(
+            models.target,
+            self._drafter(models),
+            input_ids,
+            gamma=HEURISTIC_START,  # read by the heuristic only (capped by the bound's MAX)
+            schedule=self.schedule,
+            **_decode_kwargs(models, setting),
+        )
+        return _from_stats(res.tokens, res.stats)
+
+
 class HFAssisted:
     """transformers' assisted generation with the drafter model, with our gamma or its defaults."""
 
@@ -355,6 +386,11 @@ def compare_labels(paths: tuple[str, ...]) -> list[str]:
 def compared_runners(labels: list[str]) -> list[Runner]:
     """``spec@<label>`` for each compared drafter: ``spec``'s method with that drafter model."""
     return [Speculative(f"spec@{label}", "model", drafter_label=label) for label in labels]
+
+
+def scheduled_runners(schedules: tuple[str, ...]) -> list[Runner]:
+    """``spec-<schedule>`` for each schedule of ``--schedules``."""
+    return [Scheduled(name) for name in schedules]
 
 
 def select_runners(methods: tuple[str, ...], registry: dict[str, Runner] | None = None) -> list[Runner]:

@@ -1,21 +1,11 @@
-"""The SpecDec++ acceptance head (Huang, Guo, Wang 2024): model, stop rule, data, training, evaluation.
+"""The SpecDec++ acceptance head (Huang, Guo, Wang 2024): model, data, training, evaluation.
 
-The decoding side needs only ``AcceptanceHead`` (``model.py``) and the stop rule (``stopping.py``);
-``data.py``, ``train.py``, ``evaluate.py`` and ``report.py`` build, train and measure a head
-(``specdec train head`` / ``specdec train head-eval``) and import models lazily.
+The decoding side needs only ``load_head`` / ``AcceptanceHead`` (``model.py``); the stop rule that
+reads the head is ``specdec.schedules.Ada`` (one rule, used online and by the offline simulation in
+``evaluate.py``). ``data.py``, ``train.py``, ``evaluate.py`` and ``report.py`` build, train and
+measure a head (``specdec train head`` / ``specdec train head-eval``) and import models lazily.
 """
 
-from specdec.heads.model import DEFAULT_HEAD, AcceptanceHead, HeadConfig, default_head_path
-from specdec.heads.stopping import HeadStop, check_rule, draft_lengths, running_acceptance, should_stop
+from specdec.heads.model import DEFAULT_HEAD, AcceptanceHead, HeadConfig, default_head_path, load_head
 
-__all__ = [
-    "DEFAULT_HEAD",
-    "AcceptanceHead",
-    "HeadConfig",
-    "HeadStop",
-    "check_rule",
-    "default_head_path",
-    "draft_lengths",
-    "running_acceptance",
-    "should_stop",
-]
+__all__ = ["DEFAULT_HEAD", "AcceptanceHead", "HeadConfig", "default_head_path", "load_head"]

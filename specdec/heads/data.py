@@ -19,9 +19,18 @@ Per record (prompt ``P``, the target's response ``x_1..x_n``):
    hidden state there, labelled with ``d_j``'s acceptance probability. Positions that kept
    ``x_j`` give no example (SpecDec++: loss only on draft tokens).
 
-The state at ``z_j``'s position is the one whose logits produce the next draft, ``d_(j+1)``: in
-the round loop it is ``Proposal.hidden[b, i]`` for ``i = j + 1``, so the head's value there is
-read as the acceptance of the draft fed at that position (see ``specdec.heads.model``).
+That is ``inputs="mixed"``, SpecDec++'s recipe: the state at ``z_j``'s position is the one whose
+logits produce the NEXT draft, so in the round loop (``Proposal.hidden[b, i]``, the state behind
+draft ``i``) the head's value at ``i`` estimates the acceptance of draft ``i - 1``.
+
+``inputs="response"`` (the shipped head's recipe): no mixing; the drafter reads the target's
+response ``P + x`` and every position is an example: the state whose logits give ``q_j`` (behind
+``d_j``), labelled with ``d_j``'s acceptance. In the round loop the head's value at ``i`` then
+estimates the acceptance of draft ``i`` itself, read before it is drafted. Conditioned on the
+drafts so far being accepted (the only case in which the rule's product matters), a greedy round's
+context IS the target's text, so these states are the ones the head meets. On validation rounds
+this head stops better than the mixed one (the card's figures). Both fit the one stop rule of
+``specdec.schedules.Ada`` (product of the values behind drafts 2..i, the first draft always made).
 
 Shard tensors: ``hidden`` [N, H] float16, ``label`` [N] float32, ``kind`` [N] uint8 (index into
 ``LABEL_KINDS``), ``record`` [N] int32 (line of the outputs file), ``position`` [N] int16 (j - 1).
@@ -40,6 +49,7 @@ from safetensors.torch import load_file, save_file
 
 LABEL_KINDS = ("greedy", "sampling")  # kind index -> the verification the label comes from
 META_NAME = "meta.json"
+INPUTS = ("mixed", "response")  # what the drafter reads when its states are taken (module docstring)
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,8 @@ class HeadDataConfig:
     drafter: str = "code-drafter"  # the frozen drafter whose hidden states the head reads
     records: int | None = None  # use only the file's first N records (None: all)
     labels: tuple[str, ...] = ("greedy", "sampling")  # label kinds to build for every record
-    mixing: float = 0.15  # chance that a position's input keeps the target's token (no example there)
+    inputs: str = "mixed"  # "mixed": SpecDec++'s drafts mixed into the input; "response": the target's text
+    mixing: float = 0.15  # inputs="mixed": chance that a position keeps the target's token (no example there)
     seed: int = 0  # seeds the draft samples and the mixing (per record, so shards are independent)
     shard_records: int = 250  # records per shard file (the unit of resumption)
     batch_records: int = 8  # records per forward pass
@@ -60,6 +71,8 @@ class HeadDataConfig:
         unknown = [k for k in self.labels if k not in LABEL_KINDS]
         if unknown or not self.labels:
             raise ValueError(f"labels must be a non-empty subset of {', '.join(LABEL_KINDS)}, got {self.labels!r}")
+        if self.inputs not in INPUTS:
+            raise ValueError(f"inputs must be one of {', '.join(INPUTS)}, got {self.inputs!r}")
         if not 0.0 <= self.mixing < 1.0:
             raise ValueError(f"mixing must be in [0, 1) (the share of positions keeping the target's token), "
                              f"got {self.mixing}")
@@ -180,14 +193,28 @@ def record_generator(seed: int, index: int, kind: str) -> torch.Generator:
 
 
 def examples_of_batch(target, drafter, records: list[Record], kinds: tuple[str, ...], mixing: float,
-                      seed: int) -> dict[str, torch.Tensor]:
-    """The examples of a few records (the module docstring's steps 1-4), as shard tensors."""
+                      seed: int, inputs: str = "mixed") -> dict[str, torch.Tensor]:
+    """The examples of a few records (the module docstring's steps 1-4, or its ``inputs="response"``),
+    as shard tensors."""
     p_all = teacher_forced_logits(target, records)  # [n_r, V] each
     q_all = teacher_forced_logits(drafter, records)
     if p_all[0].shape[-1] != q_all[0].shape[-1]:
         raise ValueError(f"the target has {p_all[0].shape[-1]} logits, the drafter {q_all[0].shape[-1]}: "
                          "the head's data needs a pair with one vocabulary")
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("hidden", "label", "kind", "record", "position")}
+    if inputs == "response":
+        states = response_states(drafter, [r.prompt for r in records],
+                                 [torch.tensor(r.response, dtype=torch.long) for r in records])  # [n_r + 1, H] each
+        for kind in kinds:
+            for r, p, q, s in zip(records, p_all, q_all, states):
+                _, label = draft_and_label(p, q, kind, record_generator(seed, r.index, kind))  # [n]
+                n = label.shape[0]
+                parts["hidden"].append(s[:-1].half())  # [n, H] the state behind d_j (its logits give q_j)
+                parts["label"].append(label)
+                parts["kind"].append(torch.full((n,), LABEL_KINDS.index(kind), dtype=torch.uint8))
+                parts["record"].append(torch.full((n,), r.index, dtype=torch.int32))
+                parts["position"].append(torch.arange(n, dtype=torch.int16))
+        return {k: torch.cat(v) for k, v in parts.items()}
     for kind in kinds:
         inputs, labels, kept = [], [], []
         for r, p, q in zip(records, p_all, q_all):
@@ -248,12 +275,13 @@ def build_head_data(cfg: HeadDataConfig, out_dir: str | Path, device: str | None
     shards = [records[i : i + cfg.shard_records] for i in range(0, len(records), cfg.shard_records)]
     todo = [(i, s) for i, s in enumerate(shards) if i % world == rank and not _shard_path(out, i, len(s)).exists()]
     log(f"{len(records)} records from {cfg.outputs} in {len(shards)} shards, {len(shards) - len(todo)} done; "
-        f"labels {', '.join(cfg.labels)}, mixing {cfg.mixing}")
+        f"labels {', '.join(cfg.labels)}, inputs {cfg.inputs}" + (f", mixing {cfg.mixing}" if cfg.inputs == "mixed" else ""))
     done = len(records) - sum(len(s) for _, s in todo)
     for i, shard in todo:
         parts: dict[str, list[torch.Tensor]] = {}
         for batch in _batches(shard, cfg.batch_records):
-            for k, v in examples_of_batch(target, drafter, batch, cfg.labels, cfg.mixing, cfg.seed).items():
+            for k, v in examples_of_batch(target, drafter, batch, cfg.labels, cfg.mixing, cfg.seed,
+                                          cfg.inputs).items():
                 parts.setdefault(k, []).append(v)
             done += len(batch)
             if progress is not None:

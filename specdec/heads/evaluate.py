@@ -30,8 +30,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from specdec.config import ScheduleConfig
+from specdec.drafters.base import DraftStep
 from specdec.heads.data import Record
-from specdec.heads.stopping import draft_lengths
+from specdec.schedules import _AdaStop
 
 
 @dataclass
@@ -146,6 +148,25 @@ def build_rounds(target, drafter, records: list[Record], kind: str, depth: int =
     return RoundData.cat(parts)
 
 
+def draft_lengths(accept: torch.Tensor, threshold: float, bound: tuple[int, int]) -> torch.Tensor:
+    """accept [S, K] (the head's values behind drafts 1..K) -> [S] long: how many tokens each round drafts
+    under ``specdec.schedules.Ada``'s rule, asked position by position exactly as in decoding (its
+    ``_AdaStop``, fed the precomputed values), capped at MAX and at K."""
+    ScheduleConfig("ada", stop_threshold=threshold, bound=bound)  # the CLI's checks and messages
+    rows, k = accept.shape
+    steps = min(k, bound[1])
+    lengths = torch.full((rows,), steps, dtype=torch.long, device=accept.device)  # [S] MAX or K unless stopped
+    stop = _AdaStop(lambda values: values, threshold, bound[0], rows, accept.device)
+    done = torch.zeros(rows, dtype=torch.bool, device=accept.device)  # [S]
+    for i in range(steps):
+        step = DraftStep(position=i, tokens=torch.zeros(rows, dtype=torch.long), logits=accept.new_zeros(rows, 0),
+                         q=None, hidden=accept[:, i].float(), drafting=~done)
+        now = stop(step) & ~done  # [S]
+        lengths[now] = i + 1
+        done |= now
+    return lengths
+
+
 def expected_accepted(labels: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """labels [S, K], lengths [S] -> [S] expected accepted drafts of rounds drafting ``lengths``."""
     chain = labels.float().cumprod(dim=-1)  # [S, K] P(drafts 1..i all accepted)
@@ -171,7 +192,7 @@ def _point(name: str, labels: torch.Tensor, lengths: torch.Tensor) -> Point:
 def head_values(head, rounds: RoundData, batch: int = 65536) -> torch.Tensor:
     """The head's P(accept) behind every draft of every round. [S, K]"""
     flat = rounds.hidden.flatten(0, 1)  # [S*K, H]
-    out = torch.cat([head.accept_prob(flat[i : i + batch].float()) for i in range(0, len(flat), batch)])
+    out = torch.cat([head.accept_probability(flat[i : i + batch].float()) for i in range(0, len(flat), batch)])
     return out.view(rounds.hidden.shape[:2])
 
 

@@ -1,19 +1,22 @@
 """The SpecDec++ acceptance head (Huang, Guo, Wang 2024): P(a drafted token is accepted).
 
 Contract: ``AcceptanceHead(HeadConfig(hidden_size=H))`` maps the drafter's last-layer hidden states
-``[..., H]`` to two logits ``[..., 2]`` (index 0 = rejected, 1 = accepted); ``accept_prob`` gives
-the softmax's accept column ``[...]``. The network is ``num_blocks`` residual blocks
+``[..., H]`` to two logits ``[..., 2]`` (index 0 = rejected, 1 = accepted); ``accept_probability``
+gives the softmax's accept column ``[...]`` (what ``specdec.schedules.Ada`` calls with ``[B, H]``),
+``default_threshold`` the stop threshold stored with it (``--stop-threshold`` overrides it).
+``load_head(path, hidden_size)`` loads a head folder and checks it fits the drafter. The network is ``num_blocks`` residual blocks
 ``x + SiLU(Linear(x))``, each with its own weights, then ``Linear(H, 2)``. (SpecDec++'s released code
 builds ``[ResBlock(h)] * n``, which repeats ONE block object n times, so its "n layers" share one
 weight matrix; here every block is a separate module.)
 
-Which hidden state it reads: ``Proposal.hidden[b, i]``, the state at the drafter's input position
-whose logits produced draft ``i``. That position's input token is draft ``i - 1`` (the last
-committed token for ``i = 0``), and the head was trained, as in SpecDec++, to predict whether the
-draft fed at that position is accepted. So the value at ``i >= 1`` is the acceptance of draft
-``i - 1`` and the value at ``i = 0`` is replaced by 1 (``specdec.heads.stopping``): exactly what
-SpecDec++'s generation loop reads (``hidden_states[-1][0, -1]`` after each drafter step, with the
-first step's value set to 1).
+Which hidden state it reads: ``Proposal.hidden[b, i]`` (``DraftStep.hidden``), the state at the
+drafter's input position whose logits produce draft ``i``. What the value there means depends on
+the training data (``specdec.heads.data``): a head trained on SpecDec++'s mixed inputs estimates
+the acceptance of the draft FED at that position (draft ``i - 1``), as SpecDec++'s generation loop
+reads it; the shipped head (``inputs="response"``) estimates the acceptance of draft ``i``, the one
+those logits produce. The stop rule is the same for both and lives in one place,
+``specdec.schedules.Ada``: the product of the values behind drafts 2..i (the first draft is always
+made, its value counts as 1).
 
 Storage: a folder with ``config.json`` (the ``HeadConfig`` fields and ``model_type``) and
 ``model.safetensors``; ``save_pretrained`` / ``from_pretrained`` write and read it, with no
@@ -45,12 +48,16 @@ class HeadConfig:
     num_blocks: int = 3  # residual blocks x + SiLU(Linear(x)) before the 2-way output (SpecDec++: 3)
     labels: str = "greedy+sampling"  # the verification its labels came from: greedy, sampling or both
     drafter: str | None = None  # the drafter whose hidden states it was trained on (a note, not checked)
+    inputs: str = "mixed"  # the data's inputs (specdec.heads.data): "mixed" (SpecDec++) or "response"
+    threshold: float = 0.5  # ada's stop threshold when --stop-threshold is not given (chosen on validation rounds)
 
     def __post_init__(self) -> None:
         if not isinstance(self.hidden_size, int) or self.hidden_size < 1:
             raise ValueError(f"hidden_size must be an int >= 1, got {self.hidden_size!r}")
         if not isinstance(self.num_blocks, int) or self.num_blocks < 0:
             raise ValueError(f"num_blocks must be an int >= 0, got {self.num_blocks!r}")
+        if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {self.threshold!r}")
 
 
 class ResidualBlock(nn.Module):
@@ -81,9 +88,15 @@ class AcceptanceHead(nn.Module):
         return self.out(x)
 
     @torch.no_grad()
-    def accept_prob(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> P(accepted) [...] in float32."""
-        return self(hidden).float().softmax(dim=-1)[..., 1]
+    def accept_probability(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] (any device) -> P(accepted) [...] in float32, on hidden's device."""
+        logits = self(hidden.to(self.out.weight.device))  # [..., 2]
+        return logits.float().softmax(dim=-1)[..., 1].to(hidden.device)
+
+    @property
+    def default_threshold(self) -> float:
+        """The stop threshold stored with the head (ada's default)."""
+        return float(self.config.threshold)
 
     def check_hidden_size(self, hidden_size: int, what: str = "the drafter") -> None:
         """Raise a ValueError naming both sizes when ``what``'s hidden states do not fit this head."""
@@ -128,6 +141,12 @@ class AcceptanceHead(nn.Module):
         if hidden_size is not None:
             head.check_hidden_size(hidden_size)
         return head
+
+
+def load_head(path: str | Path | None = None, hidden_size: int | None = None,
+              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> AcceptanceHead:
+    """The head folder ``path`` (None: the shipped head), checked against the drafter's ``hidden_size``."""
+    return AcceptanceHead.from_pretrained(path, hidden_size, device=device, dtype=dtype)
 
 
 def default_head_path() -> Path:

@@ -13,9 +13,10 @@ sampling rounds on its temperature-1 texts), then writes to ``out_dir``:
   highest modelled speedup ``tau / (1 + c * drafted)`` (Leviathan et al.'s cost model, c = drafter
   step / target step) summed over both label kinds.
 
-What pairs are compared for calibration: the head's value behind draft ``i + 1`` is its estimate for
-draft ``i`` (``specdec.heads.model``), so it is compared with draft ``i``'s acceptance probability,
-over rounds whose drafts before ``i`` were all accepted (the only ones whose product matters).
+What pairs are compared for calibration: the head's estimate for draft ``i`` (its value behind draft
+``i + 1`` for a "mixed" head, behind draft ``i`` for a "response" head: ``specdec.heads.data``) with
+draft ``i``'s acceptance probability, over rounds whose drafts before ``i`` were all accepted (the
+only ones whose product matters).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from specdec.heads.evaluate import (
     RoundData,
     build_rounds,
     calibration,
+    draft_lengths,
     head_values,
     load_rounds,
     plot_calibration,
@@ -39,7 +41,6 @@ from specdec.heads.evaluate import (
     walk,
 )
 from specdec.heads.model import AcceptanceHead, drafter_hidden_size
-from specdec.heads.stopping import draft_lengths
 
 TEXT_TEMPERATURE = {"greedy": 0.0, "sampling": 1.0}  # which records each round kind drafts on
 COST_RATIO = 0.19  # drafter step / target step of the shipped pair (models/code-drafter/README.md)
@@ -66,12 +67,16 @@ def rounds_for(kind: str, valid_outputs: str, out: Path, target: str, drafter: s
     return rounds
 
 
-def round_pairs(values: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(head value behind draft i+1, acceptance of draft i) over rounds whose drafts before i were all
-    accepted (greedy: exactly; sampling: weighted by that chance, by sampling it). [M], [M]"""
-    pred = values[:, 1:]  # [S, K-1] the estimate for drafts 1..K-1
-    label = labels[:, :-1]  # [S, K-1]
-    before = torch.cat([torch.ones_like(label[:, :1]), label[:, :-1].cumprod(-1)], dim=1)  # [S, K-1]
+def round_pairs(values: torch.Tensor, labels: torch.Tensor, inputs: str = "mixed") -> tuple[torch.Tensor, torch.Tensor]:
+    """(the head's estimate for draft i, acceptance of draft i) over rounds whose drafts before i were
+    all accepted (greedy: exactly; sampling: weighted by that chance, by sampling it). [M], [M]
+    A "mixed" head's estimate for draft i is its value behind draft i+1; a "response" head's is its
+    value behind draft i itself (``specdec.heads.data``)."""
+    if inputs == "mixed":
+        pred, label = values[:, 1:], labels[:, :-1]  # [S, K-1] the estimate for drafts 1..K-1
+    else:
+        pred, label = values, labels  # [S, K]
+    before = torch.cat([torch.ones_like(label[:, :1]), label[:, :-1].cumprod(-1)], dim=1)  # [S, K']
     keep = torch.rand(before.shape, generator=torch.Generator().manual_seed(0)) < before
     return pred[keep], label[keep]
 
@@ -94,7 +99,7 @@ def evaluate_head(head_path: str | None, valid_outputs: str, out_dir: str, targe
     for kind in ("greedy", "sampling"):
         rounds = rounds_for(kind, valid_outputs, out, target, drafter, device, records, log)
         values = head_values(head, rounds)  # [S, K]
-        pred, label = round_pairs(values, rounds.labels)
+        pred, label = round_pairs(values, rounds.labels, head.config.inputs)
         cal = calibration(pred, label)
         curves[f"{kind} rounds"] = cal
         points = simulate(rounds, values, thresholds, bound, confidence=CONFIDENCE)
@@ -107,7 +112,7 @@ def evaluate_head(head_path: str | None, valid_outputs: str, out_dir: str, targe
                              for name, lengths in traces.items()}
         if valid_data is not None:
             data = load_head_data(valid_data, (kind,))
-            tf = calibration(head.accept_prob(data.hidden.float()), data.label)
+            tf = calibration(head.accept_probability(data.hidden.float()), data.label)
             curves[f"{kind} teacher-forced"] = tf
             entry["calibration_teacher_forced"] = asdict(tf)
         summary["kinds"][kind] = entry

@@ -179,7 +179,8 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
     hidden_size = int(data.meta["hidden_size"])
     torch.manual_seed(cfg.seed)
     head = AcceptanceHead(HeadConfig(hidden_size=hidden_size, num_blocks=cfg.num_blocks,
-                                     labels="+".join(cfg.labels), drafter=data.meta["config"].get("drafter")))
+                                     labels="+".join(cfg.labels), drafter=data.meta["config"].get("drafter"),
+                                     inputs=data.meta["config"].get("inputs", "mixed")))
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = TrainState()
     if (out / "checkpoint").exists():
