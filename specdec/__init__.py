@@ -1,11 +1,19 @@
-"""specdec: speculative decoding for Hugging Face transformers causal LMs, batched.
+"""specdec: speculative decoding for Hugging Face transformers causal and encoder-decoder LMs, batched.
 
 The public API, re-exported; nothing is defined here.
 """
 
 from specdec.acceptance import RULES, Rule, Verdict, register_rule
 from specdec.batch import PromptBatch
-from specdec.config import DrafterConfig, ModelConfig, NgramConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import (
+    DrafterConfig,
+    ModelConfig,
+    NgramConfig,
+    SamplingConfig,
+    ScheduleConfig,
+    SpecConfig,
+    VerifyConfig,
+)
 from specdec.decode import Decoder, Request, autoregressive_generate, speculative_generate
 from specdec.drafters import (
     DRAFTERS,
@@ -50,6 +58,7 @@ __all__ = [
     "Rule",
     "SamplingConfig",
     "Schedule",
+    "ScheduleConfig",
     "SpecConfig",
     "Target",
     "Verdict",
