@@ -43,7 +43,7 @@ from specdec.drafters.base import (
     StopRule,
 )
 from specdec.drafters.block_model import BlockDrafterModel
-from specdec.drafters.model import FIX, PADDING_FRACTION, _vocab, check_device
+from specdec.drafters.model import FIX, PADDING_FRACTION, _vocab, check_device, in_target_vocabulary
 from specdec.loading import context_limit, input_device
 from specdec.sampling import Sampler, check_finite
 
@@ -98,15 +98,6 @@ class BlockDrafter(FollowingDrafter):
         self.vocab_size = theirs
         return self
 
-    def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
-        """Block logits [B, k, V_d] -> [B, k, V] in the target's vocabulary."""
-        if self.vocab_size is None or logits.shape[-1] == self.vocab_size:
-            return logits
-        if logits.shape[-1] > self.vocab_size:
-            return logits[..., : self.vocab_size]
-        pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))
-        return torch.cat([logits, pad], dim=-1)
-
     def _ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids the model has embeddings for (a padded target's extra ids read as its last)."""
         return ids.clamp(max=int(self.model.config.vocab_size) - 1)
@@ -147,7 +138,7 @@ class BlockDrafter(FollowingDrafter):
             out = self.cache.forward(self._ids(torch.cat([ids, block], dim=1)), valid, logits_to_keep=k, block_size=k)
         self.cache.keep(before + counts)  # the pending tokens stay cached; the block's mask slots go
         self.pending = [[] for _ in range(rows)]
-        logits = self._aligned(out.logits[:, -k:])  # [B, k, V]
+        logits = in_target_vocabulary(out.logits[:, -k:], self.vocab_size)  # [B, k, V]
         check_finite(logits, "block drafter")
         active = limit > 0  # [B] rows still drafting
         stopped = torch.zeros_like(active)  # [B] rows the stop rule stopped

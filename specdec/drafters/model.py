@@ -134,6 +134,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+
+def in_target_vocabulary(logits: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
+    """Drafter logits [..., V_d] -> [..., V]: padding rows cut, or missing ids at -inf (None: as they are)."""
+    if vocab_size is None or logits.shape[-1] == vocab_size:
+        return logits
+    if logits.shape[-1] > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
 class ModelDrafter(FollowingDrafter):
     """Drafts with a causal LM and its KV cache; q is the warped drafter distribution."""
 
@@ -176,12 +186,7 @@ class ModelDrafter(FollowingDrafter):
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         """Drafter logits [B, V_d] -> [B, V] in the target's vocabulary."""
-        if self.vocab_size is None or logits.shape[-1] == self.vocab_size:
-            return logits
-        if logits.shape[-1] > self.vocab_size:
-            return logits[..., : self.vocab_size]
-        pad = logits.new_full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"))
-        return torch.cat([logits, pad], dim=-1)
+        return in_target_vocabulary(logits, self.vocab_size)
 
     def _step(self, ids: torch.Tensor, valid: torch.Tensor | None, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward ``ids`` [B, n] -> (aligned logits of the last position [B, V], its hidden state [B, H] | None)."""
