@@ -253,14 +253,14 @@ def run_sweep(config: BenchConfig, console: Console | None = None) -> SweepRun:
 
 
 @dataclass(frozen=True)
-class SweepGoal:
+class Goal:
     name: str
     value: float | None
     target: str
     met: bool | None
 
 
-def sweep_goals(run: SweepRun) -> list[SweepGoal]:
+def sweep_goals(run: SweepRun) -> list[Goal]:
     """Issue 16's goals, as ratios from this run."""
     goals = []
 
@@ -270,19 +270,19 @@ def sweep_goals(run: SweepRun) -> list[SweepGoal]:
     for batch in run.config.batch_sizes:
         if batch in (1, 2, 4):
             value = ratio(run.cell("spec-lookup", batch), run.cell(BASELINE, batch))
-            goals.append(SweepGoal(f"spec-lookup / hf at B={batch}", value, ">= 1.5",
+            goals.append(Goal(f"spec-lookup / hf at B={batch}", value, ">= 1.5",
                                    None if value is None else value >= 1.5))
         auto, plain, spec = run.cell("auto", batch), run.cell("plain", batch), run.cell("spec-lookup", batch)
         if auto and plain and spec:
             best = max(plain.tokens_per_s, spec.tokens_per_s)
             value = auto.tokens_per_s / best if best else None
-            goals.append(SweepGoal(f"auto / best of plain, spec-lookup at B={batch}", value, ">= 0.95",
+            goals.append(Goal(f"auto / best of plain, spec-lookup at B={batch}", value, ">= 0.95",
                                    None if value is None else value >= 0.95))
         for name in ("spec-lookup", "auto"):
             cell = run.cell(name, batch)
             if cell and batch in (1, 16):
                 limit = 0.10 if batch == 1 else 0.15
-                goals.append(SweepGoal(f"{name} bookkeeping at B={batch}", cell.bookkeeping, f"<= {limit:.0%}",
+                goals.append(Goal(f"{name} bookkeeping at B={batch}", cell.bookkeeping, f"<= {limit:.0%}",
                                        cell.bookkeeping <= limit))
     return goals
 
@@ -309,10 +309,15 @@ def print_sweep(run: SweepRun, console: Console) -> None:
     env = run.environment
     console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.torch_threads} threads; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
-    if run.crossover:
+    print_choices_and_goals(console, run.crossover, sweep_goals(run))
+
+
+def print_choices_and_goals(console: Console, crossover: dict[int, bool], goals: list[Goal]) -> None:
+    """What ``auto`` chose per batch-size bucket, then each goal with its value and whether it was met."""
+    if crossover:
         console.print("auto chose: " + ", ".join(f"B<={b}: {'draft' if d else 'plain'}"
-                                                  for b, d in sorted(run.crossover.items())), style="dim")
-    for goal in sweep_goals(run):
+                                                  for b, d in sorted(crossover.items())), style="dim")
+    for goal in goals:
         mark = "–" if goal.met is None else ("met" if goal.met else "NOT met")
         value = "–" if goal.value is None else f"{goal.value:.3g}"
         console.print(f"goal {goal.name}: {value} (target {goal.target}): {mark}")

@@ -38,6 +38,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from specdec.bench.batched import Goal, print_choices_and_goals
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.prompts import Prompt, load_prompts
@@ -256,15 +257,7 @@ def _measure(config: BenchConfig, ports: dict[str, int], prompts: list[Prompt], 
     return list(cells.values())
 
 
-@dataclass(frozen=True)
-class ServeGoal:
-    name: str
-    value: float | None
-    target: str
-    met: bool | None
-
-
-def serve_goals(run: ServeRun) -> list[ServeGoal]:
+def serve_goals(run: ServeRun) -> list[Goal]:
     """Issue 20's goals, as ratios of this run's medians."""
     goals = []
     for clients in run.config.clients:
@@ -275,11 +268,11 @@ def serve_goals(run: ServeRun) -> list[ServeGoal]:
                 continue
             if clients <= 4:
                 value = off.median("p50_s") / cell.median("p50_s")
-                goals.append(ServeGoal(f"median latency off / {mode} at {clients} client(s)", value, ">= 1.5",
+                goals.append(Goal(f"median latency off / {mode} at {clients} client(s)", value, ">= 1.5",
                                        value >= 1.5))
             else:
                 value = cell.median("tokens_per_s") / off.median("tokens_per_s")
-                goals.append(ServeGoal(f"throughput {mode} / off at {clients} clients", value, ">= 1.0",
+                goals.append(Goal(f"throughput {mode} / off at {clients} clients", value, ">= 1.0",
                                        value >= 1.0))
     return goals
 
@@ -310,13 +303,7 @@ def print_serve(run: ServeRun, console: Console) -> None:
     console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.torch_threads} threads, load average "
                   f"{env.load_average_start} -> {env.load_average_end}; server and clients in one process; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
-    if run.crossover:
-        console.print("auto chose: " + ", ".join(f"B<={b}: {'draft' if d else 'plain'}"
-                                                  for b, d in sorted(run.crossover.items())), style="dim")
-    for goal in serve_goals(run):
-        mark = "–" if goal.met is None else ("met" if goal.met else "NOT met")
-        value = "–" if goal.value is None else f"{goal.value:.3g}"
-        console.print(f"goal {goal.name}: {value} (target {goal.target}): {mark}")
+    print_choices_and_goals(console, run.crossover, serve_goals(run))
 
 
 def write_serve(run: ServeRun, out_dir: Path) -> Path:
