@@ -116,6 +116,8 @@ class LoadSample:
     waiting: int  # requests waiting to join
     batch: float  # rows per round, averaged over the interval's rounds (0 when idle)
     tokens_per_s: float  # tokens committed per second, all rows
+    peak_batch: int = 0  # most rows in one round during the interval
+    peak_waiting: int = 0  # most requests waiting at once during the interval
 
 
 @dataclass
@@ -138,6 +140,8 @@ class _Interval:
     tokens: int = 0
     rounds: int = 0
     rows: int = 0
+    peak_rows: int = 0
+    peak_waiting: int = 0
 
 
 class Engine(Listener):
@@ -296,6 +300,7 @@ class Engine(Listener):
     def _update_gauges(self) -> None:
         self.running = len(self.decoder.rows)
         self.waiting = len(self.decoder.waiting) + self._inbox.qsize()
+        self._interval.peak_waiting = max(self._interval.peak_waiting, self.waiting)
         if self.metrics is not None:
             self.metrics.running.set(self.running)
             self.metrics.waiting.set(self.waiting)
@@ -307,7 +312,8 @@ class Engine(Listener):
             return
         i = self._interval
         sample = LoadSample(time=now - self._started, running=self.running, waiting=self.waiting,
-                            batch=i.rows / i.rounds if i.rounds else 0.0, tokens_per_s=i.tokens / span)
+                            batch=i.rows / i.rounds if i.rounds else 0.0, tokens_per_s=i.tokens / span,
+                            peak_batch=i.peak_rows, peak_waiting=i.peak_waiting)
         with self._load_lock:
             self._load.append(sample)
         self._interval = _Interval(started=now)
@@ -343,5 +349,6 @@ class Engine(Listener):
         self._interval.tokens += summary.tokens
         self._interval.rounds += 1
         self._interval.rows += summary.rows
+        self._interval.peak_rows = max(self._interval.peak_rows, summary.rows)
         self.batch = summary.rows
 
