@@ -53,6 +53,8 @@ class DraftPlan:
 class Schedule(ABC):
     """How far each row drafts (see the module docstring)."""
 
+    most: int | None = None  # the most tokens a row is asked to draft in one round; None = unbounded
+
     @abstractmethod
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         """The plan of the coming round for ``rows`` rows."""
@@ -72,6 +74,7 @@ class Constant(Schedule):
 
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
+        self.most = gamma
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         return DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long, device=device))
@@ -97,6 +100,7 @@ class Heuristic(PerRow):
     def __init__(self, gamma: int, bound: tuple[int, int]) -> None:
         super().__init__(float(min(max(gamma, bound[0]), bound[1])))
         self.low, self.high = bound
+        self.most = self.high
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         return DraftPlan(torch.tensor([int(k) for k in self.state], dtype=torch.long, device=device))
@@ -147,6 +151,7 @@ class Confidence(PerRow):
     def __init__(self, threshold: float, bound: tuple[int, int]) -> None:
         super().__init__(threshold)
         self.low, self.high = bound
+        self.most = self.high
         self.history: list[tuple[list[float], list[int]]] = []  # per row: (draft probabilities, matched)
         self._stop: _ConfidenceStop | None = None
 
@@ -203,6 +208,7 @@ class Ada(Schedule):
         self.accept = accept  # hidden [B, H] -> P(accept) [B]
         self.threshold = threshold
         self.low, self.high = bound
+        self.most = self.high
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         stop = _AdaStop(self.accept, self.threshold, self.low, rows, device)
@@ -224,6 +230,7 @@ class Crossover(Schedule, Listener):
 
     def __init__(self, inner: Schedule, trial_rounds: int = 16, recheck_rounds: int = 512) -> None:
         self.inner = inner
+        self.most = inner.most
         self.trial_rounds = trial_rounds  # timed rounds of each mode per batch-size bucket
         self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
         self.choice: dict[int, bool] = {}  # bucket -> draft?
@@ -309,4 +316,10 @@ def make_schedule(spec: SpecConfig, config: ScheduleConfig | None = None, drafte
     if drafter is None and config.schedule == "ada":
         raise ValueError("the ada schedule needs the drafter whose hidden states it reads")
     schedule = SCHEDULES[config.schedule](spec, config, drafter)  # type: ignore[arg-type]
+    most = getattr(drafter, "max_draft", None)
+    if most is not None and schedule.most is not None and schedule.most > most:
+        flag = "--gamma" if config.schedule == "constant" else "--bound MIN MAX with MAX"
+        raise ValueError(f"the {config.schedule} schedule may ask for {schedule.most} drafted tokens per round, but "
+                         f"this drafter drafts at most {most} (the largest block it was trained for): use {flag} "
+                         f"{most} or less")
     return Crossover(schedule) if spec.speculate == "auto" else schedule

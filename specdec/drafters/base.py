@@ -120,6 +120,7 @@ class Drafter(ABC):
 
     context_limit: int | None = None  # longest sequence the drafter can hold; None = unbounded
     free_tokens: int = 0  # longest model-free draft of a row, past its limit (prompt lookup); 0 = none
+    max_draft: int | None = None  # most tokens it drafts per round (a block drafter's trained k); None = any
     returns_hidden: bool = False  # whether it can fill Proposal.hidden (for stop rules that read it)
     hidden_size: int | None = None  # the size of those hidden states
 

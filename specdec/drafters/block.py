@@ -69,6 +69,7 @@ class BlockDrafter(FollowingDrafter):
                              "cannot be cached across rounds: use one trained with prefix_attention='causal'")
         self.model = model.eval()
         self.max_block_size = int(model.config.max_block_size)  # largest k it drafts per round
+        self.max_draft = self.max_block_size
         self.mask_token_id = int(model.config.mask_token_id)
         self.vocab_size: int | None = None  # the target's logits size once aligned; None = the model's own
         self.context_limit = context_limit(model)

@@ -65,6 +65,7 @@ class LookupDrafter(FollowingDrafter):
         self.fallback = fallback if isinstance(fallback, FollowingDrafter) else ModelDrafter(fallback)
         self.lookup = NgramDrafter(ngram)
         self.context_limit = self.fallback.context_limit
+        self.max_draft = self.fallback.max_draft  # the limit bounds the fallback; lookup drafts past it freely
         self.returns_hidden = self.fallback.returns_hidden
         self.hidden_size = self.fallback.hidden_size
         self._drafts: list[list[int]] = []
