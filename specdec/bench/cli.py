@@ -91,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         from specdec.bench.serve import run_and_report as serve_and_report
 
         return serve_and_report(config, console)
+    if config.pareto:
+        from specdec.bench.pareto import run_and_report as pareto_and_report
+
+        return pareto_and_report(config, console)
     if config.block:
         from specdec.bench.block import run_and_report as block_and_report
 

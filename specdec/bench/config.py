@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from specdec.config import SPECULATE, ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import SPECULATE, ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 
 _MODELS = ModelConfig()
 _SAMPLING = SamplingConfig()
@@ -56,6 +56,12 @@ class BenchConfig:
     beta: tuple[int, ...] = (1, 3, 5)  # --block: top-beta values of SpecDec's topk_tau rule (1 = exact)
     tau: tuple[float, ...] = (1.0, 3.0)  # --block: logit gaps tau of the topk_tau rule
     relaxed_k: int = 8  # --block: the block size k the beta x tau grid runs at
+    pareto: bool = False  # run SpecDec++'s sweep of draft-length schedules (specdec.bench.pareto) at each --temperature instead
+    pareto_gamma: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # --pareto: the constant schedule's K values
+    pareto_confidence: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)  # --pareto: the confidence schedule's thresholds
+    pareto_ada: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # --pareto: the ada schedule's stop thresholds
+    pareto_bound: tuple[int, ...] = (1, 16)  # --pareto: MIN MAX drafted per round by heuristic, confidence and ada
+    head: str | None = None  # --pareto: the acceptance head's folder for ada; None = the one beside the drafter model
 
     def __post_init__(self) -> None:
         """Check every field; sampling knobs by the core's own rules (SamplingConfig, SpecConfig)."""
@@ -85,6 +91,11 @@ class BenchConfig:
         for beta in self.beta:
             for tau in self.tau:
                 VerifyConfig(rule="topk_tau", beta=beta, tau=tau)  # the core's own checks of beta and tau
+        if not self.pareto_gamma or any(k < 1 for k in self.pareto_gamma):
+            raise ValueError(f"pareto_gamma must be one or more ints >= 1, got {self.pareto_gamma}")
+        ScheduleConfig(bound=self.pareto_bound)  # the core's own check of MIN MAX
+        for t in (*self.pareto_confidence, *self.pareto_ada):
+            ScheduleConfig(stop_threshold=t)  # ...and of the thresholds
         if not self.speculate or any(s not in SPECULATE for s in self.speculate):
             raise ValueError(f"speculate must be one or more of {', '.join(SPECULATE)}, got {self.speculate}")
 
