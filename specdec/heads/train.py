@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from specdec.heads.data import LABEL_KINDS, HeadData, load_head_data
 from specdec.heads.model import AcceptanceHead, HeadConfig
+from specdec.train.checkpoint import load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -127,34 +125,7 @@ class TrainState:
 def _save_checkpoint(out: Path, head: AcceptanceHead, optimizer: torch.optim.Optimizer, state: TrainState,
                      cfg: HeadTrainConfig) -> None:
     """Write ``out/checkpoint`` atomically: head weights, AdamW state (safetensors), state.json."""
-    tmp = out / "checkpoint.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    head.save_pretrained(tmp)
-    opt = optimizer.state_dict()
-    tensors = {f"state.{i}.{k}": v.detach().clone().contiguous().reshape(v.shape)
-               for i, s in opt["state"].items() for k, v in s.items() if isinstance(v, torch.Tensor)}
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    groups = [{k: v for k, v in g.items()} for g in opt["param_groups"]]
-    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), "config": _config_json(cfg),
-                                                "param_groups": groups}, indent=1))
-    final = out / "checkpoint"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-
-
-def _load_checkpoint(out: Path, head: AcceptanceHead, optimizer: torch.optim.Optimizer) -> TrainState:
-    ckpt = out / "checkpoint"
-    head.load_state_dict(load_file(str(ckpt / "model.safetensors")))
-    saved = json.loads((ckpt / "state.json").read_text())
-    tensors = load_file(str(ckpt / "optimizer.safetensors"))
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        _, i, name = key.split(".", 2)
-        state.setdefault(int(i), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
-    return TrainState(**saved["state"])
+    save_checkpoint(out / "checkpoint", head.save_pretrained, optimizer, state, _config_json(cfg))
 
 
 def _config_json(cfg: HeadTrainConfig) -> dict:
@@ -184,7 +155,7 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = TrainState()
     if (out / "checkpoint").exists():
-        state = _load_checkpoint(out, head, optimizer)
+        state = load_checkpoint(out / "checkpoint", head, optimizer, TrainState, strict=True)
         if main:
             log(f"resumed {out} at step {state.step}")
     model, optimizer = accelerator.prepare(head, optimizer)

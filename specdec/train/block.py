@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import statistics
 import time
 from collections import Counter
@@ -44,6 +42,7 @@ from transformers import DynamicCache
 
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
 from specdec.loading import load_model, load_tokenizer
+from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config
 from specdec.train.presets import BlockTrainConfig
 
 IGNORE = -100  # label of a position without loss
@@ -442,22 +441,13 @@ class RunState:
 
 
 def _save(folder: Path, model: BlockDrafterModel, optimizer, state: RunState, cfg: BlockTrainConfig) -> None:
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), "config": asdict(cfg)}, indent=1))
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
+    save_checkpoint(folder, model.save_pretrained, optimizer, state, asdict(cfg))
 
 
 def _saved_config(folder: Path) -> BlockTrainConfig | None:
-    path = folder / "state.json"
-    if not path.is_file():
+    saved = saved_config(folder)
+    if saved is None:
         return None
-    saved = json.loads(path.read_text())["config"]
     return BlockTrainConfig(**{f.name: saved[f.name] for f in fields(BlockTrainConfig) if f.name in saved})
 
 
@@ -519,10 +509,7 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
     optimizer = make_optimizer(model, cfg)
     state = RunState(history=[])
     if saved is not None:
-        model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
-        model.tie_weights()
-        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-        state = RunState(**json.loads((ckpt / "state.json").read_text())["state"])
+        state = load_checkpoint(ckpt, model, optimizer, RunState)
         log(f"resumed {out} at step {state.step}")
     else:
         log(f"{len(records)} greedy records from {cfg.outputs} (first {cfg.outputs_records} lines); "

@@ -16,20 +16,18 @@ continuations of train-split prompts (:mod:`specdec.train.outputs`) into each ba
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from specdec.data.stdlib import load_split
+from specdec.train.checkpoint import load_checkpoint, save_checkpoint
 from specdec.train.outputs import outputs_stream
 from specdec.train.presets import ModelShape, TrainConfig
 
@@ -113,27 +111,12 @@ class TrainState:
 
 
 def _save_checkpoint(out: Path, model, optimizer, state: TrainState, cfg: TrainConfig) -> None:
-    tmp = out / "checkpoint.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.config.save_pretrained(tmp)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
-              str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), "config": asdict(cfg)}, indent=1))
-    final = out / "checkpoint"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    def write_model(folder: Path) -> None:
+        model.config.save_pretrained(folder)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+                  str(folder / "model.safetensors"))
 
-
-def _load_checkpoint(out: Path, model, optimizer) -> TrainState:
-    ckpt = out / "checkpoint"
-    model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
-    model.tie_weights()
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-    return TrainState(**json.loads((ckpt / "state.json").read_text())["state"])
+    save_checkpoint(out / "checkpoint", write_model, optimizer, state, asdict(cfg))
 
 
 def _log(msg: str) -> None:
@@ -181,7 +164,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     )
     state = TrainState(history=[])
     if (out / "checkpoint").exists():
-        state = _load_checkpoint(out, model, optimizer)
+        state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
         _log(f"resumed {out} at step {state.step}")
     n_params = sum(p.numel() for p in model.parameters())
     _log(f"training {n_params / 1e6:.2f}M parameters on {len(train_stream) / 1e6:.2f}M tokens, "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -42,6 +41,7 @@ from transformers import (
 )
 
 from specdec.data.gettext import load_pairs
+from specdec.train.checkpoint import load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -231,27 +231,12 @@ class TrainState:
 
 
 def _save_checkpoint(out: Path, model, optimizer, state: TrainState, cfg: Seq2SeqTrainConfig) -> None:
-    tmp = out / "checkpoint.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    weights = {k: v.contiguous() for k, v in model.state_dict().items()
-               if k in ("model.shared.weight", "final_logits_bias") or ("embed_tokens" not in k and k != "lm_head.weight")}
-    save_file(weights, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), "config": asdict(cfg)}, indent=1))
-    final = out / "checkpoint"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    def write_model(folder: Path) -> None:  # the tied copies of the shared embedding are left out
+        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k in (
+            "model.shared.weight", "final_logits_bias") or ("embed_tokens" not in k and k != "lm_head.weight")}
+        save_file(weights, str(folder / "model.safetensors"))
 
-
-def _load_checkpoint(out: Path, model, optimizer) -> TrainState:
-    ckpt = out / "checkpoint"
-    model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
-    model.tie_weights()
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-    return TrainState(**json.loads((ckpt / "state.json").read_text())["state"])
+    save_checkpoint(out / "checkpoint", write_model, optimizer, state, asdict(cfg))
 
 
 def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "cpu",
@@ -283,7 +268,7 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
     state = TrainState()
     if (out / "checkpoint").exists():
-        state = _load_checkpoint(out, model, optimizer)
+        state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
         log(f"resumed {out} at step {state.step}")
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"training {n_params / 1e6:.2f}M parameters on {len(train_examples)} pairs "
