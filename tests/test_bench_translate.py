@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 
 import pytest
 import torch
+from tiny_models import toy_corpus, train_texts
 from transformers import MarianConfig, MarianMTModel
 
 from specdec.bench.translate import TranslateBenchConfig, main, run_bench, sample_pairs, table
-from specdec.data.gettext import Corpus, Pair, write_corpus
 from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
 
 WORDS = {"open": "öffnen", "file": "Datei", "the": "die", "cannot": "kann nicht", "save": "speichern",
@@ -25,22 +24,11 @@ WORDS = {"open": "öffnen", "file": "Datei", "the": "die", "cannot": "kann nicht
 EOS_BIAS = 4.8
 
 
-def _pairs(n: int, seed: int, catalogue: str) -> list[Pair]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        words = rng.choices(list(WORDS), k=rng.randint(1, 6))
-        out.append(Pair(" ".join(words), " ".join(WORDS[w] for w in words), catalogue))
-    return out
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench-translate")
-    corpus = Corpus({"train": _pairs(40, 0, "a"), "validation": _pairs(8, 1, "b"), "test": _pairs(30, 2, "c")},
-                    {"train": ["a"], "validation": ["b"], "test": ["c"]}, {"a": 40, "b": 8, "c": 30})
-    data = write_corpus(corpus, root / "data")
-    tokenizer = train_seq2seq_tokenizer([t for p in corpus.splits["train"] for t in (p.src, p.tgt)], vocab_size=300)
+    data = toy_corpus(WORDS, {"train": 40, "validation": 8, "test": 30}, 6, root / "data")
+    tokenizer = train_seq2seq_tokenizer(train_texts(data), vocab_size=300)
     torch.manual_seed(0)
     config = MarianConfig(vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2,
                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,

@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 from safetensors import safe_open
+from tiny_models import toy_corpus, train_texts
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
 
-from specdec.data.gettext import Corpus, Pair, write_corpus
 from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
 from specdec.train.seq2seq import (
     PRESETS,
@@ -31,23 +31,11 @@ WORDS = {"open": "öffnen", "file": "Datei", "the": "die", "cannot": "kann nicht
          "new": "neue", "folder": "Ordner", "error": "Fehler", "%s": "%s", "copy": "kopieren"}
 
 
-def _pairs(n: int, seed: int, catalogue: str) -> list[Pair]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        words = rng.choices(list(WORDS), k=rng.randint(1, 5))
-        out.append(Pair(" ".join(words), " ".join(WORDS[w] for w in words), catalogue))
-    return out
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("s2s")
-    corpus = Corpus({"train": _pairs(160, 0, "a"), "validation": _pairs(16, 1, "b"), "test": _pairs(12, 2, "c")},
-                    {"train": ["a"], "validation": ["b"], "test": ["c"]}, {"a": 160, "b": 16, "c": 12})
-    data = write_corpus(corpus, root / "data")
-    texts = [t for p in corpus.splits["train"] for t in (p.src, p.tgt)]
-    train_seq2seq_tokenizer(texts, vocab_size=300).save_pretrained(root / "tok")
+    data = toy_corpus(WORDS, {"train": 160, "validation": 16, "test": 12}, 5, root / "data")
+    train_seq2seq_tokenizer(train_texts(data), vocab_size=300).save_pretrained(root / "tok")
     cfg = dataclasses.replace(PRESETS["tiny"], data=str(data), tokenizer=str(root / "tok"))
     final = train_seq2seq(cfg, root / "run", log=lambda m: None)
     return root, cfg, final

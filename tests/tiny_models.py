@@ -87,3 +87,27 @@ def save_tiny_pair(root: Path) -> TinyPair:
         model.save_pretrained(path, safe_serialization=True)
         tokenizer.save_pretrained(path)
     return pair
+
+
+def toy_corpus(words: dict[str, str], sizes: dict[str, int], max_words: int, root: Path) -> Path:
+    """A word-for-word English -> German corpus written where ``specdec data gettext`` writes one:
+    ``sizes[split]`` pairs per split (train, validation, test), each split its own catalogue, each
+    pair 1..``max_words`` words of ``words`` drawn with a seed per split. Returns the data folder."""
+    import random
+
+    from specdec.data.gettext import Corpus, Pair, write_corpus
+
+    splits, catalogues = {}, {}
+    for seed, (split, n) in enumerate(sizes.items()):
+        rng, catalogue = random.Random(seed), "abc"[seed]
+        chosen = [rng.choices(list(words), k=rng.randint(1, max_words)) for _ in range(n)]
+        splits[split] = [Pair(" ".join(w), " ".join(words[x] for x in w), catalogue) for w in chosen]
+        catalogues[split] = [catalogue]
+    return write_corpus(Corpus(splits, catalogues, {c[0]: sizes[s] for s, c in catalogues.items()}), root)
+
+
+def train_texts(data: Path) -> list[str]:
+    """Both sides of every train pair of a corpus folder (what a shared tokenizer is trained on)."""
+    from specdec.data.gettext import load_pairs
+
+    return [t for p in load_pairs(data, "train") for t in (p.src, p.tgt)]
