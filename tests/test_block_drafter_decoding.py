@@ -140,6 +140,8 @@ def test_bad_input_is_refused_with_the_fix(target, tmp_path):
         BlockDrafter(block_model(vocab_size=32, draft_vocab_size=0)).align(handle)
     with pytest.raises(ValueError, match="cannot be cached"):
         BlockDrafter(block_model(prefix_attention="bidirectional"))
+    with pytest.raises(ValueError, match="trained to read the target's last hidden state"):
+        BlockDrafter(block_model(target_hidden_size=8))
     with pytest.raises(TypeError, match="block drafter model"):
         BlockDrafter(target)
     target.save_pretrained(tmp_path / "causal")

@@ -22,8 +22,9 @@ A row's proposal ends at its own ``limit`` or where the schedule's stop rule sto
 rule sees each position's logits and q; the block's hidden states are not offered, since the
 acceptance head was trained on an autoregressive drafter's). A ``limit`` above the model's
 ``max_block_size`` (the largest block it was built and trained for) is refused with a clear error.
-A model trained to read the target's hidden state runs unconditioned here (the round loop does not
-hand drafters the target's states); it was trained with that input dropped at times.
+A model trained to read the target's hidden state (``target_hidden_size`` > 0) is refused: the round
+loop does not hand drafters the target's states, and running it without them would draft worse than
+it was measured to, without a word.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ class BlockDrafter(FollowingDrafter):
         if model.config.prefix_attention != "causal":
             raise ValueError("this block drafter attends bidirectionally over its prefix (SpecDec's rule), which "
                              "cannot be cached across rounds: use one trained with prefix_attention='causal'")
+        if model.config.target_hidden_size:
+            raise ValueError(f"this block drafter was trained to read the target's last hidden state (target_hidden_size "
+                             f"{model.config.target_hidden_size}), which the round loop does not pass to drafters: "
+                             "draft with one trained without --condition-on-target")
         self.model = model.eval()
         self.max_block_size = int(model.config.max_block_size)  # largest k it drafts per round
         self.max_draft = self.max_block_size
