@@ -1,4 +1,4 @@
-"""The ``specdec`` command line: ``generate``, ``chat``, ``train``, ``bench`` and ``serve``.
+"""The ``specdec`` command line: ``generate``, ``translate``, ``chat``, ``train``, ``bench``, ``serve`` and ``data``.
 
 Flags and defaults are generated from the config dataclasses (``specdec.config``): each field
 becomes ``--field-name`` (plus ``--field_name``), typed from its annotation, its help taken from
@@ -42,6 +42,7 @@ T = typing.TypeVar("T")
 # run is imported (bench's plotting stack stays out of `specdec generate`); --help imports them all.
 SUBCOMMANDS: Mapping[str, str] = {
     "generate": "specdec.cli",
+    "translate": "specdec.cli",
     "chat": "specdec.console",
     "train": "specdec.train.cli",
     "bench": "specdec.bench.cli",
@@ -326,6 +327,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "one per line (JSONL) with --prompts-file")
     add_decoding_arguments(parser)
     parser.set_defaults(func=_run_generate)
+    _register_translate(subparsers)
+
+
+# --------------------------------------------------------------------------------------- translate
+
+TRANSLATE_TARGET = "translate-target"  # translate's default target: models/translate-target, once shipped
+TRANSLATE_DRAFTER = "ngram"  # translate's default drafter: source-copy lookup, the fastest exact one measured
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    """``generate`` for an encoder-decoder target: the prompt is the source text."""
+    from transformers import AutoConfig
+
+    from specdec.loading import models_dir, resolve_model_path
+
+    if args.target == TRANSLATE_TARGET:
+        shipped = models_dir() / TRANSLATE_TARGET
+        if not (shipped / "config.json").is_file():
+            raise UsageError(f"no translation model is shipped yet (nothing at {shipped}): pass --target FOLDER, an "
+                             "encoder-decoder model folder (Marian, BART, T5; train one with `specdec train seq2seq`)")
+        args.target = str(shipped)
+    path = resolve_model_path(args.target)
+    if not getattr(AutoConfig.from_pretrained(str(path)), "is_encoder_decoder", False):
+        raise UsageError(f"specdec translate needs an encoder-decoder target (Marian, BART, T5), and {args.target} is "
+                         "decoder-only: use `specdec generate` for it")
+    return _run_generate(args)
+
+
+def _register_translate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "translate", help="translate sources with an encoder-decoder target (SpecDec's setting)",
+        description="Translate SOURCE (or --prompt-file, or standard input) with an encoder-decoder target: "
+        "`generate` with the source as the prompt. Defaults: the shipped translate-target and source-copy "
+        "lookup drafting (exact); --mode target decodes with the target alone.",
+    )
+    parser.add_argument("prompt", nargs="?", metavar="SOURCE", help="the text to translate")
+    parser.add_argument("--prompt-file", metavar="FILE", help="read the source from FILE (all of it, one source)")
+    parser.add_argument("--prompts-file", metavar="FILE",
+                        help="many sources: one per line, or for .jsonl one JSON object per line with a \"prompt\"")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per source (text, token ids, settings, all stats) and nothing else")
+    add_decoding_arguments(parser)
+    parser.set_defaults(func=_run_translate, target=TRANSLATE_TARGET, drafter=TRANSLATE_DRAFTER)
 
 
 # -------------------------------------------------------------------------------------------- main

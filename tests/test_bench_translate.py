@@ -12,10 +12,11 @@ import json
 
 import pytest
 import torch
-from tiny_models import toy_corpus, train_texts
-from transformers import MarianConfig, MarianMTModel
+from tiny_models import save_tiny_pair, toy_corpus, train_texts
+from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from specdec.bench.translate import TranslateBenchConfig, main, run_bench, sample_pairs, table
+from specdec.cli import main as cli_main
 from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
 
 WORDS = {"open": "öffnen", "file": "Datei", "the": "die", "cannot": "kann nicht", "save": "speichern",
@@ -92,3 +93,57 @@ def test_bad_folders_exit_2(pair, tmp_path, capsys):
     assert "is not a model folder" in capsys.readouterr().err
     assert main(["--target", str(root / "target"), "--data", str(tmp_path), "--repeats", "1", "--no-hf"]) == 2
     assert "specdec data gettext" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- specdec translate, bench --task translate
+
+
+def test_specdec_translate_equals_the_targets_generate(pair, tmp_path, capsys):
+    root, _data = pair
+    target = MarianMTModel.from_pretrained(root / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(root / "target")
+    sources = ["open the file", "cannot save %s 42 error", "the file"]
+    expected = []
+    for source in sources:
+        ids = tokenizer(source, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1, do_sample=False,
+                                  max_new_tokens=12)
+        expected.append(out[0, 1:].tolist())  # without the decoder start token
+    for drafter in ("ngram", str(root / "drafter")):
+        for source, tokens in zip(sources, expected):
+            args = ["translate", "--target", str(root / "target"), "--drafter", drafter, "--max-new-tokens", "12"]
+            assert cli_main([*args, "--json", source]) == 0
+            assert json.loads(capsys.readouterr().out)["tokens"] == tokens, (drafter, source)
+    many = tmp_path / "sources.txt"
+    many.write_text("\n".join(sources) + "\n")
+    assert cli_main(["translate", "--target", str(root / "target"), "--max-new-tokens", "12", "--json",
+                     "--prompts-file", str(many)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["index"] for line in lines] == [0, 1, 2] and [line["tokens"] for line in lines] == expected
+
+
+def test_specdec_translate_refuses_what_it_cannot_translate_with(tmp_path, monkeypatch, capsys):
+    decoder_only = save_tiny_pair(tmp_path / "pair").target
+    assert cli_main(["translate", "--target", str(decoder_only), "x"]) == 2
+    assert "needs an encoder-decoder target" in capsys.readouterr().err
+    monkeypatch.setattr("specdec.loading.models_dir", lambda: tmp_path / "no-models")
+    assert cli_main(["translate", "x"]) == 2
+    assert "no translation model is shipped yet" in capsys.readouterr().err
+    assert cli_main(["bench", "--task", "translate", "--data", str(tmp_path)]) == 2
+    assert "no translation model is shipped yet" in capsys.readouterr().err
+    assert cli_main(["bench", "--task", "translate"]) == 2
+    assert "--task translate needs --data" in capsys.readouterr().err
+
+
+def test_bench_task_translate(pair, tmp_path):
+    root, data = pair
+    out = tmp_path / "out"
+    assert cli_main(["bench", "--task", "translate", "--data", str(data), "--target", str(root / "target"),
+                     "--drafter", str(root / "drafter"), "--num-prompts", "6", "--max-new-tokens", "8",
+                     "--repeats", "1", "--output", str(out)]) == 0
+    report = json.loads((out / "translate-summary.json").read_text())
+    assert report["sources"] == 6 and {m["name"] for m in report["methods"]} == {
+        "plain", "ngram", "model", "lookup+model", "hf"}
+    assert all(m["differ"] == 0 for m in report["methods"])
+    assert "| lookup+model |" in (out / "translate-summary.md").read_text()

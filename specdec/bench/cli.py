@@ -91,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
         from specdec.bench.serve import run_and_report as serve_and_report
 
         return serve_and_report(config, console)
+    if config.task == "translate":
+        from specdec.bench.translate import run_and_report as translate_and_report
+
+        return translate_and_report(config, console)
     if config.pareto:
         from specdec.bench.pareto import run_and_report as pareto_and_report
 

@@ -16,6 +16,7 @@ from specdec.config import SPECULATE, ModelConfig, SamplingConfig, ScheduleConfi
 _MODELS = ModelConfig()
 _SAMPLING = SamplingConfig()
 _SPEC = SpecConfig()
+TASKS = ("code", "translate")  # what --task benchmarks
 ORDERS = ("method", "prompt")  # the timing orders of --order (see specdec.bench.harness)
 SCHEDULED = ("heuristic", "confidence", "ada")  # the schedules --schedules runs as spec-<name> (specdec.schedules)
 
@@ -24,6 +25,8 @@ SCHEDULED = ("heuristic", "confidence", "ada")  # the schedules --schedules runs
 class BenchConfig:
     """What to benchmark, on which prompts, and how to time it."""
 
+    task: str = "code"  # code: the stdlib code prompts and a decoder-only pair; translate: held-out gettext pairs and an encoder-decoder pair (specdec.bench.translate)
+    data: str | None = None  # --task translate: a `specdec data gettext` folder (its test split is sampled)
     target: str = _MODELS.target  # target model: a shipped name or a folder with config + safetensors
     drafter: str = _MODELS.drafter_model  # drafter model used by `spec` and `hf-assisted` (a name or a folder)
     compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
@@ -96,6 +99,11 @@ class BenchConfig:
         ScheduleConfig(bound=self.pareto_bound)  # the core's own check of MIN MAX
         for t in (*self.pareto_confidence, *self.pareto_ada):
             ScheduleConfig(stop_threshold=t)  # ...and of the thresholds
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.task == "translate" and self.data is None:
+            raise ValueError("--task translate needs --data, a `specdec data gettext` folder (build one with "
+                             "`specdec data gettext --out FOLDER`)")
         if not self.speculate or any(s not in SPECULATE for s in self.speculate):
             raise ValueError(f"speculate must be one or more of {', '.join(SPECULATE)}, got {self.speculate}")
 

@@ -20,6 +20,8 @@ median repeat), its ratio and τ over the "uncapped" sources only, those whose p
 before ``max_new_tokens`` (a weak target loops, and lookup drafts a loop easily). BLEU and chrF
 (sacrebleu) of ``plain``'s outputs against the references come with them.
 
+    specdec bench --task translate --data data/gettext-de --target runs/translate-target/final \\
+        --drafter runs/translate-drafter/final --num-prompts 200 --seed 19
     python -m specdec.bench.translate --target runs/translate-target/final \\
         --drafter runs/translate-drafter/final --data data/gettext-de --split test --limit 200
 """
@@ -47,6 +49,7 @@ from transformers import (
 )
 
 import specdec
+from specdec.bench.config import BenchConfig
 from specdec.drafters import model_drafter
 
 
@@ -257,6 +260,50 @@ def table(report: dict) -> str:
 
 def _sub(method: dict, key: str, spec: str) -> str:
     return format(method["uncapped"][key], spec) if "uncapped" in method else ""
+
+
+def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
+    """``specdec bench --task translate``'s settings: the bench flags mapped onto this benchmark's.
+    The code pair's default names stand for the translate pair (``models/translate-target``, and
+    ``models/translate-drafter`` when shipped, else lookup only); ``--num-prompts`` is the number of
+    test sources sampled (seeded by ``--seed``), ``--gamma`` its first value."""
+    from specdec.loading import models_dir
+
+    defaults = BenchConfig()
+    target, drafter = config.target, config.drafter
+    if target == defaults.target:
+        target = str(models_dir() / "translate-target")
+        if not (Path(target) / "config.json").is_file():
+            raise ValueError(f"no translation model is shipped yet (nothing at {target}): pass --target FOLDER, an "
+                             "encoder-decoder model folder (train one with `specdec train seq2seq`)")
+    if drafter == defaults.drafter:
+        shipped = models_dir() / "translate-drafter"
+        drafter = str(shipped) if (shipped / "config.json").is_file() else None
+    for name, folder in (("target", target), ("drafter", drafter)):
+        if folder is not None and not (Path(folder) / "config.json").is_file():
+            raise ValueError(f"--{name} {folder} is not a model folder (no config.json)")
+    return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter, limit=config.num_prompts,
+                                seed=config.seed, max_new_tokens=config.max_new_tokens, gamma=config.gamma[0],
+                                repeats=config.repeats)
+
+
+def run_and_report(config: BenchConfig, console) -> int:
+    """``specdec bench --task translate``: run, print the table, write ``translate-summary.json`` and
+    ``translate-summary.md`` in ``--output``. Exit status 1 when an output differs from plain greedy."""
+    report = run_bench(config_from_bench(config), log=lambda line: console.print(line, style="dim"))
+    out = Path(config.output)
+    out.mkdir(parents=True, exist_ok=True)
+    head = (f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
+            f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}")
+    (out / "translate-summary.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (out / "translate-summary.md").write_text(head + "\n\n" + table(report) + "\n", encoding="utf-8")
+    console.print(head)
+    console.print(table(report))
+    console.print(f"wrote {out / 'translate-summary.json'}, {out / 'translate-summary.md'}", style="dim")
+    differ = [m["name"] for m in report["methods"] if m["differ"]]
+    if differ:
+        console.print(f"outputs differ from plain greedy: {', '.join(differ)}", style="red")
+    return 1 if differ else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
