@@ -4,7 +4,10 @@ Methods (``RUNNERS``): plain-hf (the target's ``generate``, the baseline), plain
 ngram and spec-lookup (our speculative decoding with the drafter model / prompt lookup / lookup
 first and the model otherwise), hf-assisted (transformers' assisted generation with the same
 drafter: our gamma, and its defaults) and hf-prompt-lookup, all run in one process on the same
-prompts. Re-exports only; see the modules for the contracts.
+prompts. Sweeps beside that comparison, each its own module: ``batched`` (``--batch-sizes``),
+``serve`` (``--serve``), ``block`` (``--block``: SpecDec's block drafter and top-β/τ), ``pareto``
+(``--pareto``: SpecDec++'s draft-length schedules) and ``translate`` (``--task translate``: an
+encoder-decoder target). Re-exports only; see the modules for the contracts.
 """
 
 from specdec.bench.cli import register
