@@ -90,6 +90,11 @@ class Request:
     source: list[int] | None = None  # the encoder's input (encoder-decoder targets only)
     index: int = 0  # position in the caller's input order (RoundEvent.row)
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's length as a user counts it: the source's for an encoder-decoder target."""
+        return len(self.ids if self.source is None else self.source)
+
 
 @dataclass
 class Row:
@@ -399,7 +404,7 @@ def build_requests(target: Target, prompts: object, *, max_new_tokens: int, samp
     """Validate the prompts and stops shared by both loops -> (one request per prompt, single prompt?).
 
     A row's generator seed is ``sampling.seed + its index`` (None: each drawn from torch's global RNG)."""
-    sources = getattr(target, "encoder_decoder", False)  # an encoder-decoder target: the prompts are its sources
+    sources = target.encoder_decoder  # an encoder-decoder target: the prompts are its sources
     rows, single = prompt_list(prompts, tokenizer, "source" if sources else "prompt")
     for i, ids in enumerate(rows):
         where = ("the source" if single else f"source {i}") if sources else ("the prompt" if single else f"prompt {i}")

@@ -50,6 +50,9 @@ class Target(ABC):
     vocab_size: int  # size of the logits (output embedding rows, padding included)
     context_limit: int | None  # longest sequence the model accepts; None = unbounded
     device: torch.device
+    encoder_decoder: bool = False  # True: each row has a source the encoder reads once, the prompt of its request
+    decoder_start: int | None = None  # an encoder-decoder's decoder start token (its rows' first committed id)
+    source_limit: int | None = None  # the longest source its encoder accepts; None = unbounded or decoder-only
 
     def stop_token_ids(self) -> list[int]:
         """The model's end-of-sequence id(s), from its generation config (else its config)."""

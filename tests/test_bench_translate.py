@@ -147,3 +147,40 @@ def test_bench_task_translate(pair, tmp_path):
         "plain", "ngram", "model", "lookup+model", "hf"}
     assert all(m["differ"] == 0 for m in report["methods"])
     assert "| lookup+model |" in (out / "translate-summary.md").read_text()
+
+
+def test_serve_an_encoder_decoder_target(pair, monkeypatch):
+    """`specdec serve` over the Marian target: a completion's prompt is the source, its output the
+    target's own `generate`; chat is refused (no chat template); an over-long source is refused."""
+    import openai
+
+    from specdec.config import ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+    from specdec.serve.config import ServeConfig
+    from specdec.serve.server import ServerThread, build_app
+
+    monkeypatch.delenv("SPECDEC_API_KEY", raising=False)
+    root, _data = pair
+    target = MarianMTModel.from_pretrained(root / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(root / "target")
+    sources = ["open the file", "cannot save %s 42 error", "the file"]
+    app = build_app(ServeConfig(port=0), ModelConfig(target=str(root / "target"), drafter="ngram", device="cpu"),
+                    SpecConfig(batch_size=2, max_new_tokens=12), SamplingConfig(), VerifyConfig())
+    with ServerThread(app) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        for i, source in enumerate(sources):
+            ids = tokenizer(source, return_tensors="pt").input_ids
+            with torch.no_grad():
+                expected = target.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1, do_sample=False,
+                                           max_new_tokens=12)[0, 1:].tolist()
+            if i % 2:
+                chunks = list(client.completions.create(model="target", prompt=source, max_tokens=12, temperature=0,
+                                                        stream=True))
+                assert [t for c in chunks if c.choices for t in c.specdec["tokens"]] == expected
+            else:
+                reply = client.completions.create(model="target", prompt=source, max_tokens=12, temperature=0)
+                assert reply.specdec["token_ids"] == expected
+                assert reply.usage.prompt_tokens == ids.shape[1]  # the source's length
+        with pytest.raises(openai.BadRequestError, match="encoder-decoder model without a chat template"):
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "open"}])
+        with pytest.raises(openai.BadRequestError, match="encoder holds 64 tokens, but the source has"):
+            client.completions.create(model="target", prompt=[5] * 70, max_tokens=4)

@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -81,12 +81,13 @@ class ServedModel:
     engine: Engine
     tokenizer: PreTrainedTokenizerBase
     vocab_size: int  # the target's vocabulary (prompt ids must lie below it)
-    context_limit: int | None  # the target's context (a prompt must leave room)
+    context_limit: int | None  # the target's context (a prompt must leave room); an encoder-decoder's: its encoder's
     stop_ids: frozenset[int]  # the target's end-of-sequence ids
     sampling: SamplingConfig  # defaults of temperature, top-k, top-p, seed
     max_new_tokens: int  # default of max_tokens
     verify: VerifyConfig  # the verification rule
     description: dict[str, Any] = field(default_factory=dict)  # target, drafter, gamma...: shown by /stats
+    decoder_start: int | None = None  # an encoder-decoder target's decoder start token (the prompt is its source)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -190,6 +191,10 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
     async def chat_completions(request: Request) -> Response:
         body = await body_of(request, ChatBody)
         model = model_for(body.model)
+        if model.decoder_start is not None and not getattr(model.tokenizer, "chat_template", None):
+            raise APIError(400, f"{model.id} is an encoder-decoder model without a chat template (a translation "
+                           "model): send the source text to /v1/completions as the prompt", param="messages",
+                           code="invalid_value")
         ids = chat_prompt_ids(body.messages, model.tokenizer)
         return await respond(request, prepare(model, body, ids, chat=True))
 
@@ -235,7 +240,7 @@ async def read_json(request: Request, limit: int) -> object:
 def prepare(model: ServedModel, body: _Body, ids: list[int], *, chat: bool) -> Prepared:
     """Check every field of a request and build its decoder ``Request``."""
     check_n(body)
-    check_prompt_ids(ids, model.vocab_size, model.context_limit)
+    check_prompt_ids(ids, model.vocab_size, model.context_limit, source=model.decoder_start is not None)
     sampling = sampling_of(body, model.sampling)
     try:
         rule_for(model.verify, sampling.greedy)
@@ -243,6 +248,8 @@ def prepare(model: ServedModel, body: _Body, ids: list[int], *, chat: bool) -> P
         raise APIError(400, str(err), param="temperature", code="invalid_value") from None
     request = DecodeRequest(ids, max_tokens_of(body, model.max_new_tokens), sampling, model.stop_ids,
                             stop_strings_of(body))
+    if model.decoder_start is not None:  # the prompt is the encoder's input; the decoder starts from its start token
+        request = replace(request, ids=[model.decoder_start], source=ids)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Prepared(model, request, bool(body.stream), include_usage, chat)
 
@@ -350,7 +357,7 @@ def _whole(prepared: Prepared, progress: Progress, item: Finished) -> dict[str, 
     else:
         choice["text"] = text
     return {"id": rid, "object": obj, "created": int(time.time()), "model": prepared.model.id, "choices": [choice],
-            "usage": usage(len(prepared.request.ids), result.stats),
+            "usage": usage(prepared.request.prompt_tokens, result.stats),
             "specdec": {"token_ids": result.tokens, "kinds": progress.kinds, "stop_reason": result.stop_reason}}
 
 
@@ -398,7 +405,7 @@ async def stream(job: Job, prepared: Prepared) -> AsyncIterator[str]:
                             {"tokens": [], "kinds": [], "stop_reason": result.stop_reason})
                 if prepared.include_usage:
                     yield _sse({"id": rid, "object": obj, "created": created, "model": model_id, "choices": [],
-                                "usage": usage(len(prepared.request.ids), result.stats)})
+                                "usage": usage(prepared.request.prompt_tokens, result.stats)})
                 break
         yield _sse("[DONE]")
     finally:

@@ -248,7 +248,7 @@ class Engine(Listener):
             return
         self._jobs[job.request.index] = job
         if self.metrics is not None:
-            self.metrics.prompt_tokens.inc(len(job.request.ids))
+            self.metrics.prompt_tokens.inc(job.request.prompt_tokens)
 
     def _step(self) -> None:
         try:

@@ -50,8 +50,10 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
                    "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
                    "device": str(target.device)}
-    return ServedModel(served_id, engine, tokenizer, target.vocab_size, target.context_limit,
-                       frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description)
+    return ServedModel(served_id, engine, tokenizer, target.vocab_size,
+                       target.source_limit if target.encoder_decoder else target.context_limit,
+                       frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description,
+                       decoder_start=target.decoder_start)
 
 
 def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
