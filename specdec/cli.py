@@ -310,6 +310,19 @@ def _run_batch(args: argparse.Namespace, prompts: list[str]) -> int:
     return 0
 
 
+def add_prompt_arguments(parser: argparse.ArgumentParser, noun: str, what: str) -> None:
+    """The input and output flags of ``generate`` and ``translate`` (``noun``: prompt or source), then
+    the decoding flags."""
+    parser.add_argument("prompt", nargs="?", metavar=noun.upper(), help=what)
+    parser.add_argument("--prompt-file", metavar="FILE", help=f"read the {noun} from FILE (all of it, one {noun})")
+    parser.add_argument("--prompts-file", metavar="FILE",
+                        help=f"many {noun}s: one per line, or for .jsonl one JSON object per line with a \"prompt\"")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (text, token ids, settings, all stats) and nothing else; "
+                        "one per line (JSONL) with --prompts-file")
+    add_decoding_arguments(parser)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``specdec generate``."""
     parser = subparsers.add_parser(
@@ -318,14 +331,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "round commits; the summary line goes to stderr. With --prompts-file, complete every prompt of the file "
         "in batches of --batch-size, printing each result in input order.",
     )
-    parser.add_argument("prompt", nargs="?", metavar="PROMPT", help="the text to complete")
-    parser.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE (all of it, one prompt)")
-    parser.add_argument("--prompts-file", metavar="FILE",
-                        help="many prompts: one per line, or for .jsonl one JSON object per line with a \"prompt\"")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object (text, token ids, settings, all stats) and nothing else; "
-                        "one per line (JSONL) with --prompts-file")
-    add_decoding_arguments(parser)
+    add_prompt_arguments(parser, "prompt", "the text to complete")
     parser.set_defaults(func=_run_generate)
     _register_translate(subparsers)
 
@@ -362,13 +368,7 @@ def _register_translate(subparsers: argparse._SubParsersAction) -> None:
         "`generate` with the source as the prompt. Defaults: the shipped translate-target and source-copy "
         "lookup drafting (exact); --mode target decodes with the target alone.",
     )
-    parser.add_argument("prompt", nargs="?", metavar="SOURCE", help="the text to translate")
-    parser.add_argument("--prompt-file", metavar="FILE", help="read the source from FILE (all of it, one source)")
-    parser.add_argument("--prompts-file", metavar="FILE",
-                        help="many sources: one per line, or for .jsonl one JSON object per line with a \"prompt\"")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object per source (text, token ids, settings, all stats) and nothing else")
-    add_decoding_arguments(parser)
+    add_prompt_arguments(parser, "source", "the text to translate")
     parser.set_defaults(func=_run_translate, target=TRANSLATE_TARGET, drafter=TRANSLATE_DRAFTER)
 
 

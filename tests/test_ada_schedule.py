@@ -21,7 +21,7 @@ import json
 import pytest
 import torch
 from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
-from tiny_models import save_tiny_pair
+from tiny_models import save_tiny_pair_with_head
 
 import specdec
 from specdec.bench import BenchConfig, run_benchmark
@@ -100,12 +100,7 @@ def test_head_of_another_width_or_missing_is_a_clear_error(pair, tmp_path):
 
 
 def test_bench_schedules_run_beside_spec_and_keep_greedy_output(tmp_path):
-    pair = save_tiny_pair(tmp_path)
-    hidden = json.loads((pair.drafter / "config.json").read_text())["hidden_size"]
-    AcceptanceHead(HeadConfig(hidden_size=hidden, threshold=0.4)).save_pretrained(pair.drafter / "acceptance_head")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
-                               for i, p in enumerate(["def add(a, b):", "for i in range(10):"])))
+    pair, prompts = save_tiny_pair_with_head(tmp_path, threshold=0.4)
     config = BenchConfig(target=str(pair.target), drafter=str(pair.drafter), prompts=str(prompts), num_prompts=2,
                          max_new_tokens=12, repeats=1, warmup=0, device="cpu", progress=False, plots=False,
                          methods=("spec",), gamma=(2,), schedules=("heuristic", "confidence", "ada"))

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
 from rich.console import Console
-from tiny_models import save_tiny_pair
+from tiny_models import save_tiny_pair_with_head
 
 import specdec
 from specdec.bench.config import BenchConfig
@@ -84,12 +84,7 @@ def test_goals_against_hand_made_figures():
 
 
 def test_the_sweep_on_a_tiny_pair(tmp_path):
-    pair = save_tiny_pair(tmp_path)
-    hidden = json.loads((pair.drafter / "config.json").read_text())["hidden_size"]
-    AcceptanceHead(HeadConfig(hidden_size=hidden, threshold=0.3)).save_pretrained(pair.drafter / "acceptance_head")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
-                               for i, p in enumerate(["def add(a, b):", "for i in range(10):"])))
+    pair, prompts = save_tiny_pair_with_head(tmp_path, threshold=0.3)
     config = BenchConfig(target=str(pair.target), drafter=str(pair.drafter), prompts=str(prompts), num_prompts=2,
                          max_new_tokens=10, repeats=2, warmup=0, device="cpu", progress=False, pareto=True,
                          temperature=(0.0, 1.0), pareto_gamma=(1, 3), pareto_confidence=(0.4,),

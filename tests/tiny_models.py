@@ -111,3 +111,19 @@ def train_texts(data: Path) -> list[str]:
     from specdec.data.gettext import load_pairs
 
     return [t for p in load_pairs(data, "train") for t in (p.src, p.tgt)]
+
+
+def save_tiny_pair_with_head(root: Path, threshold: float) -> tuple[TinyPair, Path]:
+    """``save_tiny_pair`` with a random acceptance head saved beside the drafter (where ada finds it)
+    and a two-prompt JSONL file for the benchmark; returns the pair and the file."""
+    import json
+
+    from specdec.heads import AcceptanceHead, HeadConfig
+
+    pair = save_tiny_pair(root)
+    hidden = json.loads((pair.drafter / "config.json").read_text())["hidden_size"]
+    AcceptanceHead(HeadConfig(hidden_size=hidden, threshold=threshold)).save_pretrained(pair.drafter / "acceptance_head")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(["def add(a, b):", "for i in range(10):"])))
+    return pair, prompts

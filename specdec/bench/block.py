@@ -18,7 +18,6 @@ Outputs: ``block-summary.json``, ``block-summary.md`` and ``block-acceptance.png
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import torch
 import specdec
 from specdec.bench.config import BenchConfig
 from specdec.bench.prompts import load_prompts
+from specdec.bench.records import write_summary
 from specdec.config import VerifyConfig
 from specdec.drafters import BlockDrafter, LookupDrafter, ModelDrafter
 from specdec.drafters.base import Drafter
@@ -219,11 +219,8 @@ def run_and_report(config: BenchConfig, console) -> int:
     """`specdec bench --block`: run, print the table, write the outputs."""
     summary = run_block_bench(config, log=lambda line: console.print(line, style="dim"))
     out = Path(config.output)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "block-summary.json").write_text(json.dumps(summary, indent=1))
     table = summary_markdown(summary)
-    (out / "block-summary.md").write_text(table)
-    paths = [out / "block-summary.json", out / "block-summary.md"]
+    paths = write_summary(out, "block", summary, table)
     if config.plots:
         plot_acceptance(summary, out / "block-acceptance.png")
         paths.append(out / "block-acceptance.png")

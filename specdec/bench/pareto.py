@@ -30,7 +30,6 @@ against mean drafted length) and ``pareto-calibration.png``.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -44,6 +43,7 @@ import specdec
 from specdec.acceptance import Verdict
 from specdec.bench.config import BenchConfig
 from specdec.bench.prompts import load_prompts
+from specdec.bench.records import write_summary
 from specdec.config import ScheduleConfig, SpecConfig
 from specdec.drafters import ModelDrafter
 from specdec.drafters.base import Proposal
@@ -330,11 +330,8 @@ def run_and_report(config: BenchConfig, console) -> int:
     """`specdec bench --pareto`: run, print the tables, write the outputs."""
     summary = run_pareto_bench(config, log=lambda line: console.print(line, style="dim"))
     out = Path(config.output)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "pareto-summary.json", out / "pareto-summary.md"]
-    paths[0].write_text(json.dumps(summary, indent=1))
     table = summary_markdown(summary)
-    paths[1].write_text(table)
+    paths = write_summary(out, "pareto", summary, table)
     if config.plots:
         plot_pareto(summary, out / "pareto.png")
         paths.append(out / "pareto.png")

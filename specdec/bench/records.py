@@ -54,3 +54,13 @@ def write_records(records: list[Record], path: Path) -> None:
 def read_records(path: Path) -> list[Record]:
     """Read records written by `write_records`."""
     return [Record(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def write_summary(out_dir: Path, stem: str, summary: dict, markdown: str) -> list[Path]:
+    """A sweep's figures as ``<stem>-summary.json`` and its tables as ``<stem>-summary.md`` in
+    ``out_dir`` (created); returns the two paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}-summary.json", out_dir / f"{stem}-summary.md"]
+    paths[0].write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    paths[1].write_text(markdown, encoding="utf-8")
+    return paths

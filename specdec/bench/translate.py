@@ -50,6 +50,7 @@ from transformers import (
 
 import specdec
 from specdec.bench.config import BenchConfig
+from specdec.bench.records import write_summary
 from specdec.drafters import model_drafter
 
 
@@ -291,15 +292,12 @@ def run_and_report(config: BenchConfig, console) -> int:
     """``specdec bench --task translate``: run, print the table, write ``translate-summary.json`` and
     ``translate-summary.md`` in ``--output``. Exit status 1 when an output differs from plain greedy."""
     report = run_bench(config_from_bench(config), log=lambda line: console.print(line, style="dim"))
-    out = Path(config.output)
-    out.mkdir(parents=True, exist_ok=True)
     head = (f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
             f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}")
-    (out / "translate-summary.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (out / "translate-summary.md").write_text(head + "\n\n" + table(report) + "\n", encoding="utf-8")
+    paths = write_summary(Path(config.output), "translate", report, head + "\n\n" + table(report) + "\n")
     console.print(head)
     console.print(table(report))
-    console.print(f"wrote {out / 'translate-summary.json'}, {out / 'translate-summary.md'}", style="dim")
+    console.print(f"wrote {', '.join(map(str, paths))}", style="dim")
     differ = [m["name"] for m in report["methods"] if m["differ"]]
     if differ:
         console.print(f"outputs differ from plain greedy: {', '.join(differ)}", style="red")
