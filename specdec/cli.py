@@ -338,7 +338,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # --------------------------------------------------------------------------------------- translate
 
-TRANSLATE_TARGET = "translate-target"  # translate's default target: models/translate-target, once shipped
+TRANSLATE_TARGET = "translate-target"  # translate's default target: the shipped English -> German Marian model
 TRANSLATE_DRAFTER = "ngram"  # translate's default drafter: source-copy lookup, the fastest exact one measured
 
 
@@ -346,14 +346,8 @@ def _run_translate(args: argparse.Namespace) -> int:
     """``generate`` for an encoder-decoder target: the prompt is the source text."""
     from transformers import AutoConfig
 
-    from specdec.loading import models_dir, resolve_model_path
+    from specdec.loading import resolve_model_path
 
-    if args.target == TRANSLATE_TARGET:
-        shipped = models_dir() / TRANSLATE_TARGET
-        if not (shipped / "config.json").is_file():
-            raise UsageError(f"no translation model is shipped yet (nothing at {shipped}): pass --target FOLDER, an "
-                             "encoder-decoder model folder (Marian, BART, T5; train one with `specdec train seq2seq`)")
-        args.target = str(shipped)
     path = resolve_model_path(args.target)
     if not getattr(AutoConfig.from_pretrained(str(path)), "is_encoder_decoder", False):
         raise UsageError(f"specdec translate needs an encoder-decoder target (Marian, BART, T5), and {args.target} is "

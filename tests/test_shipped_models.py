@@ -56,3 +56,34 @@ def test_shipped_pair_is_lossless_and_drafts_useful_tokens(pair):
         drafted += spec.stats.drafted
     # a trained, distilled drafter agrees with the target far more often than chance (1/8192)
     assert accepted / drafted > 0.2, accepted / drafted
+
+
+def test_all_shipped_models_stay_within_100_mb():
+    total = sum(f.stat().st_size for f in default_model_path("code-target").parent.rglob("*") if f.is_file())
+    assert total <= 100 * 10**6, f"models/ takes {total / 1e6:.1f} MB > 100 MB"
+
+
+def test_shipped_translate_target_is_a_plain_marian_that_translates_exactly():
+    """models/translate-target loads with transformers alone (no specdec class), in bf16 safetensors;
+    speculative decoding with source-copy lookup gives its own greedy `generate`, token for token."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
+
+    folder = default_model_path("translate-target")
+    assert (folder / "README.md").exists() and not list(folder.glob("*.bin"))
+    assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert isinstance(model, MarianMTModel) and model.config.is_encoder_decoder
+    sources = ["Cannot open file %s: No such file or directory", "Save the document before closing?",
+               "The file %s could not be copied to %s.", "%d files removed"]
+    results = specdec.speculative_generate(model, "ngram", sources, tokenizer=tokenizer, max_new_tokens=40)
+    for source, result in zip(sources, results):
+        ids = tokenizer(source, return_tensors="pt").input_ids
+        with torch.no_grad():
+            expected = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1, do_sample=False,
+                                      max_new_tokens=40)[0, 1:].tolist()
+        assert result.tokens == expected, source
+    # it translates: the German for "file" and the format markers come through
+    text = tokenizer.decode(results[0].tokens, skip_special_tokens=True)
+    assert "Datei" in text and "%s" in text, text

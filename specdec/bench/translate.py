@@ -265,18 +265,14 @@ def _sub(method: dict, key: str, spec: str) -> str:
 
 def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
     """``specdec bench --task translate``'s settings: the bench flags mapped onto this benchmark's.
-    The code pair's default names stand for the translate pair (``models/translate-target``, and
+    The code pair's default names stand for the translate pair (the shipped ``translate-target``, and
     ``models/translate-drafter`` when shipped, else lookup only); ``--num-prompts`` is the number of
     test sources sampled (seeded by ``--seed``), ``--gamma`` its first value."""
-    from specdec.loading import models_dir
+    from specdec.loading import models_dir, resolve_model_path
 
     defaults = BenchConfig()
-    target, drafter = config.target, config.drafter
-    if target == defaults.target:
-        target = str(models_dir() / "translate-target")
-        if not (Path(target) / "config.json").is_file():
-            raise ValueError(f"no translation model is shipped yet (nothing at {target}): pass --target FOLDER, an "
-                             "encoder-decoder model folder (train one with `specdec train seq2seq`)")
+    drafter = config.drafter
+    target = str(resolve_model_path("translate-target" if config.target == defaults.target else config.target))
     if drafter == defaults.drafter:
         shipped = models_dir() / "translate-drafter"
         drafter = str(shipped) if (shipped / "config.json").is_file() else None
