@@ -53,7 +53,10 @@ class DraftPlan:
 class Schedule(ABC):
     """How far each row drafts (see the module docstring)."""
 
-    most: int | None = None  # the most tokens a row is asked to draft in one round; None = unbounded
+    @property
+    def most(self) -> int | None:
+        """The most tokens a row is asked to draft in one round; None = unbounded."""
+        return None
 
     @abstractmethod
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
@@ -74,10 +77,23 @@ class Constant(Schedule):
 
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
-        self.most = gamma
+
+    @property
+    def most(self) -> int:
+        return self.gamma
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         return DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long, device=device))
+
+
+class Bounded:
+    """A schedule drafting within ``bound`` = (``low``, ``high``): at most ``high`` tokens a round."""
+
+    high: int
+
+    @property
+    def most(self) -> int:
+        return self.high
 
 
 class PerRow(Schedule):
@@ -94,13 +110,12 @@ class PerRow(Schedule):
         self.state = [self.state[i] for i in rows.tolist()]
 
 
-class Heuristic(PerRow):
+class Heuristic(Bounded, PerRow):
     """transformers' heuristic: K += 2 after a fully accepted round, K -= 1 otherwise, within [MIN, MAX]."""
 
     def __init__(self, gamma: int, bound: tuple[int, int]) -> None:
         super().__init__(float(min(max(gamma, bound[0]), bound[1])))
         self.low, self.high = bound
-        self.most = self.high
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         return DraftPlan(torch.tensor([int(k) for k in self.state], dtype=torch.long, device=device))
@@ -145,13 +160,12 @@ class _ConfidenceStop:
         return (p < self.thresholds) & (step.position + 1 >= self.low)
 
 
-class Confidence(PerRow):
+class Confidence(Bounded, PerRow):
     """transformers 5's confidence stop, per row, with its ROC retuning after each round."""
 
     def __init__(self, threshold: float, bound: tuple[int, int]) -> None:
         super().__init__(threshold)
         self.low, self.high = bound
-        self.most = self.high
         self.history: list[tuple[list[float], list[int]]] = []  # per row: (draft probabilities, matched)
         self._stop: _ConfidenceStop | None = None
 
@@ -201,14 +215,13 @@ class _AdaStop:
         return (1 - self.product > self.threshold) & (step.position + 1 >= self.low)
 
 
-class Ada(Schedule):
+class Ada(Bounded, Schedule):
     """SpecDec++: draft while the acceptance head predicts the drafts will all be accepted."""
 
     def __init__(self, accept: Callable[[torch.Tensor], torch.Tensor], threshold: float, bound: tuple[int, int]) -> None:
         self.accept = accept  # hidden [B, H] -> P(accept) [B]
         self.threshold = threshold
         self.low, self.high = bound
-        self.most = self.high
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         stop = _AdaStop(self.accept, self.threshold, self.low, rows, device)
@@ -230,13 +243,16 @@ class Crossover(Schedule, Listener):
 
     def __init__(self, inner: Schedule, trial_rounds: int = 16, recheck_rounds: int = 512) -> None:
         self.inner = inner
-        self.most = inner.most
         self.trial_rounds = trial_rounds  # timed rounds of each mode per batch-size bucket
         self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
         self.choice: dict[int, bool] = {}  # bucket -> draft?
         self._trials: dict[int, dict[bool, list[float]]] = {}  # bucket -> mode -> [rounds, tokens, seconds]
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
         self._mode: tuple[int, bool] | None = None  # (bucket, drafting) of the round in flight
+
+    @property
+    def most(self) -> int | None:
+        return self.inner.most
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         bucket = batch_bucket(rows)
@@ -316,7 +332,7 @@ def make_schedule(spec: SpecConfig, config: ScheduleConfig | None = None, drafte
     if drafter is None and config.schedule == "ada":
         raise ValueError("the ada schedule needs the drafter whose hidden states it reads")
     schedule = SCHEDULES[config.schedule](spec, config, drafter)  # type: ignore[arg-type]
-    most = getattr(drafter, "max_draft", None)
+    most = None if drafter is None else drafter.max_draft
     if most is not None and schedule.most is not None and schedule.most > most:
         flag = "--gamma" if config.schedule == "constant" else "--bound MIN MAX with MAX"
         raise ValueError(f"the {config.schedule} schedule may ask for {schedule.most} drafted tokens per round, but "

@@ -72,8 +72,11 @@ class Recorded(Schedule):
 
     def __init__(self, inner: Ada) -> None:
         self.inner = inner
-        self.most = inner.most
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([B, k] head values, [B, k] 1 accepted / 0 rejected / -1 unverified)
+
+    @property
+    def most(self) -> int | None:
+        return self.inner.most
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         return self.inner.plan(rows, device)
