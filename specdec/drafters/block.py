@@ -44,7 +44,7 @@ from specdec.drafters.base import (
     StopRule,
 )
 from specdec.drafters.block_model import BlockDrafterModel
-from specdec.drafters.model import FIX, PADDING_FRACTION, _vocab, check_device, in_target_vocabulary
+from specdec.drafters.model import check_device, check_vocabularies, in_target_vocabulary
 from specdec.loading import context_limit, input_device
 from specdec.sampling import Sampler, check_finite
 
@@ -85,23 +85,14 @@ class BlockDrafter(FollowingDrafter):
 
     def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> BlockDrafter:
         """Check the block drafter against the target (kind, vocabulary, device); adopt its vocabulary size."""
-        if getattr(target, "encoder_decoder", False):
+        if target.encoder_decoder:
             raise ValueError("the block drafter reads a decoder-only prefix but the target is an encoder-decoder "
                              "model: draft with prompt lookup or an encoder-decoder drafter")
-        mine, theirs = int(self.model.config.vocab_size), int(target.vocab_size)
-        if abs(mine - theirs) > theirs * PADDING_FRACTION:
-            raise ValueError(f"block drafter vocabulary ({mine} tokens) differs from the target's ({theirs}) by more "
-                             f"than padding: {BLOCK_FIX}")
-        if tokenizer is not None and hasattr(tokenizer, "__len__") and mine < len(tokenizer):
-            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the block drafter knows only {mine}: {FIX}")
-        ours, drafter_vocab = _vocab(target.model, tokenizer), _vocab(self.model)
-        if ours is not None and drafter_vocab is not None:
-            for i in sorted(ours.keys() & drafter_vocab.keys()):
-                if ours[i] != drafter_vocab[i]:
-                    raise ValueError(f"the block drafter's tokenizer differs from the target's: id {i} is "
-                                     f"{drafter_vocab[i]!r} for the drafter and {ours[i]!r} for the target: {BLOCK_FIX}")
+        # its head covers a subset of the vocabulary (FR-Spec): the embedding says its vocabulary
+        check_vocabularies(target.model, self.model, tokenizer, drafter_size=int(self.model.config.vocab_size),
+                           who="block drafter", fix=BLOCK_FIX)
         check_device(target.device, self.device)
-        self.vocab_size = theirs
+        self.vocab_size = target.vocab_size
         return self
 
     def _ids(self, ids: torch.Tensor) -> torch.Tensor:

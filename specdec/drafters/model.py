@@ -84,34 +84,38 @@ def _bos_id(model: PreTrainedModel) -> object:
 
 
 def check_vocabularies(
-    target: PreTrainedModel, drafter: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None
+    target: PreTrainedModel, drafter: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None, *,
+    drafter_size: int | None = None, who: str = "drafter", fix: str = FIX,
 ) -> None:
     """Refuse a drafter whose vocabulary is not the target's (padding aside), with a clear ValueError.
 
     ``tokenizer`` (the target's, when the caller has it) must fit in both models' outputs. Sizes may
     differ by at most ``PADDING_FRACTION`` of the target's vocabulary; tokenizers known for both sides
-    must map every shared id to the same token. A bos mismatch is a warning.
+    must map every shared id to the same token. A bos mismatch is a warning. ``drafter_size``: the
+    drafter's vocabulary when its logits do not say it (a block drafter's head covers a subset);
+    ``who`` names the drafter in the messages, ``fix`` says what to do.
     """
-    v_target, v_drafter = logits_size(target), logits_size(drafter)
+    v_target = logits_size(target)
+    v_drafter = logits_size(drafter) if drafter_size is None else drafter_size
     if tokenizer is not None and hasattr(tokenizer, "__len__"):
         n = len(tokenizer)
-        for who, v in (("target", v_target), ("drafter", v_drafter)):
+        for name, v in (("target", v_target), (who, v_drafter)):
             if v < n:
-                raise ValueError(f"the tokenizer has {n} tokens but the {who} emits only {v}: {FIX}")
+                raise ValueError(f"the tokenizer has {n} tokens but the {name} emits only {v}: {FIX}")
     if abs(v_target - v_drafter) > v_target * PADDING_FRACTION:
         raise ValueError(
-            f"drafter vocabulary ({v_drafter} tokens) differs from the target's ({v_target}) by more than "
-            f"padding (at most {PADDING_FRACTION:.1%} of the target's): {FIX}"
+            f"{who} vocabulary ({v_drafter} tokens) differs from the target's ({v_target}) by more than "
+            f"padding (at most {PADDING_FRACTION:.1%} of the target's): {fix}"
         )
     mine, theirs = _vocab(target, tokenizer), _vocab(drafter)
     if mine is not None and theirs is not None:
         for i in sorted(mine.keys() & theirs.keys()):
             if mine[i] != theirs[i]:
-                raise ValueError(f"the drafter's tokenizer differs from the target's: id {i} is {theirs[i]!r} for "
-                                 f"the drafter and {mine[i]!r} for the target: {FIX}")
+                raise ValueError(f"the {who}'s tokenizer differs from the target's: id {i} is {theirs[i]!r} for "
+                                 f"the {who} and {mine[i]!r} for the target: {fix}")
     t_bos, d_bos = _bos_id(target), _bos_id(drafter)
     if t_bos is not None and d_bos is not None and t_bos != d_bos:
-        warnings.warn(f"drafter and target declare different bos_token_id ({d_bos} vs {t_bos}); the prompt "
+        warnings.warn(f"{who} and target declare different bos_token_id ({d_bos} vs {t_bos}); the prompt "
                       "decides what both see, so decoding stays exact", stacklevel=3)
 
 
@@ -170,8 +174,8 @@ class ModelDrafter(FollowingDrafter):
 
     def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> ModelDrafter:
         """Check the drafter against the target (kind, vocabulary, device) and adopt its vocabulary size."""
-        target_kind = "an encoder-decoder" if getattr(target, "encoder_decoder", False) else "a decoder-only"
-        if getattr(target, "encoder_decoder", False) != self.encoder_decoder:
+        target_kind = "an encoder-decoder" if target.encoder_decoder else "a decoder-only"
+        if target.encoder_decoder != self.encoder_decoder:
             mine = "an encoder-decoder" if self.encoder_decoder else "a decoder-only"
             raise ValueError(f"the drafter {type(self.model).__name__} is {mine} model but the target is "
                              f"{target_kind} one: the drafter must read what the target reads (use a drafter of "
