@@ -435,12 +435,18 @@ def build_requests(target: Target, prompts: object, *, max_new_tokens: int, samp
     for i, ids in enumerate(rows):
         seed = sampling.seed if sampling.seed is None else sampling.seed + i
         row_sampling = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed)
-        if sources:  # the decoder starts from its start token; the prompt is the encoder's input
-            requests.append(Request([target.decoder_start], max_new_tokens, row_sampling, stop_ids, stop_strings,
-                                    source=ids, index=i))
-        else:
-            requests.append(Request(ids, max_new_tokens, row_sampling, stop_ids, stop_strings, index=i))
+        requests.append(prompt_request(target, ids, max_new_tokens, row_sampling, stop_ids, stop_strings, index=i))
     return requests, single
+
+
+def prompt_request(target: Target, ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
+                   stop_ids: frozenset[int], stop_strings: tuple[str, ...] = (), index: int = 0) -> Request:
+    """One prompt's request: the sequence the decoder continues, or, for an encoder-decoder target, the
+    encoder's source, with the decoder starting from its start token."""
+    if target.encoder_decoder:
+        return Request([target.decoder_start], max_new_tokens, sampling, stop_ids, stop_strings, source=ids,
+                       index=index)
+    return Request(ids, max_new_tokens, sampling, stop_ids, stop_strings, index=index)
 
 
 def _decode(target: Target, drafter: Drafter, schedule: Schedule, requests: list[Request], *, verify: VerifyConfig,

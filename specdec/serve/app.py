@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -47,6 +47,7 @@ from transformers import PreTrainedTokenizerBase
 from specdec.acceptance import rule_for
 from specdec.config import SamplingConfig, VerifyConfig
 from specdec.decode import Request as DecodeRequest
+from specdec.decode import prompt_request
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine, Failed, Finished, Job, Round
 from specdec.serve.metrics import CONTENT_TYPE, FINISH_REASONS, ServerMetrics
@@ -87,7 +88,6 @@ class ServedModel:
     max_new_tokens: int  # default of max_tokens
     verify: VerifyConfig  # the verification rule
     description: dict[str, Any] = field(default_factory=dict)  # target, drafter, gamma...: shown by /stats
-    decoder_start: int | None = None  # an encoder-decoder target's decoder start token (the prompt is its source)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -191,7 +191,7 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
     async def chat_completions(request: Request) -> Response:
         body = await body_of(request, ChatBody)
         model = model_for(body.model)
-        if model.decoder_start is not None and not getattr(model.tokenizer, "chat_template", None):
+        if model.engine.target.encoder_decoder and not getattr(model.tokenizer, "chat_template", None):
             raise APIError(400, f"{model.id} is an encoder-decoder model without a chat template (a translation "
                            "model): send the source text to /v1/completions as the prompt", param="messages",
                            code="invalid_value")
@@ -240,16 +240,15 @@ async def read_json(request: Request, limit: int) -> object:
 def prepare(model: ServedModel, body: _Body, ids: list[int], *, chat: bool) -> Prepared:
     """Check every field of a request and build its decoder ``Request``."""
     check_n(body)
-    check_prompt_ids(ids, model.vocab_size, model.context_limit, source=model.decoder_start is not None)
+    target = model.engine.target
+    check_prompt_ids(ids, model.vocab_size, model.context_limit, source=target.encoder_decoder)
     sampling = sampling_of(body, model.sampling)
     try:
         rule_for(model.verify, sampling.greedy)
     except ValueError as err:
         raise APIError(400, str(err), param="temperature", code="invalid_value") from None
-    request = DecodeRequest(ids, max_tokens_of(body, model.max_new_tokens), sampling, model.stop_ids,
-                            stop_strings_of(body))
-    if model.decoder_start is not None:  # the prompt is the encoder's input; the decoder starts from its start token
-        request = replace(request, ids=[model.decoder_start], source=ids)
+    request = prompt_request(target, ids, max_tokens_of(body, model.max_new_tokens), sampling, model.stop_ids,
+                             stop_strings_of(body))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Prepared(model, request, bool(body.stream), include_usage, chat)
 

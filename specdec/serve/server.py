@@ -52,8 +52,7 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
                    "device": str(target.device)}
     return ServedModel(served_id, engine, tokenizer, target.vocab_size,
                        target.source_limit if target.encoder_decoder else target.context_limit,
-                       frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description,
-                       decoder_start=target.decoder_start)
+                       frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description)
 
 
 def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
