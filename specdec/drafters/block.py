@@ -39,12 +39,11 @@ from specdec.drafters.base import (
     ENDED_NONE,
     ENDED_THRESHOLD,
     DraftStep,
-    FollowingDrafter,
     Proposal,
     StopRule,
 )
 from specdec.drafters.block_model import BlockDrafterModel
-from specdec.drafters.model import check_device, check_vocabularies, in_target_vocabulary
+from specdec.drafters.model import CachedDrafter, check_device, check_vocabularies, in_target_vocabulary
 from specdec.loading import context_limit, input_device
 from specdec.sampling import Sampler, check_finite
 
@@ -56,7 +55,7 @@ def is_block_drafter(model: PreTrainedModel) -> bool:
     return isinstance(model, BlockDrafterModel)
 
 
-class BlockDrafter(FollowingDrafter):
+class BlockDrafter(CachedDrafter):
     """Drafts k tokens per row in one forward of a ``BlockDrafterModel`` with a cached causal prefix."""
 
     returns_hidden = False
@@ -160,18 +159,9 @@ class BlockDrafter(FollowingDrafter):
         self._drafts = proposal.drafts()
         return proposal
 
-    def last_drafts(self) -> list[list[int]]:
-        return self._drafts
-
     def follow(self, tokens: list[list[int]]) -> None:
         """Row b committed ``tokens[b]``: they wait to be fed with the next block (drafts never enter the cache)."""
         self.pending = [p + t for p, t in zip(self.pending, tokens)]
-
-    def select(self, rows: torch.Tensor) -> None:
-        index = rows.tolist()
-        self.cache.select(rows.to(self.device))
-        self.pending = [self.pending[i] for i in index]
-        self._drafts = [self._drafts[i] for i in index]
 
     def reset(self) -> None:
         self.cache = RaggedCache(self.model, 0, self.device)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import warnings
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -138,7 +139,6 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-
 def in_target_vocabulary(logits: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
     """Drafter logits [..., V_d] -> [..., V]: padding rows cut, or missing ids at -inf (None: as they are)."""
     if vocab_size is None or logits.shape[-1] == vocab_size:
@@ -148,7 +148,27 @@ def in_target_vocabulary(logits: torch.Tensor, vocab_size: int | None) -> torch.
     pad = logits.new_full((*logits.shape[:-1], vocab_size - logits.shape[-1]), float("-inf"))
     return torch.cat([logits, pad], dim=-1)
 
-class ModelDrafter(FollowingDrafter):
+
+class CachedDrafter(FollowingDrafter):
+    """A drafter model's per-row state: ``cache`` (the rows' committed tokens, selectable by row),
+    ``pending`` (committed tokens not yet in the cache) and the last proposal's drafts."""
+
+    cache: Any  # a cache with select(rows [B'])
+    pending: list[list[int]]  # per row: committed tokens not yet in the cache
+    _drafts: list[list[int]]  # per row: the last proposal's drafts
+    device: torch.device
+
+    def last_drafts(self) -> list[list[int]]:
+        return self._drafts
+
+    def select(self, rows: torch.Tensor) -> None:
+        index = rows.tolist()
+        self.cache.select(rows.to(self.device))
+        self.pending = [self.pending[i] for i in index]
+        self._drafts = [self._drafts[i] for i in index]
+
+
+class ModelDrafter(CachedDrafter):
     """Drafts with a causal LM and its KV cache; q is the warped drafter distribution."""
 
     returns_hidden = True
@@ -260,9 +280,6 @@ class ModelDrafter(FollowingDrafter):
         self._drafts = proposal.drafts()
         return proposal
 
-    def last_drafts(self) -> list[list[int]]:
-        return self._drafts
-
     def follow(self, tokens: list[list[int]]) -> None:
         """Each row keeps the forwarded drafts that agree with its committed ``tokens``; the rest is pending."""
         if self._fed is None:  # nothing forwarded since the last commit: all of it waits
@@ -275,12 +292,6 @@ class ModelDrafter(FollowingDrafter):
         self.cache.keep(self._mark + torch.tensor(keep, dtype=torch.long, device=self.device))
         self.pending = [new[n:] for new, n in zip(tokens, keep)]
         self._fed, self._mark = None, None
-
-    def select(self, rows: torch.Tensor) -> None:
-        index = rows.tolist()
-        self.cache.select(rows.to(self.device))
-        self.pending = [self.pending[i] for i in index]
-        self._drafts = [self._drafts[i] for i in index]
 
     def reset(self) -> None:
         self.cache = cache_for(self.model, 0, self.device)
