@@ -48,7 +48,7 @@ from specdec.config import ScheduleConfig, SpecConfig
 from specdec.drafters import ModelDrafter
 from specdec.drafters.base import Proposal
 from specdec.heads.evaluate import Calibration, calibration, plot_calibration
-from specdec.heads.model import load_head
+from specdec.heads.model import draft_estimates, load_head
 from specdec.loading import load_model, load_tokenizer
 from specdec.schedules import Ada, DraftPlan, Schedule, make_schedule
 from specdec.stats import GenerationResult
@@ -101,10 +101,9 @@ class Recorded(Schedule):
 def calibration_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], inputs: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(predicted [N], observed [N]) from ``Recorded.pairs``: a "response" head's value at position i
     estimates draft i, a "mixed" head's (SpecDec++'s data) draft i - 1; unverified drafts are left out."""
-    shift = 1 if inputs == "mixed" else 0
     predicted, observed = [], []
     for values, outcome in pairs:
-        values = values[:, shift:]  # [B, k - shift], the value estimating draft j at column j
+        values = draft_estimates(values, inputs)  # [B, k'] column j: the estimate for draft j
         outcome = outcome[:, : values.shape[1]]
         verified = outcome >= 0
         predicted.append(values[verified])

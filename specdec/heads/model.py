@@ -149,6 +149,13 @@ def load_head(path: str | Path | None = None, hidden_size: int | None = None,
     return AcceptanceHead.from_pretrained(path, hidden_size, device=device, dtype=dtype)
 
 
+def draft_estimates(values: torch.Tensor, inputs: str) -> torch.Tensor:
+    """The head's values behind each draft [..., K] -> its estimate for each draft [..., K'], column j
+    estimating draft j: a "mixed" head's value behind draft j + 1 (K' = K - 1), a "response" head's
+    value behind draft j itself (module docstring)."""
+    return values[..., 1:] if inputs == "mixed" else values
+
+
 def default_head_path() -> Path:
     """Where the shipped head lives: ``models/code-drafter/acceptance_head``."""
     from specdec.loading import models_dir

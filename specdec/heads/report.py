@@ -40,7 +40,7 @@ from specdec.heads.evaluate import (
     simulate,
     walk,
 )
-from specdec.heads.model import AcceptanceHead, drafter_hidden_size
+from specdec.heads.model import AcceptanceHead, draft_estimates, drafter_hidden_size
 
 TEXT_TEMPERATURE = {"greedy": 0.0, "sampling": 1.0}  # which records each round kind drafts on
 COST_RATIO = 0.19  # drafter step / target step of the shipped pair (models/code-drafter/README.md)
@@ -72,10 +72,8 @@ def round_pairs(values: torch.Tensor, labels: torch.Tensor, inputs: str = "mixed
     all accepted (greedy: exactly; sampling: weighted by that chance, by sampling it). [M], [M]
     A "mixed" head's estimate for draft i is its value behind draft i+1; a "response" head's is its
     value behind draft i itself (``specdec.heads.data``)."""
-    if inputs == "mixed":
-        pred, label = values[:, 1:], labels[:, :-1]  # [S, K-1] the estimate for drafts 1..K-1
-    else:
-        pred, label = values, labels  # [S, K]
+    pred = draft_estimates(values, inputs)  # [S, K'] column j: the estimate for draft j
+    label = labels[:, : pred.shape[1]]
     before = torch.cat([torch.ones_like(label[:, :1]), label[:, :-1].cumprod(-1)], dim=1)  # [S, K']
     keep = torch.rand(before.shape, generator=torch.Generator().manual_seed(0)) < before
     return pred[keep], label[keep]
