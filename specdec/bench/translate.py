@@ -263,6 +263,18 @@ def _sub(method: dict, key: str, spec: str) -> str:
     return format(method["uncapped"][key], spec) if "uncapped" in method else ""
 
 
+def check_model_folder(flag: str, folder: str | None) -> None:
+    """Refuse a --target / --drafter that is not a model folder (None: no drafter, fine)."""
+    if folder is not None and not (Path(folder) / "config.json").is_file():
+        raise ValueError(f"--{flag} {folder} is not a model folder (no config.json)")
+
+
+def headline(report: dict) -> str:
+    """The report's first line: the sources and the plain output's quality."""
+    return (f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
+            f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}")
+
+
 def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
     """``specdec bench --task translate``'s settings: the bench flags mapped onto this benchmark's.
     The code pair's default names stand for the translate pair (the shipped ``translate-target``, and
@@ -276,9 +288,7 @@ def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
     if drafter == defaults.drafter:
         shipped = models_dir() / "translate-drafter"
         drafter = str(shipped) if (shipped / "config.json").is_file() else None
-    for name, folder in (("target", target), ("drafter", drafter)):
-        if folder is not None and not (Path(folder) / "config.json").is_file():
-            raise ValueError(f"--{name} {folder} is not a model folder (no config.json)")
+    check_model_folder("drafter", drafter)  # the target's folder was checked as it was resolved
     return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter, limit=config.num_prompts,
                                 seed=config.seed, max_new_tokens=config.max_new_tokens, gamma=config.gamma[0],
                                 repeats=config.repeats)
@@ -288,8 +298,7 @@ def run_and_report(config: BenchConfig, console) -> int:
     """``specdec bench --task translate``: run, print the table, write ``translate-summary.json`` and
     ``translate-summary.md`` in ``--output``. Exit status 1 when an output differs from plain greedy."""
     report = run_bench(config_from_bench(config), log=lambda line: console.print(line, style="dim"))
-    head = (f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
-            f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}")
+    head = headline(report)
     paths = write_summary(Path(config.output), "translate", report, head + "\n\n" + table(report) + "\n")
     console.print(head)
     console.print(table(report))
@@ -316,11 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
-    for name in ("target", "drafter"):
-        folder = getattr(args, name)
-        if folder and not (Path(folder) / "config.json").is_file():
-            print(f"error: --{name} {folder} is not a model folder (no config.json)", file=sys.stderr)
-            return 2
+    try:
+        check_model_folder("target", args.target or None)
+        check_model_folder("drafter", args.drafter or None)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.repeats < 1 or args.max_new_tokens < 1 or args.gamma < 1:
         print("error: --repeats, --max-new-tokens and --gamma must be >= 1", file=sys.stderr)
         return 2
@@ -334,8 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print(f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
-          f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}")
+    print(headline(report))
     print(table(report))
     return 0
 
