@@ -17,6 +17,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
 from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
 from specdec.train.seq2seq import (
     PRESETS,
+    Example,
     agreement,
     batch_indices,
     evaluate,
@@ -160,3 +161,45 @@ def test_cli_translations_references_trains_on_the_references(setup, tmp_path):
                  "--eval-pairs", "4", "--out", str(out)]) == 0
     config = json.loads((out / "final" / "training.json").read_text())["config"]
     assert config["translations"] is None and config["max_steps"] == 1
+
+
+def test_block_drafter_trains_resumes_loads_without_specdec_and_drafts_exactly(setup, tmp_path):
+    """`specdec train seq2seq-block-drafter`: SpecDec's block drafter, encoder and embeddings from the target."""
+    from specdec import speculative_generate
+    from specdec.drafters.block import is_block_drafter
+    from specdec.train.seq2seq_block import Seq2SeqBlockConfig, block_rows, train_seq2seq_block
+
+    _root, cfg, final = setup
+    path = tmp_path / "train.jsonl"
+    write_translations(final, cfg.data, path, split="train", batch_size=32, log=lambda m: None)
+    block_cfg = Seq2SeqBlockConfig(target=str(final), data=cfg.data, translations=str(path), decoder_layers=1,
+                                   max_block_size=4, batch_size=8, max_steps=24, eval_every=12, save_every=12,
+                                   eval_pairs=8, warmup_steps=2, lr=3e-3, dropout=0.0)
+    drafter_dir = train_seq2seq_block(block_cfg, tmp_path / "run", log=lambda m: None)
+    history = json.loads((drafter_dir / "training.json").read_text())["state"]["history"]
+    losses = [r["train_loss"] for r in history if "train_loss" in r]
+    assert losses[-1] < losses[0]
+    assert [len(r["accuracy_by_position"]) for r in history if "accepted_per_block" in r] == [4, 4]
+    assert train_seq2seq_block(block_cfg, tmp_path / "cut", stop_after_s=0, log=lambda m: None) is None
+    resumed = train_seq2seq_block(block_cfg, tmp_path / "cut", log=lambda m: None)
+    a = AutoModelForSeq2SeqLM.from_pretrained(drafter_dir).state_dict()
+    b = AutoModelForSeq2SeqLM.from_pretrained(resumed).state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5, msg=k)
+
+    drafter = AutoModelForSeq2SeqLM.from_pretrained(drafter_dir)  # a plain MarianMTModel: no specdec needed
+    assert isinstance(drafter, MarianMTModel) and is_block_drafter(drafter)
+    tok = AutoTokenizer.from_pretrained(final)
+    assert drafter.config.block_drafter == {"mask_token_id": tok.unk_token_id, "max_block_size": 4}
+    assert drafter.config.decoder_layers == 1
+    target = AutoModelForSeq2SeqLM.from_pretrained(final).eval()
+    sources = [tok(p)["input_ids"] for p in ("open the file", "cannot save the new folder %s", "copy")]
+    references = [target.generate(torch.tensor([s]), max_new_tokens=12)[0, 1:].tolist() for s in sources]
+    results = speculative_generate(target, drafter, sources, max_new_tokens=12, gamma=4, batch_size=2,
+                                   stop_token_ids=[tok.eos_token_id])
+    assert [r.tokens for r in results] == [ref[: ref.index(1) + 1] if 1 in ref else ref for ref in references]
+
+    rows = block_rows([Example([5, 1], [7, 8, 9, 1])], [2], 3, start=0, mask=2, pad=0)
+    assert rows.decoder_input_ids.tolist() == [[0, 7, 8, 2, 2, 2]]
+    assert rows.block_labels.tolist() == [[-100, -100, -100, 9, 1, -100]]  # y[2], y[3]; past the end unscored
+    assert rows.prefix_labels.tolist() == [[7, 8, 9, -100, -100, -100]]

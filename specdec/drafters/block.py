@@ -18,6 +18,13 @@ slots (mask inputs, never real tokens) are dropped. Nothing drafted ever enters 
 accepted a drafts feeds a + 1 tokens next round. Invariant after every call, per row: cache live
 tokens + pending == committed tokens.
 
+Two kinds of block drafter models draft through it, with one round: SpecDec's setting, an
+encoder-decoder (a standard transformers seq2seq model, e.g. ``MarianMTModel``, whose config holds
+``block_drafter = {"mask_token_id", "max_block_size"}``: ``specdec train seq2seq-block-drafter``)
+drafting for an encoder-decoder target, where the drafter encodes each row's source once with its
+own encoder and ``Seq2SeqCache`` gives the decoder the block mask; and the decoder-only
+``BlockDrafterModel`` (``block_model.py``) for causal LM targets, which builds that mask itself.
+
 A row's proposal ends at its own ``limit`` or where the schedule's stop rule stops it (the stop
 rule sees each position's logits and q; the block's hidden states are not offered, since the
 acceptance head was trained on an autoregressive drafter's). A ``limit`` above the model's
@@ -32,8 +39,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.batch import PromptBatch, left_mask, left_padded
-from specdec.cache import RaggedCache
+from specdec.batch import left_mask, left_padded
 from specdec.drafters.base import (
     ENDED_LIMIT,
     ENDED_NONE,
@@ -43,27 +49,67 @@ from specdec.drafters.base import (
     StopRule,
 )
 from specdec.drafters.block_model import BlockDrafterModel
-from specdec.drafters.model import CachedDrafter, check_device, check_vocabularies, in_target_vocabulary
+from specdec.drafters.model import (
+    CachedDrafter,
+    check_device,
+    check_kind,
+    check_vocabularies,
+    in_target_vocabulary,
+)
 from specdec.loading import context_limit, input_device
 from specdec.sampling import Sampler, check_finite
+from specdec.seq2seq import cache_for, is_encoder_decoder
 
-BLOCK_FIX = "use a block drafter distilled from this target (specdec train block-drafter)"
+BLOCK_FIX = ("use a block drafter distilled from this target (specdec train block-drafter, or specdec train "
+             "seq2seq-block-drafter for an encoder-decoder target)")
+SEQ2SEQ_BLOCK = "block_drafter"  # the config entry that makes an encoder-decoder model a block drafter
 
 
 def is_block_drafter(model: PreTrainedModel) -> bool:
-    """Whether ``model`` is a block drafter (``BlockDrafter`` drafts with it)."""
-    return isinstance(model, BlockDrafterModel)
+    """Whether ``model`` is a block drafter (``BlockDrafter`` drafts with it): a ``BlockDrafterModel``,
+    or an encoder-decoder whose config declares ``block_drafter`` settings."""
+    if isinstance(model, BlockDrafterModel):
+        return True
+    return is_encoder_decoder(model) and isinstance(getattr(model.config, SEQ2SEQ_BLOCK, None), dict)
+
+
+def block_settings(model: PreTrainedModel) -> tuple[int, int]:
+    """A block drafter's (mask token id, largest block it was trained for)."""
+    if isinstance(model, BlockDrafterModel):
+        return int(model.config.mask_token_id), int(model.config.max_block_size)
+    settings = getattr(model.config, SEQ2SEQ_BLOCK)
+    missing = {"mask_token_id", "max_block_size"} - settings.keys()
+    if missing:
+        raise ValueError(f"{type(model).__name__}'s config.{SEQ2SEQ_BLOCK} lacks {', '.join(sorted(missing))}: "
+                         f"{BLOCK_FIX}")
+    return int(settings["mask_token_id"]), int(settings["max_block_size"])
 
 
 class BlockDrafter(CachedDrafter):
-    """Drafts k tokens per row in one forward of a ``BlockDrafterModel`` with a cached causal prefix."""
+    """Drafts k tokens per row in one forward of a block drafter model with a cached causal prefix."""
 
     returns_hidden = False
 
     def __init__(self, model: PreTrainedModel) -> None:
         if not is_block_drafter(model):
-            raise TypeError(f"BlockDrafter drafts with a block drafter model (BlockDrafterModel), got "
-                            f"{type(model).__name__}: {BLOCK_FIX}")
+            raise TypeError(f"BlockDrafter drafts with a block drafter model (BlockDrafterModel, or an encoder-decoder "
+                            f"with config.{SEQ2SEQ_BLOCK}), got {type(model).__name__}: {BLOCK_FIX}")
+        self.encoder_decoder = is_encoder_decoder(model)
+        if not self.encoder_decoder:
+            self._check_decoder_only(model)
+        self.model = model.eval()
+        self.mask_token_id, self.max_block_size = block_settings(model)  # max_block_size: largest k per round
+        self.max_draft = self.max_block_size
+        self.vocab_size: int | None = None  # the target's logits size once aligned; None = the model's own
+        self.context_limit = context_limit(model)
+        self.device = input_device(model)
+        self.cache = cache_for(model, 0, self.device)
+        self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
+        self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
+
+    @staticmethod
+    def _check_decoder_only(model: PreTrainedModel) -> None:
+        """Refuse a ``BlockDrafterModel`` whose prefix cannot be cached or that needs the target's states."""
         if model.config.prefix_attention != "causal":
             raise ValueError("this block drafter attends bidirectionally over its prefix (SpecDec's rule), which "
                              "cannot be cached across rounds: use one trained with prefix_attention='causal'")
@@ -71,22 +117,10 @@ class BlockDrafter(CachedDrafter):
             raise ValueError(f"this block drafter was trained to read the target's last hidden state (target_hidden_size "
                              f"{model.config.target_hidden_size}), which the round loop does not pass to drafters: "
                              "draft with one trained without --condition-on-target")
-        self.model = model.eval()
-        self.max_block_size = int(model.config.max_block_size)  # largest k it drafts per round
-        self.max_draft = self.max_block_size
-        self.mask_token_id = int(model.config.mask_token_id)
-        self.vocab_size: int | None = None  # the target's logits size once aligned; None = the model's own
-        self.context_limit = context_limit(model)
-        self.device = input_device(model)
-        self.cache = RaggedCache(model, 0, self.device)
-        self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
-        self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
 
     def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> BlockDrafter:
         """Check the block drafter against the target (kind, vocabulary, device); adopt its vocabulary size."""
-        if target.encoder_decoder:
-            raise ValueError("the block drafter reads a decoder-only prefix but the target is an encoder-decoder "
-                             "model: draft with prompt lookup or an encoder-decoder drafter")
+        check_kind(target, self.model)
         # its head covers a subset of the vocabulary (FR-Spec): the embedding says its vocabulary
         check_vocabularies(target.model, self.model, tokenizer, drafter_size=int(self.model.config.vocab_size),
                            who="block drafter", fix=BLOCK_FIX)
@@ -97,19 +131,6 @@ class BlockDrafter(CachedDrafter):
     def _ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids the model has embeddings for (a padded target's extra ids read as its last)."""
         return ids.clamp(max=int(self.model.config.vocab_size) - 1)
-
-    def prefill(self, prompts: PromptBatch) -> int:
-        """Cache the new rows' prompts except their last tokens, which stay pending."""
-        new = RaggedCache(self.model, prompts.size, self.device)
-        calls = 0
-        if prompts.ids.shape[1] > 1:
-            valid = prompts.valid()[:, :-1]  # [B, T-1]
-            new.forward(self._ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid, block_size=0)
-            calls = 1
-        self.cache.merge(new)
-        self.pending += [[row[-1]] for row in prompts.rows()]
-        self._drafts += [[] for _ in range(prompts.size)]
-        return calls
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
         """One forward: every row's pending tokens, then k = max(limit) mask positions; row b keeps
@@ -164,5 +185,5 @@ class BlockDrafter(CachedDrafter):
         self.pending = [p + t for p, t in zip(self.pending, tokens)]
 
     def reset(self) -> None:
-        self.cache = RaggedCache(self.model, 0, self.device)
+        self.cache = cache_for(self.model, 0, self.device)
         self.pending, self._drafts = [], []

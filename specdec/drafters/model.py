@@ -149,17 +149,54 @@ def in_target_vocabulary(logits: torch.Tensor, vocab_size: int | None) -> torch.
     return torch.cat([logits, pad], dim=-1)
 
 
+def check_kind(target, drafter: PreTrainedModel) -> None:
+    """Refuse a drafter model that does not read what the target reads: a decoder-only drafter for an
+    encoder-decoder target or the reverse, or an encoder-decoder drafter with another decoder start token."""
+    mine = is_encoder_decoder(drafter)
+    if target.encoder_decoder != mine:
+        kinds = {True: "an encoder-decoder", False: "a decoder-only"}
+        raise ValueError(f"the drafter {type(drafter).__name__} is {kinds[mine]} model but the target is "
+                         f"{kinds[target.encoder_decoder]} one: the drafter must read what the target reads (use a "
+                         "drafter of the target's kind, or prompt lookup)")
+    if mine and decoder_start_id(drafter) != target.decoder_start:
+        raise ValueError(f"the drafter starts its decoder with token {decoder_start_id(drafter)} but the "
+                         f"target with {target.decoder_start}: {FIX}")
+
+
 class CachedDrafter(FollowingDrafter):
     """A drafter model's per-row state: ``cache`` (the rows' committed tokens, selectable by row),
     ``pending`` (committed tokens not yet in the cache) and the last proposal's drafts."""
 
+    model: PreTrainedModel
+    encoder_decoder: bool  # whether ``model`` is an encoder-decoder (it then encodes each row's source)
     cache: Any  # a cache with select(rows [B'])
     pending: list[list[int]]  # per row: committed tokens not yet in the cache
     _drafts: list[list[int]]  # per row: the last proposal's drafts
     device: torch.device
 
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids as the model takes them (by default: as they are)."""
+        return ids
+
     def last_drafts(self) -> list[list[int]]:
         return self._drafts
+
+    def prefill(self, prompts: PromptBatch) -> int:
+        """Cache the new rows' prompts except their last tokens, which stay pending (an encoder-decoder
+        drafter first encodes the rows' sources with its own encoder, once)."""
+        new = cache_for(self.model, prompts.size, self.device)
+        calls = 0
+        if self.encoder_decoder:
+            assert prompts.source is not None, "an encoder-decoder drafter needs each row's source"
+            calls += new.encode(prompts.source, prompts.source_valid())
+        if prompts.ids.shape[1] > 1:
+            valid = prompts.valid()[:, :-1]  # [B, T-1]
+            new.forward(self._ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
+            calls += 1
+        self.cache.merge(new)
+        self.pending += [[row[-1]] for row in prompts.rows()]
+        self._drafts += [[] for _ in range(prompts.size)]
+        return calls
 
     def select(self, rows: torch.Tensor) -> None:
         index = rows.tolist()
@@ -194,15 +231,7 @@ class ModelDrafter(CachedDrafter):
 
     def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> ModelDrafter:
         """Check the drafter against the target (kind, vocabulary, device) and adopt its vocabulary size."""
-        target_kind = "an encoder-decoder" if target.encoder_decoder else "a decoder-only"
-        if target.encoder_decoder != self.encoder_decoder:
-            mine = "an encoder-decoder" if self.encoder_decoder else "a decoder-only"
-            raise ValueError(f"the drafter {type(self.model).__name__} is {mine} model but the target is "
-                             f"{target_kind} one: the drafter must read what the target reads (use a drafter of "
-                             "the target's kind, or prompt lookup)")
-        if self.encoder_decoder and decoder_start_id(self.model) != target.decoder_start:
-            raise ValueError(f"the drafter starts its decoder with token {decoder_start_id(self.model)} but the "
-                             f"target with {target.decoder_start}: {FIX}")
+        check_kind(target, self.model)
         check_vocabularies(target.model, self.model, tokenizer)
         check_device(target.device, self.device)
         self.vocab_size = target.vocab_size
@@ -212,34 +241,21 @@ class ModelDrafter(CachedDrafter):
         """Drafter logits [B, V_d] -> [B, V] in the target's vocabulary."""
         return in_target_vocabulary(logits, self.vocab_size)
 
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids the drafter has rows for (a larger target's extra ids read as its last row)."""
+        if self.vocab_size is not None and self.own_vocab_size < self.vocab_size:
+            return ids.clamp(max=self.own_vocab_size - 1)
+        return ids
+
     def _step(self, ids: torch.Tensor, valid: torch.Tensor | None, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward ``ids`` [B, n] -> (aligned logits of the last position [B, V], its hidden state [B, H] | None)."""
-        if self.vocab_size is not None and self.own_vocab_size < self.vocab_size:
-            ids = ids.clamp(max=self.own_vocab_size - 1)  # tokens it has no row for
-        out = self.cache.forward(ids, valid, output_hidden_states=hidden)
+        out = self.cache.forward(self._ids(ids), valid, output_hidden_states=hidden)
         logits = out.logits[:, -1]  # [B, V_d]
         check_finite(logits, "drafter")
         if not hidden:
             return self._aligned(logits), None
         states = out.decoder_hidden_states if self.encoder_decoder else out.hidden_states
         return self._aligned(logits), states[-1][:, -1]
-
-    def prefill(self, prompts: PromptBatch) -> int:
-        """Cache the new rows' prompts except their last tokens, which stay pending (an encoder-decoder
-        drafter first encodes the rows' sources with its own encoder, once)."""
-        new = cache_for(self.model, prompts.size, self.device)
-        calls = 0
-        if self.encoder_decoder:
-            assert prompts.source is not None, "an encoder-decoder drafter needs each row's source"
-            calls += new.encode(prompts.source, prompts.source_valid())
-        if prompts.ids.shape[1] > 1:
-            valid = prompts.valid()[:, :-1]
-            new.forward(prompts.ids[:, :-1], None if bool(valid.all()) else valid)
-            calls += 1
-        self.cache.merge(new)
-        self.pending += [[row[-1]] for row in prompts.rows()]
-        self._drafts += [[] for _ in range(prompts.size)]
-        return calls
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
         """Draft ``max(limit)`` positions for the batch: that many forwards, the first also catching up on

@@ -28,6 +28,8 @@ The translation pair (encoder-decoder, on `specdec data gettext --out data/gette
     specdec train seq2seq --preset translate-target --out runs/translate-target
     specdec train translations --model runs/translate-target/final --out runs/translate-target-translations-train.jsonl
     specdec train seq2seq --preset translate-drafter --out runs/translate-drafter
+    specdec train seq2seq-block-drafter --target runs/translate-target/final \
+        --translations runs/translate-target-translations-train.jsonl --out runs/translate-block-drafter
     specdec train seq2seq-export runs/translate-target/final models/translate-target --dtype bf16
     specdec train seq2seq-eval models/translate-target --split test --beams 1 5
 
@@ -178,6 +180,17 @@ def _cmd_seq2seq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_seq2seq_block(args: argparse.Namespace) -> int:
+    from specdec.train.seq2seq_block import Seq2SeqBlockConfig, train_seq2seq_block
+
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Seq2SeqBlockConfig)
+                 if getattr(args, f.name, None) is not None}
+    cfg = dataclasses.replace(Seq2SeqBlockConfig(), **overrides)
+    final = train_seq2seq_block(cfg, args.out, device=args.device, stop_after_s=args.stop_after)
+    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
 def _cmd_translations(args: argparse.Namespace) -> int:
     from specdec.train.seq2seq import write_translations
 
@@ -294,6 +307,17 @@ def register(subparsers) -> None:
                      help="checkpoint and stop at this step (resume later)")
     _add_dataclass_flags(s2s, Seq2SeqTrainConfig)
     s2s.set_defaults(func=_cmd_seq2seq)
+
+    from specdec.train.seq2seq_block import Seq2SeqBlockConfig
+
+    sblk = sub.add_parser("seq2seq-block-drafter",
+                          help="train or resume SpecDec's block drafter for an encoder-decoder target")
+    sblk.add_argument("--out", required=True, help="run folder: checkpoint/ (resume) and final/")
+    sblk.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    sblk.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                      help="checkpoint and stop after this long (resume later)")
+    _add_dataclass_flags(sblk, Seq2SeqBlockConfig, skip=())
+    sblk.set_defaults(func=_cmd_seq2seq_block)
 
     tr = sub.add_parser("translations", help="a model's greedy translations of a split's sources (distillation data; resumable)")
     tr.add_argument("--model", required=True, help="the target's folder")

@@ -1,0 +1,271 @@
+"""SpecDec's block drafter for an encoder-decoder target (Xia et al., EMNLP 2023 Findings), trained here.
+
+The drafter is a standard transformers encoder-decoder of the target's class (Marian here), so
+``AutoModelForSeq2SeqLM`` loads it without specdec; its config's ``block_drafter`` entry
+(``mask_token_id``, ``max_block_size``) is what makes ``drafters/block.py`` draft with it. As in
+SpecDec, the encoder is deep and the decoder shallow: the drafter starts as a copy of the target
+with only its first ``decoder_layers`` decoder layers (encoder, shared embeddings and those layers
+initialised from the target), and all of it is trained.
+
+One training row is one (source, the target's greedy translation y, cut p, block size k): the
+decoder reads ``[start] + y[:p] + k × mask``; the k block positions, which attend to each other
+both ways and causally to the prefix (``seq2seq.block_attention_mask``, the mask the drafter gets
+when drafting), learn y[p], ..., y[p+k-1] (SpecDec's block loss; positions past the end of y are
+not scored), and the prefix positions learn the next token with weight ``prefix_loss`` (a dense
+signal for the states the blocks read). Each step draws one k for the batch, uniformly in
+1..``max_block_size``, and one p per row, uniformly over y (where the row fits the decoder's
+positions). Data: ``specdec train translations`` (sequence-level distillation, as SpecDec trains on the teacher's outputs); every 50th record is held
+out for evaluation: the share of block positions j whose argmax is y[p+j] given the true prefix,
+and the mean accepted length of a k = ``max_block_size`` block under greedy verification.
+
+Departures from SpecDec, documented: no glancing (GLAT) and one block per row per step, to keep the
+trainer small; the decoder is cached causally over the prefix at drafting time, as the decoder-only
+block drafter (``drafters/block_model.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
+
+from specdec.drafters.block import SEQ2SEQ_BLOCK
+from specdec.seq2seq import block_attention_mask, decoder_start_id
+from specdec.train.checkpoint import load_checkpoint, save_checkpoint
+from specdec.train.seq2seq import Example, Seq2SeqTrainConfig, batch_indices, load_examples, lr_at
+
+HELD_OUT_EVERY = 50  # every 50th translation record is held out for evaluation
+
+
+@dataclass(frozen=True)
+class Seq2SeqBlockConfig:
+    """One encoder-decoder block-drafter training run. Defaults are the shipped model's recipe."""
+
+    target: str = "runs/translate-target-s2/final"  # the target distilled from (its encoder, embeddings, decoder layers)
+    data: str = "data/gettext-de"  # the `specdec data gettext` folder the translations were made from
+    translations: str = "runs/translate-target-translations-train.jsonl"  # `specdec train translations` of the target
+    decoder_layers: int = 2  # the drafter's decoder layers (the target's first ones to start)
+    max_block_size: int = 8  # largest block k trained (each step draws k uniformly from 1..this)
+    mask_token_id: int | None = None  # the block's input token (None: the tokenizer's unk, which byte-level BPE never emits)
+    prefix_loss: float = 0.5  # weight of the next-token loss at prefix positions
+    batch_size: int = 64  # rows per step
+    max_tokens: int = 128  # pairs longer than this on either side are left out
+    lr: float = 7e-4  # peak AdamW learning rate
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 100  # linear warm-up
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    label_smoothing: float = 0.1
+    dropout: float = 0.1  # the model's dropout while training
+    max_steps: int = 2000  # optimizer steps
+    eval_every: int = 250  # steps between held-out measurements
+    save_every: int = 100  # steps between checkpoints (resume point)
+    eval_pairs: int = 256  # held-out rows measured at each evaluation
+    seed: int = 0
+
+
+@dataclass
+class BlockTrainState:
+    step: int = 0
+    seconds: float = 0.0
+    history: list = field(default_factory=list)
+
+
+def build_drafter(target: PreTrainedModel, cfg: Seq2SeqBlockConfig, mask_token_id: int) -> PreTrainedModel:
+    """The target's class with only its first ``cfg.decoder_layers`` decoder layers, weights copied."""
+    config = target.config.__class__.from_dict(target.config.to_dict())
+    if cfg.decoder_layers > target.config.decoder_layers:
+        raise ValueError(f"--decoder-layers {cfg.decoder_layers}: the target has only {target.config.decoder_layers}")
+    config.decoder_layers = cfg.decoder_layers
+    config.dropout = config.attention_dropout = config.activation_dropout = cfg.dropout
+    setattr(config, SEQ2SEQ_BLOCK, {"mask_token_id": mask_token_id, "max_block_size": cfg.max_block_size})
+    drafter = target.__class__(config)
+    _, unexpected = drafter.load_state_dict(target.state_dict(), strict=False)
+    if any("decoder.layers" not in k for k in unexpected):
+        raise ValueError(f"the target's weights do not fit the drafter: {unexpected[:3]}")
+    drafter.tie_weights()
+    drafter.generation_config = target.generation_config
+    return drafter
+
+
+@dataclass(frozen=True)
+class BlockRows:
+    """A padded batch of block rows."""
+
+    input_ids: torch.Tensor  # [B, S] sources
+    attention_mask: torch.Tensor  # [B, S]
+    decoder_input_ids: torch.Tensor  # [B, T] start + prefix + masks (right-padded)
+    decoder_mask: torch.Tensor  # [B, 1, T, T] additive block mask
+    prefix_labels: torch.Tensor  # [B, T] next token at prefix positions (-100 elsewhere)
+    block_labels: torch.Tensor  # [B, T] y[p+j] at block position j (-100 elsewhere)
+
+
+def block_rows(examples: list[Example], cuts: list[int], k: int, start: int, mask: int, pad: int) -> BlockRows:
+    """Rows ``[start] + y[:p] + k masks`` of ``examples`` at ``cuts`` (p per row)."""
+    width_s = max(len(e.src) for e in examples)
+    width_t = max(p + 1 + k for p in cuts)
+    rows = len(examples)
+    source = torch.full((rows, width_s), pad, dtype=torch.long)
+    decoder = torch.full((rows, width_t), pad, dtype=torch.long)
+    valid = torch.zeros(rows, width_t, dtype=torch.bool)
+    block = torch.zeros(rows, width_t, dtype=torch.bool)
+    prefix_labels = torch.full((rows, width_t), -100, dtype=torch.long)
+    block_labels = torch.full((rows, width_t), -100, dtype=torch.long)
+    for r, (e, p) in enumerate(zip(examples, cuts)):
+        y = e.tgt
+        source[r, : len(e.src)] = torch.tensor(e.src)
+        decoder[r, : p + 1] = torch.tensor([start, *y[:p]])
+        decoder[r, p + 1 : p + 1 + k] = mask
+        valid[r, : p + 1 + k] = True
+        block[r, p + 1 : p + 1 + k] = True
+        prefix_labels[r, : p + 1] = torch.tensor(y[: p + 1])
+        scored = y[p : p + k]
+        block_labels[r, p + 1 : p + 1 + len(scored)] = torch.tensor(scored)
+    return BlockRows(source, (source != pad).long(), decoder,
+                     block_attention_mask(valid, block, width_t, torch.float32), prefix_labels, block_labels)
+
+
+def block_logits(model: PreTrainedModel, rows: BlockRows) -> torch.Tensor:
+    """[B, T, V] logits of every decoder position."""
+    return model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
+                 decoder_input_ids=rows.decoder_input_ids, decoder_attention_mask=rows.decoder_mask.to(model.dtype)).logits
+
+
+def draw_cuts(examples: list[Example], k: int, positions: int, rng: random.Random) -> list[int]:
+    """One cut p per row, uniform over y, where the row (start + p tokens + k masks) fits the decoder's positions."""
+    return [rng.randrange(max(1, min(len(e.tgt), positions - k))) for e in examples]
+
+
+@torch.no_grad()
+def evaluate_blocks(model: PreTrainedModel, examples: list[Example], k: int, start: int, mask: int, pad: int,
+                    seed: int = 0, batch_size: int = 64) -> dict:
+    """Held-out block accuracy by position and the mean accepted length of a k-block (greedy, true prefix)."""
+    was_training = model.training
+    model.eval()
+    cuts = draw_cuts(examples, k, model.config.max_position_embeddings, random.Random(seed))
+    hits, counts, accepted = [0] * k, [0] * k, []
+    for i in range(0, len(examples), batch_size):
+        part, part_cuts = examples[i : i + batch_size], cuts[i : i + batch_size]
+        rows = block_rows(part, part_cuts, k, start, mask, pad)
+        guess = block_logits(model, rows).argmax(-1)  # [B, T]
+        for r, p in enumerate(part_cuts):
+            labels = rows.block_labels[r, p + 1 : p + 1 + k].tolist()
+            right = [g == t for g, t in zip(guess[r, p + 1 : p + 1 + k].tolist(), labels) if t != -100]
+            for j, ok in enumerate(right):
+                hits[j] += ok
+                counts[j] += 1
+            lead = next((j for j, ok in enumerate(right) if not ok), len(right))
+            accepted.append(lead)
+    model.train(was_training)
+    return {"accuracy_by_position": [round(h / c, 4) if c else None for h, c in zip(hits, counts)],
+            "accepted_per_block": round(sum(accepted) / max(1, len(accepted)), 4)}
+
+
+def _save(out: Path, model: PreTrainedModel, optimizer, state: BlockTrainState, cfg: Seq2SeqBlockConfig) -> None:
+    def write_model(folder: Path) -> None:
+        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k in (
+            "model.shared.weight", "final_logits_bias") or ("embed_tokens" not in k and k != "lm_head.weight")}
+        save_file(weights, str(folder / "model.safetensors"))
+
+    save_checkpoint(out / "checkpoint", write_model, optimizer, state, asdict(cfg))
+
+
+def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: str = "cpu",
+                        stop_after_s: float | None = None, log: Callable[[str], None] = print) -> Path | None:
+    """Train (or resume) the block drafter. Returns the ``final`` folder, or None when stopped early
+    by ``stop_after_s`` (a checkpoint is written: call again to resume)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target)
+    target = AutoModelForSeq2SeqLM.from_pretrained(cfg.target, dtype=torch.float32)
+    mask = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer.unk_token_id
+    if mask is None:
+        raise ValueError("the tokenizer has no unk token to use as the block's mask: pass --mask-token-id")
+    pad, start = tokenizer.pad_token_id, decoder_start_id(target)
+    data_cfg = Seq2SeqTrainConfig(data=cfg.data, translations=cfg.translations, max_tokens=cfg.max_tokens,
+                                  batch_size=cfg.batch_size, seed=cfg.seed, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                                  max_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio)
+    examples = load_examples(data_cfg, tokenizer, "train")
+    held = examples[::HELD_OUT_EVERY][: cfg.eval_pairs]
+    train = [e for i, e in enumerate(examples) if i % HELD_OUT_EVERY]
+    if len(train) < cfg.batch_size:
+        raise ValueError(f"{cfg.translations} gives {len(train)} usable training pairs, fewer than a batch of "
+                         f"{cfg.batch_size}")
+    lengths = [len(e.src) + len(e.tgt) for e in train]
+    model = build_drafter(target, cfg, mask).to(device)
+    del target
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_positions" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
+    state = BlockTrainState()
+    if (out / "checkpoint").exists():
+        state = load_checkpoint(out / "checkpoint", model, optimizer, BlockTrainState)
+        log(f"resumed {out} at step {state.step}")
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log(f"training a {params / 1e6:.2f}M-parameter block drafter ({cfg.decoder_layers} decoder layers, k up to "
+        f"{cfg.max_block_size}, mask token {mask}) on {len(train)} translations ({len(held)} held out), "
+        f"{cfg.max_steps} steps of {cfg.batch_size}, {torch.get_num_threads()} threads")
+    started, before = time.perf_counter(), state.seconds
+    window = {"t": time.perf_counter(), "loss": 0.0, "n": 0}
+    model.train()
+    while state.step < cfg.max_steps:
+        step = state.step
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, data_cfg)
+        part = [train[i] for i in batch_indices(lengths, data_cfg, step)]
+        rng = random.Random(cfg.seed * 1_000_003 + step)  # k and cuts: a pure function of the step (exact resume)
+        k = rng.randint(1, cfg.max_block_size)
+        rows = block_rows(part, draw_cuts(part, k, model.config.max_position_embeddings, rng), k, start, mask, pad)
+        rows = BlockRows(**{f.name: getattr(rows, f.name).to(device) for f in fields(rows)})
+        logits = block_logits(model, rows).flatten(0, 1)  # [B*T, V]
+        loss = F.cross_entropy(logits, rows.block_labels.flatten(), ignore_index=-100,
+                               label_smoothing=cfg.label_smoothing)
+        if cfg.prefix_loss:
+            loss = loss + cfg.prefix_loss * F.cross_entropy(logits, rows.prefix_labels.flatten(), ignore_index=-100,
+                                                            label_smoothing=cfg.label_smoothing)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.seconds = before + time.perf_counter() - started
+        window["loss"] += loss.item()
+        window["n"] += 1
+        record = None
+        if state.step % 20 == 0 or state.step == cfg.max_steps:
+            record = {"step": state.step, "train_loss": round(window["loss"] / window["n"], 4),
+                      "lr": round(lr_at(step, data_cfg), 6),
+                      "steps_per_s": round(window["n"] / (time.perf_counter() - window["t"]), 2)}
+            window = {"t": time.perf_counter(), "loss": 0.0, "n": 0}
+        if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
+            record = record or {"step": state.step}
+            record.update(evaluate_blocks(model, held, cfg.max_block_size, start, mask, pad, seed=cfg.seed))
+        if record is not None:
+            record["elapsed_s"] = round(state.seconds)
+            state.history.append(record)
+            log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
+                + " ".join(f"{key}={v}" for key, v in record.items() if key != "step"))
+        if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
+            _save(out, model, optimizer, state, cfg)
+        if stop_after_s is not None and time.perf_counter() - started > stop_after_s and state.step < cfg.max_steps:
+            _save(out, model, optimizer, state, cfg)
+            log(f"stopped at step {state.step}; run again to resume")
+            return None
+    final = out / "final"
+    model.eval()
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        setattr(model.config, name, 0.0)
+    model.save_pretrained(final, safe_serialization=True)
+    tokenizer.save_pretrained(final)
+    (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state)}, indent=1))
+    return final
