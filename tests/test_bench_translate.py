@@ -44,7 +44,9 @@ def pair(tmp_path_factory):
     drafter = copy.deepcopy(target)
     drafter.model.decoder.layers = drafter.model.decoder.layers[:1]
     drafter.config.decoder_layers = 1
-    for name, model in (("target", target), ("drafter", drafter)):
+    block = copy.deepcopy(drafter)
+    block.config.block_drafter = {"mask_token_id": 2, "max_block_size": 8}
+    for name, model in (("target", target), ("drafter", drafter), ("block", block)):
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     return root, data
@@ -53,25 +55,43 @@ def pair(tmp_path_factory):
 def test_every_method_equals_plain_greedy_and_generate(pair):
     root, data = pair
     config = TranslateBenchConfig(target=str(root / "target"), data=str(data), drafter=str(root / "drafter"),
-                                  limit=12, max_new_tokens=10, repeats=2)
+                                  block_drafter=str(root / "block"), limit=12, max_new_tokens=10, repeats=2,
+                                  memory_batches=(1, 4), memory_sources=4)
     report = run_bench(config, log=lambda s: None)
     methods = {m["name"]: m for m in report["methods"]}
-    assert set(methods) == {"plain", "ngram", "model", "lookup+model", "hf"}
+    assert set(methods) == {"plain", "ngram", "model", "lookup+model", "block", "block β5τ3", "lookup+block", "hf",
+                            "hf beam5", "hf assisted"}
     assert report["sources"] == 12
     tokens = methods["plain"]["tokens"]
     assert tokens > 12
+    inexact = {"hf beam5", "block β5τ3"}
+    assert {name for name, m in methods.items() if not m["exact"]} == inexact
     for m in methods.values():
+        assert 0 <= m["bleu"] <= 100 and 0 <= m["chrf"] <= 100
+        if m["name"] in inexact:
+            continue
         assert m["differ"] == 0, m["name"]
         assert m["tokens"] == tokens and len(m["seconds"]) == 2
+        assert m["bleu"] == report["bleu"]
+    assert methods["block"]["drafted"] <= 4 * methods["block"]["rounds"]  # one block of at most gamma per round
+    assert methods["block β5τ3"]["rounds"] <= methods["block"]["rounds"]  # the relaxed rule keeps at least as much
+    assert [(r["batch"], r["method"]) for r in report["memory"]] == [(1, "model"), (1, "block"), (4, "model"),
+                                                                       (4, "block")]
+    for r in report["memory"]:
+        assert r["drafter_weights_mib"] > 0
+        assert r["extra_mib"] == pytest.approx(r["growth_mib"] + r["drafter_weights_mib"] - r["plain_growth_mib"],
+                                               abs=0.11)
     assert methods["plain"]["rounds"] == tokens  # one target forward per token
     assert 0 < methods["model"]["accepted"] < methods["model"]["drafted"]  # the drafter was heard, not always right
     assert methods["model"]["rounds"] < tokens
     assert 0 <= report["bleu"] <= 100 and 0 <= report["chrf"] <= 100
-    assert table(report).count("\n") == 2 + len(methods) - 1
+    assert table(report).count("\n") == 2 + len(methods) - 1 + 3 + len(report["memory"])
     assert 0 < report["uncapped_sources"] == report["sources"] - methods["plain"]["at_cap"] < report["sources"]
     uncapped = [m["uncapped"] for m in methods.values()]
     assert len({u["tokens"] for u in uncapped}) == 1 and uncapped[0]["tokens"] < tokens
     for m in methods.values():  # the sources' own times add up to the call's
+        if m["name"] in inexact:
+            continue
         for total, rows in zip(m["seconds"], m["row_seconds"]):
             assert all(t > 0 for t in rows) and 0.8 * total < sum(rows) <= total
 
@@ -144,8 +164,9 @@ def test_bench_task_translate(pair, tmp_path):
                      "--repeats", "1", "--output", str(out)]) == 0
     report = json.loads((out / "translate-summary.json").read_text())
     assert report["sources"] == 6 and {m["name"] for m in report["methods"]} == {
-        "plain", "ngram", "model", "lookup+model", "hf"}
-    assert all(m["differ"] == 0 for m in report["methods"])
+        "plain", "ngram", "model", "lookup+model", "hf", "hf beam5", "hf assisted"}
+    assert all(m["differ"] == 0 for m in report["methods"] if m["exact"])
+    assert [r["batch"] for r in report["memory"]] == [1, 4, 8, 16]
     assert "| lookup+model |" in (out / "translate-summary.md").read_text()
 
 

@@ -6,10 +6,15 @@ tokenizer and a JSONL file of ``{"src", "tgt"}`` pairs). Every method decodes th
 at a time, greedy, up to ``max_new_tokens``:
 
 - ``hf``: the target's own ``generate(num_beams=1, do_sample=False)``, one source at a time;
+  ``hf beam5``: its beam search (not exact: a quality reference); ``hf assisted``: its assisted
+  generation with the encoder-decoder drafter model as ``assistant_model`` (transformers' defaults);
 - ``plain``: our loop drafting nothing (``speculate="off"``): the ratio's denominator;
 - ``ngram``: prompt lookup, which also copies spans from the source (numbers, names, markers);
 - ``model``: an encoder-decoder drafter model; ``lookup+model``: lookup first, the model when
-  lookup finds nothing.
+  lookup finds nothing;
+- ``block``: SpecDec's block drafter (k drafts in one forward), verified exactly (β = 1);
+  ``block β5τ3``: the same verified by SpecDec's relaxed top-β/τ rule (β 5, τ 3: not exact, its
+  BLEU is the point); ``lookup+block``: lookup first, the block drafter otherwise.
 
 The repeats run in one process; in each repeat every method runs once, in rotating order, so the
 machine's noise falls on all of them alike. Reported per method: tokens/s of the median repeat,
@@ -18,7 +23,14 @@ rounds), α (accepted / drafted), how many outputs differ from ``plain`` (must b
 exact) and how many ran into ``max_new_tokens``; then tokens/s (summed per-source wall times,
 median repeat), its ratio and τ over the "uncapped" sources only, those whose plain output ended
 before ``max_new_tokens`` (a weak target loops, and lookup drafts a loop easily). BLEU and chrF
-(sacrebleu) of ``plain``'s outputs against the references come with them.
+(sacrebleu) of every method's outputs against the references come with them; the exact methods
+must equal ``plain`` on every source (the exit status says when one does not).
+
+Memory (``memory_batches``): for each batch size B, the same ``memory_sources`` sources decoded
+with ``batch_size`` B by ``plain`` and by each drafter, one untimed run inside a ``MemoryMeter``
+(peak RSS on CPU, allocated memory on CUDA) after a warm-up; the extra memory of speculation is the
+drafter run's growth plus the drafter's weights minus plain's growth, set beside the drafter's
+weights (the issue's bound: at most 110% of them).
 
     specdec bench --task translate --data data/gettext-de --target runs/translate-target/final \\
         --drafter runs/translate-drafter/final --num-prompts 200 --seed 19
@@ -50,7 +62,9 @@ from transformers import (
 
 import specdec
 from specdec.bench.config import BenchConfig
+from specdec.bench.measure import MemoryMeter
 from specdec.bench.records import write_summary
+from specdec.config import VerifyConfig
 from specdec.drafters import model_drafter
 
 
@@ -61,13 +75,19 @@ class TranslateBenchConfig:
     target: str  # the target's folder (an AutoModelForSeq2SeqLM with its tokenizer)
     data: str  # a `specdec data gettext` folder ({split}.jsonl with "src" and "tgt")
     drafter: str | None = None  # an encoder-decoder drafter's folder; None = lookup only
+    block_drafter: str | None = None  # an encoder-decoder block drafter's folder (SpecDec); None = none
     split: str = "test"  # which file of ``data``
     limit: int = 200  # sources sampled from the split (seeded, uniform); 0 = all
     seed: int = 19  # the sample's seed
     max_new_tokens: int = 128  # per source, the same for every method
     gamma: int = 4  # tokens drafted per round
     repeats: int = 3  # runs of every method; the median is reported
-    hf: bool = True  # also time transformers' own generate
+    hf: bool = True  # also time transformers' own generate (greedy, beam search, assisted with the drafter)
+    beams: int = 5  # transformers' beam search width timed beside greedy (0 = none)
+    beta: int = 5  # the relaxed block method's top-beta (SpecDec: 5)
+    tau: float = 3.0  # ...and its logit gap (SpecDec: 3)
+    memory_batches: tuple[int, ...] = (1, 4, 8, 16)  # batch sizes of the memory measurement (empty = none)
+    memory_sources: int = 16  # sources decoded at each of them (the sample's longest)
     threads: int = 1  # torch threads
 
 
@@ -141,16 +161,19 @@ class RowOutput:
     accepted: int = 0  # draft tokens accepted
 
 
-def hf_greedy(model: PreTrainedModel, sources: Sequence[list[int]], max_new_tokens: int, eos: int) -> list[RowOutput]:
-    """transformers' greedy ``generate`` of each source alone (new tokens, the start token left out)."""
-    config = GenerationConfig(max_new_tokens=max_new_tokens, num_beams=1, do_sample=False, eos_token_id=eos,
+def hf_generate(model: PreTrainedModel, sources: Sequence[list[int]], max_new_tokens: int, eos: int,
+                num_beams: int = 1, assistant: PreTrainedModel | None = None) -> list[RowOutput]:
+    """transformers' ``generate`` of each source alone (new tokens, the start token left out): greedy,
+    beam search (``num_beams`` > 1) or assisted by ``assistant``."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=False, eos_token_id=eos,
                               pad_token_id=model.config.pad_token_id,
                               decoder_start_token_id=model.config.decoder_start_token_id)
+    extra = {} if assistant is None else {"assistant_model": assistant}
     outs = []
     for ids in sources:
         start = time.perf_counter()
         out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                             generation_config=config)
+                             generation_config=config, **extra)
         tokens = out[0, 1:].tolist()
         outs.append(RowOutput(tokens, len(tokens), time.perf_counter() - start))
     return outs
@@ -170,6 +193,18 @@ def timed_rows(generate: Callable[..., list]) -> list[RowOutput]:
             for r, a, b in zip(results, [start, *ends], ends)]
 
 
+EXACT_OFF = ("hf beam", "block β")  # methods (by name prefix) that need not equal plain greedy
+
+
+def is_exact(name: str) -> bool:
+    """Whether the method ``name`` must give plain greedy's output."""
+    return not name.startswith(EXACT_OFF)
+
+
+def _load(folder: str | None) -> PreTrainedModel | None:
+    return AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval() if folder else None
+
+
 def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) -> dict:
     """Decode the sampled sources with every method ``config.repeats`` times; return the figures."""
     torch.set_num_threads(config.threads)
@@ -178,13 +213,15 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     eos = target.config.eos_token_id
     pairs = sample_pairs(config.data, config.split, config.limit, config.seed)
     sources = encode_sources(tokenizer, target, [p["src"] for p in pairs])
-    drafter_model = (AutoModelForSeq2SeqLM.from_pretrained(config.drafter, dtype=torch.float32).eval()
-                     if config.drafter else None)
+    drafter_model, block_model = _load(config.drafter), _load(config.block_drafter)
     common = {"max_new_tokens": config.max_new_tokens, "stop_token_ids": [eos], "batch_size": 1}
 
-    def ours(drafter: object) -> Callable[[], list[RowOutput]]:
+    def ours(drafter: object, **options: object) -> Callable[[], list[RowOutput]]:
         return lambda: timed_rows(lambda **kw: specdec.speculative_generate(target, drafter, sources,
-                                                                            gamma=config.gamma, **common, **kw))
+                                                                            gamma=config.gamma, **common, **options, **kw))
+
+    def hf(**options: object) -> Callable[[], list[RowOutput]]:
+        return lambda: hf_generate(target, sources, config.max_new_tokens, eos, **options)
 
     methods: dict[str, Callable[[], list[RowOutput]]] = {
         "plain": lambda: timed_rows(lambda **kw: specdec.autoregressive_generate(target, sources, **common, **kw)),
@@ -193,8 +230,17 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     if drafter_model is not None:
         methods["model"] = ours(drafter_model)
         methods["lookup+model"] = ours(specdec.LookupDrafter(model_drafter(drafter_model)))
+    if block_model is not None:
+        methods["block"] = ours(block_model)
+        methods[f"block β{config.beta}τ{config.tau:g}"] = ours(
+            block_model, verify=VerifyConfig("topk_tau", beta=config.beta, tau=config.tau))
+        methods["lookup+block"] = ours(specdec.LookupDrafter(model_drafter(block_model)))
     if config.hf:
-        methods["hf"] = lambda: hf_greedy(target, sources, config.max_new_tokens, eos)
+        methods["hf"] = hf()
+        if config.beams > 1:
+            methods[f"hf beam{config.beams}"] = hf(num_beams=config.beams)
+        if drafter_model is not None:
+            methods["hf assisted"] = hf(assistant=drafter_model)
     runs = {name: MethodRun(name) for name in methods}
     outputs: dict[str, list[list[int]]] = {}
     names = list(methods)
@@ -221,18 +267,24 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     plain = outputs["plain"]
     for name, run in runs.items():
         run.differ = sum(a != b for a, b in zip(outputs[name], plain))
-    hypotheses = tokenizer.batch_decode(plain, skip_special_tokens=True)
     references = [p["tgt"] for p in pairs]
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
-    chrf = sacrebleu.corpus_chrf(hypotheses, [references])
+
+    def quality(tokens: list[list[int]]) -> tuple[float, float]:
+        hypotheses = tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        return (round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2),
+                round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2))
+
+    bleu, chrf = quality(plain)
     base = runs["plain"].tokens_per_s
     # a weak target loops until max_new_tokens, and lookup drafts loops well: the same figures over the
     # sources whose plain output ended before the cap
     uncapped = [i for i, t in enumerate(plain) if len(t) < config.max_new_tokens]
     base_uncapped = runs["plain"].subset(uncapped)["tokens_per_s"] if uncapped else float("nan")
     rows = []
-    for run in runs.values():
-        row = {**asdict(run), "median_s": run.median_s, "tokens_per_s": run.tokens_per_s,
+    for name, run in runs.items():
+        method_bleu, method_chrf = quality(outputs[name])
+        row = {**asdict(run), "exact": is_exact(name), "bleu": method_bleu, "chrf": method_chrf,
+               "median_s": run.median_s, "tokens_per_s": run.tokens_per_s,
                "ratio_over_plain": run.tokens_per_s / base, "tau": run.tau, "alpha": run.alpha}
         if "hf" in runs:
             row["ratio_over_hf"] = run.tokens_per_s / runs["hf"].tokens_per_s
@@ -240,22 +292,73 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
             sub = run.subset(uncapped)
             row["uncapped"] = {**sub, "ratio_over_plain": sub["tokens_per_s"] / base_uncapped}
         rows.append(row)
+    drafters = {name: model for name, model in (("model", drafter_model), ("block", block_model)) if model is not None}
+    longest = sorted(sources, key=len, reverse=True)[: config.memory_sources]
+    memory = memory_sweep(target, drafters, longest, config.memory_batches, config.max_new_tokens, eos, log)
     return {"config": asdict(config), "sources": len(sources), "uncapped_sources": len(uncapped),
-            "bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2), "methods": rows}
+            "bleu": bleu, "chrf": chrf, "methods": rows, "memory": memory}
+
+
+def weight_mib(model: PreTrainedModel) -> float:
+    """Bytes of a model's parameters and buffers, MiB."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
+
+
+@torch.inference_mode()
+def _decode(target: PreTrainedModel, drafter: PreTrainedModel | None, sources: Sequence[list[int]], options: dict) -> None:
+    if drafter is None:
+        specdec.autoregressive_generate(target, list(sources), **options)
+    else:
+        specdec.speculative_generate(target, drafter, list(sources), **options)
+
+
+def memory_sweep(target: PreTrainedModel, drafters: dict[str, PreTrainedModel], sources: Sequence[list[int]],
+                 batches: Sequence[int], max_new_tokens: int, eos: int,
+                 log: Callable[[str], None] = print) -> list[dict]:
+    """Per batch size: plain's peak memory growth, and each drafter's extra memory over plain."""
+    rows = []
+    device = next(target.parameters()).device
+    for batch in batches:
+        growth = {}
+        options = {"max_new_tokens": max_new_tokens, "stop_token_ids": [eos], "batch_size": batch}
+        for name, drafter in {"plain": None, **drafters}.items():
+            _decode(target, drafter, sources, options)  # warm-up: one-time allocations are not charged
+            meter = MemoryMeter(device)
+            with meter:
+                _decode(target, drafter, sources, options)
+            assert meter.reading is not None
+            growth[name] = meter.reading
+        for name, model in drafters.items():
+            weights = weight_mib(model)
+            extra = growth[name].growth_mib + weights - growth["plain"].growth_mib
+            rows.append({"batch": batch, "method": name, "plain_growth_mib": round(growth["plain"].growth_mib, 1),
+                         "growth_mib": round(growth[name].growth_mib, 1), "drafter_weights_mib": round(weights, 1),
+                         "extra_mib": round(extra, 1), "within_bound": extra <= 1.1 * weights,
+                         "source": growth[name].source})
+            log(f"memory at batch {batch}, {name}: extra {extra:.1f} MiB (drafter weights {weights:.1f} MiB)")
+    return rows
 
 
 def table(report: dict) -> str:
-    """The figures as a Markdown table."""
-    lines = [("| method | tokens/s | × plain | × hf | τ (tokens/round) | α | differ from plain | at cap "
+    """The figures as Markdown tables: methods, then memory."""
+    lines = [("| method | BLEU | chrF | tokens/s | × plain | × hf | τ (tokens/round) | α | differ from plain | at cap "
               "| uncapped: tokens/s | × plain | τ |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["methods"]:
-        tau = "1" if m["name"] in ("plain", "hf") else f"{m['tau']:.2f}"
-        alpha = "" if m["name"] in ("plain", "hf") else f"{m['alpha']:.2f}"
-        lines.append(f"| {m['name']} | {m['tokens_per_s']:.1f} | {m['ratio_over_plain']:.2f} | "
-                     f"{m.get('ratio_over_hf', float('nan')):.2f} | {tau} | {alpha} | {m['differ']}/{report['sources']}"
-                     f" | {m['at_cap']} | {_sub(m, 'tokens_per_s', '.1f')} | {_sub(m, 'ratio_over_plain', '.2f')} "
-                     f"| {_sub(m, 'tau', '.2f')} |")
+        drafts = m["name"] not in ("plain",) and not m["name"].startswith("hf")
+        tau = f"{m['tau']:.2f}" if drafts else "1" if m["name"] in ("plain", "hf") else ""
+        alpha = f"{m['alpha']:.2f}" if drafts else ""
+        differ = f"{m['differ']}/{report['sources']}" + ("" if m.get("exact", True) else " (not exact)")
+        lines.append(f"| {m['name']} | {m['bleu']:.2f} | {m['chrf']:.2f} | {m['tokens_per_s']:.1f} | "
+                     f"{m['ratio_over_plain']:.2f} | {m.get('ratio_over_hf', float('nan')):.2f} | {tau} | {alpha} | "
+                     f"{differ} | {m['at_cap']} | {_sub(m, 'tokens_per_s', '.1f')} | "
+                     f"{_sub(m, 'ratio_over_plain', '.2f')} | {_sub(m, 'tau', '.2f')} |")
+    if report.get("memory"):
+        lines += ["", ("| batch | drafter | plain's peak growth MiB | drafter run's growth MiB | drafter weights MiB "
+                      "| extra over plain MiB | ≤ 110% of weights |"), "|---|---|---|---|---|---|---|"]
+        for r in report["memory"]:
+            lines.append(f"| {r['batch']} | {r['method']} | {r['plain_growth_mib']} | {r['growth_mib']} | "
+                         f"{r['drafter_weights_mib']} | {r['extra_mib']} | {'yes' if r['within_bound'] else 'no'} |")
     return "\n".join(lines)
 
 
@@ -278,8 +381,9 @@ def headline(report: dict) -> str:
 def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
     """``specdec bench --task translate``'s settings: the bench flags mapped onto this benchmark's.
     The code pair's default names stand for the translate pair (the shipped ``translate-target``, and
-    ``models/translate-drafter`` when shipped, else lookup only); ``--num-prompts`` is the number of
-    test sources sampled (seeded by ``--seed``), ``--gamma`` its first value."""
+    ``models/translate-drafter`` when shipped, else lookup only); the shipped
+    ``translate-block-drafter`` is measured when there is one; ``--num-prompts`` is the number of test
+    sources sampled (seeded by ``--seed``), ``--gamma`` its first value."""
     from specdec.loading import models_dir, resolve_model_path
 
     defaults = BenchConfig()
@@ -289,9 +393,11 @@ def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
         shipped = models_dir() / "translate-drafter"
         drafter = str(shipped) if (shipped / "config.json").is_file() else None
     check_model_folder("drafter", drafter)  # the target's folder was checked as it was resolved
-    return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter, limit=config.num_prompts,
-                                seed=config.seed, max_new_tokens=config.max_new_tokens, gamma=config.gamma[0],
-                                repeats=config.repeats)
+    block = models_dir() / "translate-block-drafter"
+    return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter,
+                                block_drafter=str(block) if (block / "config.json").is_file() else None,
+                                limit=config.num_prompts, seed=config.seed, max_new_tokens=config.max_new_tokens,
+                                gamma=config.gamma[0], repeats=config.repeats)
 
 
 def run_and_report(config: BenchConfig, console) -> int:
@@ -303,7 +409,7 @@ def run_and_report(config: BenchConfig, console) -> int:
     console.print(head)
     console.print(table(report))
     console.print(f"wrote {', '.join(map(str, paths))}", style="dim")
-    differ = [m["name"] for m in report["methods"] if m["differ"]]
+    differ = [m["name"] for m in report["methods"] if m["differ"] and m["exact"]]
     if differ:
         console.print(f"outputs differ from plain greedy: {', '.join(differ)}", style="red")
     return 1 if differ else 0
@@ -315,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="the target's folder")
     parser.add_argument("--data", required=True, help="a `specdec data gettext` folder")
     parser.add_argument("--drafter", help="an encoder-decoder drafter's folder")
+    parser.add_argument("--block-drafter", help="an encoder-decoder block drafter's folder (SpecDec)")
     parser.add_argument("--split", default=defaults.split, choices=["validation", "test"])
     parser.add_argument("--limit", type=int, default=defaults.limit, help="sources sampled from the split (0 = all)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -322,21 +429,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gamma", type=int, default=defaults.gamma)
     parser.add_argument("--repeats", type=int, default=defaults.repeats)
     parser.add_argument("--no-hf", action="store_true", help="do not time transformers' generate")
+    parser.add_argument("--beams", type=int, default=defaults.beams, help="transformers' beam width timed (0 = none)")
+    parser.add_argument("--memory-batches", type=int, nargs="*", default=list(defaults.memory_batches),
+                        help="batch sizes of the memory measurement (none: skip it)")
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     try:
         check_model_folder("target", args.target or None)
         check_model_folder("drafter", args.drafter or None)
+        check_model_folder("block-drafter", args.block_drafter or None)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.repeats < 1 or args.max_new_tokens < 1 or args.gamma < 1:
         print("error: --repeats, --max-new-tokens and --gamma must be >= 1", file=sys.stderr)
         return 2
-    config = TranslateBenchConfig(target=args.target, data=args.data, drafter=args.drafter, split=args.split,
-                                  limit=args.limit, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                                  gamma=args.gamma, repeats=args.repeats, hf=not args.no_hf, threads=args.threads)
+    config = TranslateBenchConfig(target=args.target, data=args.data, drafter=args.drafter,
+                                  block_drafter=args.block_drafter, split=args.split, limit=args.limit, seed=args.seed,
+                                  max_new_tokens=args.max_new_tokens, gamma=args.gamma, repeats=args.repeats,
+                                  hf=not args.no_hf, beams=args.beams, memory_batches=tuple(args.memory_batches),
+                                  threads=args.threads)
     try:
         report = run_bench(config, log=lambda s: print(s, file=sys.stderr, flush=True))
     except FileNotFoundError as err:
@@ -346,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(headline(report))
     print(table(report))
-    return 0
+    return 1 if any(m["differ"] and m["exact"] for m in report["methods"]) else 0
 
 
 if __name__ == "__main__":

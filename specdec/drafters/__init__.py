@@ -10,8 +10,10 @@
   shipped name or a folder, through ``loader``: by default ``load_model`` on the target's device
   and dtype; callers that keep models pass their own, which decides what a name means), or "lookup+NAME": prompt lookup first and
   the drafter NAME when lookup finds nothing (``LookupDrafter``). A block drafter model (SpecDec,
-  ``BlockDrafterModel``) drafts through ``BlockDrafter``; "block" names the shipped
-  ``code-block-drafter`` and "block:PATH" a block drafter folder (so "lookup+block" is prompt lookup
+  ``BlockDrafterModel``, or an encoder-decoder with ``config.block_drafter``) drafts through
+  ``BlockDrafter``; "block" names the shipped block drafter for the target's kind
+  (``code-block-drafter``, or ``translate-block-drafter`` for an encoder-decoder target) and
+  "block:PATH" a block drafter folder (so "lookup+block" is prompt lookup
   first, the block drafter otherwise).
 
 New drafters register with ``register_drafter`` (by name) or ``register_model_drafter`` (by the
@@ -39,8 +41,8 @@ DRAFTERS: dict[str, Callable[[], Drafter]] = {"ngram": NgramDrafter}
 MODEL_DRAFTERS: list[tuple[Callable[[PreTrainedModel], bool], Callable[[PreTrainedModel], Drafter]]] = []
 
 Loader = Callable[[str], PreTrainedModel]
-BLOCK = "block"  # "block" = the shipped block drafter, "block:PATH" = a block drafter folder
-SHIPPED_BLOCK = "code-block-drafter"
+BLOCK = "block"  # "block" = the shipped block drafter for the target's kind, "block:PATH" = a block drafter folder
+SHIPPED_BLOCK = {False: "code-block-drafter", True: "translate-block-drafter"}  # by target.encoder_decoder
 
 
 def register_drafter(name: str, factory: Callable[[], Drafter]) -> None:
@@ -62,10 +64,10 @@ register_model_drafter(_language_model, ModelDrafter)
 register_model_drafter(is_block_drafter, BlockDrafter)
 
 
-def _block_name(name: str) -> tuple[str, bool]:
+def _block_name(name: str, encoder_decoder: bool) -> tuple[str, bool]:
     """A drafter model name with the block aliases resolved: (model name or folder, whether a block drafter is required)."""
     if name == BLOCK:
-        return SHIPPED_BLOCK, True
+        return SHIPPED_BLOCK[encoder_decoder], True
     if name.startswith(BLOCK + ":"):
         path = name[len(BLOCK) + 1:]
         if not path:
@@ -111,7 +113,7 @@ def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | N
     if drafter.name in DRAFTERS:
         return DRAFTERS[drafter.name]().align(target, tokenizer)
     assert drafter.model is not None
-    name, block = _block_name(drafter.model)
+    name, block = _block_name(drafter.model, target.encoder_decoder)
     if loader is None:
         from specdec.loading import load_model
 

@@ -14,8 +14,8 @@ when drafting), learn y[p], ..., y[p+k-1] (SpecDec's block loss; positions past 
 not scored), and the prefix positions learn the next token with weight ``prefix_loss`` (a dense
 signal for the states the blocks read). Each step draws one k for the batch, uniformly in
 1..``max_block_size``, and one p per row, uniformly over y (where the row fits the decoder's
-positions). Data: ``specdec train translations`` (sequence-level distillation, as SpecDec trains on the teacher's outputs); every 50th record is held
-out for evaluation: the share of block positions j whose argmax is y[p+j] given the true prefix,
+positions). Data: ``specdec train translations`` (sequence-level distillation, as SpecDec
+trains on the teacher's outputs); every 50th record is held out for evaluation: the share of block positions j whose argmax is y[p+j] given the true prefix,
 and the mean accepted length of a k = ``max_block_size`` block under greedy verification.
 
 Departures from SpecDec, documented: no glancing (GLAT) and one block per row per step, to keep the
