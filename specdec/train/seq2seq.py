@@ -94,6 +94,12 @@ PRESETS: dict[str, Seq2SeqTrainConfig] = {
         shape=Seq2SeqShape(128, 2, 2, 4, 512), translations="runs/translate-target-translations-train.jsonl",
         lr=2e-3, max_steps=600, warmup_steps=100, dropout=0.05,
     ),
+    # Stage 2 of the drafter: continued from stage 1 on the target's translations of all the train
+    # sources (stage 1 had the first 10,240), a lower peak rate, its own warm-up and cosine decay.
+    "translate-drafter-s2": Seq2SeqTrainConfig(
+        shape=Seq2SeqShape(128, 2, 2, 4, 512), translations="runs/translate-target-translations-train.jsonl",
+        init_from="runs/translate-drafter/final", lr=1e-3, max_steps=1500, warmup_steps=50, dropout=0.05, seed=1,
+    ),
     # seconds-long run for tests and smoke checks
     "tiny": Seq2SeqTrainConfig(
         shape=Seq2SeqShape(32, 1, 1, 2, 64, 64), batch_size=8, max_tokens=48, max_steps=20, eval_every=10,
