@@ -236,13 +236,31 @@ class TrainState:
     history: list = field(default_factory=list)  # [{"step", "train_loss", "val_loss", "lr", "pairs_per_s"}]
 
 
-def _save_checkpoint(out: Path, model, optimizer, state: TrainState, cfg: Seq2SeqTrainConfig) -> None:
+def adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over an encoder-decoder: weight decay on matrices (not the position table), none on the rest."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_positions" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
+
+
+def save_run_checkpoint(out: Path, model, optimizer, state: TrainState, config: object) -> None:
+    """``out/checkpoint`` of an encoder-decoder run (``config``: the run's dataclass)."""
     def write_model(folder: Path) -> None:  # the tied copies of the shared embedding are left out
         weights = {k: v.contiguous() for k, v in model.state_dict().items() if k in (
             "model.shared.weight", "final_logits_bias") or ("embed_tokens" not in k and k != "lm_head.weight")}
         save_file(weights, str(folder / "model.safetensors"))
 
-    save_checkpoint(out / "checkpoint", write_model, optimizer, state, asdict(cfg))
+    save_checkpoint(out / "checkpoint", write_model, optimizer, state, asdict(config))
+
+
+def resume(out: Path, model, optimizer, log: Callable[[str], None]) -> TrainState:
+    """The run's state from ``out/checkpoint`` (weights and optimizer loaded), or a fresh one."""
+    if not (out / "checkpoint").exists():
+        return TrainState()
+    state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
+    log(f"resumed {out} at step {state.step}")
+    return state
 
 
 def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "cpu",
@@ -268,14 +286,8 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
             raise ValueError(f"--init-from {cfg.init_from} has vocabulary {model.config.vocab_size}, "
                              f"the tokenizer {len(tokenizer)}: use the tokenizer it was trained with")
     model = model.to(device)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_positions" not in n]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
-    state = TrainState()
-    if (out / "checkpoint").exists():
-        state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
-        log(f"resumed {out} at step {state.step}")
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
+    state = resume(out, model, optimizer, log)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"training {n_params / 1e6:.2f}M parameters on {len(train_examples)} pairs "
         f"({sum(len(e.tgt) for e in train_examples) / 1e6:.2f}M target tokens, "
@@ -318,10 +330,10 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
             log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
                 + " ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
         if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
-            _save_checkpoint(out, model, optimizer, state, cfg)
+            save_run_checkpoint(out, model, optimizer, state, cfg)
         out_of_time = stop_after_s is not None and time.perf_counter() - started > stop_after_s
         if (out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
-            _save_checkpoint(out, model, optimizer, state, cfg)
+            save_run_checkpoint(out, model, optimizer, state, cfg)
             log(f"stopped at step {state.step}; run again to resume")
             return None
     final = out / "final"

@@ -29,18 +29,25 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 
 from specdec.drafters.block import SEQ2SEQ_BLOCK
 from specdec.seq2seq import block_attention_mask, decoder_start_id
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint
-from specdec.train.seq2seq import Example, Seq2SeqTrainConfig, batch_indices, load_examples, lr_at
+from specdec.train.seq2seq import (
+    Example,
+    Seq2SeqTrainConfig,
+    adamw,
+    batch_indices,
+    load_examples,
+    lr_at,
+    resume,
+    save_run_checkpoint,
+)
 
 HELD_OUT_EVERY = 50  # every 50th translation record is held out for evaluation
 
@@ -70,13 +77,6 @@ class Seq2SeqBlockConfig:
     save_every: int = 100  # steps between checkpoints (resume point)
     eval_pairs: int = 256  # held-out rows measured at each evaluation
     seed: int = 0
-
-
-@dataclass
-class BlockTrainState:
-    step: int = 0
-    seconds: float = 0.0
-    history: list = field(default_factory=list)
 
 
 def build_drafter(target: PreTrainedModel, cfg: Seq2SeqBlockConfig, mask_token_id: int) -> PreTrainedModel:
@@ -169,15 +169,6 @@ def evaluate_blocks(model: PreTrainedModel, examples: list[Example], k: int, sta
             "accepted_per_block": round(sum(accepted) / max(1, len(accepted)), 4)}
 
 
-def _save(out: Path, model: PreTrainedModel, optimizer, state: BlockTrainState, cfg: Seq2SeqBlockConfig) -> None:
-    def write_model(folder: Path) -> None:
-        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k in (
-            "model.shared.weight", "final_logits_bias") or ("embed_tokens" not in k and k != "lm_head.weight")}
-        save_file(weights, str(folder / "model.safetensors"))
-
-    save_checkpoint(out / "checkpoint", write_model, optimizer, state, asdict(cfg))
-
-
 def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: str = "cpu",
                         stop_after_s: float | None = None, log: Callable[[str], None] = print) -> Path | None:
     """Train (or resume) the block drafter. Returns the ``final`` folder, or None when stopped early
@@ -203,14 +194,8 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     lengths = [len(e.src) + len(e.tgt) for e in train]
     model = build_drafter(target, cfg, mask).to(device)
     del target
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_positions" not in n]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
-    state = BlockTrainState()
-    if (out / "checkpoint").exists():
-        state = load_checkpoint(out / "checkpoint", model, optimizer, BlockTrainState)
-        log(f"resumed {out} at step {state.step}")
+    optimizer = adamw(model, cfg.lr, cfg.weight_decay)
+    state = resume(out, model, optimizer, log)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"training a {params / 1e6:.2f}M-parameter block drafter ({cfg.decoder_layers} decoder layers, k up to "
         f"{cfg.max_block_size}, mask token {mask}) on {len(train)} translations ({len(held)} held out), "
@@ -256,9 +241,9 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
             log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
                 + " ".join(f"{key}={v}" for key, v in record.items() if key != "step"))
         if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
-            _save(out, model, optimizer, state, cfg)
+            save_run_checkpoint(out, model, optimizer, state, cfg)
         if stop_after_s is not None and time.perf_counter() - started > stop_after_s and state.step < cfg.max_steps:
-            _save(out, model, optimizer, state, cfg)
+            save_run_checkpoint(out, model, optimizer, state, cfg)
             log(f"stopped at step {state.step}; run again to resume")
             return None
     final = out / "final"
