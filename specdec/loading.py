@@ -28,7 +28,8 @@ from transformers import (
 
 import specdec
 
-SHIPPED_MODELS = ("code-target", "code-drafter", "code-block-drafter", "translate-target")  # names resolved to models/<name> at the repo root
+SHIPPED_MODELS = ("code-target", "code-drafter", "code-block-drafter", "translate-target", "translate-drafter",
+                  "translate-block-drafter")  # names resolved to models/<name> at the repo root
 DEFAULT_TARGET = "code-target"  # what load_model(None) loads
 
 DTYPES: dict[str, torch.dtype] = {
