@@ -205,3 +205,17 @@ def test_serve_an_encoder_decoder_target(pair, monkeypatch):
             client.chat.completions.create(model="target", messages=[{"role": "user", "content": "open"}])
         with pytest.raises(openai.BadRequestError, match="encoder holds 64 tokens, but the source has"):
             client.completions.create(model="target", prompt=[5] * 70, max_tokens=4)
+
+
+def test_bench_flags_pick_the_shipped_drafters_for_the_shipped_target_only(pair):
+    from specdec.bench.config import BenchConfig
+    from specdec.bench.translate import config_from_bench
+    from specdec.loading import default_model_path
+
+    root, data = pair
+    shipped = config_from_bench(BenchConfig(task="translate", data=str(data)))
+    assert shipped.target == str(default_model_path("translate-target"))
+    assert shipped.drafter == str(default_model_path("translate-drafter"))
+    assert shipped.block_drafter == str(default_model_path("translate-block-drafter"))
+    own = config_from_bench(BenchConfig(task="translate", data=str(data), target=str(root / "target")))
+    assert own.target == str(root / "target") and own.drafter is None and own.block_drafter is None

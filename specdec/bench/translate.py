@@ -380,22 +380,25 @@ def headline(report: dict) -> str:
 
 def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
     """``specdec bench --task translate``'s settings: the bench flags mapped onto this benchmark's.
-    The code pair's default names stand for the translate pair (the shipped ``translate-target``, and
-    ``models/translate-drafter`` when shipped, else lookup only); the shipped
-    ``translate-block-drafter`` is measured when there is one; ``--num-prompts`` is the number of test
-    sources sampled (seeded by ``--seed``), ``--gamma`` its first value."""
+    The code pair's default names stand for the translate pair: the shipped ``translate-target`` and,
+    with it (the shipped drafters are distilled from it, for it alone), ``models/translate-drafter``
+    and ``models/translate-block-drafter`` where shipped; another ``--target`` gets lookup only
+    unless ``--drafter`` names one. ``--num-prompts`` is the number of test sources sampled (seeded
+    by ``--seed``), ``--gamma`` its first value."""
     from specdec.loading import models_dir, resolve_model_path
 
     defaults = BenchConfig()
-    drafter = config.drafter
-    target = str(resolve_model_path("translate-target" if config.target == defaults.target else config.target))
-    if drafter == defaults.drafter:
-        shipped = models_dir() / "translate-drafter"
-        drafter = str(shipped) if (shipped / "config.json").is_file() else None
+    shipped_target = config.target == defaults.target
+    target = str(resolve_model_path("translate-target" if shipped_target else config.target))
+
+    def shipped(name: str) -> str | None:
+        folder = models_dir() / name
+        return str(folder) if shipped_target and (folder / "config.json").is_file() else None
+
+    drafter = shipped("translate-drafter") if config.drafter == defaults.drafter else config.drafter
     check_model_folder("drafter", drafter)  # the target's folder was checked as it was resolved
-    block = models_dir() / "translate-block-drafter"
     return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter,
-                                block_drafter=str(block) if (block / "config.json").is_file() else None,
+                                block_drafter=shipped("translate-block-drafter"),
                                 limit=config.num_prompts, seed=config.seed, max_new_tokens=config.max_new_tokens,
                                 gamma=config.gamma[0], repeats=config.repeats)
 
