@@ -1,6 +1,6 @@
 """SpecDec's block drafter as an encoder-decoder (issue 19): exact decoding, the block mask, refusals.
 
-Random tiny Marian and BART block drafters (the target with one decoder layer and a
+Random tiny Marian, BART and T5 block drafters (the target with one decoder layer and a
 ``block_drafter`` config entry, so its drafts are often wrong): greedy output equals the target's
 own ``generate`` for one source and a batch of sources of different lengths, gamma 1 and 4, alone
 and after prompt lookup; the cached block forward (rows of different lengths, holes) gives the
@@ -32,7 +32,7 @@ def block_drafter(target, max_block_size: int = 8):
     return drafter
 
 
-@pytest.mark.parametrize("arch", ["marian", "bart"])
+@pytest.mark.parametrize("arch", ["marian", "bart", "t5"])
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_greedy_equals_generate_single_and_batched(arch, gamma):
     target = build(arch)
