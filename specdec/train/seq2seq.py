@@ -263,6 +263,60 @@ def resume(out: Path, model, optimizer, log: Callable[[str], None]) -> TrainStat
     return state
 
 
+def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[[int], float],
+              loss_at: Callable[[int], tuple[torch.Tensor, int]], evaluate: Callable[[], dict],
+              stop_after_s: float | None = None, stop_at_step: int | None = None,
+              log: Callable[[str], None] = print) -> bool:
+    """The optimizer loop of the encoder-decoder trainers, from ``state.step`` to ``cfg.max_steps``.
+
+    Each step sets the learning rate ``lr(step)``, takes ``loss_at(step)`` -> (loss, pairs in the
+    batch), clips the gradient to ``cfg.grad_clip`` and steps. Every 20 steps a record of the mean
+    train_loss, lr and pairs_per_s; every ``cfg.eval_every`` steps ``evaluate()``'s figures; both go
+    to ``state.history`` and the log. A checkpoint (``save_run_checkpoint``) every ``cfg.save_every``
+    steps and at the end. Returns False when stopped early by ``stop_after_s`` or ``stop_at_step``
+    (a checkpoint written: the run resumes from it), True once ``cfg.max_steps`` is reached."""
+    started = time.perf_counter()
+    seconds_before = state.seconds
+    window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
+    model.train()
+    while state.step < cfg.max_steps:
+        step = state.step
+        for group in optimizer.param_groups:
+            group["lr"] = lr(step)
+        loss, pairs = loss_at(step)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.seconds = seconds_before + time.perf_counter() - started
+        window["loss"] += loss.item()
+        window["n"] += 1
+        window["pairs"] += pairs
+        record = None
+        if state.step % 20 == 0 or state.step == cfg.max_steps:
+            record = {"step": state.step, "train_loss": round(window["loss"] / window["n"], 4),
+                      "lr": round(lr(step), 6),
+                      "pairs_per_s": round(window["pairs"] / (time.perf_counter() - window["t"]), 1)}
+            window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
+        if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
+            record = record or {"step": state.step}
+            record.update(evaluate())
+        if record is not None:
+            record["elapsed_s"] = round(state.seconds)
+            state.history.append(record)
+            log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
+                + " ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+        if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
+            save_run_checkpoint(out, model, optimizer, state, cfg)
+        out_of_time = stop_after_s is not None and time.perf_counter() - started > stop_after_s
+        if (out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
+            save_run_checkpoint(out, model, optimizer, state, cfg)
+            log(f"stopped at step {state.step}; run again to resume")
+            return False
+    return True
+
+
 def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "cpu",
                   stop_after_s: float | None = None, stop_at_step: int | None = None,
                   log: Callable[[str], None] = print) -> Path | None:
@@ -293,49 +347,19 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
         f"({sum(len(e.tgt) for e in train_examples) / 1e6:.2f}M target tokens, "
         f"{'the target translations ' + cfg.translations if cfg.translations else 'references'}), "
         f"{cfg.max_steps} steps of {cfg.batch_size} pairs, device {device}, {torch.get_num_threads()} threads")
-    started = time.perf_counter()
-    seconds_before = state.seconds
-    window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
-    model.train()
-    while state.step < cfg.max_steps:
-        step = state.step
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
+    def loss_at(step: int) -> tuple[torch.Tensor, int]:
         batch = collate([train_examples[i] for i in batch_indices(lengths, cfg, step)], pad)
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = _logits(model, batch)  # [B, T, V]
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
                                label_smoothing=cfg.label_smoothing)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        state.seconds = seconds_before + time.perf_counter() - started
-        window["loss"] += loss.item()
-        window["n"] += 1
-        window["pairs"] += batch["input_ids"].shape[0]
-        record = None
-        if state.step % 20 == 0 or state.step == cfg.max_steps:
-            record = {"step": state.step, "train_loss": round(window["loss"] / window["n"], 4),
-                      "lr": round(lr_at(step, cfg), 6),
-                      "pairs_per_s": round(window["pairs"] / (time.perf_counter() - window["t"]), 1)}
-            window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
-        if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
-            record = record or {"step": state.step}
-            record["val_loss"] = round(validation_loss(model, val_examples, pad), 4)
-        if record is not None:
-            record["elapsed_s"] = round(state.seconds)
-            state.history.append(record)
-            log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
-                + " ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
-        if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
-            save_run_checkpoint(out, model, optimizer, state, cfg)
-        out_of_time = stop_after_s is not None and time.perf_counter() - started > stop_after_s
-        if (out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
-            save_run_checkpoint(out, model, optimizer, state, cfg)
-            log(f"stopped at step {state.step}; run again to resume")
-            return None
+        return loss, batch["input_ids"].shape[0]
+
+    finished = run_steps(out, model, optimizer, state, cfg, lambda step: lr_at(step, cfg), loss_at,
+                         lambda: {"val_loss": round(validation_loss(model, val_examples, pad), 4)},
+                         stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log)
+    if not finished:
+        return None
     final = out / "final"
     model.eval()
     model.generation_config = generation_config(tokenizer, cfg.shape.max_position_embeddings)

@@ -15,8 +15,10 @@ not scored), and the prefix positions learn the next token with weight ``prefix_
 signal for the states the blocks read). Each step draws one k for the batch, uniformly in
 1..``max_block_size``, and one p per row, uniformly over y (where the row fits the decoder's
 positions). Data: ``specdec train translations`` (sequence-level distillation, as SpecDec
-trains on the teacher's outputs); every 50th record is held out for evaluation: the share of block positions j whose argmax is y[p+j] given the true prefix,
-and the mean accepted length of a k = ``max_block_size`` block under greedy verification.
+trains on the teacher's outputs); every 50th record is held out for evaluation: the share of
+block positions j whose argmax is y[p+j] given the true prefix, and the mean accepted length of a
+k = ``max_block_size`` block under greedy verification. The optimizer loop, its records and
+checkpoints are ``seq2seq.run_steps``, shared with ``specdec train seq2seq``.
 
 Departures from SpecDec, documented: no glancing (GLAT) and one block per row per step, to keep the
 trainer small; the decoder is cached causally over the prefix at drafting time, as the decoder-only
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -46,7 +47,7 @@ from specdec.train.seq2seq import (
     load_examples,
     lr_at,
     resume,
-    save_run_checkpoint,
+    run_steps,
 )
 
 HELD_OUT_EVERY = 50  # every 50th translation record is held out for evaluation
@@ -200,13 +201,7 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     log(f"training a {params / 1e6:.2f}M-parameter block drafter ({cfg.decoder_layers} decoder layers, k up to "
         f"{cfg.max_block_size}, mask token {mask}) on {len(train)} translations ({len(held)} held out), "
         f"{cfg.max_steps} steps of {cfg.batch_size}, {torch.get_num_threads()} threads")
-    started, before = time.perf_counter(), state.seconds
-    window = {"t": time.perf_counter(), "loss": 0.0, "n": 0}
-    model.train()
-    while state.step < cfg.max_steps:
-        step = state.step
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, data_cfg)
+    def loss_at(step: int) -> tuple[torch.Tensor, int]:
         part = [train[i] for i in batch_indices(lengths, data_cfg, step)]
         rng = random.Random(cfg.seed * 1_000_003 + step)  # k and cuts: a pure function of the step (exact resume)
         k = rng.randint(1, cfg.max_block_size)
@@ -218,34 +213,13 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
         if cfg.prefix_loss:
             loss = loss + cfg.prefix_loss * F.cross_entropy(logits, rows.prefix_labels.flatten(), ignore_index=-100,
                                                             label_smoothing=cfg.label_smoothing)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        state.seconds = before + time.perf_counter() - started
-        window["loss"] += loss.item()
-        window["n"] += 1
-        record = None
-        if state.step % 20 == 0 or state.step == cfg.max_steps:
-            record = {"step": state.step, "train_loss": round(window["loss"] / window["n"], 4),
-                      "lr": round(lr_at(step, data_cfg), 6),
-                      "steps_per_s": round(window["n"] / (time.perf_counter() - window["t"]), 2)}
-            window = {"t": time.perf_counter(), "loss": 0.0, "n": 0}
-        if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
-            record = record or {"step": state.step}
-            record.update(evaluate_blocks(model, held, cfg.max_block_size, start, mask, pad, seed=cfg.seed))
-        if record is not None:
-            record["elapsed_s"] = round(state.seconds)
-            state.history.append(record)
-            log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
-                + " ".join(f"{key}={v}" for key, v in record.items() if key != "step"))
-        if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
-            save_run_checkpoint(out, model, optimizer, state, cfg)
-        if stop_after_s is not None and time.perf_counter() - started > stop_after_s and state.step < cfg.max_steps:
-            save_run_checkpoint(out, model, optimizer, state, cfg)
-            log(f"stopped at step {state.step}; run again to resume")
-            return None
+        return loss, len(part)
+
+    finished = run_steps(out, model, optimizer, state, cfg, lambda step: lr_at(step, data_cfg), loss_at,
+                         lambda: evaluate_blocks(model, held, cfg.max_block_size, start, mask, pad, seed=cfg.seed),
+                         stop_after_s=stop_after_s, log=log)
+    if not finished:
+        return None
     final = out / "final"
     model.eval()
     for name in ("dropout", "attention_dropout", "activation_dropout"):
