@@ -28,7 +28,7 @@ The decoder's start token begins every row's committed sequence and is never par
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -36,6 +36,7 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
+from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
 
 
@@ -216,3 +217,20 @@ class Seq2SeqCache(RaggedCache):
 def cache_for(model: PreTrainedModel, rows: int, device: torch.device | str) -> RaggedCache:
     """The cache handle of ``model``: a ``Seq2SeqCache`` for an encoder-decoder model, else a ``RaggedCache``."""
     return Seq2SeqCache(model, rows, device) if is_encoder_decoder(model) else RaggedCache(model, rows, device)
+
+
+def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
+                    ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[RaggedCache, int]:
+    """A cache of ``model`` for the new rows ``prompts``: each row's source encoded once (an encoder-decoder
+    model), then every prompt token but the last fed (as ``ids(...)`` maps them); the last stays for the
+    next forward. Returns the cache (to merge into the running batch's) and the model calls made."""
+    new = cache_for(model, prompts.size, device)
+    calls = 0
+    if is_encoder_decoder(model):
+        assert prompts.source is not None, f"an encoder-decoder {type(model).__name__} needs each row's source"
+        calls += new.encode(prompts.source, prompts.source_valid())
+    if prompts.ids.shape[1] > 1:
+        valid = prompts.valid()[:, :-1]  # [B, T-1]
+        new.forward(ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
+        calls += 1
+    return new, calls

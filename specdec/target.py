@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 from specdec.batch import PromptBatch
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
-from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder, source_limit
+from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder, prefilled_cache, source_limit
 
 
 @dataclass(frozen=True)
@@ -114,15 +114,7 @@ class ModelTarget(Target):
         return self.cache.rows
 
     def prefill(self, prompts: PromptBatch) -> int:
-        new = cache_for(self.model, prompts.size, self.device)
-        calls = 0
-        if self.encoder_decoder:
-            assert prompts.source is not None, "an encoder-decoder target needs each row's source"
-            calls += new.encode(prompts.source, prompts.source_valid())
-        if prompts.ids.shape[1] > 1:
-            valid = prompts.valid()[:, :-1]  # [B, T-1]
-            new.forward(prompts.ids[:, :-1], None if bool(valid.all()) else valid)
-            calls += 1
+        new, calls = prefilled_cache(self.model, prompts, self.device)
         self.cache.merge(new)
         return calls
 

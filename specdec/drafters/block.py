@@ -94,8 +94,7 @@ class BlockDrafter(CachedDrafter):
         if not is_block_drafter(model):
             raise TypeError(f"BlockDrafter drafts with a block drafter model (BlockDrafterModel, or an encoder-decoder "
                             f"with config.{SEQ2SEQ_BLOCK}), got {type(model).__name__}: {BLOCK_FIX}")
-        self.encoder_decoder = is_encoder_decoder(model)
-        if not self.encoder_decoder:
+        if not is_encoder_decoder(model):
             self._check_decoder_only(model)
         self.model = model.eval()
         self.mask_token_id, self.max_block_size = block_settings(model)  # max_block_size: largest k per round

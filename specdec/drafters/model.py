@@ -49,7 +49,7 @@ from specdec.drafters.base import (
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
-from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder
+from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder, prefilled_cache
 
 # Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
 # share of the target's (padding to a multiple of 64 or 128 adds far less on real vocabularies).
@@ -168,7 +168,6 @@ class CachedDrafter(FollowingDrafter):
     ``pending`` (committed tokens not yet in the cache) and the last proposal's drafts."""
 
     model: PreTrainedModel
-    encoder_decoder: bool  # whether ``model`` is an encoder-decoder (it then encodes each row's source)
     cache: Any  # a cache with select(rows [B'])
     pending: list[list[int]]  # per row: committed tokens not yet in the cache
     _drafts: list[list[int]]  # per row: the last proposal's drafts
@@ -184,15 +183,7 @@ class CachedDrafter(FollowingDrafter):
     def prefill(self, prompts: PromptBatch) -> int:
         """Cache the new rows' prompts except their last tokens, which stay pending (an encoder-decoder
         drafter first encodes the rows' sources with its own encoder, once)."""
-        new = cache_for(self.model, prompts.size, self.device)
-        calls = 0
-        if self.encoder_decoder:
-            assert prompts.source is not None, "an encoder-decoder drafter needs each row's source"
-            calls += new.encode(prompts.source, prompts.source_valid())
-        if prompts.ids.shape[1] > 1:
-            valid = prompts.valid()[:, :-1]  # [B, T-1]
-            new.forward(self._ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
-            calls += 1
+        new, calls = prefilled_cache(self.model, prompts, self.device, self._ids)
         self.cache.merge(new)
         self.pending += [[row[-1]] for row in prompts.rows()]
         self._drafts += [[] for _ in range(prompts.size)]
