@@ -28,14 +28,18 @@ class ModelInfo:
     hidden_size: int | None  # width, when the config says
 
 
+def weight_mib(model: PreTrainedModel) -> float:
+    """Bytes of a model's parameters and buffers in memory, MiB."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
+
+
 def model_info(path: str, model: PreTrainedModel) -> ModelInfo:
     """Size facts of a loaded model."""
-    tensors = [*model.parameters(), *model.buffers()]
     return ModelInfo(
         path=path,
         architecture=type(model).__name__,
         parameters=sum(p.numel() for p in model.parameters()),
-        weight_mib=sum(t.numel() * t.element_size() for t in tensors) / 2**20,
+        weight_mib=weight_mib(model),
         layers=getattr(model.config, "num_hidden_layers", None),
         hidden_size=getattr(model.config, "hidden_size", None),
     )

@@ -62,6 +62,7 @@ from transformers import (
 
 import specdec
 from specdec.bench.config import BenchConfig
+from specdec.bench.environment import weight_mib
 from specdec.bench.measure import MemoryMeter
 from specdec.bench.records import write_summary
 from specdec.config import VerifyConfig
@@ -201,6 +202,11 @@ def is_exact(name: str) -> bool:
     return not name.startswith(EXACT_OFF)
 
 
+def inexact(report: dict) -> list[str]:
+    """The exact methods whose output differs from plain greedy somewhere (must be none)."""
+    return [m["name"] for m in report["methods"] if m["differ"] and m["exact"]]
+
+
 def _load(folder: str | None) -> PreTrainedModel | None:
     return AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval() if folder else None
 
@@ -274,7 +280,8 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
         return (round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 2),
                 round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 2))
 
-    bleu, chrf = quality(plain)
+    scores = {name: quality(tokens) for name, tokens in outputs.items()}  # (BLEU, chrF) per method
+    bleu, chrf = scores["plain"]
     base = runs["plain"].tokens_per_s
     # a weak target loops until max_new_tokens, and lookup drafts loops well: the same figures over the
     # sources whose plain output ended before the cap
@@ -282,8 +289,7 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     base_uncapped = runs["plain"].subset(uncapped)["tokens_per_s"] if uncapped else float("nan")
     rows = []
     for name, run in runs.items():
-        method_bleu, method_chrf = quality(outputs[name])
-        row = {**asdict(run), "exact": is_exact(name), "bleu": method_bleu, "chrf": method_chrf,
+        row = {**asdict(run), "exact": is_exact(name), "bleu": scores[name][0], "chrf": scores[name][1],
                "median_s": run.median_s, "tokens_per_s": run.tokens_per_s,
                "ratio_over_plain": run.tokens_per_s / base, "tau": run.tau, "alpha": run.alpha}
         if "hf" in runs:
@@ -297,11 +303,6 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     memory = memory_sweep(target, drafters, longest, config.memory_batches, config.max_new_tokens, eos, log)
     return {"config": asdict(config), "sources": len(sources), "uncapped_sources": len(uncapped),
             "bleu": bleu, "chrf": chrf, "methods": rows, "memory": memory}
-
-
-def weight_mib(model: PreTrainedModel) -> float:
-    """Bytes of a model's parameters and buffers, MiB."""
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
 
 
 @torch.inference_mode()
@@ -345,7 +346,7 @@ def table(report: dict) -> str:
               "| uncapped: tokens/s | × plain | τ |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["methods"]:
-        drafts = m["name"] not in ("plain",) and not m["name"].startswith("hf")
+        drafts = m["name"] != "plain" and not m["name"].startswith("hf")
         tau = f"{m['tau']:.2f}" if drafts else "1" if m["name"] in ("plain", "hf") else ""
         alpha = f"{m['alpha']:.2f}" if drafts else ""
         differ = f"{m['differ']}/{report['sources']}" + ("" if m.get("exact", True) else " (not exact)")
@@ -412,7 +413,7 @@ def run_and_report(config: BenchConfig, console) -> int:
     console.print(head)
     console.print(table(report))
     console.print(f"wrote {', '.join(map(str, paths))}", style="dim")
-    differ = [m["name"] for m in report["methods"] if m["differ"] and m["exact"]]
+    differ = inexact(report)
     if differ:
         console.print(f"outputs differ from plain greedy: {', '.join(differ)}", style="red")
     return 1 if differ else 0
@@ -462,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(headline(report))
     print(table(report))
-    return 1 if any(m["differ"] and m["exact"] for m in report["methods"]) else 0
+    return 1 if inexact(report) else 0
 
 
 if __name__ == "__main__":
