@@ -94,6 +94,17 @@ SOURCES = [[5, 6, 7, 8, 9], [10, 11], list(range(3, 40)), [50, 51, 52, 50, 51], 
 PAIRS: dict[str, tuple] = {}
 
 
+def assert_single_and_batched(target, drafter, references: list[list[int]], gamma: int, name: str) -> list:
+    """Decode SOURCES[0] alone and all of SOURCES in batches of 3 (18 new tokens, no stop token):
+    both must equal ``references`` (the target's own greedy output). Returns the batch's results."""
+    one = specdec.speculative_generate(target, drafter, SOURCES[0], max_new_tokens=18, gamma=gamma, stop_token_ids=[])
+    assert one.tokens == references[0], name
+    batch = specdec.speculative_generate(target, drafter, SOURCES, max_new_tokens=18, gamma=gamma,
+                                         stop_token_ids=[], batch_size=3)
+    assert [r.tokens for r in batch] == references, name
+    return batch
+
+
 def pair(arch: str):
     if arch not in PAIRS:
         target = build(arch)
@@ -109,12 +120,7 @@ def test_greedy_equals_generate_single_and_batched(arch, gamma):
     drafters = {"agree": agree, "other": other, "ngram": "ngram", "lookup+agree": specdec.LookupDrafter(agree)}
     accepted = 0
     for name, drafter in drafters.items():
-        one = specdec.speculative_generate(target, drafter, SOURCES[0], max_new_tokens=18, gamma=gamma,
-                                           stop_token_ids=[])
-        assert one.tokens == references[0], name
-        batch = specdec.speculative_generate(target, drafter, SOURCES, max_new_tokens=18, gamma=gamma,
-                                             stop_token_ids=[], batch_size=3)
-        assert [r.tokens for r in batch] == references, name
+        batch = assert_single_and_batched(target, drafter, references, gamma, name)
         accepted += sum(r.stats.accepted for r in batch)
         if name == "agree":
             rates = {round(r.stats.acceptance_rate, 2) for r in batch}

@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from test_seq2seq import SOURCES, build, first_decoder_layer, generate
+from test_seq2seq import SOURCES, assert_single_and_batched, build, first_decoder_layer, generate
 from transformers.modeling_outputs import BaseModelOutput
 
 import specdec
@@ -41,12 +41,7 @@ def test_greedy_equals_generate_single_and_batched(arch, gamma):
     assert isinstance(model_drafter(drafter), BlockDrafter)
     references = [generate(target, s, 18, []) for s in SOURCES]
     for name, chosen in {"block": drafter, "lookup+block": specdec.LookupDrafter(model_drafter(drafter))}.items():
-        one = specdec.speculative_generate(target, chosen, SOURCES[0], max_new_tokens=18, gamma=gamma,
-                                           stop_token_ids=[])
-        assert one.tokens == references[0], name
-        batch = specdec.speculative_generate(target, chosen, SOURCES, max_new_tokens=18, gamma=gamma,
-                                             stop_token_ids=[], batch_size=3)
-        assert [r.tokens for r in batch] == references, name
+        batch = assert_single_and_batched(target, chosen, references, gamma, name)
         if name == "block":  # one drafter forward per round, whatever gamma
             assert all(r.stats.drafted <= gamma * r.stats.rounds for r in batch)
 
