@@ -37,6 +37,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import browser
 import openai
 import pytest
 from tiny_models import TinyPair, save_tiny_pair
@@ -554,9 +555,10 @@ class DevTools:
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory):
     """Headless Chromium with a fresh profile and a DevTools port; its page's websocket address."""
-    executable = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if executable is None:
-        pytest.fail("the page test needs Chromium: apt-get install -y chromium (.ci/run installs it)")
+    try:
+        executable = browser.find_or_install()
+    except RuntimeError as error:
+        pytest.fail(str(error))
     profile = tmp_path_factory.mktemp("chromium-profile")
     proc = subprocess.Popen([executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                              "--no-first-run", "--disable-background-networking", "--disable-component-update",
