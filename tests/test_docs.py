@@ -46,15 +46,17 @@ README_MAX_LINES = 200
 
 BENCH_SHORT = ["--num-prompts", "1", "--max-new-tokens", "4", "--repeats", "1", "--warmup", "0",
                "--no-plots", "--no-progress"]
+BENCH_PROMPTS = "bench-prompts.jsonl"  # one prompt, written by the fixture: the built-in set parses the stdlib
+CODE_SHORT = [*BENCH_SHORT, "--prompts", BENCH_PROMPTS]
 # The documented command -> the flags appended to shorten it (fewer prompts, tokens, repeats, sizes).
 SHORTENED: dict[str, list[str]] = {
-    "specdec bench --quick": BENCH_SHORT + ["--methods", "plain-hf", "spec-lookup"],
-    "specdec bench --output bench-out/full": BENCH_SHORT + ["--methods", "plain", "spec", "hf-assisted"],
-    "specdec bench --gamma 1 2 4 8 --temperature 0 1": BENCH_SHORT + ["--gamma", "1", "2", "--methods", "spec"],
+    "specdec bench --quick": [*CODE_SHORT, "--methods", "plain-hf", "spec-lookup"],
+    "specdec bench --output bench-out/full": [*CODE_SHORT, "--methods", "plain", "spec", "hf-assisted"],
+    "specdec bench --gamma 1 2 4 8 --temperature 0 1": [*CODE_SHORT, "--gamma", "1", "2", "--methods", "spec"],
     "specdec bench --batch-sizes 1 2 4 8 16 --speculate off on auto --num-prompts 16 --max-new-tokens 48 "
-    "--repeats 3": BENCH_SHORT + ["--batch-sizes", "1", "2"],
+    "--repeats 3": [*CODE_SHORT, "--batch-sizes", "1", "2"],
     "OMP_NUM_THREADS=1 specdec bench --serve --no-progress --output bench-out/serve":
-        BENCH_SHORT + ["--clients", "1", "--speculate", "off", "on"],
+        [*CODE_SHORT, "--clients", "1", "--speculate", "off", "on"],
     "python -m specdec.bench.matmul --threads 2": ["--lengths", "1", "--repeats", "3"],
     "OMP_NUM_THREADS=1 specdec bench --task translate --data data/gettext-de --num-prompts 120 --seed 19 "
     "--max-new-tokens 64 --repeats 3": BENCH_SHORT,
@@ -152,6 +154,7 @@ def workdir(tmp_path_factory):
     that stands for the docs' placeholder folders."""
     root = tmp_path_factory.mktemp("docs-commands")
     (root / "models").symlink_to(ROOT / "models", target_is_directory=True)
+    (root / BENCH_PROMPTS).write_text(json.dumps({"id": "p0", "prompt": "def add(a, b):\n"}) + "\n")
     pair = save_tiny_pair(root / "tiny")
     placeholders = {"path/to/your-model": str(pair.target), "path/to/your-drafter": str(pair.drafter)}
     return root, placeholders
