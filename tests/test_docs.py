@@ -80,9 +80,29 @@ class Command:
         return shlex.join(self.words)
 
 
+def fenced(path: Path) -> list[tuple[str, str]]:
+    """The fenced code blocks of a Markdown file: (language, body), in order."""
+    found, language, body = [], None, []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if line.startswith("```"):
+            if language is None:
+                language, body = line[3:].strip(), []
+            else:
+                found.append((language, "".join(body)))
+                language = None
+        elif language is not None:
+            body.append(line)
+    return found
+
+
 def blocks(path: Path, language: str) -> list[str]:
     """The bodies of the fenced code blocks of ``language`` in a Markdown file."""
-    return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    return [body for lang, body in fenced(path) if lang == language]
+
+
+def shell_lines(body: str) -> list[list[str]]:
+    """The words of each command line of a shell block (continuations joined, comments dropped)."""
+    return [words for line in body.replace("\\\n", " ").splitlines() if (words := shlex.split(line, comments=True))]
 
 
 def documented_commands() -> list[Command]:
@@ -90,9 +110,9 @@ def documented_commands() -> list[Command]:
     commands = []
     for path in DOC_FILES:
         for body in blocks(path, "bash"):
-            for line in body.replace("\\\n", " ").splitlines():
+            for line in shell_lines(body):
                 words: list[str] = []
-                for word in shlex.split(line, comments=True) + ["&&"]:
+                for word in [*line, "&&"]:
                     if word != "&&":
                         words.append(word)
                     elif words:
@@ -146,6 +166,32 @@ def test_long_commands_are_shortened_and_the_table_is_current():
     assert not unlisted, f"long documented commands without shortening flags in SHORTENED: {unlisted}"
     stale = sorted(set(SHORTENED) - texts)
     assert not stale, f"SHORTENED lists commands the docs no longer show: {stale}"
+
+
+def test_model_card_commands_parse():
+    """The model cards (included in the site) record the commands that made each model: too long to
+    run here, but every ``specdec`` command of theirs must still parse with the current flags."""
+    from specdec.cli import build_parser
+
+    failures, count = [], 0
+    for path in sorted((ROOT / "models").rglob("README.md")):
+        for language, body in fenced(path):
+            if language not in ("bash", ""):
+                continue
+            for words in shell_lines(body):
+                while words and re.fullmatch(r"\w+=\S*", words[0]):
+                    words = words[1:]
+                if words[:1] != ["specdec"]:
+                    continue
+                count += 1
+                err = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(err):
+                        build_parser(words[1]).parse_args(words[1:])
+                except SystemExit:
+                    failures.append(f"{path.relative_to(ROOT)}: {shlex.join(words)}\n  {err.getvalue().strip()[-500:]}")
+    assert count >= 10, f"only {count} commands found in the model cards: is the extraction broken?"
+    assert not failures, "model card commands the CLI no longer accepts:\n" + "\n".join(failures)
 
 
 @pytest.fixture(scope="module")
