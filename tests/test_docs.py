@@ -134,9 +134,14 @@ def free_port() -> int:
 # ---------------------------------------------------------------------------------------------- site
 
 
-def test_readme_is_a_short_front_door():
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+def test_readme_is_a_short_front_door_with_working_links():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = text.count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/ (at most {README_MAX_LINES})"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links, "the README links into docs/"
+    broken = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert not broken, f"README.md links to missing files: {broken}"
 
 
 def test_site_builds_strictly(tmp_path):
