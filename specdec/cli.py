@@ -2,7 +2,7 @@
 
 Flags and defaults are generated from the config dataclasses (``specdec.config``): each field
 becomes ``--field-name`` (plus ``--field_name``), typed from its annotation, its help taken from
-its comment; so the command line and the Python API cannot disagree on a default (DESIGN.md rule
+its comment; so the command line and the Python API cannot disagree on a default (docs/design.md rule
 5). LMFlow's ``speculative_inference.py`` flags are aliases (``--model --draft_model --temperature
 --gamma --max_new_tokens --gpu``).
 

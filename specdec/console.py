@@ -10,7 +10,7 @@
   In a terminal it reads lines with prompt_toolkit (editing, history); from a pipe, one prompt
   per line.
 
-Figures use the DESIGN.md vocabulary: acceptance rate alpha = accepted / drafted, mean accepted
+Figures use the docs/design.md vocabulary: acceptance rate alpha = accepted / drafted, mean accepted
 length tau = tokens per round including the recovered or bonus token; tokens/s counts tokens.
 """
 

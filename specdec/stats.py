@@ -1,6 +1,6 @@
 """What a generation did: per-round records and their summaries, plus the result types.
 
-Vocabulary (DESIGN.md): a round drafts ``drafted`` tokens and emits ``accepted`` of them plus one
+Vocabulary (docs/design.md): a round drafts ``drafted`` tokens and emits ``accepted`` of them plus one
 recovered (at the first rejection) or bonus (all drafts accepted) token.
 
 - acceptance rate  alpha = accepted / drafted            (0.0 when nothing was drafted)

@@ -15,7 +15,7 @@ Contract:
 - ``expected_accepted(labels, lengths)``: E[accepted drafts] of rounds that draft ``lengths``:
   ``sum_{i <= L} prod_{j <= i} l_j``, exact for greedy (0/1 labels) and, for sampling, the
   expectation over the verifier's coin flips given the drafts.
-- ``simulate``: mean drafted length and tau (= accepted + 1, the recovered or bonus token; DESIGN.md)
+- ``simulate``: mean drafted length and tau (= accepted + 1, the recovered or bonus token; docs/design.md)
   per round for constant K and for the head's rule at each threshold. ``walk`` replays greedy
   decoding round by round from the start of each response (greedy speculative decoding commits the
   target's greedy text, so for greedy records the trace is the one a real run makes).
