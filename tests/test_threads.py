@@ -231,3 +231,21 @@ def test_a_bad_omp_num_threads_is_one_line_and_exit_2(pair: TinyPair) -> None:
     assert proc.returncode == cli.EXIT_USAGE
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "specdec generate: error: OMP_NUM_THREADS 'abc' is not a thread count"), proc.stderr
+
+
+def test_the_bench_applies_threads_and_states_them_in_its_environment(pair: TinyPair, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    from specdec.bench.cli import main as bench_main
+
+    before = torch.get_num_threads()
+    try:
+        status = bench_main(["--target", str(pair.target), "--drafter", str(pair.drafter), "--quick",
+                             "--methods", "plain", "--num-prompts", "1", "--max-new-tokens", "4", "--warmup", "0",
+                             "--no-plots", "--no-progress", "--output", str(tmp_path), "--threads", "1"])
+    finally:
+        torch.set_num_threads(before)
+    assert status == 0
+    env = json.loads((tmp_path / "summary.json").read_text())["environment"]
+    assert (env["torch_threads"], env["threads_source"]) == (1, "--threads")
+    assert ", 1 thread (--threads)" in " ".join(capsys.readouterr().out.split())  # the environment line
+    assert bench_main(["--threads", "0", "--no-progress"]) == cli.EXIT_USAGE
