@@ -39,9 +39,10 @@ if TYPE_CHECKING:
 # threads against 1): on a quiet machine (load 1.3) two threads gained at most 1.23x (3.7M params:
 # 1.22x and 1.10x, 23M: 1.02x and 1.23x; 91M at load 3: 0.92x and 1.02x); with other work on the
 # machine (load 8) they lost 2.3x and 14x at 213M, and `specdec generate` with the shipped pair ran at
-# 1.5 tokens/s on 2 threads against 45 on one. A larger model's longer parallel regions amortise the
-# waits, so it gets the physical cores. 200M lies above every size where the second thread gained
-# little; it is a judgment, not a measured crossover (no quiet many-core machine was at hand).
+# 4.3 tokens/s on 2 threads against 45 on one (load 10-15, medians of 3). A larger model's longer
+# parallel regions amortise the waits, so it gets the physical cores. 200M lies above every size
+# where the second thread gained little; it is a judgment, not a measured crossover (no quiet
+# many-core machine was at hand).
 SMALL_MODEL_PARAMETERS = 200_000_000
 ENV = "OMP_NUM_THREADS"  # the environment variable a user sets the count with (read by torch too)
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2 CPU quota: "QUOTA PERIOD" or "max PERIOD"
