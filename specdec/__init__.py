@@ -32,6 +32,7 @@ from specdec.loading import default_model_path, load_model, load_tokenizer
 from specdec.schedules import SCHEDULES, Schedule, register_schedule
 from specdec.stats import BatchStats, GenerationResult, GenerationStats, RoundEvent, RoundRecord
 from specdec.target import Target, make_target, register_target
+from specdec.threads import ThreadChoice, use_threads
 
 __all__ = [
     "DRAFTERS",
@@ -61,6 +62,7 @@ __all__ = [
     "ScheduleConfig",
     "SpecConfig",
     "Target",
+    "ThreadChoice",
     "Verdict",
     "VerifyConfig",
     "autoregressive_generate",
@@ -75,4 +77,5 @@ __all__ = [
     "register_schedule",
     "register_target",
     "speculative_generate",
+    "use_threads",
 ]

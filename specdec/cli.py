@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
+from specdec.threads import current as current_threads
 
 if typing.TYPE_CHECKING:
     from specdec.console import Settings
@@ -236,6 +237,7 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
         "lossless": result.stats.lossless,
         "stop": list(settings.stop_strings),
         "stats": result.stats.to_dict(),
+        **current_threads().to_dict(),
     }
 
 

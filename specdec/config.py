@@ -170,6 +170,12 @@ class ModelConfig:
     drafter: str = DrafterConfig.name  # drafter: a shipped name or a folder (a model), "ngram" (prompt lookup), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
+    threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
+            raise ValueError(f"threads must be a whole number >= 1 (torch CPU threads), got {self.threads!r}: "
+                             "give 1 or more, or leave it out for the default")
 
     @property
     def drafter_config(self) -> DrafterConfig:

@@ -35,6 +35,8 @@ from specdec.config import LOOKUP, ModelConfig, SamplingConfig, ScheduleConfig, 
 from specdec.drafters import Drafter, make_drafter
 from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, BatchStats, GenerationResult, RoundEvent
 from specdec.target import make_target
+from specdec.threads import current as current_threads
+from specdec.threads import use_threads
 
 COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
 STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
@@ -70,6 +72,7 @@ class Session:
 
         logging.disable_progress_bar()
         logging.set_verbosity_error()
+        self.threads = use_threads(models.threads, model=models.target, flag="--threads")  # before any model runs
         self.models = models
         self._models: dict[str, PreTrainedModel] = {}
         self._tokenizers: dict[str, PreTrainedTokenizerBase] = {}
@@ -245,6 +248,7 @@ def batch_line(batch: BatchStats, mode: str) -> str:
     wall = batch.wall_time_s or 1.0
     parts.append(f"time: verify {batch.verify_time_s / wall:.0%}, propose {batch.propose_time_s / wall:.0%}, "
                  f"prefill {batch.prefill_time_s / wall:.0%}, bookkeeping {batch.bookkeeping_s / wall:.0%}")
+    parts.append(current_threads().describe())
     return " | ".join(parts)
 
 
@@ -261,6 +265,7 @@ def summary_line(result: GenerationResult, mode: str) -> str:
     parts.append(f"stop: {result.stop_reason}")
     if not s.lossless:
         parts.append("relaxed verification: may differ from the target's own output")
+    parts.append(current_threads().describe())
     return " | ".join(parts)
 
 

@@ -307,7 +307,7 @@ def sweep_table(run: SweepRun) -> Table:
 def print_sweep(run: SweepRun, console: Console) -> None:
     console.print(sweep_table(run))
     env = run.environment
-    console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.torch_threads} threads; torch "
+    console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
     print_choices_and_goals(console, run.crossover, sweep_goals(run))
 

@@ -23,6 +23,7 @@ from specdec.bench.harness import run_benchmark
 from specdec.bench.report import build_report, print_report, write_outputs
 from specdec.bench.runners import RUNNERS
 from specdec.cli import field_comments
+from specdec.threads import use_threads
 
 EXIT_USAGE = 2
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
         return 0
     config = config_from_args(args)
+    use_threads(config.threads, model=config.target, flag="--threads")  # before any model runs
     if config.serve:
         from specdec.bench.serve import run_and_report as serve_and_report
 

@@ -45,6 +45,7 @@ class BenchConfig:
     warmup: int = 2  # untimed runs per method and setting before timing (first prompts of the set)
     device: str | None = _MODELS.device  # None = cuda if available else cpu; also "cpu", "cuda:N"
     dtype: str | None = _MODELS.dtype  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
+    threads: int | None = _MODELS.threads  # torch CPU threads; None = $OMP_NUM_THREADS if set, else chosen from the target's size (specdec.threads)
     seed: int = 0  # seeds prompt selection and sampling (the same seed for every method)
     output: str = "bench-out"  # directory for records.jsonl, summary.json and the plots
     plots: bool = True  # write the PNG plots
@@ -99,6 +100,7 @@ class BenchConfig:
         ScheduleConfig(bound=self.pareto_bound)  # the core's own check of MIN MAX
         for t in (*self.pareto_confidence, *self.pareto_ada):
             ScheduleConfig(stop_threshold=t)  # ...and of the thresholds
+        ModelConfig(threads=self.threads)  # the core's own check of the thread count
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.task == "translate" and self.data is None:

@@ -15,6 +15,9 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
+from specdec.threads import ThreadChoice
+from specdec.threads import current as current_threads
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -64,6 +67,7 @@ class Environment:
     device_name: str  # CPU model or GPU name
     dtype: str  # parameter dtype of the target
     torch_threads: int  # torch.get_num_threads()
+    threads_source: str  # where that count came from: --threads, OMP_NUM_THREADS or the default's reason (specdec.threads)
     cpu_count: int | None  # logical CPUs of the machine
     torch_version: str
     transformers_version: str
@@ -74,6 +78,11 @@ class Environment:
     target: ModelInfo
     drafter: ModelInfo | None  # None when no drafter model was loaded
     compared: dict[str, ModelInfo] = field(default_factory=dict)  # label -> a compared drafter (--compare)
+
+    @property
+    def threads(self) -> str:
+        """The thread count and its source, e.g. "1 thread (default: target < 200M params)"."""
+        return ThreadChoice(self.torch_threads, self.threads_source).describe()
 
 
 def load_average() -> tuple[float, float, float] | None:
@@ -93,12 +102,14 @@ def capture_environment(
     """Describe this process's machine and the models (called at the end of a run)."""
     model = target[1]
     device = model.device
+    threads = current_threads()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return Environment(
         device=str(device),
         device_name=name,
         dtype=str(model.dtype).removeprefix("torch."),
-        torch_threads=torch.get_num_threads(),
+        torch_threads=threads.threads,
+        threads_source=threads.source,
         cpu_count=os.cpu_count(),
         torch_version=torch.__version__,
         transformers_version=transformers.__version__,

@@ -63,7 +63,7 @@ def describe_environment(run: BenchRun) -> str:
         env.load_average_start and env.load_average_end
     ) else ""
     return (
-        f"{env.device} ({env.device_name}), {env.dtype}, {env.torch_threads} threads{load}; "
+        f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}{load}; "
         f"torch {env.torch_version}, transformers {env.transformers_version}; "
         f"target {env.target.parameters / 1e6:.2f}M params ({env.target.weight_mib:.0f} MiB), {drafter}; "
         f"{len(run.prompts)} prompts, max {cfg.max_new_tokens} new tokens, top-k {cfg.top_k}, top-p {cfg.top_p:g}, "

@@ -185,7 +185,8 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
     with _quiet_transformers():
         load_start = load_average()
         drafter = LOOKUP + config.drafter
-        session = Session(ModelConfig(target=config.target, drafter=drafter, device=config.device, dtype=config.dtype))
+        session = Session(ModelConfig(target=config.target, drafter=drafter, device=config.device, dtype=config.dtype,
+                                      threads=config.threads))
         tokenizer = session.tokenizer("speculative")
         prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
         temperature = config.temperature[0]
@@ -300,7 +301,7 @@ def serve_table(run: ServeRun) -> Table:
 def print_serve(run: ServeRun, console: Console) -> None:
     console.print(serve_table(run))
     env = run.environment
-    console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.torch_threads} threads, load average "
+    console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}, load average "
                   f"{env.load_average_start} -> {env.load_average_end}; server and clients in one process; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
     print_choices_and_goals(console, run.crossover, serve_goals(run))

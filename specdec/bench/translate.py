@@ -67,6 +67,7 @@ from specdec.bench.measure import MemoryMeter
 from specdec.bench.records import write_summary
 from specdec.config import VerifyConfig
 from specdec.drafters import model_drafter
+from specdec.threads import current as current_threads
 
 
 @dataclass(frozen=True)
@@ -401,7 +402,7 @@ def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
     return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter,
                                 block_drafter=shipped("translate-block-drafter"),
                                 limit=config.num_prompts, seed=config.seed, max_new_tokens=config.max_new_tokens,
-                                gamma=config.gamma[0], repeats=config.repeats)
+                                gamma=config.gamma[0], repeats=config.repeats, threads=current_threads().threads)
 
 
 def run_and_report(config: BenchConfig, console) -> int:

@@ -49,7 +49,7 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
                     speculate=spec.speculate)
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
                    "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
-                   "device": str(target.device)}
+                   "device": str(target.device), **session.threads.to_dict()}
     return ServedModel(served_id, engine, tokenizer, target.vocab_size,
                        target.source_limit if target.encoder_decoder else target.context_limit,
                        frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description)

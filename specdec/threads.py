@@ -1,0 +1,209 @@
+"""How many CPU threads torch uses: chosen for the run, not inherited.
+
+torch's default is one intra-op thread per logical CPU. Decoding one token of a small model is a few
+hundred tiny parallel regions per forward, and OpenMP's threads wait for each other at the end of every
+one: when another busy process takes a core, every region waits for the descheduled thread's next time
+slice, and decoding gets several times slower than with one thread (measured on 2 cores with one busy
+sibling process: see ``SMALL_MODEL_PARAMETERS``). So the count is decided here, once per process,
+before any model runs:
+
+1. a count asked for (``--threads N`` on the command line, ``threads=N`` in the API) wins;
+2. else ``OMP_NUM_THREADS`` when the user set it;
+3. else the default: one thread for a target below ``SMALL_MODEL_PARAMETERS`` parameters (one thread
+   per concurrent forward: target and drafter run in turn, and the server decodes its batch in one
+   worker), else the physical cores (not hyperthreads) this process may use.
+
+Never more than the cores this process may use (``os.sched_getaffinity``, and a cgroup CPU quota).
+``choose_threads`` is the decision as a pure function (the machine's figures are arguments: it
+never reads the load); ``use_threads`` reads the machine, decides, applies (``torch.set_num_threads``
+and, where torch still allows it, ``torch.set_num_interop_threads``) and returns a ``ThreadChoice``
+that says the count and where it came from, for summaries, ``--json`` and the bench's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# Below this many target parameters the default is one thread. Measured on the project's 2-core CPU
+# (AMD EPYC, torch 2.13, fp32, Llama shapes; a one-token decode step and a 5-token verify forward, 2
+# threads against 1): on a quiet machine (load 1.3) two threads gained at most 1.23x (3.7M params:
+# 1.22x and 1.10x, 23M: 1.02x and 1.23x; 91M at load 3: 0.92x and 1.02x); with other work on the
+# machine (load 8) they lost 2.3x and 14x at 213M, and `specdec generate` with the shipped pair ran at
+# 4.3 tokens/s on 2 threads against 45 on one (load 10-15, medians of 3). A larger model's longer
+# parallel regions amortise the waits, so it gets the physical cores. 200M lies above every size
+# where the second thread gained little; it is a judgment, not a measured crossover (no quiet
+# many-core machine was at hand).
+SMALL_MODEL_PARAMETERS = 200_000_000
+ENV = "OMP_NUM_THREADS"  # the environment variable a user sets the count with (read by torch too)
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2 CPU quota: "QUOTA PERIOD" or "max PERIOD"
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The torch thread count of a run and where it came from."""
+
+    threads: int  # torch intra-op threads
+    source: str  # "--threads" / "threads=" (asked for), "OMP_NUM_THREADS", or "default: ..." (why)
+
+    def describe(self) -> str:
+        """E.g. "1 thread (default: target < 200M params)"."""
+        return f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.source})"
+
+    def to_dict(self) -> dict[str, int | str]:
+        """The fields ``--json`` and the bench's summary carry: threads, threads_source."""
+        return {"threads": self.threads, "threads_source": self.source}
+
+
+def _millions(n: int) -> str:
+    return f"{n / 1e6:g}M"
+
+
+def _checked(count: object, name: str, usable: int) -> int:
+    """``count`` as an int in 1..usable, else a ValueError naming ``name`` (the flag or variable) and the fix."""
+    default = f"or {'unset it' if name == ENV else 'leave it out'} for the default"
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"{name} {count!r} is not a thread count: give a whole number from 1 to {usable} (the cores "
+                         f"this process may use), {default}")
+    if count > usable:
+        raise ValueError(f"{name} {count} is more than the {usable} cores this process may use: give 1 to {usable}, "
+                         f"{default}")
+    return count
+
+
+def _from_env(value: str, usable: int) -> int:
+    """``OMP_NUM_THREADS``'s count: its first (outermost) level, e.g. "4" or "4,2"."""
+    try:
+        count = int(value.split(",")[0])
+    except ValueError:
+        count = value
+    return _checked(count, ENV, usable)
+
+
+def choose_threads(requested: int | None, *, parameters: int | None, usable: int, physical: int,
+                   environ: Mapping[str, str], flag: str = "threads=") -> ThreadChoice:
+    """The thread count for a run: ``requested`` (named ``flag`` in errors and the source), else
+    ``environ``'s OMP_NUM_THREADS, else the default for a target of ``parameters`` (None: unknown)
+    on a machine where this process may use ``usable`` cores, ``physical`` of them physical.
+
+    A pure function of its arguments: the machine's load is not one of them. Raises ValueError for a
+    count below 1 or above ``usable``."""
+    if requested is not None:
+        return ThreadChoice(_checked(requested, flag, usable), flag)
+    value = environ.get(ENV, "").strip()
+    if value:
+        return ThreadChoice(_from_env(value, usable), ENV)
+    if parameters is not None and parameters < SMALL_MODEL_PARAMETERS:
+        return ThreadChoice(1, f"default: target < {_millions(SMALL_MODEL_PARAMETERS)} params")
+    cores = max(1, min(physical, usable))
+    size = "model size unknown" if parameters is None else f"target >= {_millions(SMALL_MODEL_PARAMETERS)} params"
+    return ThreadChoice(cores, f"default: {size}, {cores} physical core{'s' if cores != 1 else ''}")
+
+
+# ------------------------------------------------------------------------------------ the machine
+
+
+def _cpus() -> set[int]:
+    """The logical CPUs this process may run on."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+def _cgroup_limit(path: Path = CGROUP_CPU_MAX) -> int | None:
+    """Whole CPUs a cgroup v2 quota allows (rounded up), or None when there is no quota."""
+    try:
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, math.ceil(int(quota) / int(period)))
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota."""
+    cpus = len(_cpus())
+    limit = _cgroup_limit()
+    return min(cpus, limit) if limit else cpus
+
+
+def physical_cores() -> int:
+    """Physical cores among this process's CPUs (hyperthread siblings counted once), capped by
+    ``usable_cores``; the logical count where the topology is not readable."""
+    cores = set()
+    for cpu in _cpus():
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return min(len(cores), usable_cores())
+
+
+def _safetensors_parameters(file: Path) -> int:
+    """Elements stored in one safetensors file, from its JSON header (the weights are not read)."""
+    with file.open("rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def model_parameters(model: str | Path | PreTrainedModel | None) -> int | None:
+    """Parameters of a loaded model, or of a model folder / shipped name from its safetensors headers
+    (before loading anything); None when unknown (no model, no safetensors files)."""
+    if model is None:
+        return None
+    if not isinstance(model, (str, Path)):
+        return sum(p.numel() for p in model.parameters())
+    from specdec.loading import resolve_model_path
+
+    files = sorted(resolve_model_path(model).glob("*.safetensors"))
+    return sum(_safetensors_parameters(f) for f in files) if files else None
+
+
+# -------------------------------------------------------------------------------------- applying
+
+_applied: ThreadChoice | None = None  # the last choice use_threads applied in this process
+
+
+def use_threads(threads: int | None = None, *, model: str | Path | PreTrainedModel | None = None,
+                flag: str = "threads=") -> ThreadChoice:
+    """Decide the thread count (``choose_threads`` on this machine, for the target ``model``: a loaded
+    model, a folder or a shipped name), apply it to torch, and return the choice. ``threads`` is the
+    count asked for (None: OMP_NUM_THREADS, else the default). Call it before any model runs."""
+    global _applied
+    choice = choose_threads(threads, parameters=model_parameters(model), usable=usable_cores(),
+                            physical=physical_cores(), environ=os.environ, flag=flag)
+    import torch
+
+    torch.set_num_threads(choice.threads)
+    try:
+        torch.set_num_interop_threads(choice.threads)
+    except RuntimeError:  # torch allows it once, before inter-op work: decoding uses the intra-op count
+        pass
+    _applied = choice
+    return choice
+
+
+def current() -> ThreadChoice:
+    """The count torch uses now and where it came from: the last ``use_threads`` choice while it still
+    holds, else torch's own setting (its default, or OMP_NUM_THREADS read at start)."""
+    import torch
+
+    count = torch.get_num_threads()
+    if _applied is not None and _applied.threads == count:
+        return _applied
+    if _applied is not None:
+        return ThreadChoice(count, "set outside specdec")
+    return ThreadChoice(count, f"torch: {ENV}" if os.environ.get(ENV, "").strip() else "torch's default")
