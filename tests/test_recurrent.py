@@ -1,0 +1,185 @@
+"""Recurrent and hybrid targets and drafters (issue 25): their state checkpointed and replayed, exactly.
+
+Tiny random models from configs: Mamba and Mamba-2 (recurrent only), Jamba (Mamba layers beside
+attention), LFM2 (convolution layers beside attention) and Qwen3-Next (gated-delta linear attention
+beside attention). Mamba's and Jamba's multi-token cached forward is wrong in transformers (its scan
+restarts from zero), so they are fed one token at a time once they hold state; the others verify in
+one forward and replay after a rejection.
+
+- Greedy: speculative output equals the model's own ``generate`` for one prompt and for a ragged
+  batch of 5 (batches of 3: rows finish early at a stop token, others join), gamma 1 and 4, with
+  prompt lookup on repetitive prompts and with a model drafter (a perturbed copy of the target);
+  drafts are both accepted and rejected.
+- The target's cache, driven by hand through random rounds (random drafts, random acceptance, rows
+  leaving and joining): every verification's logits equal a fresh uncached forward of each row, and
+  cached tokens == committed - 1 after every round.
+- The drafter's cache likewise: every proposal is the drafter model's own greedy continuation of the
+  row's committed tokens, after random commits (ragged pending tokens, left-padded catch-ups).
+- Cache layers holding attention and recurrent state together are refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import assert_same_greedy, build_tiny, hf_greedy
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers.cache_utils import Cache, LinearAttentionAndFullAttentionLayer
+
+import specdec
+from specdec.batch import PromptBatch
+from specdec.cache import RaggedCache
+from specdec.config import SamplingConfig
+from specdec.drafters import ModelDrafter
+from specdec.recurrent import RecurrentCache
+from specdec.sampling import Sampler
+from specdec.target import make_target
+
+COMMON = {"hidden_size": 32, "vocab_size": 96, "num_hidden_layers": 2, "pad_token_id": 0, "bos_token_id": 1,
+          "eos_token_id": 2, "initializer_range": 0.3}
+CONFIGS = {  # model type -> its own settings, small enough to build in milliseconds
+    "mamba": {"state_size": 8},
+    "mamba2": {"state_size": 8, "num_heads": 8, "head_dim": 8, "n_groups": 1, "chunk_size": 16},
+    "jamba": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_period": 2,
+              "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
+              "mamba_d_state": 8, "mamba_dt_rank": 4},
+    "lfm2": {"intermediate_size": 64, "block_ff_dim": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "layer_types": ["conv", "full_attention"]},
+    "qwen3_next": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                   "layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 2,
+                   "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+                   "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+                   "shared_expert_intermediate_size": 32},
+}
+ARCHS = sorted(CONFIGS)
+STOP = 2
+
+
+def build_recurrent(arch: str, seed: int = 0) -> PreTrainedModel:
+    """A tiny random ``arch`` causal LM (seeded), eos ``STOP``, in eval mode."""
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **COMMON, **CONFIGS[arch])
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = STOP
+    return model
+
+
+def perturbed(model: PreTrainedModel, scale: float, seed: int = 1) -> PreTrainedModel:
+    """A copy of ``model`` whose output head is perturbed: a drafter that agrees with it often, not always."""
+    drafter = copy.deepcopy(model)
+    head = drafter.get_output_embeddings().weight
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.add_(torch.randn(head.shape, generator=generator) * scale * head.std())
+    return drafter
+
+
+def repetitive_prompts() -> list[list[int]]:
+    """Five prompts of 1 to 20 tokens, most repeating a phrase (prompt lookup then finds drafts)."""
+    gen = torch.Generator().manual_seed(0)
+    phrase = torch.randint(3, 96, (6,), generator=gen).tolist()
+    other = torch.randint(3, 96, (13,), generator=gen).tolist()
+    return [phrase * 3 + [9, 10], [5], phrase[:3] * 4 + [7], other, phrase * 2]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_equals_generate(arch, gamma):
+    target = build_recurrent(arch)
+    prompts = repetitive_prompts()
+    expected = [hf_greedy(target, p, 16, [STOP]) for p in prompts]
+    drafted = accepted = 0
+    for drafter in ("ngram", perturbed(target, 0.5)):
+        single = specdec.speculative_generate(target, drafter, prompts[0], max_new_tokens=16, gamma=gamma,
+                                              stop_token_ids=[STOP])
+        assert_same_greedy(target, prompts[0], single.tokens, expected[0])
+        results = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=16, gamma=gamma,
+                                               stop_token_ids=[STOP], batch_size=3)
+        for prompt, result, reference in zip(prompts, results, expected):
+            assert_same_greedy(target, prompt, result.tokens, reference)
+        for result in [single, *results]:
+            drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    assert 0 < accepted < drafted, (accepted, drafted)  # drafts were accepted and rejected
+
+
+def _fresh_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), use_cache=False).logits[0]  # [n, V]
+
+
+def test_target_cache_matches_a_fresh_forward_through_random_rounds(arch):
+    model = build_recurrent(arch)
+    target = make_target(model)
+    assert isinstance(target.cache, RecurrentCache)
+    gen = torch.Generator().manual_seed(1)
+    rand = (lambda n: torch.randint(3, 96, (n,), generator=gen).tolist())
+    rows = [rand(n) for n in (1, 6, 11, 3)]  # each row's committed tokens
+    target.prefill(PromptBatch.from_lists(rows, "cpu"))
+    for round_ in range(8):
+        if round_ == 3:  # rows 1 and 3 leave, two rows join
+            target.select(torch.tensor([0, 2]))
+            rows = [rows[0], rows[2]]
+            joining = [rand(4), rand(1)]
+            target.prefill(PromptBatch.from_lists(joining, "cpu"))
+            rows += joining
+        lengths = torch.randint(1, 6, (len(rows),), generator=gen)  # [B] the newest token and its drafts
+        drafts = [rand(int(n) - 1) for n in lengths]
+        tokens = torch.tensor([[row[-1]] + d + [0] * (int(lengths.max()) - 1 - len(d))
+                               for row, d in zip(rows, drafts)])  # [B, m] right-padded
+        logits = target.verify(tokens, lengths).logits  # [B, m, V]
+        for b, (row, d) in enumerate(zip(rows, drafts)):
+            reference = _fresh_logits(model, row + d)[-int(lengths[b]):]
+            torch.testing.assert_close(logits[b, : int(lengths[b])], reference, atol=1e-4, rtol=1e-4)
+        keep = torch.stack([torch.randint(1, int(n) + 1, (1,), generator=gen)[0] for n in lengths])  # [B]
+        target.rollback(keep)
+        rows = [row + d[: int(k) - 1] + rand(1) for row, d, k in zip(rows, drafts, keep)]
+        assert target.cached().tolist() == [len(row) - 1 for row in rows]
+    cache = target.cache
+    if not cache.stepwise:
+        assert cache.replayed > 0  # rejections were replayed from a checkpoint
+
+
+def _greedy_continuation(model: PreTrainedModel, tokens: list[int], n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        out.append(int(_fresh_logits(model, tokens + out)[-1].argmax()))
+    return out
+
+
+def test_drafter_proposes_its_own_greedy_continuation_after_random_commits(arch):
+    model = build_recurrent(arch, seed=3)
+    target = make_target(build_tiny("llama"))
+    drafter = ModelDrafter(model).align(target)
+    gen = torch.Generator().manual_seed(2)
+    rand = (lambda n: torch.randint(3, 96, (n,), generator=gen).tolist())
+    rows = [rand(n) for n in (2, 9, 1, 5)]
+    drafter.prefill(PromptBatch.from_lists(rows, "cpu"))  # ragged: one forward per distinct length
+    for round_ in range(6):
+        if round_ == 2:  # row 0 leaves, a row joins
+            drafter.select(torch.tensor([1, 2, 3]))
+            rows = rows[1:] + [rand(3)]
+            drafter.prefill(PromptBatch.from_lists(rows[-1:], "cpu"))
+        limit = torch.randint(1, 5, (len(rows),), generator=gen)  # [B]
+        proposal = drafter.propose(limit, Sampler.create(SamplingConfig(), "cpu", rows=len(rows)))
+        drafts = proposal.drafts()
+        for row, d, n in zip(rows, drafts, limit.tolist()):
+            assert d == _greedy_continuation(model, row, n)
+        accepted = torch.stack([torch.randint(0, len(d) + 1, (1,), generator=gen)[0] for d in drafts])  # [B]
+        following = torch.tensor(rand(len(rows)))  # [B] the recovered or bonus token
+        drafter.commit(accepted, following)
+        rows = [row + d[: int(a)] + [int(t)] for row, d, a, t in zip(rows, drafts, accepted, following)]
+        cached = drafter.cache.live.tolist()
+        assert [c + len(p) for c, p in zip(cached, drafter.pending)] == [len(row) for row in rows]
+
+
+def test_a_layer_holding_attention_and_recurrent_state_together_is_refused_by_name():
+    model = build_tiny("llama")
+    with pytest.raises(TypeError, match="LlamaForCausalLM keeps attention keys and recurrent state in one cache"):
+        RaggedCache(model, cache=Cache(layers=[LinearAttentionAndFullAttentionLayer()]))
