@@ -55,15 +55,16 @@ class RaggedCache:
         self.model = model
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         for layer in self.cache.layers:
-            if isinstance(layer, DummyLayer) or (self.recurrent and isinstance(layer, LinearAttentionCacheLayerMixin)
-                                                 and not isinstance(layer, DynamicLayer)):
-                continue  # nothing stored (a layer without attention), or state the subclass checkpoints
-            if isinstance(layer, LinearAttentionCacheLayerMixin) and isinstance(layer, DynamicLayer):
-                raise TypeError(
-                    f"{type(model).__name__} keeps attention keys and recurrent state in one cache layer "
-                    f"({type(layer).__name__}): specdec checkpoints recurrent state kept in layers of its own only, so "
-                    "it cannot roll this model back after a rejected draft"
-                )
+            if isinstance(layer, DummyLayer):
+                continue  # a layer without attention: nothing stored
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                if not self.recurrent or isinstance(layer, DynamicSlidingWindowLayer):
+                    raise TypeError(
+                        f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, whose recurrent "
+                        "state cannot be cropped after a rejected draft"
+                        + ("" if self.recurrent else " (specdec.recurrent.RecurrentCache checkpoints it instead)")
+                    )
+                continue  # state the subclass checkpoints (a hybrid layer's keys: the attention code below)
             if not isinstance(layer, DynamicLayer):
                 raise TypeError(
                     f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, which cannot "
@@ -136,8 +137,8 @@ class RaggedCache:
     def _crop(self, drop: int) -> None:
         """Remove the last ``drop`` slots of every row."""
         if drop or self._sliding:  # sliding layers also shrink back to their window on crop(0)
-            for layer in self._layers():
-                layer.crop(-drop)
+            for layer in self._layers():  # a hybrid layer's keys only: its recurrent state is not cropped here
+                (DynamicLayer.crop if isinstance(layer, LinearAttentionCacheLayerMixin) else type(layer).crop)(layer, -drop)
         self.mask = self.mask[:, : self.slots - drop]
 
     def _layers(self) -> list[DynamicLayer]:

@@ -28,8 +28,10 @@ back as usual) checkpoints the state instead:
   ``batch_select_indices`` for these layers); a new row's state is zeros, which every supported
   model treats as no state.
 
-Layers that hold attention keys and recurrent state in one cache layer (Falcon-H1, Zaya) are
-refused by ``RaggedCache``, by name.
+A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
+keys handled as any attention layer's and its state checkpointed; one holding sliding-window keys
+and recurrent state is refused by name. Hybrids get explicit positions in every forward (Bamba
+counts them from 0 in each forward unless told).
 """
 
 from __future__ import annotations
@@ -75,12 +77,17 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, max(4, vocab), (1, 5 + tokens), generator=generator).to(device)
     name = cache_keyword(model)
+    positioned = "position_ids" in inspect.signature(model.forward).parameters
+
+    def forward(start: int, stop: int, cache: DynamicCache) -> torch.Tensor:  # as generate calls it
+        where = {"position_ids": torch.arange(start, stop, device=device)[None]} if positioned else {}
+        return model(input_ids=ids[:, start:stop], **{name: cache}, use_cache=True, **where).logits
+
     outputs = []
     for step in (tokens, 1):
         cache = DynamicCache(config=model.config)
-        model(input_ids=ids[:, :5], **{name: cache}, use_cache=True)
-        logits = [model(input_ids=ids[:, i:i + step], **{name: cache}, use_cache=True).logits[:, -step:]
-                  for i in range(5, 5 + tokens, step)]
+        forward(0, 5, cache)
+        logits = [forward(i, i + step, cache)[:, -step:] for i in range(5, 5 + tokens, step)]
         outputs.append(torch.cat(logits, dim=1).float())  # [1, tokens, V]
     scale = max(1.0, float(outputs[1].abs().max()))
     exact = float((outputs[0] - outputs[1]).abs().max()) <= EXACT_TOL * scale
@@ -208,7 +215,11 @@ class RecurrentCache(RaggedCache):
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
         if self.attention and self.keyword == "past_key_values":
-            return super()._call(input_ids, attention_mask, position_ids, logits_to_keep, kwargs)
+            if position_ids is None:  # some hybrids (Bamba) count positions from 0 in every forward unless told
+                position_ids = self.live[:, None] + torch.arange(input_ids.shape[1], device=input_ids.device)
+                kwargs = {**kwargs, "position_ids": position_ids}
+            return super()._call(input_ids, attention_mask, None if attention_mask is None else position_ids,
+                                 logits_to_keep, kwargs)
         # no attention layer: no positions, and padding is handled here, not by the model's mask
         return self.model(input_ids=input_ids, **{self.keyword: self.cache}, use_cache=True,
                           logits_to_keep=logits_to_keep, **kwargs)

@@ -15,7 +15,8 @@ one forward and replay after a rejection.
   cached tokens == committed - 1 after every round.
 - The drafter's cache likewise: every proposal is the drafter model's own greedy continuation of the
   row's committed tokens, after random commits (ragged pending tokens, left-padded catch-ups).
-- Cache layers holding attention and recurrent state together are refused by name.
+- Recurrent layers in a plain ``RaggedCache``, and layers holding sliding-window keys and recurrent
+  state together, are refused by name.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ import pytest
 import torch
 from conftest import assert_same_greedy, build_tiny, hf_greedy
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
-from transformers.cache_utils import Cache, LinearAttentionAndFullAttentionLayer
+from transformers.cache_utils import (
+    Cache,
+    LinearAttentionAndSlidingWindowAttentionLayer,
+    LinearAttentionLayer,
+)
 
 import specdec
 from specdec.batch import PromptBatch
@@ -42,11 +47,16 @@ COMMON = {"hidden_size": 32, "vocab_size": 96, "num_hidden_layers": 2, "pad_toke
 CONFIGS = {  # model type -> its own settings, small enough to build in milliseconds
     "mamba": {"state_size": 8},
     "mamba2": {"state_size": 8, "num_heads": 8, "head_dim": 8, "n_groups": 1, "chunk_size": 16},
+    "bamba": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_indices": [1],
+              "mamba_n_heads": 8, "mamba_d_head": 8, "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 16},
     "jamba": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_period": 2,
               "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
               "mamba_d_state": 8, "mamba_dt_rank": 4},
     "lfm2": {"intermediate_size": 64, "block_ff_dim": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
              "layer_types": ["conv", "full_attention"]},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1],
+               "attention_hidden_size": 64, "attention_head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 4,
+               "intermediate_size": 64, "mamba_headdim": 8, "n_mamba_heads": 8, "mamba_d_state": 8},
     "qwen3_next": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
                    "layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 2,
                    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
@@ -54,6 +64,8 @@ CONFIGS = {  # model type -> its own settings, small enough to build in millisec
                    "shared_expert_intermediate_size": 32},
 }
 ARCHS = sorted(CONFIGS)
+SLOW = {"zamba2"}  # ~30 s per generate comparison on CPU: its cache is checked by the hand-driven tests only
+TOLERANCE = {"zamba2": 5e-3}  # its cached steps differ from its own one-pass forward by ~2e-3 (ours aside)
 STOP = 2
 
 
@@ -91,6 +103,7 @@ def arch(request) -> str:
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("arch", [arch for arch in ARCHS if arch not in SLOW])
 def test_greedy_equals_generate(arch, gamma):
     target = build_recurrent(arch)
     prompts = repetitive_prompts()
@@ -136,7 +149,8 @@ def test_target_cache_matches_a_fresh_forward_through_random_rounds(arch):
         logits = target.verify(tokens, lengths).logits  # [B, m, V]
         for b, (row, d) in enumerate(zip(rows, drafts)):
             reference = _fresh_logits(model, row + d)[-int(lengths[b]):]
-            torch.testing.assert_close(logits[b, : int(lengths[b])], reference, atol=1e-4, rtol=1e-4)
+            tol = TOLERANCE.get(arch, 1e-4)
+            torch.testing.assert_close(logits[b, : int(lengths[b])], reference, atol=tol, rtol=tol)
         keep = torch.stack([torch.randint(1, int(n) + 1, (1,), generator=gen)[0] for n in lengths])  # [B]
         target.rollback(keep)
         rows = [row + d[: int(k) - 1] + rand(1) for row, d, k in zip(rows, drafts, keep)]
@@ -179,7 +193,10 @@ def test_drafter_proposes_its_own_greedy_continuation_after_random_commits(arch)
         assert [c + len(p) for c, p in zip(cached, drafter.pending)] == [len(row) for row in rows]
 
 
-def test_a_layer_holding_attention_and_recurrent_state_together_is_refused_by_name():
+def test_recurrent_layers_outside_a_recurrent_cache_and_sliding_hybrid_layers_are_refused_by_name():
     model = build_tiny("llama")
-    with pytest.raises(TypeError, match="LlamaForCausalLM keeps attention keys and recurrent state in one cache"):
-        RaggedCache(model, cache=Cache(layers=[LinearAttentionAndFullAttentionLayer()]))
+    with pytest.raises(TypeError, match="LlamaForCausalLM uses cache layers of type LinearAttentionLayer, whose "
+                                        "recurrent state cannot be cropped"):
+        RaggedCache(model, cache=Cache(layers=[LinearAttentionLayer()]))
+    with pytest.raises(TypeError, match="LinearAttentionAndSlidingWindowAttentionLayer, whose recurrent state"):
+        RecurrentCache(model, cache=Cache(layers=[LinearAttentionAndSlidingWindowAttentionLayer(sliding_window=4)]))
