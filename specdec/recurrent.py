@@ -181,9 +181,10 @@ class RecurrentCache(RaggedCache):
                 **kwargs: object) -> ModelOutput:
         fresh = not read_states(self.cache) and self.slots == 0
         left_padded = valid is not None and bool((valid == valid.long().cumsum(dim=1).gt(0)).all())
-        if fresh and left_padded and not bool(valid.all()):
-            return self._grouped(input_ids, valid, logits_to_keep, kwargs)
         self._record(input_ids, valid)
+        if fresh and left_padded and not bool(valid.all()):
+            self._checkpoint()  # every row at zero state, which a rollback may return to
+            return self._grouped(input_ids, valid, logits_to_keep, kwargs)
         return self._feed(input_ids, valid, logits_to_keep, kwargs, checkpoints=True)
 
     def _feed(self, input_ids: torch.Tensor, valid: torch.Tensor | None, logits_to_keep: int, kwargs: dict,
@@ -242,7 +243,6 @@ class RecurrentCache(RaggedCache):
         merged.select(torch.argsort(torch.cat(order)))  # back to the callers' row order
         self.cache, self.mask, self.live, self.holes = merged.cache, merged.mask, merged.live, merged.holes
         self.clean = merged.clean
-        self.fed = [[] for _ in range(self.rows)]
         return _scattered(parts, input_ids.shape[0], n, logits_to_keep)
 
     # -- checkpoints and rollback ---------------------------------------------------------------------

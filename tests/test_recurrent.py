@@ -211,6 +211,23 @@ def test_drafter_proposes_its_own_greedy_continuation_after_random_commits(arch)
         assert [c + len(p) for c, p in zip(cached, drafter.pending)] == [len(row) for row in rows]
 
 
+def test_a_fresh_drafter_catching_up_on_ragged_rows_drafts_its_own_continuation(arch):
+    """Rows of one token (nothing cached) that followed another drafter's rounds: the first forward is a
+    left-padded catch-up from zero state (fed one forward per length), then rounds with rejections."""
+    model = build_recurrent(arch, seed=3)
+    drafter = ModelDrafter(model).align(make_target(build_tiny("llama")))
+    drafter.prefill(PromptBatch.from_lists([[7], [8]], "cpu"))
+    drafter.follow([[11, 12, 13], [14]])  # committed from someone else's drafts: pending 4 and 2 tokens
+    rows = [[7, 11, 12, 13], [8, 14]]
+    sampler = Sampler.create(SamplingConfig(), "cpu", rows=2)
+    for _ in range(3):
+        drafts = drafter.propose(torch.tensor([3, 2]), sampler).drafts()
+        assert drafts == [_greedy_continuation(model, row, len(d)) for row, d in zip(rows, drafts)]
+        drafter.commit(torch.tensor([1, 0]), torch.tensor([20, 21]))
+        rows = [rows[0] + drafts[0][:1] + [20], rows[1] + [21]]
+        assert [c + len(p) for c, p in zip(drafter.cache.live.tolist(), drafter.pending)] == [len(r) for r in rows]
+
+
 def test_recurrent_layers_outside_a_recurrent_cache_and_sliding_hybrid_layers_are_refused_by_name():
     model = build_tiny("llama")
     with pytest.raises(TypeError, match="LlamaForCausalLM uses cache layers of type LinearAttentionLayer, whose "
