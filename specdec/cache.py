@@ -24,15 +24,22 @@ Operations:
 
 A batch whose rows never differ (one prompt) is cropped exactly and never has holes: the model is
 then called exactly as a single-sequence loop calls it, without a mask or position ids.
-Caches that cannot be rolled back (recurrent / linear-attention layers) are refused up front;
-sliding-window layers are supported without holes only (their window counts slots, not tokens).
+Recurrent / linear-attention layers cannot be cropped: a ``RaggedCache`` refuses them up front and
+``specdec.recurrent.RecurrentCache`` (a subclass) checkpoints and replays their state instead; this
+class handles only the attention layers (``_layers``) of such a cache. Sliding-window layers are
+supported without holes only (their window counts slots, not tokens).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+)
 from transformers.modeling_outputs import ModelOutput
 
 COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be worth re-packing
@@ -41,11 +48,23 @@ COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be wor
 class RaggedCache:
     """One model's KV cache for a batch of rows of different lengths."""
 
+    recurrent = False  # whether this class handles recurrent / linear-attention layers (a subclass's job)
+
     def __init__(self, model: torch.nn.Module, rows: int = 0, device: torch.device | str = "cpu",
                  cache: DynamicCache | None = None) -> None:
         self.model = model
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         for layer in self.cache.layers:
+            if isinstance(layer, DummyLayer):
+                continue  # a layer without attention: nothing stored
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                if not self.recurrent or isinstance(layer, DynamicSlidingWindowLayer):
+                    raise TypeError(
+                        f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, whose recurrent "
+                        "state cannot be cropped after a rejected draft"
+                        + ("" if self.recurrent else " (specdec.recurrent.RecurrentCache checkpoints it instead)")
+                    )
+                continue  # state the subclass checkpoints (a hybrid layer's keys: the attention code below)
             if not isinstance(layer, DynamicLayer):
                 raise TypeError(
                     f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, which cannot "
@@ -118,12 +137,14 @@ class RaggedCache:
     def _crop(self, drop: int) -> None:
         """Remove the last ``drop`` slots of every row."""
         if drop or self._sliding:  # sliding layers also shrink back to their window on crop(0)
-            self.cache.crop(-drop)
+            for layer in self._layers():  # a hybrid layer's keys only: its recurrent state is not cropped here
+                (DynamicLayer.crop if isinstance(layer, LinearAttentionCacheLayerMixin) else type(layer).crop)(layer, -drop)
         self.mask = self.mask[:, : self.slots - drop]
 
     def _layers(self) -> list[DynamicLayer]:
-        """The initialised layers (a layer is uninitialised until its first token)."""
-        return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys is not None]
+        """The initialised attention layers (a layer is uninitialised until its first token)."""
+        return [layer for layer in self.cache.layers
+                if isinstance(layer, DynamicLayer) and layer.is_initialized and layer.keys is not None]
 
     def _gather(self, index: torch.Tensor) -> None:
         """Rebuild every row's slots from ``index`` [B, S'] (slot numbers of the old layout)."""
@@ -142,7 +163,8 @@ class RaggedCache:
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep the rows ``rows`` [B'] (in that order); drop slots that no kept row uses."""
-        self.cache.batch_select_indices(rows)
+        for layer in self._layers():
+            layer.batch_select_indices(rows)
         self.mask, self.live = self.mask[rows], self.live[rows]
         used = self.mask.any(dim=0).nonzero()  # [S', 1]
         if len(used) == 0:
@@ -168,6 +190,8 @@ class RaggedCache:
         while len(self.cache.layers) < layers:
             self.cache.layers.append(DynamicLayer())
         for index, mine in enumerate(self.cache.layers):
+            if not isinstance(mine, DynamicLayer):
+                continue  # no keys: a layer without attention, or recurrent state (merged by a subclass)
             theirs = other.cache.layers[index] if index < len(other.cache.layers) else None
             stored = [layer for layer in (mine, theirs) if layer is not None and layer.is_initialized
                       and layer.keys is not None and layer.keys.shape[2] > 0]

@@ -38,6 +38,7 @@ from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
 from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
+from specdec.recurrent import RecurrentCache, is_recurrent
 
 
 def is_encoder_decoder(model: PreTrainedModel) -> bool:
@@ -215,8 +216,11 @@ class Seq2SeqCache(RaggedCache):
 
 
 def cache_for(model: PreTrainedModel, rows: int, device: torch.device | str) -> RaggedCache:
-    """The cache handle of ``model``: a ``Seq2SeqCache`` for an encoder-decoder model, else a ``RaggedCache``."""
-    return Seq2SeqCache(model, rows, device) if is_encoder_decoder(model) else RaggedCache(model, rows, device)
+    """The cache handle of ``model``: a ``Seq2SeqCache`` for an encoder-decoder model, a ``RecurrentCache`` for
+    a model with recurrent layers, else a ``RaggedCache``."""
+    if is_encoder_decoder(model):
+        return Seq2SeqCache(model, rows, device)
+    return RecurrentCache(model, rows, device) if is_recurrent(model) else RaggedCache(model, rows, device)
 
 
 def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,

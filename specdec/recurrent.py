@@ -1,0 +1,384 @@
+"""Recurrent and hybrid models behind the same cache handle: their state checkpointed, never cropped.
+
+Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next... keep, per layer, a convolution window and/or a
+recurrent (SSM, linear-attention) state in transformers' ``LinearAttentionCacheLayerMixin`` layers
+(``conv_states`` / ``recurrent_states`` dicts of ``[B, ...]`` tensors). A token fed into them cannot
+be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose attention layers, in a hybrid, roll
+back as usual) checkpoints the state instead:
+
+- **Checkpoints.** Before every forward, the states are cloned (small tensors) with each row's live
+  token count. ``keep(n)`` gives each row whose state is not already that of its first ``n`` tokens
+  the state of its latest exact checkpoint at or before ``n`` and **replays** the tokens between
+  (the attention layers rolled back to the checkpoint first, so nothing is cached twice). Rows are
+  replayed in groups of equal token counts, one forward per group, the other rows' states put back
+  after it. A drafter forwards one token at a time, so it always finds a checkpoint at its exact
+  count and never replays; a target replays its accepted tokens after a rejection.
+- **Padding.** A padded token still moves a recurrent state (it decays, its conv window shifts), so
+  no state may run over one. Right padding (the target's verification) only makes the row's state
+  dirty: its logits are right, and ``keep`` replays the row. Other padding (a drafter's left-padded
+  catch-up) is fed one column at a time, each padded row's state put back after its column. A
+  fresh cache's left-padded prefill is fed as one forward per distinct prompt length, the parts
+  merged.
+- **Multi-token forwards.** ``generate`` feeds a cached recurrent model one token at a time; some
+  implementations are wrong on several tokens after a cached state (Mamba's and Jamba's reference
+  scan restarts from zero). ``multi_token_exact`` checks this once per model (a few tokens of
+  cached forward against single steps); a model that fails is fed one token at a time whenever
+  it has state, with a checkpoint after each, so its rollbacks never replay.
+- **Rows.** ``select`` and ``merge`` carry the states along the batch (transformers has no
+  ``batch_select_indices`` for these layers); a new row's state is zeros, which every supported
+  model treats as no state.
+
+A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
+keys handled as any attention layer's and its state checkpointed; one holding sliding-window keys
+and recurrent state is refused by name. Hybrids get explicit positions in every forward (Bamba
+counts them from 0 in each forward unless told).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
+
+from specdec.cache import RaggedCache
+
+KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
+EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
+_EXACT: dict[int, bool] = {}  # id(model) -> multi_token_exact(model)
+
+
+def is_recurrent(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s cache (built from its config) has recurrent / linear-attention layers."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return False
+    cache = DynamicCache(config=model.config)
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
+
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The name under which ``model.forward`` takes its cache (Mamba's is ``cache_params``)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "past_key_values" if "past_key_values" in parameters else "cache_params"
+
+
+@torch.no_grad()
+def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
+    """Whether one forward of ``tokens`` tokens after a cached state gives the logits of single steps
+    (checked once per model on a few seeded random tokens; cached)."""
+    key = id(model)
+    if key in _EXACT and getattr(model, "_specdec_multi_token_exact", None) is _EXACT[key]:
+        return _EXACT[key]
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, max(4, vocab), (1, 5 + tokens), generator=generator).to(device)
+    name = cache_keyword(model)
+    positioned = "position_ids" in inspect.signature(model.forward).parameters
+
+    def forward(start: int, stop: int, cache: DynamicCache) -> torch.Tensor:  # as generate calls it
+        where = {"position_ids": torch.arange(start, stop, device=device)[None]} if positioned else {}
+        return model(input_ids=ids[:, start:stop], **{name: cache}, use_cache=True, **where).logits
+
+    outputs = []
+    for step in (tokens, 1):
+        cache = DynamicCache(config=model.config)
+        forward(0, 5, cache)
+        logits = [forward(i, i + step, cache)[:, -step:] for i in range(5, 5 + tokens, step)]
+        outputs.append(torch.cat(logits, dim=1).float())  # [1, tokens, V]
+    scale = max(1.0, float(outputs[1].abs().max()))
+    exact = float((outputs[0] - outputs[1]).abs().max()) <= EXACT_TOL * scale
+    _EXACT[key] = exact
+    model._specdec_multi_token_exact = exact
+    return exact
+
+
+def _state_layers(cache: DynamicCache) -> list[LinearAttentionCacheLayerMixin]:
+    return [layer for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+
+
+def _initialized(layer: LinearAttentionCacheLayerMixin, kind: str, index: int) -> bool:
+    flags = layer.is_conv_states_initialized if kind == "conv_states" else layer.is_recurrent_states_initialized
+    return bool(flags[index]) and layer.has_previous_state[index]
+
+
+# (layer number among the state layers, kind, state index) -> tensor [B, ...]; a missing entry is zeros
+States = dict[tuple[int, str, int], torch.Tensor]
+
+
+def read_states(cache: DynamicCache, clone: bool = False) -> States:
+    """The initialised states of ``cache``'s linear-attention layers (cloned: a checkpoint)."""
+    states = {}
+    for number, layer in enumerate(_state_layers(cache)):
+        for kind in KINDS:
+            for index, tensor in getattr(layer, kind).items():
+                if tensor is not None and _initialized(layer, kind, index):
+                    states[number, kind, index] = tensor.clone() if clone else tensor
+    return states
+
+
+def write_states(cache: DynamicCache, states: States) -> None:
+    """Put ``states`` into ``cache``'s layers (marking them initialised: a conv window is its kernel wide)."""
+    layers = _state_layers(cache)
+    for (number, kind, index), tensor in states.items():
+        layer = layers[number]
+        getattr(layer, kind)[index] = tensor
+        if kind == "conv_states":
+            layer.is_conv_states_initialized[index] = True
+            layer.conv_kernel_size[index] = tensor.shape[-1]
+        else:
+            layer.is_recurrent_states_initialized[index] = True
+        layer.has_previous_state[index] = True
+        layer.dtype, layer.device = tensor.dtype, tensor.device
+
+
+def restore(cache: DynamicCache, saved: States, rows: torch.Tensor) -> None:
+    """Give the rows ``rows`` [B] (bool) their state in ``saved`` (zeros where ``saved`` has none)."""
+    current = read_states(cache)
+    for key, tensor in current.items():
+        old = saved.get(key)
+        pick = rows.view(-1, *([1] * (tensor.dim() - 1)))
+        current[key] = torch.where(pick, old if old is not None else torch.zeros_like(tensor), tensor)
+    write_states(cache, current)
+
+
+@dataclass
+class Checkpoint:
+    """The recurrent state at one point, and which rows it is exact for."""
+
+    live: torch.Tensor  # [B] live tokens of each row at this point
+    clean: torch.Tensor  # [B] bool: the row's state is that of its live tokens (no padding ran over it)
+    states: States  # cloned tensors [B, ...]
+
+    def select(self, rows: torch.Tensor) -> Checkpoint:
+        return Checkpoint(self.live[rows], self.clean[rows], {k: t[rows] for k, t in self.states.items()})
+
+
+class RecurrentCache(RaggedCache):
+    """A ``RaggedCache`` for models with recurrent / linear-attention layers (see the module docstring)."""
+
+    recurrent = True
+
+    def __init__(self, model: PreTrainedModel, rows: int = 0, device: torch.device | str = "cpu",
+                 cache: DynamicCache | None = None) -> None:
+        super().__init__(model, rows, device, cache)
+        self.keyword = cache_keyword(model)
+        self.attention = any(isinstance(layer, DynamicLayer) for layer in self.cache.layers)
+        self.stepwise = not multi_token_exact(model)  # feed one token at a time once there is state
+        self.clean = torch.ones(rows, dtype=torch.bool, device=device)  # [B] state exact for the live tokens
+        self.points: list[Checkpoint] = []  # since the last keep, oldest first
+        self.fed: list[list[int]] = [[] for _ in range(rows)]  # per row: real tokens fed since the first point
+        self.base: torch.Tensor | None = None  # [B] live tokens at the first point
+        self.replayed = 0  # tokens replayed so far (rows x tokens), for the cost report
+        self.replay_rounds = 0  # keeps that replayed something
+
+    # -- forward ------------------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 1,
+                **kwargs: object) -> ModelOutput:
+        fresh = not read_states(self.cache) and self.slots == 0
+        left_padded = valid is not None and bool((valid == valid.long().cumsum(dim=1).gt(0)).all())
+        self._record(input_ids, valid)
+        if fresh and left_padded and not bool(valid.all()):
+            self._checkpoint()  # every row at zero state, which a rollback may return to
+            return self._grouped(input_ids, valid, logits_to_keep, kwargs)
+        return self._feed(input_ids, valid, logits_to_keep, kwargs, checkpoints=True)
+
+    def _feed(self, input_ids: torch.Tensor, valid: torch.Tensor | None, logits_to_keep: int, kwargs: dict,
+              checkpoints: bool) -> ModelOutput:
+        """Feed ``input_ids`` [B, n]: one forward where exact, else one column at a time."""
+        n = input_ids.shape[1]
+        has_state = bool(read_states(self.cache))
+        right_padded = valid is None or bool((valid == (torch.arange(n, device=valid.device)[None, :]
+                                                        < valid.sum(dim=1, keepdim=True))).all())
+        if n == 1 or not has_state or (right_padded and not self.stepwise):
+            if checkpoints:
+                self._checkpoint()
+            out = RaggedCache.forward(self, input_ids, valid, logits_to_keep, **kwargs)
+            if valid is not None:
+                self.clean &= valid.all(dim=1)
+            return out
+        outputs = []
+        for j in range(n):
+            column = None if valid is None else valid[:, j:j + 1]  # [B, 1]
+            padded = None if column is None or bool(column.all()) else ~column[:, 0]  # [B]
+            before = self._checkpoint() if checkpoints else (read_states(self.cache, clone=True)
+                                                             if padded is not None else None)
+            outputs.append(RaggedCache.forward(self, input_ids[:, j:j + 1], None if padded is None else column,
+                                               1, **kwargs))
+            if padded is not None:
+                restore(self.cache, before.states if isinstance(before, Checkpoint) else before, padded)
+        return _joined(outputs, logits_to_keep)
+
+    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+              logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        if self.attention and self.keyword == "past_key_values":
+            if position_ids is None:  # some hybrids (Bamba) count positions from 0 in every forward unless told
+                position_ids = self.live[:, None] + torch.arange(input_ids.shape[1], device=input_ids.device)
+                kwargs = {**kwargs, "position_ids": position_ids}
+            return super()._call(input_ids, attention_mask, None if attention_mask is None else position_ids,
+                                 logits_to_keep, kwargs)
+        # no attention layer: no positions, and padding is handled here, not by the model's mask
+        return self.model(input_ids=input_ids, **{self.keyword: self.cache}, use_cache=True,
+                          logits_to_keep=logits_to_keep, **kwargs)
+
+    def _grouped(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int,
+                 kwargs: dict) -> ModelOutput:
+        """A fresh cache's left-padded forward: one unpadded forward per distinct real length, merged."""
+        n = input_ids.shape[1]
+        counts = valid.sum(dim=1)  # [B]
+        merged = type(self)(self.model, 0, self.mask.device)
+        order, parts = [], []
+        for count in sorted(set(counts.tolist())):
+            rows = (counts == count).nonzero()[:, 0]  # [B_c]
+            part = type(self)(self.model, len(rows), self.mask.device)
+            if count:
+                out = part.forward(input_ids[rows, n - count:], None, min(logits_to_keep, count), **kwargs)
+                parts.append((rows, out))
+            merged.merge(part)
+            order.append(rows)
+        merged.select(torch.argsort(torch.cat(order)))  # back to the callers' row order
+        self.cache, self.mask, self.live, self.holes = merged.cache, merged.mask, merged.live, merged.holes
+        self.clean = merged.clean
+        return _scattered(parts, input_ids.shape[0], n, logits_to_keep)
+
+    # -- checkpoints and rollback ---------------------------------------------------------------------
+
+    def _record(self, input_ids: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Remember each row's real tokens fed since the first checkpoint (what a replay feeds again)."""
+        if self.base is None:
+            self.base = self.live.clone()
+        ids = input_ids.tolist()
+        real = [[True] * len(row) for row in ids] if valid is None else valid.tolist()
+        for fed, row, keep in zip(self.fed, ids, real):
+            fed.extend(t for t, k in zip(row, keep) if k)
+
+    def _checkpoint(self) -> Checkpoint:
+        point = Checkpoint(self.live.clone(), self.clean.clone(), read_states(self.cache, clone=True))
+        self.points.append(point)
+        return point
+
+    def _forget(self) -> None:
+        self.points, self.base = [], None
+        self.fed = [[] for _ in range(self.rows)]
+        self.clean = torch.ones(self.rows, dtype=torch.bool, device=self.mask.device)
+
+    def keep(self, n: torch.Tensor) -> None:
+        """Keep the first ``n[b]`` live tokens of each row: its state from a checkpoint, replayed up to ``n[b]``."""
+        redo = ~(self.clean & (n == self.live))  # [B] rows whose current state is not that of n tokens
+        if not bool(redo.any()) or not self.points:
+            if bool(redo.any()):  # no checkpoint since the state changed (cannot happen through forward)
+                raise RuntimeError("recurrent state cannot be rolled back: no checkpoint since the last keep")
+            super().keep(n)
+            self._forget()
+            return
+        start = n.clone()  # [B] the live count each row restarts from
+        chosen: dict[int, list[int]] = {}  # checkpoint number -> rows restored from it
+        for b in redo.nonzero()[:, 0].tolist():
+            number = next((i for i in reversed(range(len(self.points)))
+                           if self.points[i].clean[b] and self.points[i].live[b] <= n[b]), None)
+            if number is None:
+                raise RuntimeError(f"row {b}: no exact checkpoint at or before {int(n[b])} tokens")
+            chosen.setdefault(number, []).append(b)
+            start[b] = self.points[number].live[b]
+        for number, rows in chosen.items():
+            pick = torch.zeros(self.rows, dtype=torch.bool, device=n.device)
+            pick[rows] = True
+            restore(self.cache, self.points[number].states, pick)
+        if bool((start < n).any()):
+            self.replay_rounds += 1
+        super().keep(start)
+        tokens, base = self.fed, self.base
+        self._forget()
+        self._replay(tokens, base, start, n)
+
+    def _replay(self, fed: list[list[int]], base: torch.Tensor, start: torch.Tensor, n: torch.Tensor) -> None:
+        """Feed again each row's tokens ``start[b]..n[b]``, rows grouped by count (one forward per count)."""
+        counts = n - start  # [B]
+        for count in sorted(set(counts.tolist()) - {0}):
+            rows = counts == count  # [B]
+            ids = torch.zeros(self.rows, count, dtype=torch.long, device=n.device)
+            for b in rows.nonzero()[:, 0].tolist():
+                first = int(start[b] - base[b])
+                ids[b] = torch.tensor(fed[b][first:first + count], dtype=torch.long)
+            before = read_states(self.cache, clone=True)
+            valid = None if bool(rows.all()) else rows[:, None].expand(-1, count)  # [B, count]
+            self._feed(ids, valid, 1, {}, checkpoints=False)
+            if valid is not None:
+                restore(self.cache, before, ~rows)
+            self.replayed += count * int(rows.sum())
+        self.clean = torch.ones(self.rows, dtype=torch.bool, device=n.device)
+
+    # -- rows -------------------------------------------------------------------------------------------
+
+    def select(self, rows: torch.Tensor) -> None:
+        states = {key: tensor[rows] for key, tensor in read_states(self.cache).items()}
+        index = rows.tolist()
+        super().select(rows)
+        write_states(self.cache, states)
+        self.clean = self.clean[rows]
+        self.points = [point.select(rows) for point in self.points]
+        self.fed = [self.fed[i] for i in index]
+        self.base = None if self.base is None else self.base[rows]
+
+    def merge(self, other: RaggedCache) -> None:
+        assert isinstance(other, RecurrentCache)
+        if other.rows == 0:
+            return
+        if not bool(other.clean.all()):
+            raise RuntimeError("rows join a recurrent cache with exact states only (after keep or prefill)")
+        mine, theirs = read_states(self.cache), read_states(other.cache)
+        states = _stacked(mine, self.rows, theirs, other.rows)
+        # a checkpoint of this cache's rows holds the joining rows as they are now (their state is exact)
+        self.points = [Checkpoint(torch.cat([p.live, other.live]), torch.cat([p.clean, other.clean]),
+                                  _stacked(p.states, self.rows, {k: t.clone() for k, t in theirs.items()}, other.rows))
+                       for p in self.points]
+        if self.base is not None:
+            self.base = torch.cat([self.base, other.live])
+        self.fed += [[] for _ in range(other.rows)]
+        self.clean = torch.cat([self.clean, other.clean])
+        super().merge(other)
+        write_states(self.cache, states)
+
+
+def _stacked(first: States, rows: int, second: States, other_rows: int) -> States:
+    """The states of two row sets, one after the other along the batch (zeros where a set has none)."""
+    states = {}
+    for key in first.keys() | second.keys():
+        a, b = first.get(key), second.get(key)
+        a = a if a is not None else b.new_zeros(rows, *b.shape[1:])
+        b = b if b is not None else a.new_zeros(other_rows, *a.shape[1:])
+        states[key] = torch.cat([a, b])
+    return states
+
+
+def _joined(outputs: list[ModelOutput], logits_to_keep: int) -> ModelOutput:
+    """The outputs of single-column forwards as one output: the last ``logits_to_keep`` logits [B, keep, V]."""
+    keep = outputs[-logits_to_keep:] if logits_to_keep else outputs
+    hidden = None
+    if outputs[0].get("hidden_states") is not None:
+        hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*(out.hidden_states for out in outputs)))
+    return CausalLMOutputWithPast(logits=torch.cat([out.logits for out in keep], dim=1), hidden_states=hidden)
+
+
+def _scattered(parts: list[tuple[torch.Tensor, ModelOutput]], rows: int, n: int, logits_to_keep: int) -> ModelOutput:
+    """The outputs of row groups fed without their left padding, as one output for the padded batch
+    (padded positions: zeros)."""
+    keep = logits_to_keep or n
+    like = parts[0][1]
+    logits = like.logits.new_zeros(rows, keep, like.logits.shape[-1])  # [B, keep, V]
+    for index, out in parts:
+        logits[index, keep - out.logits.shape[1]:] = out.logits
+    hidden = None
+    if like.get("hidden_states") is not None:
+        hidden = []
+        for layer in range(len(like.hidden_states)):
+            states = like.hidden_states[layer].new_zeros(rows, n, like.hidden_states[layer].shape[-1])
+            for index, out in parts:
+                states[index, n - out.hidden_states[layer].shape[1]:] = out.hidden_states[layer]
+            hidden.append(states)
+        hidden = tuple(hidden)
+    return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)

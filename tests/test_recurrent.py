@@ -1,0 +1,237 @@
+"""Recurrent and hybrid targets and drafters (issue 25): their state checkpointed and replayed, exactly.
+
+Tiny random models from configs: Mamba and Mamba-2 (recurrent only), Jamba (Mamba layers beside
+attention), LFM2 (convolution layers beside attention) and Qwen3-Next (gated-delta linear attention
+beside attention). Mamba's and Jamba's multi-token cached forward is wrong in transformers (its scan
+restarts from zero), so they are fed one token at a time once they hold state; the others verify in
+one forward and replay after a rejection.
+
+- Greedy: speculative output equals the model's own ``generate`` for one prompt and for a ragged
+  batch of 5 (batches of 3: rows finish early at a stop token, others join), gamma 1 and 4, with
+  prompt lookup on repetitive prompts and with a model drafter (a perturbed copy of the target);
+  drafts are both accepted and rejected.
+- The target's cache, driven by hand through random rounds (random drafts, random acceptance, rows
+  leaving and joining): every verification's logits (and last hidden states, when asked) equal a
+  fresh uncached forward of each row, and
+  cached tokens == committed - 1 after every round.
+- The drafter's cache likewise: every proposal is the drafter model's own greedy continuation of the
+  row's committed tokens, with its hidden states, after random commits (ragged pending tokens,
+  left-padded catch-ups).
+- Recurrent layers in a plain ``RaggedCache``, and layers holding sliding-window keys and recurrent
+  state together, are refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import assert_same_greedy, build_tiny, hf_greedy
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers.cache_utils import (
+    Cache,
+    LinearAttentionAndSlidingWindowAttentionLayer,
+    LinearAttentionLayer,
+)
+
+import specdec
+from specdec.batch import PromptBatch
+from specdec.cache import RaggedCache
+from specdec.config import SamplingConfig
+from specdec.drafters import ModelDrafter
+from specdec.recurrent import RecurrentCache
+from specdec.sampling import Sampler
+from specdec.target import make_target
+
+COMMON = {"hidden_size": 32, "vocab_size": 96, "num_hidden_layers": 2, "pad_token_id": 0, "bos_token_id": 1,
+          "eos_token_id": 2, "initializer_range": 0.3}
+CONFIGS = {  # model type -> its own settings, small enough to build in milliseconds
+    "mamba": {"state_size": 8},
+    "mamba2": {"state_size": 8, "num_heads": 8, "head_dim": 8, "n_groups": 1, "chunk_size": 16},
+    "bamba": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_indices": [1],
+              "mamba_n_heads": 8, "mamba_d_head": 8, "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 16},
+    "jamba": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_period": 2,
+              "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 2,
+              "mamba_d_state": 8, "mamba_dt_rank": 4},
+    "lfm2": {"intermediate_size": 64, "block_ff_dim": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "layer_types": ["conv", "full_attention"]},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1],
+               "attention_hidden_size": 64, "attention_head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 4,
+               "intermediate_size": 64, "mamba_headdim": 8, "n_mamba_heads": 8, "mamba_d_state": 8},
+    "qwen3_next": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                   "layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 2,
+                   "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+                   "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
+                   "shared_expert_intermediate_size": 32},
+}
+ARCHS = sorted(CONFIGS)
+SLOW = {"zamba2"}  # ~30 s per generate comparison on CPU: its cache is checked by the hand-driven tests only
+TOLERANCE = {"zamba2": 5e-2}  # its own cached steps differ from its one-pass forward by up to ~3e-2
+STOP = 2
+
+
+def build_recurrent(arch: str, seed: int = 0) -> PreTrainedModel:
+    """A tiny random ``arch`` causal LM (seeded), eos ``STOP``, in eval mode."""
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(arch, **COMMON, **CONFIGS[arch])
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = STOP
+    return model
+
+
+def perturbed(model: PreTrainedModel, scale: float, seed: int = 1) -> PreTrainedModel:
+    """A copy of ``model`` whose output head is perturbed: a drafter that agrees with it often, not always."""
+    drafter = copy.deepcopy(model)
+    head = drafter.get_output_embeddings().weight
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.add_(torch.randn(head.shape, generator=generator) * scale * head.std())
+    return drafter
+
+
+def repetitive_prompts() -> list[list[int]]:
+    """Five prompts of 1 to 20 tokens, most repeating a phrase (prompt lookup then finds drafts)."""
+    gen = torch.Generator().manual_seed(0)
+    phrase = torch.randint(3, 96, (6,), generator=gen).tolist()
+    other = torch.randint(3, 96, (13,), generator=gen).tolist()
+    return [phrase * 3 + [9, 10], [5], phrase[:3] * 4 + [7], other, phrase * 2]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("arch", [arch for arch in ARCHS if arch not in SLOW])
+def test_greedy_equals_generate(arch, gamma):
+    target = build_recurrent(arch)
+    prompts = repetitive_prompts()
+    expected = [hf_greedy(target, p, 16, [STOP]) for p in prompts]
+    drafted = accepted = 0
+    for drafter in ("ngram", perturbed(target, 0.5)):
+        single = specdec.speculative_generate(target, drafter, prompts[0], max_new_tokens=16, gamma=gamma,
+                                              stop_token_ids=[STOP])
+        assert_same_greedy(target, prompts[0], single.tokens, expected[0])
+        results = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=16, gamma=gamma,
+                                               stop_token_ids=[STOP], batch_size=3)
+        for prompt, result, reference in zip(prompts, results, expected):
+            assert_same_greedy(target, prompt, result.tokens, reference)
+        for result in [single, *results]:
+            drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    assert 0 < accepted < drafted, (accepted, drafted)  # drafts were accepted and rejected
+
+
+def _fresh_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), use_cache=False).logits[0]  # [n, V]
+
+
+def test_target_cache_matches_a_fresh_forward_through_random_rounds(arch):
+    model = build_recurrent(arch)
+    target = make_target(model)
+    assert isinstance(target.cache, RecurrentCache)
+    gen = torch.Generator().manual_seed(1)
+    rand = (lambda n: torch.randint(3, 96, (n,), generator=gen).tolist())
+    rows = [rand(n) for n in (1, 6, 11, 3)]  # each row's committed tokens
+    target.prefill(PromptBatch.from_lists(rows, "cpu"))
+    for round_ in range(8):
+        if round_ == 3:  # rows 1 and 3 leave, two rows join
+            target.select(torch.tensor([0, 2]))
+            rows = [rows[0], rows[2]]
+            joining = [rand(4), rand(1)]
+            target.prefill(PromptBatch.from_lists(joining, "cpu"))
+            rows += joining
+        lengths = torch.randint(1, 6, (len(rows),), generator=gen)  # [B] the newest token and its drafts
+        drafts = [rand(int(n) - 1) for n in lengths]
+        tokens = torch.tensor([[row[-1]] + d + [0] * (int(lengths.max()) - 1 - len(d))
+                               for row, d in zip(rows, drafts)])  # [B, m] right-padded
+        scores = target.verify(tokens, lengths, hidden=round_ % 2 == 1)  # [B, m, V], [B, m, H] every other round
+        for b, (row, d) in enumerate(zip(rows, drafts)):
+            n, tol = int(lengths[b]), TOLERANCE.get(arch, 1e-4)
+            with torch.no_grad():
+                fresh = model(torch.tensor([row + d]), use_cache=False, output_hidden_states=True)
+            torch.testing.assert_close(scores.logits[b, :n], fresh.logits[0, -n:], atol=tol, rtol=tol)
+            if scores.hidden is not None:
+                torch.testing.assert_close(scores.hidden[b, :n], fresh.hidden_states[-1][0, -n:], atol=tol, rtol=tol)
+        keep = torch.stack([torch.randint(1, int(n) + 1, (1,), generator=gen)[0] for n in lengths])  # [B]
+        target.rollback(keep)
+        rows = [row + d[: int(k) - 1] + rand(1) for row, d, k in zip(rows, drafts, keep)]
+        assert target.cached().tolist() == [len(row) - 1 for row in rows]
+    cache = target.cache
+    if not cache.stepwise:
+        assert cache.replayed > 0  # rejections were replayed from a checkpoint
+
+
+def _greedy_continuation(model: PreTrainedModel, tokens: list[int], n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        out.append(int(_fresh_logits(model, tokens + out)[-1].argmax()))
+    return out
+
+
+class NeverStop:
+    """A stop rule that reads the drafter's hidden states and never stops a row."""
+
+    needs_hidden = True
+
+    def __call__(self, step) -> torch.Tensor:
+        return torch.zeros_like(step.drafting)
+
+
+def test_drafter_proposes_its_own_greedy_continuation_after_random_commits(arch):
+    model = build_recurrent(arch, seed=3)
+    target = make_target(build_tiny("llama"))
+    drafter = ModelDrafter(model).align(target)
+    gen = torch.Generator().manual_seed(2)
+    rand = (lambda n: torch.randint(3, 96, (n,), generator=gen).tolist())
+    rows = [rand(n) for n in (2, 9, 1, 5)]
+    drafter.prefill(PromptBatch.from_lists(rows, "cpu"))  # ragged: one forward per distinct length
+    for round_ in range(6):
+        if round_ == 2:  # row 0 leaves, a row joins
+            drafter.select(torch.tensor([1, 2, 3]))
+            rows = rows[1:] + [rand(3)]
+            drafter.prefill(PromptBatch.from_lists(rows[-1:], "cpu"))
+        limit = torch.randint(1, 5, (len(rows),), generator=gen)  # [B]
+        proposal = drafter.propose(limit, Sampler.create(SamplingConfig(), "cpu", rows=len(rows)), NeverStop())
+        drafts = proposal.drafts()
+        for b, (row, d, n) in enumerate(zip(rows, drafts, limit.tolist())):
+            assert d == _greedy_continuation(model, row, n)
+            with torch.no_grad():  # the hidden state behind each draft: after the row's tokens up to it
+                fresh = model(torch.tensor([row + d[:-1]]), use_cache=False, output_hidden_states=True)
+            torch.testing.assert_close(proposal.hidden[b, :n], fresh.hidden_states[-1][0, -n:],
+                                       atol=TOLERANCE.get(arch, 1e-4), rtol=TOLERANCE.get(arch, 1e-4))
+        accepted = torch.stack([torch.randint(0, len(d) + 1, (1,), generator=gen)[0] for d in drafts])  # [B]
+        following = torch.tensor(rand(len(rows)))  # [B] the recovered or bonus token
+        drafter.commit(accepted, following)
+        rows = [row + d[: int(a)] + [int(t)] for row, d, a, t in zip(rows, drafts, accepted, following)]
+        cached = drafter.cache.live.tolist()
+        assert [c + len(p) for c, p in zip(cached, drafter.pending)] == [len(row) for row in rows]
+
+
+def test_a_fresh_drafter_catching_up_on_ragged_rows_drafts_its_own_continuation(arch):
+    """Rows of one token (nothing cached) that followed another drafter's rounds: the first forward is a
+    left-padded catch-up from zero state (fed one forward per length), then rounds with rejections."""
+    model = build_recurrent(arch, seed=3)
+    drafter = ModelDrafter(model).align(make_target(build_tiny("llama")))
+    drafter.prefill(PromptBatch.from_lists([[7], [8]], "cpu"))
+    drafter.follow([[11, 12, 13], [14]])  # committed from someone else's drafts: pending 4 and 2 tokens
+    rows = [[7, 11, 12, 13], [8, 14]]
+    sampler = Sampler.create(SamplingConfig(), "cpu", rows=2)
+    for _ in range(3):
+        drafts = drafter.propose(torch.tensor([3, 2]), sampler).drafts()
+        assert drafts == [_greedy_continuation(model, row, len(d)) for row, d in zip(rows, drafts)]
+        drafter.commit(torch.tensor([1, 0]), torch.tensor([20, 21]))
+        rows = [rows[0] + drafts[0][:1] + [20], rows[1] + [21]]
+        assert [c + len(p) for c, p in zip(drafter.cache.live.tolist(), drafter.pending)] == [len(r) for r in rows]
+
+
+def test_recurrent_layers_outside_a_recurrent_cache_and_sliding_hybrid_layers_are_refused_by_name():
+    model = build_tiny("llama")
+    with pytest.raises(TypeError, match="LlamaForCausalLM uses cache layers of type LinearAttentionLayer, whose "
+                                        "recurrent state cannot be cropped"):
+        RaggedCache(model, cache=Cache(layers=[LinearAttentionLayer()]))
+    with pytest.raises(TypeError, match="LinearAttentionAndSlidingWindowAttentionLayer, whose recurrent state"):
+        RecurrentCache(model, cache=Cache(layers=[LinearAttentionAndSlidingWindowAttentionLayer(sliding_window=4)]))
