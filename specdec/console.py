@@ -22,41 +22,27 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import specdec
-from specdec.cli import MODES, UsageError, add_decoding_arguments, settings_from
-from specdec.config import LOOKUP, ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
-from specdec.drafters import Drafter, make_drafter
+from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
+from specdec.config import LOOKUP, ModelConfig
 from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, BatchStats, GenerationResult, RoundEvent
-from specdec.target import make_target
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from specdec.drafters import Drafter
 
 COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
 STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
 LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
           (BONUS, "bonus: the target's extra token after a full acceptance"))
-DEFAULT_VERIFY = VerifyConfig()  # the rule that fits the temperature
-DEFAULT_SCHEDULE = ScheduleConfig()  # constant gamma
 DETOKENIZE_CONTEXT = 5  # prompt tokens decoded before the first new one (as vLLM's incremental detokenizer)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything that decides one generation besides the models."""
-
-    sampling: SamplingConfig  # temperature, top-k, top-p, seed
-    spec: SpecConfig  # gamma, max_new_tokens, batch_size, speculate
-    mode: str  # one of cli.MODES (or COMPARE in chat)
-    verify: VerifyConfig = DEFAULT_VERIFY  # the verification rule
-    schedule: ScheduleConfig = DEFAULT_SCHEDULE  # how far each row drafts
-    stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these
-    chat_template: bool = False  # wrap the prompt in the tokenizer's chat template
-    show_acceptance: bool = False  # colour tokens by kind
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -99,6 +85,9 @@ class Session:
 
     def drafter(self) -> Drafter:
         """The drafter, built by the one drafter factory from the loaded models (loaded once)."""
+        from specdec.drafters import make_drafter
+        from specdec.target import make_target
+
         target = make_target(self.model(self.models.target))
         return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
 
@@ -477,7 +466,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``specdec chat``."""
     parser = subparsers.add_parser(
-        "chat", help="interactive console: prompts stream, /commands change the settings",
+        "chat",
         description="An interactive console. Type a prompt to see its output stream, then its figures; "
         "/help lists the commands. Reads one prompt per line from a pipe.",
     )

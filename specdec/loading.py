@@ -26,10 +26,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-import specdec
+from specdec.config import SHIPPED_DRAFTERS, SHIPPED_TARGETS
 
-SHIPPED_MODELS = ("code-target", "code-drafter", "code-block-drafter", "translate-target", "translate-drafter",
-                  "translate-block-drafter")  # names resolved to models/<name> at the repo root
+SHIPPED_MODELS = (*SHIPPED_TARGETS, *SHIPPED_DRAFTERS)  # names resolved to models/<name> at the repo root
 DEFAULT_TARGET = "code-target"  # what load_model(None) loads
 
 DTYPES: dict[str, torch.dtype] = {
@@ -44,7 +43,7 @@ DTYPES: dict[str, torch.dtype] = {
 
 def models_dir() -> Path:
     """The shipped models' folder: ``models/`` next to the package (editable install)."""
-    return Path(specdec.__file__).resolve().parent.parent / "models"
+    return Path(__file__).resolve().parent.parent / "models"
 
 
 def default_model_path(name: str) -> Path:
