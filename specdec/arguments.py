@@ -51,10 +51,10 @@ ALIASES: Mapping[str, Sequence[str]] = {
 MODES = ("speculative", "target", "drafter")  # what decodes: draft + verify, the target or the drafter alone
 # Help appended to a field's comment: the names a flag accepts, from the constants that define them.
 NAMES_HELP: Mapping[str, str] = {
-    "target": f"shipped targets: {', '.join(SHIPPED_TARGETS)}",
-    "drafter": (f"drafter names: {NGRAM} (prompt lookup), {BLOCK} (the shipped block drafter for the target's "
-                f"kind), {BLOCK}:PATH (a block drafter folder), {LOOKUP}NAME (prompt lookup first, the drafter "
-                f"NAME otherwise), the shipped drafters {', '.join(SHIPPED_DRAFTERS)}, or a model folder"),
+    "target": f"shipped: {', '.join(SHIPPED_TARGETS)}",
+    "drafter": (f"one of: {NGRAM}, {LOOKUP}NAME, {BLOCK} (the shipped block drafter for the target's kind), "
+                f"{BLOCK}:PATH (a block drafter folder), a shipped drafter ({', '.join(SHIPPED_DRAFTERS)}) or a "
+                "model folder"),
 }
 DEFAULT_VERIFY = VerifyConfig()  # the rule that fits the temperature
 DEFAULT_SCHEDULE = ScheduleConfig()  # constant gamma

@@ -8,7 +8,8 @@ Subcommands plug in through ``SUBCOMMANDS``: a name and the module whose ``regis
 adds its parser and sets ``func`` (``args -> exit status``) as its default.
 
 Bad input (a missing model, an out-of-range value, an incompatible pair) is one line on stderr
-and exit status 2, never a traceback; Ctrl-C stops a generation and keeps what it produced.
+and exit status 2, never a traceback; Ctrl-C stops a generation and keeps what it produced, and at
+any other moment (start-up, model loading) is one line and exit status 130.
 """
 
 from __future__ import annotations
@@ -71,24 +72,35 @@ def _read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise UsageError("give the prompt as an argument or with --prompt-file, not both")
     if args.prompt_file is not None:
-        try:
-            return Path(args.prompt_file).read_text(encoding="utf-8")
-        except OSError as err:
-            raise UsageError(f"cannot read --prompt-file {args.prompt_file!r}: {err.strerror}") from err
+        return read_text(args.prompt_file, "--prompt-file")
     if args.prompt is not None:
         return args.prompt
     if sys.stdin.isatty():
         raise UsageError("no prompt: give it as an argument, with --prompt-file FILE, or on standard input")
-    return sys.stdin.read()
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError as err:
+        raise UsageError(f"standard input is not UTF-8 text ({_undecodable(err)}): pipe text in") from err
+
+
+def _undecodable(err: UnicodeDecodeError) -> str:
+    return f"byte 0x{err.object[err.start:err.start + 1].hex()} at offset {err.start}"
+
+
+def read_text(path: str, flag: str) -> str:
+    """The whole of a UTF-8 text file named by ``flag``; a missing or binary file is a UsageError naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot read {flag} {path!r}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{flag} {path!r} is not UTF-8 text ({_undecodable(err)}): give a text file") from err
 
 
 def read_prompts_file(path: str) -> list[str]:
     """The prompts of a file: one per line (plain text; blank lines skipped), or, for ``.jsonl``, the
     ``prompt`` of each line's JSON object. Every line is checked before anything runs."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"cannot read --prompts-file {path!r}: {err.strerror}") from err
+    text = read_text(path, "--prompts-file")
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -131,7 +143,25 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
         "lossless": result.stats.lossless,
         "stop": list(settings.stop_strings),
         "stats": result.stats.to_dict(),
+        "auto": [dataclasses.asdict(c) for c in result.batch.auto] if result.batch is not None else [],
     }
+
+
+def _encoder_decoder(target: str) -> bool:
+    """Whether the target model (a shipped name or a folder) is an encoder-decoder one, from its config."""
+    from transformers import AutoConfig
+
+    from specdec.loading import resolve_model_path
+
+    return bool(getattr(AutoConfig.from_pretrained(str(resolve_model_path(target))), "is_encoder_decoder", False))
+
+
+def _run_generate_command(args: argparse.Namespace) -> int:
+    """``generate``: a decoder-only target completes the prompt; an encoder-decoder one belongs to ``translate``."""
+    if _encoder_decoder(args.target):
+        raise UsageError(f"{args.target} is an encoder-decoder model (it translates a source): use `specdec translate "
+                         f"--target {args.target}`; `specdec generate` completes prompts with a decoder-only target")
+    return _run_generate(args)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -192,7 +222,7 @@ def _run_batch(args: argparse.Namespace, prompts: list[str]) -> int:
                 print(json.dumps({"index": printed, "prompt": prompts[printed], **line}), flush=True)
             else:
                 result_block(printed, prompts[printed], text, ready, settings)
-                print(summary_line(ready, settings.mode), file=sys.stderr)
+                print(summary_line(ready, settings.mode, auto=False), file=sys.stderr)
             printed += 1
 
     try:
@@ -227,7 +257,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "in batches of --batch-size, printing each result in input order.",
     )
     add_prompt_arguments(parser, "prompt", "the text to complete")
-    parser.set_defaults(func=_run_generate)
+    parser.set_defaults(func=_run_generate_command)
     _register_translate(subparsers)
 
 
@@ -239,12 +269,7 @@ TRANSLATE_DRAFTER = "ngram"  # translate's default drafter: source-copy lookup, 
 
 def _run_translate(args: argparse.Namespace) -> int:
     """``generate`` for an encoder-decoder target: the prompt is the source text."""
-    from transformers import AutoConfig
-
-    from specdec.loading import resolve_model_path
-
-    path = resolve_model_path(args.target)
-    if not getattr(AutoConfig.from_pretrained(str(path)), "is_encoder_decoder", False):
+    if not _encoder_decoder(args.target):
         raise UsageError(f"specdec translate needs an encoder-decoder target (Marian, BART, T5), and {args.target} is "
                          "decoder-only: use `specdec generate` for it")
     return _run_generate(args)
@@ -292,16 +317,18 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``specdec`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    """Run ``specdec`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status. Ctrl-C at any
+    moment (parsing, importing, loading models, generating) ends it with one line and status 130."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
+    name = "specdec" + (f" {command}" if command in SUBCOMMANDS else "")
     try:
-        return args.func(args)
-    except (UsageError, ValueError, OSError) as err:
-        print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
-        return EXIT_USAGE
+        args = build_parser(command).parse_args(argv)
+        try:
+            return args.func(args)
+        except (UsageError, ValueError, OSError) as err:
+            print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
+            return EXIT_USAGE
     except KeyboardInterrupt:
-        print(file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-

@@ -31,7 +31,16 @@ from rich.text import Text
 import specdec
 from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
 from specdec.config import LOOKUP, ModelConfig
-from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, BatchStats, GenerationResult, RoundEvent
+from specdec.stats import (
+    ACCEPTED,
+    BONUS,
+    RECOVERED,
+    TARGET,
+    AutoChoice,
+    BatchStats,
+    GenerationResult,
+    RoundEvent,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -234,11 +243,24 @@ def batch_line(batch: BatchStats, mode: str) -> str:
     wall = batch.wall_time_s or 1.0
     parts.append(f"time: verify {batch.verify_time_s / wall:.0%}, propose {batch.propose_time_s / wall:.0%}, "
                  f"prefill {batch.prefill_time_s / wall:.0%}, bookkeeping {batch.bookkeeping_s / wall:.0%}")
+    if batch.auto:
+        parts.append(auto_text(batch.auto))
     return " | ".join(parts)
 
 
-def summary_line(result: GenerationResult, mode: str) -> str:
-    """New tokens, tokens/s, rounds, alpha, tau and why it stopped, on one line."""
+def auto_text(choices: list[AutoChoice]) -> str:
+    """What ``--speculate auto`` kept at each batch size, with the speeds it measured."""
+    parts = []
+    for c in choices:
+        rows = f"{c.rows[0]}" if c.rows[0] == c.rows[1] else f"{c.rows[0]}-{c.rows[1]}"
+        speeds = f"drafting {c.draft_tokens_per_s:.0f}, plain {c.plain_tokens_per_s:.0f} tokens/s"
+        parts.append(f"{rows} row{'s' if c.rows[1] > 1 else ''}: {c.speculate} ({speeds})")
+    return "speculate auto: " + "; ".join(parts)
+
+
+def summary_line(result: GenerationResult, mode: str, *, auto: bool = True) -> str:
+    """New tokens, tokens/s, rounds, alpha, tau and why it stopped, on one line (and, with ``auto``, what
+    ``--speculate auto`` chose: a prompts file says it once, on its batch line)."""
     s = result.stats
     parts = [f"{s.new_tokens} new tokens in {s.wall_time_s:.2f} s ({s.tokens_per_s:.1f} tokens/s)",
              f"{s.rounds} rounds"]
@@ -248,6 +270,8 @@ def summary_line(result: GenerationResult, mode: str) -> str:
     else:
         parts += [f"{mode} alone: nothing drafted, τ {s.mean_accepted_length:.2f}"]
     parts.append(f"stop: {result.stop_reason}")
+    if auto and result.batch is not None and result.batch.auto:
+        parts.append(auto_text(result.batch.auto))
     if not s.lossless:
         parts.append("relaxed verification: may differ from the target's own output")
     return " | ".join(parts)
