@@ -29,8 +29,7 @@ from specdec.arguments import Settings, UsageError, add_decoding_arguments, sett
 from specdec.config import ModelConfig
 
 if typing.TYPE_CHECKING:
-    from specdec.stats import GenerationResult
-
+    from specdec.stats import GenerationResult, RoundEvent
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,7 @@ SUBCOMMANDS: Mapping[str, Subcommand] = {
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (exit status 2), not the usage block."""
@@ -156,32 +156,50 @@ def _encoder_decoder(target: str) -> bool:
     return bool(getattr(AutoConfig.from_pretrained(str(resolve_model_path(target))), "is_encoder_decoder", False))
 
 
-def _run_generate_command(args: argparse.Namespace) -> int:
-    """``generate``: a decoder-only target completes the prompt; an encoder-decoder one belongs to ``translate``."""
-    if _encoder_decoder(args.target):
-        raise UsageError(f"{args.target} is an encoder-decoder model (it translates a source): use `specdec translate "
-                         f"--target {args.target}`; `specdec generate` completes prompts with a decoder-only target")
-    return _run_generate(args)
+def _check_target_kind(command: str, target: str) -> None:
+    """``generate`` completes prompts with a decoder-only target, ``translate`` translates with an
+    encoder-decoder one: a target of the other kind is pointed to the other command."""
+    encoder_decoder = _encoder_decoder(target)
+    if command == "generate" and encoder_decoder:
+        raise UsageError(f"{target} is an encoder-decoder model (it translates a source): use `specdec translate "
+                         f"--target {target}`; `specdec generate` completes prompts with a decoder-only target")
+    if command == "translate" and not encoder_decoder:
+        raise UsageError(f"specdec translate needs an encoder-decoder target (Marian, BART, T5), and {target} is "
+                         "decoder-only: use `specdec generate` for it")
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    """``generate`` and ``translate``: every input checked (flags, then the target's kind) before any loading."""
     if args.prompts_file is not None:
         if args.prompt is not None or args.prompt_file is not None:
             raise UsageError("give --prompts-file alone: not with a prompt argument or --prompt-file")
-        return _run_batch(args, read_prompts_file(args.prompts_file))
+        prompts = read_prompts_file(args.prompts_file)
+        models, settings = settings_from(args)
+        _check_target_kind(args.command, models.target)
+        return _run_batch(args, prompts, models, settings)
     from specdec.console import Session, TokenStream, print_legend, summary_line
 
     prompt = _read_prompt(args)
     models, settings = settings_from(args)
+    _check_target_kind(args.command, models.target)
+    loading = time.perf_counter()
     session = Session(models)
     prompt_ids = session.encode(prompt, settings)
+    session.load(settings.mode)
     stream = TokenStream(session.tokenizer(settings.mode), prompt_ids,
                          show_acceptance=settings.show_acceptance, echo=not args.json)
     if settings.show_acceptance and not args.json:
         print_legend(settings.mode)
     start = time.perf_counter()
+    first: list[float] = []  # when the first round committed its tokens
+
+    def on_round(event: RoundEvent) -> None:
+        if not first:
+            first.append(time.perf_counter())
+        stream.add(event)
+
     try:
-        result = session.generate(prompt_ids, settings, on_round=stream.add)
+        result = session.generate(prompt_ids, settings, on_round=on_round)
     except KeyboardInterrupt:
         stream.finish()
         elapsed = time.perf_counter() - start
@@ -192,19 +210,21 @@ def _run_generate(args: argparse.Namespace) -> int:
             print(f"[interrupted: {len(stream.ids)} new tokens in {elapsed:.2f} s]", file=sys.stderr)
         return EXIT_INTERRUPTED
     stream.finish()
+    timing = {"load_time_s": start - loading, "time_to_first_token_s": first[0] - start if first else None}
     if args.json:
-        print(json.dumps(_result_json(result, stream.text, prompt_ids, models, settings)))
+        print(json.dumps({**_result_json(result, stream.text, prompt_ids, models, settings), **timing}))
     else:
-        print(summary_line(result, settings.mode), file=sys.stderr)
+        ttft = "" if not first else f"first token in {timing['time_to_first_token_s']:.3f} s, "
+        print(f"{summary_line(result, settings.mode)} | {ttft}models loaded in {timing['load_time_s']:.1f} s",
+              file=sys.stderr)
     return 0
 
 
-def _run_batch(args: argparse.Namespace, prompts: list[str]) -> int:
+def _run_batch(args: argparse.Namespace, prompts: list[str], models: ModelConfig, settings: Settings) -> int:
     """Decode a prompts file in batches of --batch-size; print each result in input order as soon as
     the ones before it are done (JSON lines with --json)."""
     from specdec.console import Session, batch_line, result_block, summary_line
 
-    models, settings = settings_from(args)
     session = Session(models)
     encoded = [session.encode(p, settings) for p in prompts]
     tokenizer = session.tokenizer(settings.mode)
@@ -257,7 +277,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "in batches of --batch-size, printing each result in input order.",
     )
     add_prompt_arguments(parser, "prompt", "the text to complete")
-    parser.set_defaults(func=_run_generate_command)
+    parser.set_defaults(func=_run_generate)
     _register_translate(subparsers)
 
 
@@ -265,14 +285,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 TRANSLATE_TARGET = "translate-target"  # translate's default target: the shipped English -> German Marian model
 TRANSLATE_DRAFTER = "ngram"  # translate's default drafter: source-copy lookup, the fastest exact one measured
-
-
-def _run_translate(args: argparse.Namespace) -> int:
-    """``generate`` for an encoder-decoder target: the prompt is the source text."""
-    if not _encoder_decoder(args.target):
-        raise UsageError(f"specdec translate needs an encoder-decoder target (Marian, BART, T5), and {args.target} is "
-                         "decoder-only: use `specdec generate` for it")
-    return _run_generate(args)
 
 
 def _register_translate(subparsers: argparse._SubParsersAction) -> None:
@@ -283,7 +295,7 @@ def _register_translate(subparsers: argparse._SubParsersAction) -> None:
         "lookup drafting (exact); --mode target decodes with the target alone.",
     )
     add_prompt_arguments(parser, "source", "the text to translate")
-    parser.set_defaults(func=_run_translate, target=TRANSLATE_TARGET, drafter=TRANSLATE_DRAFTER)
+    parser.set_defaults(func=_run_generate, target=TRANSLATE_TARGET, drafter=TRANSLATE_DRAFTER)
 
 
 # -------------------------------------------------------------------------------------------- main

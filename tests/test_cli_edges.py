@@ -137,6 +137,20 @@ def test_auto_in_a_prompts_file_is_said_once_per_batch_size(pair: TinyPair, tmp_
     assert "2 rows:" in lines[-1]  # two prompts decoded together at first
 
 
+# ------------------------------------------------------------------------------ time to first token
+
+
+def test_generate_says_its_time_to_first_token(pair: TinyPair) -> None:
+    proc = run_cli("generate", PROMPT, *pair_args(pair), "--max-new-tokens", "40", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert 0 < out["time_to_first_token_s"] < out["stats"]["wall_time_s"]  # the first round, not the whole run
+    assert out["load_time_s"] > 0
+    proc = run_cli("generate", PROMPT, *pair_args(pair), "--max-new-tokens", "40")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"\| first token in [\d.]+ s, models loaded in [\d.]+ s$", proc.stderr.strip()), proc.stderr
+
+
 # ---------------------------------------------------------------------------------------- bad input
 
 
