@@ -27,6 +27,7 @@ from pathlib import Path
 
 from specdec.arguments import Settings, UsageError, add_decoding_arguments, settings_from
 from specdec.config import ModelConfig
+from specdec.folders import is_encoder_decoder
 
 if typing.TYPE_CHECKING:
     from specdec.stats import GenerationResult, RoundEvent
@@ -147,19 +148,10 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
     }
 
 
-def _encoder_decoder(target: str) -> bool:
-    """Whether the target model (a shipped name or a folder) is an encoder-decoder one, from its config."""
-    from transformers import AutoConfig
-
-    from specdec.loading import resolve_model_path
-
-    return bool(getattr(AutoConfig.from_pretrained(str(resolve_model_path(target))), "is_encoder_decoder", False))
-
-
 def _check_target_kind(command: str, target: str) -> None:
     """``generate`` completes prompts with a decoder-only target, ``translate`` translates with an
     encoder-decoder one: a target of the other kind is pointed to the other command."""
-    encoder_decoder = _encoder_decoder(target)
+    encoder_decoder = is_encoder_decoder(target)
     if command == "generate" and encoder_decoder:
         raise UsageError(f"{target} is an encoder-decoder model (it translates a source): use `specdec translate "
                          f"--target {target}`; `specdec generate` completes prompts with a decoder-only target")
@@ -177,11 +169,11 @@ def _run_generate(args: argparse.Namespace) -> int:
         models, settings = settings_from(args)
         _check_target_kind(args.command, models.target)
         return _run_batch(args, prompts, models, settings)
-    from specdec.console import Session, TokenStream, print_legend, summary_line
-
     prompt = _read_prompt(args)
     models, settings = settings_from(args)
     _check_target_kind(args.command, models.target)
+    from specdec.console import Session, TokenStream, print_legend, summary_line  # rich: after the checks
+
     loading = time.perf_counter()
     session = Session(models)
     prompt_ids = session.encode(prompt, settings)

@@ -30,14 +30,15 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from specdec.config import SHIPPED_DRAFTERS, SHIPPED_TARGETS
-
-SHIPPED_MODELS = (*SHIPPED_TARGETS, *SHIPPED_DRAFTERS)  # names resolved to models/<name> at the repo root
-DEFAULT_TARGET = "code-target"  # what load_model(None) loads
-# A tokenizer folder holds one of these: a fast tokenizer, its config, or a slow one's vocabulary
-# (BPE, WordPiece, SentencePiece, Marian's source/target models).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt",
-                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "source.spm", "target.spm")
+# The folder rules live where no torch is imported; their names stay importable from here.
+from specdec.folders import (  # noqa: F401
+    DEFAULT_TARGET,
+    SHIPPED_MODELS,
+    TOKENIZER_FILES,
+    default_model_path,
+    models_dir,
+    resolve_model_path,
+)
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -47,41 +48,6 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "float16": torch.float16,
 }
-
-
-def models_dir() -> Path:
-    """The shipped models' folder: ``models/`` next to the package (editable install)."""
-    return Path(__file__).resolve().parent.parent / "models"
-
-
-def default_model_path(name: str) -> Path:
-    """The folder of a shipped model name ("code-target" / "code-drafter")."""
-    if name not in SHIPPED_MODELS:
-        raise ValueError(f"unknown shipped model {name!r}; the shipped models are {', '.join(SHIPPED_MODELS)}")
-    return models_dir() / name
-
-
-def resolve_model_path(path_or_name: str | Path | None) -> Path:
-    """A shipped name, None (the default target) or a folder -> an existing folder, else ValueError."""
-    if path_or_name is None:
-        path_or_name = DEFAULT_TARGET
-    if isinstance(path_or_name, str) and path_or_name in SHIPPED_MODELS:
-        path = default_model_path(path_or_name)
-        if not (path / "config.json").is_file():
-            raise ValueError(
-                f"the shipped model {path_or_name!r} is not at {path}: train or download it into that folder "
-                "(see README), or pass the path of a model folder with config.json and safetensors weights"
-            )
-        return path
-    path = Path(path_or_name).expanduser()
-    if not path.exists():
-        raise ValueError(
-            f"model path {str(path)!r} does not exist: pass a folder with config.json and safetensors weights "
-            f"or one of the shipped names {', '.join(SHIPPED_MODELS)} (the model hub is not used)"
-        )
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model path {str(path)!r} has no config.json: it is not a transformers model folder")
-    return path
 
 
 def resolve_device(device: str | torch.device | None) -> str:

@@ -153,6 +153,9 @@ def test_import_specdec_does_not_import_torch() -> None:
     (["generate", "--device", "cpu", "--gpu", "0", "x"], 2),
     (["generate", "--drafter", "lookup+", "x"], 2),
     (["generate", "--prompts-file", "no-such-file.txt"], 2),
+    (["generate", "--target", "no-such-model", "x"], 2),
+    (["generate", "--target", "translate-target", "x"], 2),  # an encoder-decoder target: use translate
+    (["translate", "--target", "code-target", "x"], 2),
     (["chat", "--temperature", "-1"], 2),
 ])
 def test_help_and_argument_errors_do_not_import_torch(argv: list[str], status: int) -> None:
