@@ -1,38 +1,93 @@
 """specdec: speculative decoding for Hugging Face transformers causal and encoder-decoder LMs, batched.
 
-The public API, re-exported; nothing is defined here.
+The public API, re-exported; nothing is defined here. The API loads on first use (PEP 562), so
+``import specdec`` and the command line's ``--help`` and argument errors do not import torch or
+transformers; ``specdec.speculative_generate`` and ``from specdec import load_model`` work as usual.
 """
 
-from specdec.acceptance import RULES, Rule, Verdict, register_rule
-from specdec.batch import PromptBatch
-from specdec.config import (
-    DrafterConfig,
-    ModelConfig,
-    NgramConfig,
-    SamplingConfig,
-    ScheduleConfig,
-    SpecConfig,
-    VerifyConfig,
-)
-from specdec.decode import Decoder, Request, autoregressive_generate, speculative_generate
-from specdec.drafters import (
-    DRAFTERS,
-    Drafter,
-    LookupDrafter,
-    ModelDrafter,
-    NgramDrafter,
-    NoDrafter,
-    Proposal,
-    make_drafter,
-    register_drafter,
-    register_model_drafter,
-)
-from specdec.events import Listener
-from specdec.loading import default_model_path, load_model, load_tokenizer
-from specdec.schedules import SCHEDULES, Schedule, register_schedule
-from specdec.stats import BatchStats, GenerationResult, GenerationStats, RoundEvent, RoundRecord
-from specdec.target import Target, make_target, register_target
-from specdec.threads import ThreadChoice, use_threads
+from __future__ import annotations
+
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+    from specdec.acceptance import RULES, Rule, Verdict, register_rule
+    from specdec.batch import PromptBatch
+    from specdec.config import (
+        DrafterConfig,
+        ModelConfig,
+        NgramConfig,
+        SamplingConfig,
+        ScheduleConfig,
+        SpecConfig,
+        VerifyConfig,
+    )
+    from specdec.decode import Decoder, Request, autoregressive_generate, speculative_generate
+    from specdec.drafters import (
+        DRAFTERS,
+        Drafter,
+        LookupDrafter,
+        ModelDrafter,
+        NgramDrafter,
+        NoDrafter,
+        Proposal,
+        make_drafter,
+        register_drafter,
+        register_model_drafter,
+    )
+    from specdec.events import Listener
+    from specdec.loading import default_model_path, load_model, load_tokenizer
+    from specdec.schedules import SCHEDULES, Schedule, register_schedule
+    from specdec.stats import BatchStats, GenerationResult, GenerationStats, RoundEvent, RoundRecord
+    from specdec.target import Target, make_target, register_target
+    from specdec.threads import ThreadChoice, use_threads
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "RULES": "specdec.acceptance",
+    "Rule": "specdec.acceptance",
+    "Verdict": "specdec.acceptance",
+    "register_rule": "specdec.acceptance",
+    "PromptBatch": "specdec.batch",
+    "DrafterConfig": "specdec.config",
+    "ModelConfig": "specdec.config",
+    "NgramConfig": "specdec.config",
+    "SamplingConfig": "specdec.config",
+    "ScheduleConfig": "specdec.config",
+    "SpecConfig": "specdec.config",
+    "VerifyConfig": "specdec.config",
+    "Decoder": "specdec.decode",
+    "Request": "specdec.decode",
+    "autoregressive_generate": "specdec.decode",
+    "speculative_generate": "specdec.decode",
+    "DRAFTERS": "specdec.drafters",
+    "Drafter": "specdec.drafters",
+    "LookupDrafter": "specdec.drafters",
+    "ModelDrafter": "specdec.drafters",
+    "NgramDrafter": "specdec.drafters",
+    "NoDrafter": "specdec.drafters",
+    "Proposal": "specdec.drafters",
+    "make_drafter": "specdec.drafters",
+    "register_drafter": "specdec.drafters",
+    "register_model_drafter": "specdec.drafters",
+    "Listener": "specdec.events",
+    "default_model_path": "specdec.loading",
+    "load_model": "specdec.loading",
+    "load_tokenizer": "specdec.loading",
+    "SCHEDULES": "specdec.schedules",
+    "Schedule": "specdec.schedules",
+    "register_schedule": "specdec.schedules",
+    "BatchStats": "specdec.stats",
+    "GenerationResult": "specdec.stats",
+    "GenerationStats": "specdec.stats",
+    "RoundEvent": "specdec.stats",
+    "RoundRecord": "specdec.stats",
+    "Target": "specdec.target",
+    "make_target": "specdec.target",
+    "register_target": "specdec.target",
+    "ThreadChoice": "specdec.threads",
+    "use_threads": "specdec.threads",
+}
 
 __all__ = [
     "DRAFTERS",
@@ -79,3 +134,21 @@ __all__ = [
     "speculative_generate",
     "use_threads",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A public name: on the first, import the whole public API as an eager ``import specdec`` would (so
+    its modules' registrations are made) and keep every name; or a submodule (``specdec.cli``)."""
+    if name in _EXPORTS:
+        globals().update({n: getattr(importlib.import_module(m), n) for n, m in _EXPORTS.items()})
+        return globals()[name]
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"{__name__}.{name}":
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

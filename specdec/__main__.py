@@ -2,6 +2,10 @@
 
 import sys
 
-from specdec.cli import main
+try:
+    from specdec.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command line itself loads
+    print("specdec: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

@@ -1,72 +1,63 @@
 """The ``specdec`` command line: ``generate``, ``translate``, ``chat``, ``train``, ``bench``, ``serve`` and ``data``.
 
-Flags and defaults are generated from the config dataclasses (``specdec.config``): each field
-becomes ``--field-name`` (plus ``--field_name``), typed from its annotation, its help taken from
-its comment; so the command line and the Python API cannot disagree on a default (docs/design.md rule
-5). LMFlow's ``speculative_inference.py`` flags are aliases (``--model --draft_model --temperature
---gamma --max_new_tokens --gpu``).
+Flags and defaults are generated from the config dataclasses (``specdec.config``) by
+``specdec.arguments``, which ``generate``, ``chat`` and ``serve`` share; so the command line and the
+Python API cannot disagree on a default (docs/design.md rule 5).
 
 Subcommands plug in through ``SUBCOMMANDS``: a name and the module whose ``register(subparsers)``
 adds its parser and sets ``func`` (``args -> exit status``) as its default.
 
 Bad input (a missing model, an out-of-range value, an incompatible pair) is one line on stderr
-and exit status 2, never a traceback; Ctrl-C stops a generation and keeps what it produced.
+and exit status 2, never a traceback; Ctrl-C stops a generation and keeps what it produced, and at
+any other moment (start-up, model loading) is one line and exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import importlib
-import inspect
-import io
 import json
 import sys
-import textwrap
 import time
-import tokenize
 import typing
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
+from specdec.arguments import Settings, UsageError, add_decoding_arguments, settings_from
+from specdec.config import ModelConfig
+from specdec.folders import is_encoder_decoder
 from specdec.threads import current as current_threads
 
 if typing.TYPE_CHECKING:
-    from specdec.console import Settings
-    from specdec.stats import GenerationResult
+    from specdec.stats import GenerationResult, RoundEvent
 
-T = typing.TypeVar("T")
 
-# Subcommand -> the module whose register(subparsers) adds it. Only the module of the command being
-# run is imported (bench's plotting stack stays out of `specdec generate`); --help imports them all.
-SUBCOMMANDS: Mapping[str, str] = {
-    "generate": "specdec.cli",
-    "translate": "specdec.cli",
-    "chat": "specdec.console",
-    "train": "specdec.train.cli",
-    "bench": "specdec.bench.cli",
-    "serve": "specdec.serve.cli",
-    "data": "specdec.data.cli",
+@dataclass(frozen=True)
+class Subcommand:
+    """A ``specdec`` subcommand: where its parser comes from and its line in ``specdec --help``."""
+
+    module: str  # the module whose register(subparsers) adds the command's parser
+    help: str  # one line in `specdec --help`
+
+
+# Only the module of the command being run is imported (bench's plotting stack stays out of `specdec
+# generate`); the others are listed by their help line alone, so `specdec --help` imports none of them.
+SUBCOMMANDS: Mapping[str, Subcommand] = {
+    "generate": Subcommand("specdec.cli", "complete prompts (one streaming, or a file of many in batches) with "
+                           "the figures of speculation"),
+    "translate": Subcommand("specdec.cli", "translate sources with an encoder-decoder target (SpecDec's setting)"),
+    "chat": Subcommand("specdec.console", "interactive console: prompts stream, /commands change the settings"),
+    "train": Subcommand("specdec.train.cli", "train the tokenizer and models (resumable)"),
+    "bench": Subcommand("specdec.bench.cli", "measure speed, acceptance, memory and exactness against plain "
+                        "decoding and transformers"),
+    "serve": Subcommand("specdec.serve.cli", "an OpenAI-compatible server with continuous batching and a live "
+                        "page of speculation"),
+    "data": Subcommand("specdec.data.cli", "build corpora from text on this machine"),
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
-
-# LMFlow's speculative_inference.py spellings, accepted beside ours.
-ALIASES: Mapping[str, Sequence[str]] = {
-    "target": ("--model",),
-    "drafter": ("--draft-model", "--draft_model"),
-    "rule": ("--verify",),
-    # transformers' names for the schedule and its number of drafted tokens
-    "schedule": ("--num-assistant-tokens-schedule", "--num_assistant_tokens_schedule"),
-    "gamma": ("--num-assistant-tokens", "--num_assistant_tokens"),
-}
-MODES = ("speculative", "target", "drafter")  # what decodes: draft + verify, the target or the drafter alone
-
-
-class UsageError(Exception):
-    """Input the command line refuses; reported as one line on stderr with exit status 2."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -76,100 +67,6 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def field_comments(cls: type) -> dict[str, str]:
-    """The ``# comment`` after each field of a config dataclass, read from its source.
-
-    Only the class body's own annotated fields count, so a comment inside a method
-    (``for t in self.temperature:  # ...``) is never taken for a field's help."""
-    source = textwrap.dedent(inspect.getsource(cls))
-    body = ast.parse(source).body[0].body
-    field_at = {node.lineno: node.target.id for node in body
-                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
-    return {
-        field_at[tok.start[0]]: tok.string.lstrip("#").strip()
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-        if tok.type == tokenize.COMMENT and tok.start[0] in field_at
-    }
-
-
-def _scalar_type(hint: object) -> type:
-    """``int``, ``float`` or ``str`` from a field's annotation (``X | None`` -> X)."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint  # type: ignore[return-value]
-
-
-def add_config_arguments(
-    parser: argparse.ArgumentParser, cls: type, aliases: Mapping[str, Sequence[str]] = ALIASES
-) -> None:
-    """One flag per field of the dataclass ``cls``, with its default, type and comment."""
-    comments = field_comments(cls)
-    hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip())
-    for f in dataclasses.fields(cls):
-        flags = [f"--{f.name.replace('_', '-')}"]
-        if "_" in f.name:
-            flags.append(f"--{f.name}")
-        flags.extend(aliases.get(f.name, ()))
-        help_text = comments.get(f.name, "").replace("%", "%%")
-        if typing.get_origin(hints[f.name]) is tuple:  # a fixed number of values, e.g. --bound MIN MAX
-            args = typing.get_args(hints[f.name])
-            group.add_argument(
-                *flags, dest=f.name, type=args[0], nargs=len(args), default=f.default,
-                metavar=tuple(n.upper() for n in ("min", "max")) if len(args) == 2 else None,
-                help=f"{help_text} (default: {' '.join(map(str, f.default))})",
-            )
-            continue
-        kind = _scalar_type(hints[f.name])
-        group.add_argument(
-            *flags, dest=f.name, type=kind, default=f.default, metavar=kind.__name__.upper(),
-            help=f"{help_text} (default: %(default)s)",
-        )
-
-
-def config_from(args: argparse.Namespace, cls: type[T]) -> T:
-    """Build (and so validate) a config dataclass from the parsed flags of its fields."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
-
-
-def add_decoding_arguments(parser: argparse.ArgumentParser, modes: Sequence[str] = MODES) -> None:
-    """The flags ``generate`` and ``chat`` share: models, sampling, the round loop, stops, display."""
-    for cls in (ModelConfig, SpecConfig, SamplingConfig, VerifyConfig, ScheduleConfig):
-        add_config_arguments(parser, cls)
-    parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
-    parser.add_argument("--mode", choices=modes, default=modes[0],
-                        help="decode with draft + verify (speculative), the target alone or the drafter "
-                        "alone (default: %(default)s)")
-    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                        help="stop once the decoded text ends with TEXT (repeatable)")
-    parser.add_argument("--chat-template", action="store_true",
-                        help="wrap the prompt in the tokenizer's chat template (instruction-tuned models)")
-    parser.add_argument("--show-acceptance", action="store_true",
-                        help="colour accepted, recovered and bonus tokens, with a legend")
-
-
-def settings_from(args: argparse.Namespace) -> tuple[ModelConfig, Settings]:
-    """Validate the shared flags into a ``ModelConfig`` and a ``console.Settings``."""
-    from specdec.console import Settings
-
-    if args.gpu is not None:
-        if args.device is not None:
-            raise UsageError("give --device or --gpu, not both")
-        args.device = f"cuda:{args.gpu}"
-    models = config_from(args, ModelConfig)
-    settings = Settings(
-        sampling=config_from(args, SamplingConfig),
-        spec=config_from(args, SpecConfig),
-        verify=config_from(args, VerifyConfig),
-        schedule=config_from(args, ScheduleConfig),
-        mode=args.mode,
-        stop_strings=tuple(args.stop),
-        chat_template=args.chat_template,
-        show_acceptance=args.show_acceptance,
-    )
-    return models, settings
-
-
 # ---------------------------------------------------------------------------------------- generate
 
 
@@ -177,24 +74,35 @@ def _read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None and args.prompt_file is not None:
         raise UsageError("give the prompt as an argument or with --prompt-file, not both")
     if args.prompt_file is not None:
-        try:
-            return Path(args.prompt_file).read_text(encoding="utf-8")
-        except OSError as err:
-            raise UsageError(f"cannot read --prompt-file {args.prompt_file!r}: {err.strerror}") from err
+        return read_text(args.prompt_file, "--prompt-file")
     if args.prompt is not None:
         return args.prompt
     if sys.stdin.isatty():
         raise UsageError("no prompt: give it as an argument, with --prompt-file FILE, or on standard input")
-    return sys.stdin.read()
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError as err:
+        raise UsageError(f"standard input is not UTF-8 text ({_undecodable(err)}): pipe text in") from err
+
+
+def _undecodable(err: UnicodeDecodeError) -> str:
+    return f"byte 0x{err.object[err.start:err.start + 1].hex()} at offset {err.start}"
+
+
+def read_text(path: str, flag: str) -> str:
+    """The whole of a UTF-8 text file named by ``flag``; a missing or binary file is a UsageError naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot read {flag} {path!r}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{flag} {path!r} is not UTF-8 text ({_undecodable(err)}): give a text file") from err
 
 
 def read_prompts_file(path: str) -> list[str]:
     """The prompts of a file: one per line (plain text; blank lines skipped), or, for ``.jsonl``, the
     ``prompt`` of each line's JSON object. Every line is checked before anything runs."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"cannot read --prompts-file {path!r}: {err.strerror}") from err
+    text = read_text(path, "--prompts-file")
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -238,27 +146,54 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
         "stop": list(settings.stop_strings),
         "stats": result.stats.to_dict(),
         **current_threads().to_dict(),
+        "auto": [dataclasses.asdict(c) for c in result.batch.auto] if result.batch is not None else [],
     }
 
 
+def _check_target_kind(command: str, target: str) -> None:
+    """``generate`` completes prompts with a decoder-only target, ``translate`` translates with an
+    encoder-decoder one: a target of the other kind is pointed to the other command."""
+    encoder_decoder = is_encoder_decoder(target)
+    if command == "generate" and encoder_decoder:
+        raise UsageError(f"{target} is an encoder-decoder model (it translates a source): use `specdec translate "
+                         f"--target {target}`; `specdec generate` completes prompts with a decoder-only target")
+    if command == "translate" and not encoder_decoder:
+        raise UsageError(f"specdec translate needs an encoder-decoder target (Marian, BART, T5), and {target} is "
+                         "decoder-only: use `specdec generate` for it")
+
+
 def _run_generate(args: argparse.Namespace) -> int:
+    """``generate`` and ``translate``: every input checked (flags, then the target's kind) before any loading."""
     if args.prompts_file is not None:
         if args.prompt is not None or args.prompt_file is not None:
             raise UsageError("give --prompts-file alone: not with a prompt argument or --prompt-file")
-        return _run_batch(args, read_prompts_file(args.prompts_file))
-    from specdec.console import Session, TokenStream, print_legend, summary_line
-
+        prompts = read_prompts_file(args.prompts_file)
+        models, settings = settings_from(args)
+        _check_target_kind(args.command, models.target)
+        return _run_batch(args, prompts, models, settings)
     prompt = _read_prompt(args)
     models, settings = settings_from(args)
+    _check_target_kind(args.command, models.target)
+    from specdec.console import Session, TokenStream, print_legend, summary_line  # rich: after the checks
+
+    loading = time.perf_counter()
     session = Session(models)
     prompt_ids = session.encode(prompt, settings)
+    session.load(settings.mode)
     stream = TokenStream(session.tokenizer(settings.mode), prompt_ids,
                          show_acceptance=settings.show_acceptance, echo=not args.json)
     if settings.show_acceptance and not args.json:
         print_legend(settings.mode)
     start = time.perf_counter()
+    first: list[float] = []  # when the first round committed its tokens
+
+    def on_round(event: RoundEvent) -> None:
+        if not first:
+            first.append(time.perf_counter())
+        stream.add(event)
+
     try:
-        result = session.generate(prompt_ids, settings, on_round=stream.add)
+        result = session.generate(prompt_ids, settings, on_round=on_round)
     except KeyboardInterrupt:
         stream.finish()
         elapsed = time.perf_counter() - start
@@ -269,19 +204,21 @@ def _run_generate(args: argparse.Namespace) -> int:
             print(f"[interrupted: {len(stream.ids)} new tokens in {elapsed:.2f} s]", file=sys.stderr)
         return EXIT_INTERRUPTED
     stream.finish()
+    timing = {"load_time_s": start - loading, "time_to_first_token_s": first[0] - start if first else None}
     if args.json:
-        print(json.dumps(_result_json(result, stream.text, prompt_ids, models, settings)))
+        print(json.dumps({**_result_json(result, stream.text, prompt_ids, models, settings), **timing}))
     else:
-        print(summary_line(result, settings.mode), file=sys.stderr)
+        ttft = "" if not first else f"first token in {timing['time_to_first_token_s']:.3f} s, "
+        print(f"{summary_line(result, settings.mode)} | {ttft}models loaded in {timing['load_time_s']:.1f} s",
+              file=sys.stderr)
     return 0
 
 
-def _run_batch(args: argparse.Namespace, prompts: list[str]) -> int:
+def _run_batch(args: argparse.Namespace, prompts: list[str], models: ModelConfig, settings: Settings) -> int:
     """Decode a prompts file in batches of --batch-size; print each result in input order as soon as
     the ones before it are done (JSON lines with --json)."""
     from specdec.console import Session, batch_line, result_block, summary_line
 
-    models, settings = settings_from(args)
     session = Session(models)
     encoded = [session.encode(p, settings) for p in prompts]
     tokenizer = session.tokenizer(settings.mode)
@@ -299,7 +236,7 @@ def _run_batch(args: argparse.Namespace, prompts: list[str]) -> int:
                 print(json.dumps({"index": printed, "prompt": prompts[printed], **line}), flush=True)
             else:
                 result_block(printed, prompts[printed], text, ready, settings)
-                print(summary_line(ready, settings.mode), file=sys.stderr)
+                print(summary_line(ready, settings.mode, auto=False), file=sys.stderr)
             printed += 1
 
     try:
@@ -328,7 +265,7 @@ def add_prompt_arguments(parser: argparse.ArgumentParser, noun: str, what: str) 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``specdec generate``."""
     parser = subparsers.add_parser(
-        "generate", help="complete prompts (one streaming, or a file of many in batches) with the figures of speculation",
+        "generate",
         description="Complete PROMPT (or --prompt-file, or standard input): the text streams to stdout as each "
         "round commits; the summary line goes to stderr. With --prompts-file, complete every prompt of the file "
         "in batches of --batch-size, printing each result in input order.",
@@ -344,42 +281,40 @@ TRANSLATE_TARGET = "translate-target"  # translate's default target: the shipped
 TRANSLATE_DRAFTER = "ngram"  # translate's default drafter: source-copy lookup, the fastest exact one measured
 
 
-def _run_translate(args: argparse.Namespace) -> int:
-    """``generate`` for an encoder-decoder target: the prompt is the source text."""
-    from transformers import AutoConfig
-
-    from specdec.loading import resolve_model_path
-
-    path = resolve_model_path(args.target)
-    if not getattr(AutoConfig.from_pretrained(str(path)), "is_encoder_decoder", False):
-        raise UsageError(f"specdec translate needs an encoder-decoder target (Marian, BART, T5), and {args.target} is "
-                         "decoder-only: use `specdec generate` for it")
-    return _run_generate(args)
-
-
 def _register_translate(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "translate", help="translate sources with an encoder-decoder target (SpecDec's setting)",
+        "translate",
         description="Translate SOURCE (or --prompt-file, or standard input) with an encoder-decoder target: "
         "`generate` with the source as the prompt. Defaults: the shipped translate-target and source-copy "
         "lookup drafting (exact); --mode target decodes with the target alone.",
     )
     add_prompt_arguments(parser, "source", "the text to translate")
-    parser.set_defaults(func=_run_translate, target=TRANSLATE_TARGET, drafter=TRANSLATE_DRAFTER)
+    parser.set_defaults(func=_run_generate, target=TRANSLATE_TARGET, drafter=TRANSLATE_DRAFTER)
 
 
 # -------------------------------------------------------------------------------------------- main
 
 
+class _Subcommands(argparse._SubParsersAction):
+    """The subparsers of ``specdec``: each command's one-line help comes from ``SUBCOMMANDS``."""
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        kwargs.setdefault("help", SUBCOMMANDS[name].help)
+        return super().add_parser(name, **kwargs)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The ``specdec`` parser with ``command`` registered, or every subcommand when it is not one."""
+    """The ``specdec`` parser with ``command``'s module registered; every other command is listed by its
+    help line alone (its module is not imported)."""
     parser = ArgumentParser(
         prog="specdec", description="Speculative decoding for Hugging Face transformers models."
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = [SUBCOMMANDS[command]] if command in SUBCOMMANDS else dict.fromkeys(SUBCOMMANDS.values())
-    for name in modules:
-        importlib.import_module(name).register(subparsers)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", action=_Subcommands)
+    if command in SUBCOMMANDS:
+        importlib.import_module(SUBCOMMANDS[command].module).register(subparsers)
+    for name in SUBCOMMANDS:
+        if name not in subparsers.choices:
+            subparsers.add_parser(name)
     return parser
 
 
@@ -388,16 +323,18 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``specdec`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    """Run ``specdec`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status. Ctrl-C at any
+    moment (parsing, importing, loading models, generating) ends it with one line and status 130."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
+    name = "specdec" + (f" {command}" if command in SUBCOMMANDS else "")
     try:
-        return args.func(args)
-    except (UsageError, ValueError, OSError) as err:
-        print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
-        return EXIT_USAGE
+        args = build_parser(command).parse_args(argv)
+        try:
+            return args.func(args)
+        except (UsageError, ValueError, OSError) as err:
+            print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
+            return EXIT_USAGE
     except KeyboardInterrupt:
-        print(file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-

@@ -51,15 +51,15 @@ class SpecConfig:
     """The round loop: how much to draft, how long to generate, how many prompts at once."""
 
     gamma: int = 4  # tokens drafted per round (shrinks near the context limit and the token budget)
-    max_new_tokens: int = 128  # upper bound on generated tokens, prompt excluded
+    max_new_tokens: int = 128  # upper bound on generated tokens, prompt excluded (at least 1)
     batch_size: int = 8  # prompts decoded together; more wait and join as rows finish
     speculate: str = "on"  # on: draft every round; off: plain decoding; auto: measure both per batch size, keep the faster
 
     def __post_init__(self) -> None:
         if not _is_int(self.gamma) or self.gamma < 1:
             raise ValueError(f"gamma must be an int >= 1 (tokens drafted per round), got {self.gamma!r}")
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {self.max_new_tokens!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1 (new tokens at most), got {self.max_new_tokens!r}")
         if not _is_int(self.batch_size) or self.batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1 (prompts decoded together), got {self.batch_size!r}")
         if self.speculate not in SPECULATE:
@@ -136,6 +136,9 @@ class NgramConfig:
 
 NGRAM = "ngram"  # the drafter name of model-free prompt lookup
 LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter NAME when it finds nothing
+BLOCK = "block"  # "block" = the shipped block drafter for the target's kind, "block:PATH" = a block drafter folder
+SHIPPED_TARGETS = ("code-target", "translate-target")  # shipped names resolved to models/<name> (specdec.loading)
+SHIPPED_DRAFTERS = ("code-drafter", "code-block-drafter", "translate-drafter", "translate-block-drafter")
 
 
 @dataclass(frozen=True)

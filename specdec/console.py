@@ -22,19 +22,30 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import specdec
-from specdec.cli import MODES, UsageError, add_decoding_arguments, settings_from
-from specdec.config import LOOKUP, ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
-from specdec.drafters import Drafter, make_drafter
-from specdec.stats import ACCEPTED, BONUS, RECOVERED, TARGET, BatchStats, GenerationResult, RoundEvent
-from specdec.target import make_target
+from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
+from specdec.config import LOOKUP, ModelConfig
+from specdec.stats import (
+    ACCEPTED,
+    BONUS,
+    RECOVERED,
+    TARGET,
+    AutoChoice,
+    BatchStats,
+    GenerationResult,
+    RoundEvent,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from specdec.drafters import Drafter
 from specdec.threads import current as current_threads
 from specdec.threads import use_threads
 
@@ -42,23 +53,7 @@ COMPARE = "compare"  # the chat mode that runs the target alone, then speculativ
 STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
 LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
           (BONUS, "bonus: the target's extra token after a full acceptance"))
-DEFAULT_VERIFY = VerifyConfig()  # the rule that fits the temperature
-DEFAULT_SCHEDULE = ScheduleConfig()  # constant gamma
 DETOKENIZE_CONTEXT = 5  # prompt tokens decoded before the first new one (as vLLM's incremental detokenizer)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything that decides one generation besides the models."""
-
-    sampling: SamplingConfig  # temperature, top-k, top-p, seed
-    spec: SpecConfig  # gamma, max_new_tokens, batch_size, speculate
-    mode: str  # one of cli.MODES (or COMPARE in chat)
-    verify: VerifyConfig = DEFAULT_VERIFY  # the verification rule
-    schedule: ScheduleConfig = DEFAULT_SCHEDULE  # how far each row drafts
-    stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these
-    chat_template: bool = False  # wrap the prompt in the tokenizer's chat template
-    show_acceptance: bool = False  # colour tokens by kind
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -102,6 +97,9 @@ class Session:
 
     def drafter(self) -> Drafter:
         """The drafter, built by the one drafter factory from the loaded models (loaded once)."""
+        from specdec.drafters import make_drafter
+        from specdec.target import make_target
+
         target = make_target(self.model(self.models.target))
         return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
 
@@ -248,12 +246,25 @@ def batch_line(batch: BatchStats, mode: str) -> str:
     wall = batch.wall_time_s or 1.0
     parts.append(f"time: verify {batch.verify_time_s / wall:.0%}, propose {batch.propose_time_s / wall:.0%}, "
                  f"prefill {batch.prefill_time_s / wall:.0%}, bookkeeping {batch.bookkeeping_s / wall:.0%}")
+    if batch.auto:
+        parts.append(auto_text(batch.auto))
     parts.append(current_threads().describe())
     return " | ".join(parts)
 
 
-def summary_line(result: GenerationResult, mode: str) -> str:
-    """New tokens, tokens/s, rounds, alpha, tau and why it stopped, on one line."""
+def auto_text(choices: list[AutoChoice]) -> str:
+    """What ``--speculate auto`` kept at each batch size, with the speeds it measured."""
+    parts = []
+    for c in choices:
+        rows = f"{c.rows[0]}" if c.rows[0] == c.rows[1] else f"{c.rows[0]}-{c.rows[1]}"
+        speeds = f"drafting {c.draft_tokens_per_s:.0f}, plain {c.plain_tokens_per_s:.0f} tokens/s"
+        parts.append(f"{rows} row{'s' if c.rows[1] > 1 else ''}: {c.speculate} ({speeds})")
+    return "speculate auto: " + "; ".join(parts)
+
+
+def summary_line(result: GenerationResult, mode: str, *, auto: bool = True) -> str:
+    """New tokens, tokens/s, rounds, alpha, tau and why it stopped, on one line (and, with ``auto``, what
+    ``--speculate auto`` chose: a prompts file says it once, on its batch line)."""
     s = result.stats
     parts = [f"{s.new_tokens} new tokens in {s.wall_time_s:.2f} s ({s.tokens_per_s:.1f} tokens/s)",
              f"{s.rounds} rounds"]
@@ -263,6 +274,8 @@ def summary_line(result: GenerationResult, mode: str) -> str:
     else:
         parts += [f"{mode} alone: nothing drafted, τ {s.mean_accepted_length:.2f}"]
     parts.append(f"stop: {result.stop_reason}")
+    if auto and result.batch is not None and result.batch.auto:
+        parts.append(auto_text(result.batch.auto))
     if not s.lossless:
         parts.append("relaxed verification: may differ from the target's own output")
     parts.append(current_threads().describe())
@@ -482,7 +495,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``specdec chat``."""
     parser = subparsers.add_parser(
-        "chat", help="interactive console: prompts stream, /commands change the settings",
+        "chat",
         description="An interactive console. Type a prompt to see its output stream, then its figures; "
         "/help lists the commands. Reads one prompt per line from a pipe.",
     )

@@ -57,7 +57,7 @@ from specdec.events import (
     RoundSummary,
 )
 from specdec.sampling import Sampler, make_generator
-from specdec.schedules import Schedule, make_schedule
+from specdec.schedules import Crossover, Schedule, make_schedule
 from specdec.stats import (
     ACCEPTED,
     BONUS,
@@ -335,6 +335,8 @@ class Decoder:
         s.prefill_time_s = total[PREFILL] + total[DRAFT_PREFILL]
         s.propose_time_s, s.verify_time_s = total[PROPOSE], total[VERIFY]
         s.accept_time_s, s.commit_time_s = total[ACCEPT], total[COMMIT]
+        if isinstance(self.schedule, Crossover):
+            s.auto = self.schedule.choices()
         return s
 
 

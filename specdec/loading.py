@@ -4,7 +4,8 @@ Contract: ``load_model(path_or_name)`` takes a folder with a ``config.json`` and
 weights (``from_pretrained`` with ``use_safetensors=True``, ``trust_remote_code=False``), or one of
 the shipped names ("code-target", "code-drafter") that resolve to ``models/<name>`` at the repo
 root; ``None`` means the shipped default target. A path that does not exist is a ``ValueError``
-naming it. The model comes back in eval mode.
+naming it. The model comes back in eval mode. Loading prints no progress bar unless asked
+(``progress=True``); a folder without tokenizer files is refused by ``load_tokenizer`` by name.
 
 Devices: None = "cuda" when available, else "cpu"; "cpu", "cuda", "cuda:N"; "auto" spreads a
 model too large for one GPU over all of them (accelerate ``device_map="auto"``).
@@ -14,6 +15,8 @@ Dtypes: None = float32 on CPU (fast and exact there) and bfloat16 on CUDA; or "f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,12 +28,17 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
-import specdec
-
-SHIPPED_MODELS = ("code-target", "code-drafter", "code-block-drafter", "translate-target", "translate-drafter",
-                  "translate-block-drafter")  # names resolved to models/<name> at the repo root
-DEFAULT_TARGET = "code-target"  # what load_model(None) loads
+# The folder rules live where no torch is imported; their names stay importable from here.
+from specdec.folders import (  # noqa: F401
+    DEFAULT_TARGET,
+    SHIPPED_MODELS,
+    TOKENIZER_FILES,
+    default_model_path,
+    models_dir,
+    resolve_model_path,
+)
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -40,41 +48,6 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "float16": torch.float16,
 }
-
-
-def models_dir() -> Path:
-    """The shipped models' folder: ``models/`` next to the package (editable install)."""
-    return Path(specdec.__file__).resolve().parent.parent / "models"
-
-
-def default_model_path(name: str) -> Path:
-    """The folder of a shipped model name ("code-target" / "code-drafter")."""
-    if name not in SHIPPED_MODELS:
-        raise ValueError(f"unknown shipped model {name!r}; the shipped models are {', '.join(SHIPPED_MODELS)}")
-    return models_dir() / name
-
-
-def resolve_model_path(path_or_name: str | Path | None) -> Path:
-    """A shipped name, None (the default target) or a folder -> an existing folder, else ValueError."""
-    if path_or_name is None:
-        path_or_name = DEFAULT_TARGET
-    if isinstance(path_or_name, str) and path_or_name in SHIPPED_MODELS:
-        path = default_model_path(path_or_name)
-        if not (path / "config.json").is_file():
-            raise ValueError(
-                f"the shipped model {path_or_name!r} is not at {path}: train or download it into that folder "
-                "(see README), or pass the path of a model folder with config.json and safetensors weights"
-            )
-        return path
-    path = Path(path_or_name).expanduser()
-    if not path.exists():
-        raise ValueError(
-            f"model path {str(path)!r} does not exist: pass a folder with config.json and safetensors weights "
-            f"or one of the shipped names {', '.join(SHIPPED_MODELS)} (the model hub is not used)"
-        )
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model path {str(path)!r} has no config.json: it is not a transformers model folder")
-    return path
 
 
 def resolve_device(device: str | torch.device | None) -> str:
@@ -104,33 +77,51 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+@contextmanager
+def progress_bars(shown: bool) -> Iterator[None]:
+    """transformers' (and the Hub's) progress bars on or off inside the block, as they were after it."""
+    before = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
 def load_model(
     path_or_name: str | Path | None = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    progress: bool = False,
 ) -> PreTrainedModel:
     """Load a causal or encoder-decoder LM (as its config says) from a local folder or shipped name, on
-    ``device`` in ``dtype``, in eval mode."""
+    ``device`` in ``dtype``, in eval mode; ``progress`` shows transformers' "Loading weights" bar."""
     path = resolve_model_path(path_or_name)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-    model = auto.from_pretrained(
-        path,
-        dtype=torch_dtype,
-        device_map="auto" if device == "auto" else None,
-        use_safetensors=True,
-        trust_remote_code=False,
-    )
+    with progress_bars(progress):
+        model = auto.from_pretrained(
+            path,
+            dtype=torch_dtype,
+            device_map="auto" if device == "auto" else None,
+            use_safetensors=True,
+            trust_remote_code=False,
+        )
     if device != "auto":
         model = model.to(device)
     return model.eval()
 
 
 def load_tokenizer(path_or_name: str | Path | None = None) -> PreTrainedTokenizerBase:
-    """The tokenizer stored with a model (same resolution as ``load_model``)."""
-    return AutoTokenizer.from_pretrained(resolve_model_path(path_or_name), trust_remote_code=False)
+    """The tokenizer stored with a model (same resolution as ``load_model``); a folder with none of
+    ``TOKENIZER_FILES`` is a ``ValueError`` saying so."""
+    path = resolve_model_path(path_or_name)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"model folder {str(path)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save "
+                         "the tokenizer the model was trained with into it (tokenizer.save_pretrained(folder))")
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 def vocab_size(model: PreTrainedModel) -> int:

@@ -37,6 +37,7 @@ from specdec.acceptance import Verdict
 from specdec.config import ScheduleConfig, SpecConfig
 from specdec.drafters.base import Drafter, DraftStep, Proposal, StopRule
 from specdec.events import Listener, RoundSummary
+from specdec.stats import AutoChoice
 
 CONFIDENCE_START = 0.4  # transformers 5's assistant_confidence_threshold default
 ROC_FALSE_NEGATIVE_COST = 3.0  # transformers' cost: fpr + 3 * fnr
@@ -291,6 +292,17 @@ class Crossover(Schedule, Listener):
 
     def select(self, rows: torch.Tensor) -> None:
         self.inner.select(rows)
+
+    def choices(self) -> list[AutoChoice]:
+        """Per batch-size bucket met so far, smallest first: the mode kept and the measured speeds."""
+        out = []
+        for bucket in sorted(self._trials.keys() | self.choice.keys()):
+            trials = self._trials.get(bucket, {})
+            speed = {m: r[1] / r[2] if r[2] > 0 else 0.0 for m, r in trials.items()}
+            drafting = self.choice.get(bucket)
+            kept = "measuring" if drafting is None else ("on" if drafting else "off")
+            out.append(AutoChoice((bucket // 2 + 1, bucket), kept, speed.get(True, 0.0), speed.get(False, 0.0)))
+        return out
 
 
 def _ada(spec: SpecConfig, config: ScheduleConfig, drafter: Drafter) -> Schedule:

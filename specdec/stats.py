@@ -103,6 +103,16 @@ class GenerationStats:
         return d
 
 
+@dataclass(frozen=True)
+class AutoChoice:
+    """``speculate="auto"`` at one batch-size bucket: the mode it kept and the speeds it measured."""
+
+    rows: tuple[int, int]  # the bucket: batches of rows[0] to rows[1] rows share one measurement
+    speculate: str  # "on" (drafting measured faster), "off" (plain decoding did) or "measuring" (trials unfinished)
+    draft_tokens_per_s: float  # tokens per second of round time over the trial rounds that drafted (0: none yet)
+    plain_tokens_per_s: float  # the same over the trial rounds that did not draft
+
+
 @dataclass
 class BatchStats:
     """Counters of one batched run (every row of a generate call); times from the loop's phase events."""
@@ -123,6 +133,7 @@ class BatchStats:
     accept_time_s: float = 0.0  # applying the verification rule
     commit_time_s: float = 0.0  # rolling caches back, stops, statistics, callbacks
     lossless: bool = True  # every row's rule reproduces the target exactly
+    auto: list[AutoChoice] = field(default_factory=list)  # speculate="auto": per batch-size bucket (else empty)
 
     @property
     def mean_rows(self) -> float:

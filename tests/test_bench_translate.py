@@ -147,7 +147,7 @@ def test_specdec_translate_refuses_what_it_cannot_translate_with(tmp_path, monke
     decoder_only = save_tiny_pair(tmp_path / "pair").target
     assert cli_main(["translate", "--target", str(decoder_only), "x"]) == 2
     assert "needs an encoder-decoder target" in capsys.readouterr().err
-    monkeypatch.setattr("specdec.loading.models_dir", lambda: tmp_path / "no-models")  # a checkout without models
+    monkeypatch.setattr("specdec.folders.models_dir", lambda: tmp_path / "no-models")  # a checkout without models
     assert cli_main(["translate", "x"]) == 2
     assert "the shipped model 'translate-target' is not at" in capsys.readouterr().err
     assert cli_main(["bench", "--task", "translate", "--data", str(tmp_path)]) == 2

@@ -30,7 +30,8 @@ def spec(pair, **overrides):
     [
         ({"gamma": 0}, ValueError, "gamma must be an int >= 1"),
         ({"gamma": 2.5}, ValueError, "gamma"),
-        ({"max_new_tokens": -1}, ValueError, "max_new_tokens must be an int >= 0"),
+        ({"max_new_tokens": -1}, ValueError, "max_new_tokens must be an int >= 1"),
+        ({"max_new_tokens": 0}, ValueError, r"max_new_tokens must be an int >= 1 \(new tokens at most\), got 0"),
         ({"temperature": -0.1}, ValueError, "temperature must be >= 0"),
         ({"temperature": float("nan")}, ValueError, "temperature"),
         ({"top_p": 0.0}, ValueError, r"top_p must be in \(0, 1\]"),

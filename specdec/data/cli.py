@@ -27,8 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``specdec data`` and its subcommands."""
     from specdec.data.gettext import LOCALE_DIR
 
-    data = subparsers.add_parser("data", help="build corpora from text on this machine",
-                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = subparsers.add_parser("data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = data.add_subparsers(dest="data_command", required=True, metavar="CORPUS")
     gt = sub.add_parser("gettext", help="English→German pairs from the installed gettext catalogues",
                         description="Read the German .mo catalogues under the locale folder and write "

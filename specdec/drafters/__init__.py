@@ -27,7 +27,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec.config import LOOKUP, DrafterConfig
+from specdec.config import BLOCK, LOOKUP, DrafterConfig
 from specdec.drafters import block_model  # noqa: F401  (registers the block drafter with the Auto classes)
 from specdec.drafters.base import Drafter, FollowingDrafter, NoDrafter, Proposal, StopRule
 from specdec.drafters.block import BlockDrafter, is_block_drafter
@@ -41,7 +41,6 @@ DRAFTERS: dict[str, Callable[[], Drafter]] = {"ngram": NgramDrafter}
 MODEL_DRAFTERS: list[tuple[Callable[[PreTrainedModel], bool], Callable[[PreTrainedModel], Drafter]]] = []
 
 Loader = Callable[[str], PreTrainedModel]
-BLOCK = "block"  # "block" = the shipped block drafter for the target's kind, "block:PATH" = a block drafter folder
 SHIPPED_BLOCK = {False: "code-block-drafter", True: "translate-block-drafter"}  # by target.encoder_decoder
 
 

@@ -26,7 +26,7 @@ _SET_BY_CLI = {"outputs", "data", "valid", "labels"}  # fields the command fills
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type, skip: set[str]) -> None:
     """One flag per field of ``cls`` (not in ``skip``), typed from its annotation, help from its comment."""
-    from specdec.cli import field_comments
+    from specdec.arguments import field_comments
 
     comments = field_comments(cls)
     hints = typing.get_type_hints(cls)

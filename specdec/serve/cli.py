@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec.cli import UsageError, add_config_arguments, config_from
+from specdec.arguments import UsageError, add_config_arguments, config_from
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.serve.config import API_KEY_ENV, ServeConfig
 from specdec.threads import current as current_threads
@@ -62,7 +62,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``specdec serve``."""
     parser = subparsers.add_parser(
-        "serve", help="an OpenAI-compatible server with continuous batching and a live page of speculation",
+        "serve",
         description="Serve the target over OpenAI's API (/v1/completions, /v1/chat/completions, streaming "
         "included), batching requests continuously, with Prometheus metrics at /metrics and a live page at /. "
         f"Needs the extra: {EXTRA}.",

@@ -47,7 +47,7 @@ from specdec.train.presets import PRESETS, BlockTrainConfig, TrainConfig
 
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig,
                       suffix: str = " (overrides the preset)") -> None:
-    from specdec.cli import field_comments
+    from specdec.arguments import field_comments
 
     comments = field_comments(cls)
     for f in dataclasses.fields(cls):
@@ -147,7 +147,7 @@ def _cmd_card(args: argparse.Namespace) -> int:
 
 def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ("shape",)) -> None:
     """One ``--flag`` per field of ``cls`` (default None: the preset's value stands)."""
-    from specdec.cli import field_comments
+    from specdec.arguments import field_comments
 
     comments = field_comments(cls)
     for f in dataclasses.fields(cls):
@@ -224,8 +224,7 @@ def _cmd_seq2seq_eval(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``specdec train`` and its subcommands."""
-    train = subparsers.add_parser("train", help="train the tokenizer and models (resumable)",
-                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train = subparsers.add_parser("train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = train.add_subparsers(dest="train_command", required=True)
 
     tok = sub.add_parser("tokenizer", help="train the byte-level BPE on the stdlib train split")

@@ -1,0 +1,66 @@
+"""Model folders, without torch: the shipped names, where they live, and what a folder must hold.
+
+``resolve_model_path`` turns a shipped name ("code-target", "translate-drafter", ...), None (the
+default target) or a path into an existing folder with a ``config.json``, else a ``ValueError``
+that names it; ``is_encoder_decoder`` reads a folder's kind from its ``config.json``. The command
+line checks its inputs with these before it imports torch; ``specdec.loading`` loads from them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.config import SHIPPED_DRAFTERS, SHIPPED_TARGETS
+
+SHIPPED_MODELS = (*SHIPPED_TARGETS, *SHIPPED_DRAFTERS)  # names resolved to models/<name> at the repo root
+DEFAULT_TARGET = "code-target"  # what load_model(None) loads
+# A tokenizer folder holds one of these: a fast tokenizer, its config, or a slow one's vocabulary
+# (BPE, WordPiece, SentencePiece, Marian's source/target models).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "source.spm", "target.spm")
+
+
+def models_dir() -> Path:
+    """The shipped models' folder: ``models/`` next to the package (editable install)."""
+    return Path(__file__).resolve().parent.parent / "models"
+
+
+def default_model_path(name: str) -> Path:
+    """The folder of a shipped model name ("code-target" / "code-drafter")."""
+    if name not in SHIPPED_MODELS:
+        raise ValueError(f"unknown shipped model {name!r}; the shipped models are {', '.join(SHIPPED_MODELS)}")
+    return models_dir() / name
+
+
+def resolve_model_path(path_or_name: str | Path | None) -> Path:
+    """A shipped name, None (the default target) or a folder -> an existing folder, else ValueError."""
+    if path_or_name is None:
+        path_or_name = DEFAULT_TARGET
+    if isinstance(path_or_name, str) and path_or_name in SHIPPED_MODELS:
+        path = default_model_path(path_or_name)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"the shipped model {path_or_name!r} is not at {path}: train or download it into that folder "
+                "(see README), or pass the path of a model folder with config.json and safetensors weights"
+            )
+        return path
+    path = Path(path_or_name).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"model path {str(path)!r} does not exist: pass a folder with config.json and safetensors weights "
+            f"or one of the shipped names {', '.join(SHIPPED_MODELS)} (the model hub is not used)"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model path {str(path)!r} has no config.json: it is not a transformers model folder")
+    return path
+
+
+def is_encoder_decoder(path_or_name: str | Path | None) -> bool:
+    """Whether a model folder (or shipped name) holds an encoder-decoder model, as its config.json says
+    (transformers writes ``is_encoder_decoder`` for every encoder-decoder configuration)."""
+    config = resolve_model_path(path_or_name) / "config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("is_encoder_decoder", False))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{str(config)!r} is not a JSON model configuration ({err})") from err

@@ -1,0 +1,178 @@
+"""How the package imports: no import circle, a lazy public API, and a command line that starts without torch.
+
+The circle test reads every module's imports with ``ast`` (at any depth: a function's own import
+counts too; ``if TYPE_CHECKING:`` blocks do not), adds the imports made by name (``specdec.cli``'s
+``SUBCOMMANDS`` and the package's re-exports), and looks for a cycle. The start-up tests run the
+command line in a fresh interpreter and check that torch and transformers were never imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import specdec
+from specdec import cli
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "specdec"
+HEAVY = ("torch", "transformers")  # what --help and an argument error must not import
+
+
+def module_names() -> dict[str, Path]:
+    """Every module of the package: dotted name -> file."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its source (not under TYPE_CHECKING)."""
+    found: set[str] = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking(node):
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from .x import y
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            # "from a.b import c" imports the module a.b.c when there is one, else names of a.b
+            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                         for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    graph = {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    graph["specdec.cli"] |= {sub.module for sub in cli.SUBCOMMANDS.values()} - {"specdec.cli"}
+    graph["specdec"] |= set(specdec._EXPORTS.values())
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (a list of nodes, the first repeated at the end), or None."""
+    state: dict[str, str] = {}  # node -> "open" while on the path, "done" after
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_imports_inside_functions_and_by_name() -> None:
+    graph = import_graph()
+    assert "specdec.console" in graph["specdec.cli"]  # _run_generate's import, and SUBCOMMANDS
+    assert "specdec.arguments" in graph["specdec.console"]
+    assert "specdec.bench.harness" in graph["specdec.bench.cli"]
+    assert "specdec.decode" in graph["specdec"]  # the lazy re-exports
+
+
+def test_the_package_has_no_import_circle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_public_api_is_lazy_and_complete() -> None:
+    assert sorted(specdec.__all__) == sorted(specdec._EXPORTS)
+    assert set(specdec.__all__) <= set(dir(specdec))
+    for name, module in specdec._EXPORTS.items():
+        assert getattr(specdec, name) is getattr(importlib.import_module(module), name), name
+    namespace: dict = {}
+    exec("from specdec import *", namespace)  # noqa: S102
+    assert set(specdec.__all__) <= namespace.keys()
+    assert specdec.cli is cli  # submodules stay reachable as attributes
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        specdec.no_such_name  # noqa: B018
+
+
+def run_python(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter (the worktree first on the path); its last stdout line is JSON."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_import_specdec_does_not_import_torch() -> None:
+    out = run_python("import json, sys, specdec\n"
+                     f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    assert out == []
+
+
+@pytest.mark.parametrize("argv, status", [
+    (["--help"], 0),
+    (["generate", "--help"], 0),
+    (["translate", "--help"], 0),
+    (["chat", "--help"], 0),
+    (["no-such-command"], 2),
+    (["generate", "--gamma", "two", "x"], 2),  # argparse's error
+    (["generate", "--gamma", "0", "x"], 2),  # the config's
+    (["generate", "--max-new-tokens", "0", "x"], 2),
+    (["generate", "--top-p", "2", "x"], 2),
+    (["generate", "--device", "cpu", "--gpu", "0", "x"], 2),
+    (["generate", "--drafter", "lookup+", "x"], 2),
+    (["generate", "--prompts-file", "no-such-file.txt"], 2),
+    (["generate", "--target", "no-such-model", "x"], 2),
+    (["generate", "--target", "translate-target", "x"], 2),  # an encoder-decoder target: use translate
+    (["translate", "--target", "code-target", "x"], 2),
+    (["chat", "--temperature", "-1"], 2),
+])
+def test_help_and_argument_errors_do_not_import_torch(argv: list[str], status: int) -> None:
+    code = ("import contextlib, io, json, sys\n"
+            "from specdec import cli\n"
+            "out, err = io.StringIO(), io.StringIO()\n"
+            "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+            "    try:\n"
+            f"        status = cli.main({argv!r})\n"
+            "    except SystemExit as exit_:\n"
+            "        status = exit_.code\n"
+            f"print(json.dumps({{'status': status, 'out': out.getvalue(), 'err': err.getvalue(),\n"
+            f"                  'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))")
+    out = run_python(code)
+    assert out["status"] == status, out
+    assert out["heavy"] == [], out
+    if status == 2:
+        assert len(out["err"].strip().splitlines()) == 1 and "Traceback" not in out["err"], out["err"]
+    else:
+        assert "usage: specdec" in out["out"]
