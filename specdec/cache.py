@@ -22,10 +22,14 @@ Operations:
 - ``compact()`` re-packs the rows (each row's live slots gathered, right-aligned) once dead slots
   outnumber live ones, so holes cost at most a constant factor of attention work and memory.
 
-A batch whose rows never differ (one prompt) is cropped exactly and never has holes: the model is
-then called exactly as a single-sequence loop calls it, without a mask or position ids.
-Caches that cannot be rolled back (recurrent / linear-attention layers) are refused up front;
-sliding-window layers are supported without holes only (their window counts slots, not tokens).
+Positions follow one rule (``positions.Positions``): every forward gives each new token its number of
+live tokens before it, the way the model's family reads positions (``position_ids``, or its position
+table overridden), holes or not. The attention mask is passed only once a slot is dead: a batch whose
+rows never differ (one prompt) is cropped exactly, never has holes, and runs as ``generate`` runs it.
+
+Refused up front, naming the model (``architectures``): state kept outside the cache, cache layers
+holding recurrent state, and a second row for a model with a local attention window (its window
+counts slots, not tokens) or whose positions cannot be given per row.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.modeling_outputs import ModelOutput
+
+from specdec.architectures import layer_refusal, local_window, state_refusal
+from specdec.positions import positions_for
+from specdec.selfcheck import verdict_of
 
 COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be worth re-packing
 
@@ -44,16 +52,18 @@ class RaggedCache:
     def __init__(self, model: torch.nn.Module, rows: int = 0, device: torch.device | str = "cpu",
                  cache: DynamicCache | None = None) -> None:
         self.model = model
+        if (reason := state_refusal(model)) is not None:
+            raise TypeError(reason)
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        if (reason := layer_refusal(model, self.cache.layers)) is not None:
+            raise TypeError(reason)
         for layer in self.cache.layers:
-            if not isinstance(layer, DynamicLayer):
-                raise TypeError(
-                    f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, which cannot "
-                    "be rolled back after a rejected draft; use an attention-only model"
-                )
             if isinstance(layer, DynamicSlidingWindowLayer):
                 layer.activate_past_recording()
         self._sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
+        self.window = local_window(model.config)  # tokens a local attention layer sees; None = unbounded
+        self.positions = positions_for(model)
+        self.refuse_rows = True  # refuse rows the model cannot decode exactly (the self-check turns it off)
         self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots
         self.live = torch.zeros(rows, dtype=torch.long, device=device)  # [B] live tokens per row
         self.holes = False  # whether any slot is dead (then the model needs the mask and positions)
@@ -73,29 +83,45 @@ class RaggedCache:
         Returns the model's output: logits of the last ``logits_to_keep`` positions [B, keep, V]
         (plus whatever ``kwargs`` ask for, e.g. hidden states)."""
         holes = self.holes or valid is not None
-        if holes and self._sliding:
-            raise ValueError(
-                f"{type(self.model).__name__} has sliding-window attention, which works on batches of one "
-                "prompt only (its window counts cache slots, not tokens): use batch_size=1"
-            )
-        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
-        mask = positions = None
         if holes:
-            positions = (self.live[:, None] + real.long().cumsum(1) - 1).clamp_min(0)  # [B, n]
-            mask = torch.cat([self.mask, real], dim=1).long()  # [B, S + n]
+            self._check_rows()
+        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
+        positions = self.live[:, None] + real.long().cumsum(1) - 1  # [B, n] live tokens before each
+        if valid is not None:
+            positions = positions.clamp_min(0)
+        mask = torch.cat([self.mask, real], dim=1) if holes else None  # [B, S + n]
         out = self._call(input_ids, mask, positions, logits_to_keep, kwargs)
         self.mask = torch.cat([self.mask, real], dim=1)
         self.live = self.live + real.sum(dim=1)
         self.holes = holes
         return out
 
-    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+    def _check_rows(self) -> None:
+        """Refuse a second row, or rows of different lengths, for a model that cannot decode them exactly."""
+        if not self.refuse_rows:
+            return
+        name = type(self.model).__name__
+        verdict = verdict_of(self.model)
+        if self._sliding or self.window is not None:
+            raise ValueError(
+                f"{name} has local (sliding-window) attention of {self.window or 'some'} tokens, which specdec "
+                "decodes one prompt at a time only (its window counts cache slots, and rows of a batch hold "
+                "dead slots): use batch_size=1"
+            )
+        if verdict is not None and verdict.batched:
+            raise ValueError(verdict.batched)
+        if verdict is None and not self.positions.supported:
+            raise ValueError(f"{name} computes positions from cache slots in a way specdec cannot correct for "
+                             "rows of different lengths: use batch_size=1")
+
+    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
-        """The model's forward on new tokens (mask and positions None: the model's own, no holes)."""
+        """The model's forward on new tokens at ``positions`` [B, n] (``attention_mask`` None: no holes)."""
         if attention_mask is not None:
-            kwargs.update(attention_mask=attention_mask, position_ids=position_ids)
-        return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                          logits_to_keep=logits_to_keep, **kwargs)
+            kwargs["attention_mask"] = attention_mask.long()
+        with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
+            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                              logits_to_keep=logits_to_keep, **kwargs)
 
     def keep(self, n: torch.Tensor) -> None:
         """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
@@ -127,10 +153,9 @@ class RaggedCache:
 
     def _gather(self, index: torch.Tensor) -> None:
         """Rebuild every row's slots from ``index`` [B, S'] (slot numbers of the old layout)."""
-        for layer in self._layers():
-            heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
-            idx = index[:, None, :, None].expand(-1, heads, -1, dim)  # [B, H, S', D]
-            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        for layer in self._layers():  # values may be narrower than keys (latent attention): each its own shape
+            layer.keys, layer.values = (t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
+                                        for t in (layer.keys, layer.values))  # [B, H, S', D]
         self.mask = self.mask.gather(1, index)
 
     def compact(self) -> None:
@@ -160,6 +185,8 @@ class RaggedCache:
         """Append the rows of ``other`` (a cache of the same model) after this cache's rows."""
         if other.rows == 0:
             return
+        if self.rows + other.rows > 1:
+            self._check_rows()
         if self.rows == 0:
             self.cache, self.mask, self.live, self.holes = other.cache, other.mask, other.live, other.holes
             return
@@ -173,19 +200,22 @@ class RaggedCache:
                       and layer.keys is not None and layer.keys.shape[2] > 0]
             if not stored:
                 continue  # neither cache has stored a token in this layer yet
-            like = stored[0].keys
-            parts = []
-            for layer, cache in ((mine, self), (theirs, other)):
-                if layer is None or layer not in stored:
-                    empty = like.new_zeros(cache.rows, like.shape[1], width, like.shape[-1])
-                    parts.append((empty, empty))
-                    continue
-                pad = like.new_zeros(cache.rows, like.shape[1], width - layer.keys.shape[2], like.shape[-1])
-                parts.append((torch.cat([pad, layer.keys], 2), torch.cat([pad, layer.values], 2)))
+            like = stored[0]
+            merged = []
+            for name in ("keys", "values"):  # each its own width: values may be narrower (latent attention)
+                shape = getattr(like, name).shape  # [B, H, S, D]
+                parts = []
+                for layer, cache in ((mine, self), (theirs, other)):
+                    if layer in stored:
+                        held = getattr(layer, name)
+                    else:  # this cache has no token in the layer yet
+                        held = getattr(like, name).new_zeros(cache.rows, shape[1], 0, shape[3])
+                    pad = held.new_zeros(cache.rows, shape[1], width - held.shape[2], shape[3])
+                    parts.append(torch.cat([pad, held], dim=2))  # [B_part, H, width, D]
+                merged.append(torch.cat(parts, dim=0))
             if not mine.is_initialized:
-                mine.lazy_initialization(like, like)
-            mine.keys = torch.cat([parts[0][0], parts[1][0]], dim=0)
-            mine.values = torch.cat([parts[0][1], parts[1][1]], dim=0)
+                mine.lazy_initialization(like.keys, like.values)
+            mine.keys, mine.values = merged
         masks = [torch.cat([m.new_zeros(m.shape[0], width - m.shape[1]), m], dim=1) for m in (self.mask, other.mask)]
         self.mask = torch.cat(masks, dim=0)
         self.live = torch.cat([self.live, other.live])

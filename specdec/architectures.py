@@ -1,0 +1,81 @@
+"""What specdec knows about a model family before it decodes: what it refuses (by name, with the reason),
+where a local attention window limits batches, and which families are known to decode exactly.
+
+specdec feeds a model only its uncached tokens and rolls its KV cache back after a rejected draft,
+so it needs the model's whole state in a transformers ``Cache`` whose layers can be cropped:
+
+- ``state_refusal``: a model that keeps state outside the cache (RWKV's ``state``, XLNet's
+  ``mems``, XLM's ``cache`` dict, Reformer's ``past_buckets_states``: any forward without
+  ``past_key_values``) would decode wrong tokens, so it is refused, naming its class and where
+  its state lives.
+- ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
+  and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
+  a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
+- ``local_window``: a local / sliding attention window read from the config (``layer_types`` or
+  ``attention_layers`` naming local or sliding layers, then ``sliding_window``,
+  ``attention_chunk_size``, ``window_size``, a decoder-only ``attention_window``). The window
+  counts cache slots, not tokens, so a batch whose rows hold dead slots would see the wrong
+  window: such a model decodes batches of one prompt (``RaggedCache`` refuses a second row).
+- ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
+  forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
+  at its first prefill (``seq2seq.check_cached_path``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+# model_type -> where the model keeps the state that specdec cannot see or roll back
+STATE_OUTSIDE_CACHE: dict[str, str] = {
+    "rwkv": "its recurrent state (the `state` argument)",
+    "xlnet": "its memory (`mems`)",
+    "xlm": "its own `cache` dictionary",
+    "reformer": "its LSH buckets and states (`past_buckets_states`)",
+}
+
+# model_type of families whose cached path specdec's tests check against generate (no self-check needed)
+KNOWN_GOOD: frozenset[str] = frozenset({"llama", "marian", "gpt2", "qwen2", "gpt_neox", "mistral", "bart", "t5"})
+
+LOCAL_LAYER_WORDS = ("sliding", "local", "chunked")  # layer types whose attention is windowed
+
+
+def state_refusal(model: PreTrainedModel) -> str | None:
+    """Why ``model`` cannot be decoded (state outside the cache), or None."""
+    kind = getattr(model.config, "model_type", "")
+    if kind not in STATE_OUTSIDE_CACHE and "past_key_values" in inspect.signature(model.forward).parameters:
+        return None
+    where = STATE_OUTSIDE_CACHE.get(kind, "state it does not take as `past_key_values`")
+    return (f"{type(model).__name__} keeps {where} outside a transformers Cache: specdec feeds only the new tokens "
+            "and rolls the cache back after a rejected draft, so it would decode wrong tokens. Use a model with a "
+            "KV cache (its forward takes past_key_values)")
+
+
+def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:
+    """Why ``model``'s cache ``layers`` cannot be rolled back (recurrent state), or None."""
+    for layer in layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin) or not isinstance(layer, DynamicLayer):
+            return (f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, which hold recurrent "
+                    "(or linear-attention) state that cannot be rolled back after a rejected draft; use an "
+                    "attention-only model")
+    return None
+
+
+def local_window(config: PretrainedConfig) -> int | None:
+    """The decoder's local attention window in tokens, or None when every layer attends to the whole sequence."""
+    text = config.get_text_config(decoder=True)
+    types = getattr(text, "layer_types", None) or getattr(text, "attention_layers", None)
+    if types is not None and not any(word in str(kind) for kind in types for word in LOCAL_LAYER_WORDS):
+        return None
+    names = ["sliding_window", "attention_chunk_size", "window_size"]
+    if not getattr(text, "is_encoder_decoder", False):
+        names.append("attention_window")
+    for name in names:
+        window = getattr(text, name, None)
+        if isinstance(window, list):  # per-layer windows (Longformer style): the smallest binds
+            window = min(window) if window else None
+        if isinstance(window, int) and window > 0:
+            return window
+    return None
