@@ -12,10 +12,11 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
   and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
   a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
 - ``local_window``: a local / sliding attention window read from the config (``layer_types`` or
-  ``attention_layers`` naming local or sliding layers, then ``sliding_window``,
-  ``attention_chunk_size``, ``window_size``, a decoder-only ``attention_window``). The window
-  counts cache slots, not tokens, so a batch whose rows hold dead slots would see the wrong
-  window: such a model decodes batches of one prompt (``RaggedCache`` refuses a second row).
+  ``attention_layers`` naming local or sliding layers, then ``sliding_window``, ``window_size``, a
+  decoder-only ``attention_window``). The window is a mask over cache slots, so ``RaggedCache``
+  keeps such a model's rows right-aligned (no dead slot inside a row's window): batches are exact.
+- ``attention_chunk``: chunked attention (``attention_chunk_size``) cuts at absolute positions, which
+  a batch's left padding shifts: such a model decodes one prompt at a time (a second row is refused).
 - ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
   forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
   at its first prefill (``seq2seq.check_cached_path``).
@@ -37,9 +38,9 @@ STATE_OUTSIDE_CACHE: dict[str, str] = {
 }
 
 # model_type of families whose cached path specdec's tests check against generate (no self-check needed)
-KNOWN_GOOD: frozenset[str] = frozenset({"llama", "marian", "gpt2", "qwen2", "gpt_neox", "mistral", "bart", "t5"})
+KNOWN_GOOD: frozenset[str] = frozenset({"llama", "marian", "gpt2", "qwen2", "gpt_neox", "bart", "t5"})
 
-LOCAL_LAYER_WORDS = ("sliding", "local", "chunked")  # layer types whose attention is windowed
+LOCAL_LAYER_WORDS = ("sliding", "local")  # layer types whose attention sees a window of the latest tokens
 
 
 def state_refusal(model: PreTrainedModel) -> str | None:
@@ -69,7 +70,7 @@ def local_window(config: PretrainedConfig) -> int | None:
     types = getattr(text, "layer_types", None) or getattr(text, "attention_layers", None)
     if types is not None and not any(word in str(kind) for kind in types for word in LOCAL_LAYER_WORDS):
         return None
-    names = ["sliding_window", "attention_chunk_size", "window_size"]
+    names = ["sliding_window", "window_size"]
     if not getattr(text, "is_encoder_decoder", False):
         names.append("attention_window")
     for name in names:
@@ -79,3 +80,14 @@ def local_window(config: PretrainedConfig) -> int | None:
         if isinstance(window, int) and window > 0:
             return window
     return None
+
+
+def attention_chunk(config: PretrainedConfig) -> int | None:
+    """The decoder's attention chunk size (Llama 4: tokens attend within fixed chunks of absolute positions),
+    or None."""
+    text = config.get_text_config(decoder=True)
+    chunk = getattr(text, "attention_chunk_size", None)
+    types = getattr(text, "layer_types", None)
+    if types is not None and not any("chunked" in str(kind) for kind in types):
+        return None
+    return chunk if isinstance(chunk, int) and chunk > 0 else None

@@ -27,9 +27,16 @@ live tokens before it, the way the model's family reads positions (``position_id
 table overridden), holes or not. The attention mask is passed only once a slot is dead: a batch whose
 rows never differ (one prompt) is cropped exactly, never has holes, and runs as ``generate`` runs it.
 
-Refused up front, naming the model (``architectures``): state kept outside the cache, cache layers
-holding recurrent state, and a second row for a model with a local attention window (its window
-counts slots, not tokens) or whose positions cannot be given per row.
+Local attention windows (``architectures.local_window``: GPT-Neo's local layers, Mistral's and
+Gemma's sliding layers, ...) are masks over cache slots, so a dead slot inside a row's window would
+shrink its window. Such a model's cache keeps plain layers (the window stays the model's own mask over
+all slots; no layer trims itself), and before each forward the rows are re-packed (``compact``) if a
+dead slot sits after a row's first live slot: each row's live slots are then contiguous at the right
+end, and its window holds exactly its latest tokens. Left padding before a row is harmless.
+
+Refused up front, naming the model (``architectures``, ``selfcheck``): state kept outside the cache,
+cache layers holding recurrent state, and a second row for a model with chunked attention (its chunks
+are cut at absolute positions), or whose positions cannot be given per row.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.modeling_outputs import ModelOutput
 
-from specdec.architectures import layer_refusal, local_window, state_refusal
+from specdec.architectures import attention_chunk, layer_refusal, local_window, state_refusal
 from specdec.positions import positions_for
 from specdec.selfcheck import verdict_of
 
@@ -57,11 +64,15 @@ class RaggedCache:
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         if (reason := layer_refusal(model, self.cache.layers)) is not None:
             raise TypeError(reason)
+        sliding = [layer.sliding_window for layer in self.cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+        self.chunk = attention_chunk(model.config)  # chunked attention's chunk size; None = not chunked
+        self.window = None if self.chunk else local_window(model.config) or min(sliding, default=None)
+        if self.window is not None and cache is None:
+            self.cache = DynamicCache()  # plain layers: the window is the model's mask over every slot, none trimmed
         for layer in self.cache.layers:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 layer.activate_past_recording()
         self._sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
-        self.window = local_window(model.config)  # tokens a local attention layer sees; None = unbounded
         self.positions = positions_for(model)
         self.refuse_rows = True  # refuse rows the model cannot decode exactly (the self-check turns it off)
         self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots
@@ -85,6 +96,8 @@ class RaggedCache:
         holes = self.holes or valid is not None
         if holes:
             self._check_rows()
+        if self.window is not None and self.holes and self._inner_holes():
+            self.compact()  # a window counts slots: no dead slot may sit inside a row's window
         real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
         positions = self.live[:, None] + real.long().cumsum(1) - 1  # [B, n] live tokens before each
         if valid is not None:
@@ -102,17 +115,22 @@ class RaggedCache:
             return
         name = type(self.model).__name__
         verdict = verdict_of(self.model)
-        if self._sliding or self.window is not None:
-            raise ValueError(
-                f"{name} has local (sliding-window) attention of {self.window or 'some'} tokens, which specdec "
-                "decodes one prompt at a time only (its window counts cache slots, and rows of a batch hold "
-                "dead slots): use batch_size=1"
-            )
+        if self.chunk is not None:
+            raise ValueError(f"{name} has chunked attention (chunks of {self.chunk} tokens cut at absolute "
+                             "positions, which the left padding of a batch's shorter rows would shift): specdec "
+                             "decodes it one prompt at a time only: use batch_size=1")
+        if self._sliding:
+            raise ValueError(f"{name}'s cache has sliding-window layers that trim themselves, which specdec cannot "
+                             "re-pack for rows of different lengths: use batch_size=1")
         if verdict is not None and verdict.batched:
             raise ValueError(verdict.batched)
         if verdict is None and not self.positions.supported:
             raise ValueError(f"{name} computes positions from cache slots in a way specdec cannot correct for "
                              "rows of different lengths: use batch_size=1")
+
+    def _inner_holes(self) -> bool:
+        """Whether some row has a dead slot after its first live one (not only left padding)."""
+        return bool((~self.mask & (self.mask.long().cumsum(dim=1) > 0)).any())
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:

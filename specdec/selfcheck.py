@@ -109,8 +109,6 @@ def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | 
                   "with cached multi-token forwards, so it would not reproduce this model's output. Decode it with "
                   "generate() instead")
         return Verdict(reason, reason)
-    if alone.window is not None:  # its window is refused in batches by name already
-        return Verdict("", "")
     padded = torch.cat([torch.zeros_like(seq[:, :1]), seq[:, :first]], dim=1)  # [1, 1 + first]: a dead slot first
     real = torch.ones_like(padded, dtype=torch.bool)
     real[:, 0] = False

@@ -9,8 +9,8 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   decoder-only classes (positions from the cache length, overridden per row), an MoE encoder-decoder
   (``router_logits`` in its encoder output), DeepSeek-V3's latent attention (values narrower than
   keys) through compaction and rows joining.
-- Local attention windows (GPT-Neo's ``attention_layers``, Mistral's ``sliding_window``): exact on one
-  prompt longer than the window; a batch is refused, naming the class and the window.
+- Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers), prompts
+  longer than the window: exact alone and in ragged batches (rows re-packed before a dead slot enters a window).
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, RWKV,
   XLM), hybrid cache layers holding recurrent state (Falcon-H1), a cached path that disagrees with
   the model's own one-pass forward (FSMT, whose cached decoder drops its causal mask, and a model
@@ -62,6 +62,9 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                    "attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256,
                                    "initializer_range": 0.3}),
     "mistral": ("mistral", False, {**DECODER, "sliding_window": 6}),
+    "gemma2": ("gemma2", False, {**DECODER, "sliding_window": 6, "head_dim": 8, "query_pre_attn_scalar": 8}),
+    "llama4_text": ("llama4_text", False, {**DECODER, "intermediate_size_mlp": 64, "head_dim": 8, "num_local_experts": 2,
+                                           "attention_chunk_size": 4}),
     "xlnet": ("xlnet", False, {"d_model": 32, "n_layer": 2, "n_head": 4, "d_inner": 64}),
     "rwkv": ("rwkv", False, {"hidden_size": 32, "attention_hidden_size": 32, "intermediate_size": 64,
                              "num_hidden_layers": 2, "context_length": 256}),
@@ -169,19 +172,33 @@ def test_latent_attention_through_compaction_and_joining_rows(monkeypatch):
     assert compactions, "the batch never compacted: the test lost its point"
 
 
-@pytest.mark.parametrize("name", ["gpt_neo", "mistral"])
-def test_local_window_exact_alone_and_batches_refused(name):
+@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2"])
+def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
+    """A 6-token window (GPT-Neo's local layers: a mask over cache slots on plain layers; Mistral's and
+    Gemma-2's sliding layers), prompts up to 23 tokens: rows that accept different numbers of drafts
+    are re-packed before their dead slots would enter a window, and each equals generate alone."""
     target = build(name)
-    prompt = prompts()[2]  # 23 tokens: well past the 6-token window
-    reference = generate(target, prompt)
+    inner = []
+    original = RaggedCache.compact
+    monkeypatch.setattr(RaggedCache, "compact", lambda self: (inner.append(self._inner_holes()), original(self))[1])
+    rows = prompts()
+    references = [generate(target, p) for p in rows]
     for gamma in (1, 4):
-        for drafter in ("ngram", noisy_copy(target)):
-            result = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=NEW, gamma=gamma,
-                                                  stop_token_ids=[])
-            assert result.tokens == reference
-    with pytest.raises(ValueError, match=rf"{type(target).__name__} has local \(sliding-window\) attention of 6 "
-                                         r"tokens.*use batch_size=1"):
-        specdec.speculative_generate(target, "ngram", [prompt, prompt[:5]], max_new_tokens=4, stop_token_ids=[])
+        for label, drafter in (("ngram", "ngram"), ("model", noisy_copy(target))):
+            assert_exact(target, drafter, rows, references, gamma, f"{name} gamma {gamma} {label}")
+    assert any(inner), "no row ever had a dead slot inside its window: the test lost its point"
+
+
+def test_chunked_attention_exact_alone_and_batches_refused_by_name():
+    """Llama 4's chunks are cut at absolute positions, which left padding shifts: one prompt is exact, a
+    second row is refused before decoding, naming the class and why."""
+    target = build("llama4_text")
+    prompt = prompts()[2]
+    assert specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=NEW, gamma=4,
+                                        stop_token_ids=[]).tokens == generate(target, prompt)
+    with pytest.raises(ValueError, match=r"Llama4ForCausalLM has chunked attention \(chunks of 4 tokens cut at "
+                                         r"absolute positions.*use batch_size=1"):
+        specdec.speculative_generate(target, "ngram", [prompt, prompt], max_new_tokens=4, stop_token_ids=[])
 
 
 @pytest.mark.parametrize(("name", "reason"), [
