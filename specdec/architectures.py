@@ -48,10 +48,13 @@ def state_refusal(model: PreTrainedModel) -> str | None:
     kind = getattr(model.config, "model_type", "")
     if kind not in STATE_OUTSIDE_CACHE and "past_key_values" in inspect.signature(model.forward).parameters:
         return None
-    where = STATE_OUTSIDE_CACHE.get(kind, "state it does not take as `past_key_values`")
-    return (f"{type(model).__name__} keeps {where} outside a transformers Cache: specdec feeds only the new tokens "
-            "and rolls the cache back after a rejected draft, so it would decode wrong tokens. Use a model with a "
-            "KV cache (its forward takes past_key_values)")
+    name = type(model).__name__
+    fix = "Use a model with a KV cache (its forward takes past_key_values)"
+    if kind not in STATE_OUTSIDE_CACHE:
+        return (f"{name} has no KV cache (its forward takes no past_key_values): specdec feeds a model only its "
+                f"new tokens and rolls its cache back after a rejected draft. {fix}")
+    return (f"{name} keeps {STATE_OUTSIDE_CACHE[kind]} outside a transformers Cache: specdec feeds only the new "
+            f"tokens and rolls the cache back after a rejected draft, so it would decode wrong tokens. {fix}")
 
 
 def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:

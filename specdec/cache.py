@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicIndexedLayer, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.modeling_outputs import ModelOutput
 
 from specdec.architectures import attention_chunk, layer_refusal, local_window, state_refusal
@@ -119,6 +119,9 @@ class RaggedCache:
             raise ValueError(f"{name} has chunked attention (chunks of {self.chunk} tokens cut at absolute "
                              "positions, which the left padding of a batch's shorter rows would shift): specdec "
                              "decodes it one prompt at a time only: use batch_size=1")
+        if any(isinstance(layer, DynamicIndexedLayer) for layer in self.cache.layers):
+            raise ValueError(f"{name}'s cache keeps sparse-attention indexer keys beside its keys and values, which "
+                             "specdec does not re-pack for rows of different lengths: use batch_size=1")
         if self._sliding:
             raise ValueError(f"{name}'s cache has sliding-window layers that trim themselves, which specdec cannot "
                              "re-pack for rows of different lengths: use batch_size=1")

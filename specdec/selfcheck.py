@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
@@ -30,6 +31,9 @@ from transformers import PreTrainedModel
 from specdec.architectures import KNOWN_GOOD
 from specdec.batch import PromptBatch
 from specdec.positions import takes_position_ids
+
+if TYPE_CHECKING:
+    from specdec.cache import RaggedCache
 
 CHUNK = 5  # tokens of the checked multi-token forward (a verify at gamma 4)
 STEPS = 2  # single steps checked after it
@@ -61,18 +65,25 @@ def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torc
         return
     verdict = verdict_of(model)
     if verdict is None:
-        with torch.no_grad():
-            verdict = _check(model, prompts, device, make_cache, ids)
+        alone, behind = make_cache(model, 1, device), make_cache(model, 1, device)  # refuse what no cache can serve
+        behind.refuse_rows = False  # it finds out whether rows of a batch can be decoded
+        try:
+            with torch.no_grad():
+                verdict = _check(model, prompts, device, alone, behind, ids)
+        except Exception as error:  # the model's own cached path fails: say so, naming it
+            reason = (f"{type(model).__name__}'s cached forward fails where specdec uses it (a prefill, then a "
+                      f"{CHUNK}-token forward, then single steps, on a cache it rolls back): {type(error).__name__}: "
+                      f"{error}. Decode it with generate() instead")
+            model._specdec_verdict = Verdict(reason, reason)
+            raise ValueError(reason) from error
         model._specdec_verdict = verdict
     if verdict.alone:
         raise ValueError(verdict.alone)
 
 
-def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str, make_cache: Callable,
-           ids: Callable[[torch.Tensor], torch.Tensor]) -> Verdict:
+def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str, alone: RaggedCache,
+           behind: RaggedCache, ids: Callable[[torch.Tensor], torch.Tensor]) -> Verdict:
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
-    alone, behind = make_cache(model, 1, device), make_cache(model, 1, device)  # refuse what no cache can serve
-    behind.refuse_rows = False  # it finds out whether rows of a batch can be decoded
     row, source, valid = prompts.rows()[0], None, None
     if encoder_decoder:
         width = int(prompts.source_lengths[0])

@@ -12,10 +12,11 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
 - Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers), prompts
   longer than the window: exact alone and in ragged batches (rows re-packed before a dead slot enters a window).
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, RWKV,
-  XLM), hybrid cache layers holding recurrent state (Falcon-H1), a cached path that disagrees with
-  the model's own one-pass forward (FSMT, whose cached decoder drops its causal mask, and a model
-  made to disagree); the self-check is skipped for known-good families (the shipped Llama's start-up
-  makes no extra forward).
+  XLM) or no cache (OpenAI GPT), hybrid cache layers holding recurrent state (Falcon-H1), a cached
+  path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
+  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of
+  chunked attention (Llama 4) or of a decoder a dead slot changes (Pegasus-X). The self-check is
+  skipped for known-good families (the shipped Llama's start-up makes no extra forward).
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
         "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
         "num_experts": 4, "expert_capacity": 64, "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1,
         "decoder_start_token_id": 0, "initializer_factor": 3.0}),
+    "m2m_100": ("m2m_100", True, BART),
+    "pegasus_x": ("pegasus_x", True, {**BART, "block_size": 4, "num_global_tokens": 2}),
+    "prophetnet": ("prophetnet", True, {"hidden_size": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                                        "num_encoder_layers": 2, "num_decoder_layers": 2, "ngram": 2,
+                                        "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4,
+                                        "max_position_embeddings": 256, "decoder_start_token_id": 0}),
+    "openai-gpt": ("openai-gpt", False, {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 256}),
     "gpt_neo": ("gpt_neo", False, {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "window_size": 6,
                                    "attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256,
                                    "initializer_range": 0.3}),
@@ -73,7 +81,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
 }
-EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers"]
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100"]
 LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
 NEW = 14  # new tokens per prompt
 
@@ -205,6 +213,7 @@ def test_chunked_attention_exact_alone_and_batches_refused_by_name():
     ("xlnet", r"XLNetLMHeadModel keeps its memory \(`mems`\) outside a transformers Cache"),
     ("rwkv", r"RwkvForCausalLM keeps its recurrent state \(the `state` argument\) outside a transformers Cache"),
     ("xlm", r"XLMWithLMHeadModel keeps its own `cache` dictionary outside a transformers Cache"),
+    ("openai-gpt", r"OpenAIGPTLMHeadModel has no KV cache \(its forward takes no past_key_values\)"),
     ("falcon_h1", r"FalconH1ForCausalLM uses cache layers of type LinearAttentionAndFullAttentionLayer, which hold"),
 ])
 def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
@@ -223,6 +232,26 @@ def test_cached_path_that_disagrees_is_refused_at_prefill():
     with pytest.raises(ValueError, match=r"FSMTForConditionalGeneration's cached forward disagrees with its own "
                                          r"one-pass forward .* Decode it with generate\(\) instead"):
         specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
+
+
+def test_cached_path_that_fails_inside_transformers_is_refused_by_name():
+    """ProphetNet's cached decoder asserts on inputs longer than one token: specdec says so, naming it."""
+    target = build("prophetnet")
+    with pytest.raises(ValueError, match=r"ProphetNetForConditionalGeneration's cached forward fails where specdec "
+                                         r"uses it .*AssertionError"):
+        specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
+
+
+def test_batches_refused_when_a_dead_slot_changes_the_row():
+    """Pegasus-X's decoder computes sinusoidal positions from the cache length with no table to override:
+    one source is exact, a batch is refused by the self-check behind a dead slot, naming the class."""
+    target = build("pegasus_x")
+    source = prompts()[2]
+    assert specdec.speculative_generate(target, "ngram", source, max_new_tokens=NEW, gamma=4,
+                                        stop_token_ids=[]).tokens == generate(target, source)
+    with pytest.raises(ValueError, match=r"PegasusXForConditionalGeneration decodes a row behind a dead slot .* "
+                                         r"use batch_size=1"):
+        specdec.speculative_generate(target, "ngram", prompts(), max_new_tokens=4, stop_token_ids=[])
 
 
 def counted(model) -> list:
