@@ -5,9 +5,9 @@ specdec feeds a model only its uncached tokens and rolls its KV cache back after
 so it needs the model's whole state in a transformers ``Cache`` whose layers can be cropped:
 
 - ``state_refusal``: a model that keeps state outside the cache (RWKV's ``state``, XLNet's
-  ``mems``, XLM's ``cache`` dict, Reformer's ``past_buckets_states``: any forward without
-  ``past_key_values``) would decode wrong tokens, so it is refused, naming its class and where
-  its state lives.
+  ``mems``, XLM's ``cache`` dict, Reformer's ``past_buckets_states``, Mamba's ``cache_params``: any
+  forward without ``past_key_values``) would decode wrong tokens, so it is refused, naming its class
+  and where its state lives (or that it has no KV cache at all).
 - ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
   and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
   a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
@@ -29,12 +29,13 @@ import inspect
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
-# model_type -> where the model keeps the state that specdec cannot see or roll back
-STATE_OUTSIDE_CACHE: dict[str, str] = {
-    "rwkv": "its recurrent state (the `state` argument)",
-    "xlnet": "its memory (`mems`)",
-    "xlm": "its own `cache` dictionary",
-    "reformer": "its LSH buckets and states (`past_buckets_states`)",
+# forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
+STATE_ARGUMENTS: dict[str, str] = {
+    "state": "its recurrent state (the `state` argument)",  # RWKV
+    "mems": "its memory (`mems`)",  # XLNet
+    "cache": "its own `cache` dictionary",  # XLM
+    "past_buckets_states": "its LSH buckets and states (`past_buckets_states`)",  # Reformer
+    "cache_params": "its recurrent state (`cache_params`)",  # Mamba, Falcon-Mamba
 }
 
 # model_type of families whose cached path specdec's tests check against generate (no self-check needed)
@@ -44,17 +45,18 @@ LOCAL_LAYER_WORDS = ("sliding", "local")  # layer types whose attention sees a w
 
 
 def state_refusal(model: PreTrainedModel) -> str | None:
-    """Why ``model`` cannot be decoded (state outside the cache), or None."""
-    kind = getattr(model.config, "model_type", "")
-    if kind not in STATE_OUTSIDE_CACHE and "past_key_values" in inspect.signature(model.forward).parameters:
+    """Why ``model`` cannot be decoded (state outside the cache, or no cache), or None."""
+    arguments = inspect.signature(model.forward).parameters
+    if "past_key_values" in arguments:
         return None
     name = type(model).__name__
     fix = "Use a model with a KV cache (its forward takes past_key_values)"
-    if kind not in STATE_OUTSIDE_CACHE:
+    where = next((STATE_ARGUMENTS[a] for a in arguments if a in STATE_ARGUMENTS), None)
+    if where is None:
         return (f"{name} has no KV cache (its forward takes no past_key_values): specdec feeds a model only its "
                 f"new tokens and rolls its cache back after a rejected draft. {fix}")
-    return (f"{name} keeps {STATE_OUTSIDE_CACHE[kind]} outside a transformers Cache: specdec feeds only the new "
-            f"tokens and rolls the cache back after a rejected draft, so it would decode wrong tokens. {fix}")
+    return (f"{name} keeps {where} outside a transformers Cache: specdec feeds only the new tokens and rolls the "
+            f"cache back after a rejected draft, so it would decode wrong tokens. {fix}")
 
 
 def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:

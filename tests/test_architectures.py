@@ -76,6 +76,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
     "xlnet": ("xlnet", False, {"d_model": 32, "n_layer": 2, "n_head": 4, "d_inner": 64}),
     "rwkv": ("rwkv", False, {"hidden_size": 32, "attention_hidden_size": 32, "intermediate_size": 64,
                              "num_hidden_layers": 2, "context_length": 256}),
+    "mamba": ("mamba", False, {"hidden_size": 32, "state_size": 8, "num_hidden_layers": 2}),
     "xlm": ("xlm", False, {"emb_dim": 32, "n_layers": 2, "n_heads": 4, "max_position_embeddings": 256}),
     "falcon_h1": ("falcon_h1", False, {**DECODER, "mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_d_head": 8,
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
@@ -213,6 +214,7 @@ def test_chunked_attention_exact_alone_and_batches_refused_by_name():
     ("xlnet", r"XLNetLMHeadModel keeps its memory \(`mems`\) outside a transformers Cache"),
     ("rwkv", r"RwkvForCausalLM keeps its recurrent state \(the `state` argument\) outside a transformers Cache"),
     ("xlm", r"XLMWithLMHeadModel keeps its own `cache` dictionary outside a transformers Cache"),
+    ("mamba", r"MambaForCausalLM keeps its recurrent state \(`cache_params`\) outside a transformers Cache"),
     ("openai-gpt", r"OpenAIGPTLMHeadModel has no KV cache \(its forward takes no past_key_values\)"),
     ("falcon_h1", r"FalconH1ForCausalLM uses cache layers of type LinearAttentionAndFullAttentionLayer, which hold"),
 ])
