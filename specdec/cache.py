@@ -22,12 +22,25 @@ Operations:
 - ``compact()`` re-packs the rows (each row's live slots gathered, right-aligned) once dead slots
   outnumber live ones, so holes cost at most a constant factor of attention work and memory.
 
-A batch whose rows never differ (one prompt) is cropped exactly and never has holes: the model is
-then called exactly as a single-sequence loop calls it, without a mask or position ids.
+Positions follow one rule (``positions.Positions``): every forward gives each new token its number of
+live tokens before it, the way the model's family reads positions (``position_ids``, or its position
+table overridden), holes or not. The attention mask is passed only once a slot is dead: a batch whose
+rows never differ (one prompt) is cropped exactly, never has holes, and runs as ``generate`` runs it.
+
+Local attention windows (``architectures.local_window``: GPT-Neo's local layers, Mistral's and
+Gemma's sliding layers, ...) are masks over cache slots, so a dead slot inside a row's window would
+shrink its window. Such a model's cache keeps plain layers (the window stays the model's own mask over
+all slots; no layer trims itself), and before each forward the rows are re-packed (``compact``) if a
+dead slot sits after a row's first live slot: each row's live slots are then contiguous at the right
+end, and its window holds exactly its latest tokens. Left padding before a row is harmless.
+
+Refused up front, naming the model (``architectures``, ``selfcheck``): state kept outside the cache,
+cache layers holding recurrent state, and a second row for a model with chunked attention (its chunks
+are cut at absolute positions), or whose positions cannot be given per row.
+
 Recurrent / linear-attention layers cannot be cropped: a ``RaggedCache`` refuses them up front and
 ``specdec.recurrent.RecurrentCache`` (a subclass) checkpoints and replays their state instead; this
-class handles only the attention layers (``_layers``) of such a cache. Sliding-window layers are
-supported without holes only (their window counts slots, not tokens).
+class handles only the attention layers (``_layers``) of such a cache.
 """
 
 from __future__ import annotations
@@ -36,11 +49,16 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import (
     DummyLayer,
+    DynamicIndexedLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
 )
 from transformers.modeling_outputs import ModelOutput
+
+from specdec.architectures import attention_chunk, layer_refusal, local_window, state_refusal
+from specdec.positions import positions_for
+from specdec.selfcheck import verdict_of
 
 COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be worth re-packing
 
@@ -53,7 +71,16 @@ class RaggedCache:
     def __init__(self, model: torch.nn.Module, rows: int = 0, device: torch.device | str = "cpu",
                  cache: DynamicCache | None = None) -> None:
         self.model = model
+        if not self.recurrent and (reason := state_refusal(model)) is not None:
+            raise TypeError(reason)
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        if not self.recurrent and (reason := layer_refusal(model, self.cache.layers)) is not None:
+            raise TypeError(reason)
+        sliding = [layer.sliding_window for layer in self.cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+        self.chunk = attention_chunk(model.config)  # chunked attention's chunk size; None = not chunked
+        self.window = None if self.chunk else local_window(model.config) or min(sliding, default=None)
+        if self.window is not None and cache is None and not self.recurrent:
+            self.cache = DynamicCache()  # plain layers: the window is the model's mask over every slot, none trimmed
         for layer in self.cache.layers:
             if isinstance(layer, DummyLayer):
                 continue  # a layer without attention: nothing stored
@@ -73,6 +100,8 @@ class RaggedCache:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 layer.activate_past_recording()
         self._sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
+        self.positions = positions_for(model)
+        self.refuse_rows = True  # refuse rows the model cannot decode exactly (the self-check turns it off)
         self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots
         self.live = torch.zeros(rows, dtype=torch.long, device=device)  # [B] live tokens per row
         self.holes = False  # whether any slot is dead (then the model needs the mask and positions)
@@ -92,29 +121,55 @@ class RaggedCache:
         Returns the model's output: logits of the last ``logits_to_keep`` positions [B, keep, V]
         (plus whatever ``kwargs`` ask for, e.g. hidden states)."""
         holes = self.holes or valid is not None
-        if holes and self._sliding:
-            raise ValueError(
-                f"{type(self.model).__name__} has sliding-window attention, which works on batches of one "
-                "prompt only (its window counts cache slots, not tokens): use batch_size=1"
-            )
-        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
-        mask = positions = None
         if holes:
-            positions = (self.live[:, None] + real.long().cumsum(1) - 1).clamp_min(0)  # [B, n]
-            mask = torch.cat([self.mask, real], dim=1).long()  # [B, S + n]
+            self._check_rows()
+        if self.window is not None and self.holes and self._inner_holes():
+            self.compact()  # a window counts slots: no dead slot may sit inside a row's window
+        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
+        positions = self.live[:, None] + real.long().cumsum(1) - 1  # [B, n] live tokens before each
+        if valid is not None:
+            positions = positions.clamp_min(0)
+        mask = torch.cat([self.mask, real], dim=1) if holes else None  # [B, S + n]
         out = self._call(input_ids, mask, positions, logits_to_keep, kwargs)
         self.mask = torch.cat([self.mask, real], dim=1)
         self.live = self.live + real.sum(dim=1)
         self.holes = holes
         return out
 
-    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+    def _check_rows(self) -> None:
+        """Refuse a second row, or rows of different lengths, for a model that cannot decode them exactly."""
+        if not self.refuse_rows:
+            return
+        name = type(self.model).__name__
+        verdict = verdict_of(self.model)
+        if self.chunk is not None:
+            raise ValueError(f"{name} has chunked attention (chunks of {self.chunk} tokens cut at absolute "
+                             "positions, which the left padding of a batch's shorter rows would shift): specdec "
+                             "decodes it one prompt at a time only: use batch_size=1")
+        if any(isinstance(layer, DynamicIndexedLayer) for layer in self.cache.layers):
+            raise ValueError(f"{name}'s cache keeps sparse-attention indexer keys beside its keys and values, which "
+                             "specdec does not re-pack for rows of different lengths: use batch_size=1")
+        if self._sliding:
+            raise ValueError(f"{name}'s cache has sliding-window layers that trim themselves, which specdec cannot "
+                             "re-pack for rows of different lengths: use batch_size=1")
+        if verdict is not None and verdict.batched:
+            raise ValueError(verdict.batched)
+        if verdict is None and not self.positions.supported:
+            raise ValueError(f"{name} computes positions from cache slots in a way specdec cannot correct for "
+                             "rows of different lengths: use batch_size=1")
+
+    def _inner_holes(self) -> bool:
+        """Whether some row has a dead slot after its first live one (not only left padding)."""
+        return bool((~self.mask & (self.mask.long().cumsum(dim=1) > 0)).any())
+
+    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
-        """The model's forward on new tokens (mask and positions None: the model's own, no holes)."""
+        """The model's forward on new tokens at ``positions`` [B, n] (``attention_mask`` None: no holes)."""
         if attention_mask is not None:
-            kwargs.update(attention_mask=attention_mask, position_ids=position_ids)
-        return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                          logits_to_keep=logits_to_keep, **kwargs)
+            kwargs["attention_mask"] = attention_mask.long()
+        with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
+            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                              logits_to_keep=logits_to_keep, **kwargs)
 
     def keep(self, n: torch.Tensor) -> None:
         """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
@@ -148,10 +203,9 @@ class RaggedCache:
 
     def _gather(self, index: torch.Tensor) -> None:
         """Rebuild every row's slots from ``index`` [B, S'] (slot numbers of the old layout)."""
-        for layer in self._layers():
-            heads, dim = layer.keys.shape[1], layer.keys.shape[-1]
-            idx = index[:, None, :, None].expand(-1, heads, -1, dim)  # [B, H, S', D]
-            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        for layer in self._layers():  # values may be narrower than keys (latent attention): each its own shape
+            layer.keys, layer.values = (t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
+                                        for t in (layer.keys, layer.values))  # [B, H, S', D]
         self.mask = self.mask.gather(1, index)
 
     def compact(self) -> None:
@@ -182,6 +236,8 @@ class RaggedCache:
         """Append the rows of ``other`` (a cache of the same model) after this cache's rows."""
         if other.rows == 0:
             return
+        if self.rows + other.rows > 1:
+            self._check_rows()
         if self.rows == 0:
             self.cache, self.mask, self.live, self.holes = other.cache, other.mask, other.live, other.holes
             return
@@ -197,19 +253,22 @@ class RaggedCache:
                       and layer.keys is not None and layer.keys.shape[2] > 0]
             if not stored:
                 continue  # neither cache has stored a token in this layer yet
-            like = stored[0].keys
-            parts = []
-            for layer, cache in ((mine, self), (theirs, other)):
-                if layer is None or layer not in stored:
-                    empty = like.new_zeros(cache.rows, like.shape[1], width, like.shape[-1])
-                    parts.append((empty, empty))
-                    continue
-                pad = like.new_zeros(cache.rows, like.shape[1], width - layer.keys.shape[2], like.shape[-1])
-                parts.append((torch.cat([pad, layer.keys], 2), torch.cat([pad, layer.values], 2)))
+            like = stored[0]
+            merged = []
+            for name in ("keys", "values"):  # each its own width: values may be narrower (latent attention)
+                shape = getattr(like, name).shape  # [B, H, S, D]
+                parts = []
+                for layer, cache in ((mine, self), (theirs, other)):
+                    if layer in stored:
+                        held = getattr(layer, name)
+                    else:  # this cache has no token in the layer yet
+                        held = getattr(like, name).new_zeros(cache.rows, shape[1], 0, shape[3])
+                    pad = held.new_zeros(cache.rows, shape[1], width - held.shape[2], shape[3])
+                    parts.append(torch.cat([pad, held], dim=2))  # [B_part, H, width, D]
+                merged.append(torch.cat(parts, dim=0))
             if not mine.is_initialized:
-                mine.lazy_initialization(like, like)
-            mine.keys = torch.cat([parts[0][0], parts[1][0]], dim=0)
-            mine.values = torch.cat([parts[0][1], parts[1][1]], dim=0)
+                mine.lazy_initialization(like.keys, like.values)
+            mine.keys, mine.values = merged
         masks = [torch.cat([m.new_zeros(m.shape[0], width - m.shape[1]), m], dim=1) for m in (self.mask, other.mask)]
         self.mask = torch.cat(masks, dim=0)
         self.live = torch.cat([self.live, other.live])

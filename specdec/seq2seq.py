@@ -9,13 +9,9 @@ pad the sources (right, masked) and have the cross-attention recomputed once for
 
 Positions. transformers' encoder-decoder decoders compute positions from cache slots (Marian, BART
 and Pegasus add ``embed_positions`` of ``past_key_values_length + arange``; T5 biases attention
-by slot distances), which is wrong once rows of a batch hold different numbers of live tokens.
-``PositionOverride`` gives them the rows' own positions (live tokens before each slot), as the
-causal LMs' ``position_ids`` do: a forward hook on the decoder's ``embed_positions`` (an
-``nn.Embedding``: its rows at the per-row positions, plus its ``offset``), or, for T5's relative
-bias, the first self-attention layer's ``compute_bias`` computed from per-row positions of queries and
-keys ([B, heads, q, k], which broadcasts where T5 adds it). A decoder with neither is decoded
-without holes only (batches of one prompt).
+by slot distances), which is wrong once rows of a batch hold different numbers of live tokens: the
+cache gives them the rows' own positions by the one rule of ``positions.Positions``, as it gives
+decoder-only models theirs.
 
 Blocks (SpecDec's block drafter as an encoder-decoder, ``drafters/block.py``): a forward given
 ``block_size=k`` treats its last k inputs as one block that attends to itself both ways (and to
@@ -28,8 +24,7 @@ The decoder's start token begins every row's committed sequence and is never par
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -39,6 +34,7 @@ from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
 from specdec.recurrent import RecurrentCache, is_recurrent
+from specdec.selfcheck import check_cached_path
 
 
 def is_encoder_decoder(model: PreTrainedModel) -> bool:
@@ -81,73 +77,13 @@ def block_attention_mask(valid: torch.Tensor, block: torch.Tensor, queries: int,
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-class PositionOverride:
-    """Per-row positions for a decoder that computes them from cache slots (see the module docstring)."""
-
-    def __init__(self, model: PreTrainedModel) -> None:
-        self.query: torch.Tensor | None = None  # [B, m] positions of the new tokens
-        self.keys: torch.Tensor | None = None  # [B, S + m] positions of every slot (dead ones: any)
-        decoder = model.get_decoder()
-        table = getattr(decoder, "embed_positions", None)
-        self.supported = True
-        if isinstance(table, nn.Embedding):
-            table.register_forward_hook(self._embedding_hook)
-        elif (attention := self._relative_attention(decoder)) is not None:
-            original = attention.compute_bias
-
-            def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-                if self.query is None:
-                    return original(query_length, key_length, device=device, past_seen_tokens=past_seen_tokens)
-                relative = self.keys[:, None, :] - self.query[:, :, None]  # [B, q, k]
-                buckets = attention._relative_position_bucket(
-                    relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
-                    max_distance=attention.relative_attention_max_distance)
-                return attention.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, heads, q, k]
-
-            attention.compute_bias = compute_bias
-        else:
-            self.supported = False
-
-    @staticmethod
-    def _relative_attention(decoder: nn.Module) -> nn.Module | None:
-        """T5's first decoder self-attention, which holds the relative position bias."""
-        for module in decoder.modules():
-            if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias"):
-                return module
-        return None
-
-    def _embedding_hook(self, module: nn.Embedding, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        if self.query is None:
-            return output
-        return nn.Embedding.forward(module, self.query + int(getattr(module, "offset", 0))).to(output.dtype)
-
-    @contextmanager
-    def applied(self, query: torch.Tensor | None, keys: torch.Tensor | None) -> Iterator[None]:
-        self.query, self.keys = query, keys
-        try:
-            yield
-        finally:
-            self.query = self.keys = None
-
-
-_OVERRIDES: dict[int, PositionOverride] = {}  # id(model) -> its override (hooks are installed once per model)
-
-
-def position_override(model: PreTrainedModel) -> PositionOverride:
-    key = id(model)
-    if key not in _OVERRIDES or getattr(model, "_specdec_positions", None) is not _OVERRIDES[key]:
-        _OVERRIDES[key] = PositionOverride(model)
-        model._specdec_positions = _OVERRIDES[key]
-    return _OVERRIDES[key]
-
-
 class Seq2SeqCache(RaggedCache):
     """The decoder cache of an encoder-decoder model for ragged rows, with each row's encoder output."""
 
     def __init__(self, model: PreTrainedModel, rows: int = 0, device: torch.device | str = "cpu") -> None:
         super().__init__(model, rows, device, cache=DynamicCache())
-        self.positions = position_override(model)
         self.encoded: torch.Tensor | None = None  # [B, S, H] encoder outputs
+        self._encoder_output = BaseModelOutput  # the encoder's output class (MoE encoders add router_logits)
         self.source_mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] real source tokens
         self.cross = DynamicCache()  # cross-attention keys and values, computed at the first decoder forward
         self.past = EncoderDecoderCache(self.cache, self.cross)
@@ -155,34 +91,29 @@ class Seq2SeqCache(RaggedCache):
 
     def encode(self, source: torch.Tensor, valid: torch.Tensor) -> int:
         """Run the encoder once on the rows' sources [B, S] (``valid`` [B, S] marks real tokens)."""
-        self.encoded = self.model.get_encoder()(input_ids=source, attention_mask=valid.long()).last_hidden_state
+        out = self.model.get_encoder()(input_ids=source, attention_mask=valid.long())
+        self.encoded, self._encoder_output = out.last_hidden_state, type(out)
         self.source_mask = valid
         return 1
 
-    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+    def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
-        if position_ids is not None and not self.positions.supported:
-            raise ValueError(f"{type(self.model).__name__}'s decoder computes positions from cache slots in a way "
-                             "specdec cannot correct for rows of different lengths: use batch_size=1")
-        keys = None
-        if position_ids is not None:
-            assert attention_mask is not None
-            keys = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)  # [B, S + m]
         block_size = int(kwargs.pop("block_size", 0))
+        decoder_mask = attention_mask.long() if attention_mask is not None else None  # [B, S + n]
         if block_size:  # the last block_size inputs attend to each other both ways
             n = input_ids.shape[1]
-            valid = (attention_mask.bool() if attention_mask is not None
+            valid = (attention_mask if attention_mask is not None
                      else torch.ones(input_ids.shape[0], self.slots + n, dtype=torch.bool, device=input_ids.device))
             block = torch.zeros_like(valid)
             block[:, -block_size:] = True
-            attention_mask = block_attention_mask(valid, block, n, self.encoded.dtype)
+            decoder_mask = block_attention_mask(valid, block, n, self.encoded.dtype)
         if self._keeps_logits:
             kwargs["logits_to_keep"] = logits_to_keep
-        with self.positions.applied(position_ids, keys):
-            out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=self.encoded),
-                             attention_mask=self.source_mask.long(), decoder_input_ids=input_ids,
-                             decoder_attention_mask=attention_mask, past_key_values=self.past, use_cache=True,
-                             **kwargs)
+        encoded = self._encoder_output(last_hidden_state=self.encoded)
+        with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
+            out = self.model(encoder_outputs=encoded, attention_mask=self.source_mask.long(),
+                             decoder_input_ids=input_ids, decoder_attention_mask=decoder_mask,
+                             past_key_values=self.past, use_cache=True, **kwargs)
         if not self._keeps_logits:
             out.logits = out.logits[:, -logits_to_keep:]
         return out
@@ -204,6 +135,7 @@ class Seq2SeqCache(RaggedCache):
         assert isinstance(other, Seq2SeqCache)
         rows = self.rows
         super().merge(other)
+        self._encoder_output = other._encoder_output
         if rows == 0 or self.encoded is None:
             self.encoded, self.source_mask = other.encoded, other.source_mask
         elif other.encoded is not None:
@@ -228,6 +160,7 @@ def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.
     """A cache of ``model`` for the new rows ``prompts``: each row's source encoded once (an encoder-decoder
     model), then every prompt token but the last fed (as ``ids(...)`` maps them); the last stays for the
     next forward. Returns the cache (to merge into the running batch's) and the model calls made."""
+    check_cached_path(model, prompts, device, cache_for, ids)
     new = cache_for(model, prompts.size, device)
     calls = 0
     if is_encoder_decoder(model):
@@ -238,3 +171,4 @@ def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.
         new.forward(ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
         calls += 1
     return new, calls
+

@@ -1,0 +1,98 @@
+"""What specdec knows about a model family before it decodes: what it refuses (by name, with the reason),
+where a local attention window limits batches, and which families are known to decode exactly.
+
+specdec feeds a model only its uncached tokens and rolls its KV cache back after a rejected draft,
+so it needs the model's whole state in a transformers ``Cache`` whose layers can be cropped:
+
+- ``state_refusal``: a model that keeps state outside the cache (RWKV's ``state``, XLNet's
+  ``mems``, XLM's ``cache`` dict, Reformer's ``past_buckets_states``, Mamba's ``cache_params``: any
+  forward without ``past_key_values``) would decode wrong tokens, so it is refused, naming its class
+  and where its state lives (or that it has no KV cache at all).
+- ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
+  and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
+  a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
+- ``local_window``: a local / sliding attention window read from the config (``layer_types`` or
+  ``attention_layers`` naming local or sliding layers, then ``sliding_window``, ``window_size``, a
+  decoder-only ``attention_window``). The window is a mask over cache slots, so ``RaggedCache``
+  keeps such a model's rows right-aligned (no dead slot inside a row's window): batches are exact.
+- ``attention_chunk``: chunked attention (``attention_chunk_size``) cuts at absolute positions, which
+  a batch's left padding shifts: such a model decodes one prompt at a time (a second row is refused).
+- ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
+  forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
+  at its first prefill (``seq2seq.check_cached_path``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+# forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
+STATE_ARGUMENTS: dict[str, str] = {
+    "state": "its recurrent state (the `state` argument)",  # RWKV
+    "mems": "its memory (`mems`)",  # XLNet
+    "cache": "its own `cache` dictionary",  # XLM
+    "past_buckets_states": "its LSH buckets and states (`past_buckets_states`)",  # Reformer
+    "cache_params": "its recurrent state (`cache_params`)",  # Mamba, Falcon-Mamba
+}
+
+# model_type of families whose cached path specdec's tests check against generate (no self-check needed)
+KNOWN_GOOD: frozenset[str] = frozenset({"llama", "marian", "gpt2", "qwen2", "gpt_neox", "bart", "t5"})
+
+LOCAL_LAYER_WORDS = ("sliding", "local")  # layer types whose attention sees a window of the latest tokens
+
+
+def state_refusal(model: PreTrainedModel) -> str | None:
+    """Why ``model`` cannot be decoded (state outside the cache, or no cache), or None."""
+    arguments = inspect.signature(model.forward).parameters
+    if "past_key_values" in arguments:
+        return None
+    name = type(model).__name__
+    fix = "Use a model with a KV cache (its forward takes past_key_values)"
+    where = next((STATE_ARGUMENTS[a] for a in arguments if a in STATE_ARGUMENTS), None)
+    if where is None:
+        return (f"{name} has no KV cache (its forward takes no past_key_values): specdec feeds a model only its "
+                f"new tokens and rolls its cache back after a rejected draft. {fix}")
+    return (f"{name} keeps {where} outside a transformers Cache: specdec feeds only the new tokens and rolls the "
+            f"cache back after a rejected draft, so it would decode wrong tokens. {fix}")
+
+
+def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:
+    """Why ``model``'s cache ``layers`` cannot be rolled back (recurrent state), or None."""
+    for layer in layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin) or not isinstance(layer, DynamicLayer):
+            return (f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, which hold recurrent "
+                    "(or linear-attention) state that cannot be rolled back after a rejected draft; use an "
+                    "attention-only model")
+    return None
+
+
+def local_window(config: PretrainedConfig) -> int | None:
+    """The decoder's local attention window in tokens, or None when every layer attends to the whole sequence."""
+    text = config.get_text_config(decoder=True)
+    types = getattr(text, "layer_types", None) or getattr(text, "attention_layers", None)
+    if types is not None and not any(word in str(kind) for kind in types for word in LOCAL_LAYER_WORDS):
+        return None
+    names = ["sliding_window", "window_size"]
+    if not getattr(text, "is_encoder_decoder", False):
+        names.append("attention_window")
+    for name in names:
+        window = getattr(text, name, None)
+        if isinstance(window, list):  # per-layer windows (Longformer style): the smallest binds
+            window = min(window) if window else None
+        if isinstance(window, int) and window > 0:
+            return window
+    return None
+
+
+def attention_chunk(config: PretrainedConfig) -> int | None:
+    """The decoder's attention chunk size (Llama 4: tokens attend within fixed chunks of absolute positions),
+    or None."""
+    text = config.get_text_config(decoder=True)
+    chunk = getattr(text, "attention_chunk_size", None)
+    types = getattr(text, "layer_types", None)
+    if types is not None and not any("chunked" in str(kind) for kind in types):
+        return None
+    return chunk if isinstance(chunk, int) and chunk > 0 else None

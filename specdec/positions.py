@@ -1,0 +1,142 @@
+"""Positions from one rule for every model: 0-based, counted in each row's live tokens, given the way its family reads them.
+
+A token's position is the number of live tokens before it in its row (``RaggedCache``: dead slots,
+left padding and rejected drafts, are not counted), which is what ``generate`` gives a row decoded
+alone. Families read positions in three ways, and ``Positions`` gives them in that way, on every
+forward (holes or not, so a batch of one and a batch of many take the same path):
+
+- ``position_ids``: a decoder-only model whose forward takes them gets them as an argument, as
+  ``generate`` passes them (``attention_mask.cumsum(-1) - 1``). RoBERTa-family decoders need this
+  even for one prompt: without it they count from ``padding_idx + 1``.
+- A decoder that computes positions from the cache length (BART, mBART, Marian, Pegasus,
+  Blenderbot, PLBart, MVP, BigBird-Pegasus, TrOCR, M2M-100, NLLB-MoE, FSMT, decoder-only or
+  encoder-decoder) and ignores ``position_ids``: a forward hook on its ``embed_positions`` replaces
+  the module's output with the rows of its table at the rows' positions. The table is its
+  ``weight`` (an ``nn.Embedding``) or its ``weights`` buffer (sinusoidal modules), indexed at
+  ``position + offset`` (BART's learned tables start at 2), or, for fairseq-style modules that
+  number positions from ``padding_idx + 1`` and give the pad token its own zero row
+  (``make_positions`` / ``create_position_ids_from_input_ids``), at ``position + padding_idx + 1``,
+  a pad token at ``padding_idx`` — as their single steps do.
+- T5's relative position bias: the first self-attention layer's ``compute_bias`` computed from
+  the per-row positions of queries and keys ([B, heads, q, k], which broadcasts where T5 adds it).
+
+A model with none of these computes positions its own way: it is decoded without holes only
+(``supported`` False; batches of one prompt).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+
+def takes_position_ids(model: PreTrainedModel) -> bool:
+    """Whether ``generate`` would pass ``position_ids`` to ``model`` (a decoder-only model whose forward names them)."""
+    return (not getattr(model.config, "is_encoder_decoder", False)
+            and "position_ids" in inspect.signature(model.forward).parameters)
+
+
+class Positions:
+    """How one model receives per-row positions (see the module docstring)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.query: torch.Tensor | None = None  # [B, n] positions of the new tokens, while a forward runs
+        self.keys: torch.Tensor | None = None  # [B, S + n] positions of every slot (dead ones: any)
+        self.argument = takes_position_ids(model)
+        self.needs_keys = False
+        self.supported = True
+        self.loose = False  # position_ids offered in **kwargs beside the mask, for a model that may read them
+        if self.argument:
+            return
+        try:
+            decoder = model.get_decoder()
+        except (AttributeError, NotImplementedError, ValueError):
+            decoder = None
+        table = getattr(decoder, "embed_positions", None)
+        if table is not None and self._table(table) is not None:
+            table.register_forward_hook(self._embedding_hook)
+        elif decoder is not None and (attention := self._relative_attention(decoder)) is not None:
+            self._override_bias(attention)
+            self.needs_keys = True
+        else:  # positions of its own (from the mask, like ALiBi, or none): the self-check tells whether holes shift them
+            self.supported = False
+            self.loose = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                             for p in inspect.signature(model.forward).parameters.values())
+
+    @staticmethod
+    def _table(module: nn.Module) -> torch.Tensor | None:
+        """The module's table of position vectors [P, H], or None if it has none."""
+        table = module.weight if isinstance(module, nn.Embedding) else getattr(module, "weights", None)
+        return table if isinstance(table, torch.Tensor) and table.dim() == 2 else None
+
+    @staticmethod
+    def _relative_attention(decoder: nn.Module) -> nn.Module | None:
+        """T5's first decoder self-attention, which holds the relative position bias."""
+        for module in decoder.modules():
+            if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias"):
+                return module
+        return None
+
+    def _override_bias(self, attention: nn.Module) -> None:
+        original = attention.compute_bias
+
+        def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+            if self.query is None:
+                return original(query_length, key_length, device=device, past_seen_tokens=past_seen_tokens)
+            relative = self.keys[:, None, :] - self.query[:, :, None]  # [B, q, k]
+            buckets = attention._relative_position_bucket(
+                relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
+                max_distance=attention.relative_attention_max_distance)
+            return attention.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, heads, q, k]
+
+        attention.compute_bias = compute_bias
+
+    def _embedding_hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        if self.query is None:
+            return output
+        table = self._table(module)
+        fairseq = hasattr(module, "make_positions") or hasattr(module, "create_position_ids_from_input_ids")
+        if fairseq and getattr(module, "padding_idx", None) is not None:
+            index = self.query + module.padding_idx + 1  # [B, n]
+            ids = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].shape == self.query.shape else None
+            if ids is not None:
+                index = index.masked_fill(ids == module.padding_idx, module.padding_idx)
+        else:
+            index = self.query + int(getattr(module, "offset", 0))  # [B, n]
+        return table[index].to(output.dtype)  # [B, n, H]
+
+    @contextmanager
+    def applied(self, kwargs: dict, query: torch.Tensor, slots: torch.Tensor | None, width: int) -> Iterator[None]:
+        """Within the block, a forward with ``kwargs`` gives the new tokens the positions ``query`` [B, n];
+        ``slots`` [B, S + n] (live slots and real new tokens; None: all ``width`` = S + n are) gives the keys'."""
+        if self.argument or (self.loose and slots is not None):
+            kwargs["position_ids"] = query
+            yield
+            return
+        self.query = query
+        if self.needs_keys:
+            if slots is None:
+                self.keys = torch.arange(width, device=query.device)[None].expand(query.shape[0], -1)
+            else:
+                self.keys = (slots.long().cumsum(dim=1) - 1).clamp_min(0)  # [B, S + n]
+        try:
+            yield
+        finally:
+            self.query = self.keys = None
+
+
+_POSITIONS: dict[int, Positions] = {}  # id(model) -> its Positions (hooks are installed once per model)
+
+
+def positions_for(model: PreTrainedModel) -> Positions:
+    """The ``Positions`` of ``model``, made (and its hooks installed) on first use."""
+    key = id(model)
+    if key not in _POSITIONS or getattr(model, "_specdec_positions", None) is not _POSITIONS[key]:
+        _POSITIONS[key] = Positions(model)
+        model._specdec_positions = _POSITIONS[key]
+    return _POSITIONS[key]

@@ -1,0 +1,131 @@
+"""A self-check instead of a guess: does a model's cached path reproduce its own one-pass forward?
+
+specdec scores drafts with cached multi-token forwards and decodes rows of a batch beside dead
+slots, and assumes both equal what the model computes in one pass over the sequence alone. Most
+families honour that; some do not (FSMT's cached decoder drops its causal mask; a decoder that
+numbers positions its own way shifts them behind a batch's left padding). So, once per model
+object, at its first prefill, on the first row's prompt (cycled to at least 9 tokens, at most 512;
+an encoder-decoder's decoder reads its source tokens), the cache handle is run as decoding runs it
+and compared with the model's one-pass forward (``use_cache=False``, positions as ``generate``
+gives them):
+
+- alone: one pass over all but the last 7 tokens (the prefill), one 5-token forward (a verify at
+  gamma 4), two single steps. A disagreement refuses the model, naming it and where it disagreed.
+- batched: the same behind one dead slot (as a shorter row of a batch sits behind left padding).
+  A disagreement refuses a second row (``RaggedCache``: batch_size=1), naming the model.
+
+"Disagrees": the log-probabilities differ by more than rounding, ``TOLERANCE`` of the dtype times the
+largest logit. Families in ``architectures.KNOWN_GOOD`` (the shipped Llama and Marian among them)
+skip the check: their start-up is unchanged. It costs about three forwards of the prompt, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.architectures import KNOWN_GOOD
+from specdec.batch import PromptBatch
+from specdec.positions import takes_position_ids
+
+if TYPE_CHECKING:
+    from specdec.cache import RaggedCache
+
+CHUNK = 5  # tokens of the checked multi-token forward (a verify at gamma 4)
+STEPS = 2  # single steps checked after it
+LONGEST = 512  # prompt tokens the check reads at most
+# largest log-probability difference between a cached and a one-pass forward that is rounding, per dtype,
+# relative to the largest logit (T5 at 40 tokens, logits up to 29: 1.5e-3 apart in float32)
+TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-8, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The self-check's findings for one model ("" where its cached path agrees)."""
+
+    alone: str  # why a single row would not be decoded exactly
+    batched: str  # why a row behind dead slots (a batch's shorter rows) would not be
+
+
+def verdict_of(model: PreTrainedModel) -> Verdict | None:
+    """The model's verdict, None if it was not checked (a known-good family, or not prefilled yet)."""
+    return getattr(model, "_specdec_verdict", None)
+
+
+def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
+                      make_cache: Callable, ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> None:
+    """Check ``model`` on ``prompts``' first row unless it is known good or checked already; raise the
+    reason a single row would be wrong. ``make_cache(model, rows, device)`` builds its cache handle;
+    ``ids`` maps token ids as the caller feeds them."""
+    if getattr(model.config, "model_type", "") in KNOWN_GOOD:
+        return
+    verdict = verdict_of(model)
+    if verdict is None:
+        alone, behind = make_cache(model, 1, device), make_cache(model, 1, device)  # refuse what no cache can serve
+        behind.refuse_rows = False  # it finds out whether rows of a batch can be decoded
+        try:
+            with torch.no_grad():
+                verdict = _check(model, prompts, device, alone, behind, ids)
+        except Exception as error:  # the model's own cached path fails: say so, naming it
+            reason = (f"{type(model).__name__}'s cached forward fails where specdec uses it (a prefill, then a "
+                      f"{CHUNK}-token forward, then single steps, on a cache it rolls back): {type(error).__name__}: "
+                      f"{error}. Decode it with generate() instead")
+            model._specdec_verdict = Verdict(reason, reason)
+            raise ValueError(reason) from error
+        model._specdec_verdict = verdict
+    if verdict.alone:
+        raise ValueError(verdict.alone)
+
+
+def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str, alone: RaggedCache,
+           behind: RaggedCache, ids: Callable[[torch.Tensor], torch.Tensor]) -> Verdict:
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    row, source, valid = prompts.rows()[0], None, None
+    if encoder_decoder:
+        width = int(prompts.source_lengths[0])
+        source, valid = prompts.source[:1, :width], prompts.source_valid()[:1, :width]  # [1, S]
+        row = row + source[0].tolist()  # decoder tokens to check: any will do
+        alone.encode(source, valid)
+        behind.encode(source, valid)
+    length = min(max(len(row), CHUNK + STEPS + 2), LONGEST)
+    seq = ids(torch.tensor([(row * length)[:length]], device=device))  # [1, L]
+    if encoder_decoder:
+        reference = model(input_ids=source, attention_mask=valid.long(), decoder_input_ids=seq, use_cache=False).logits
+    else:  # positions as generate gives them
+        positions = {"position_ids": torch.arange(length, device=seq.device)[None]} if takes_position_ids(model) else {}
+        reference = model(input_ids=seq, use_cache=False, **positions).logits  # [1, L, V]
+    scale = max(1.0, float(reference.float().abs().max()))  # rounding grows with the logits' size
+    tolerance = TOLERANCE.get(reference.dtype, TOLERANCE[torch.bfloat16]) * scale
+    reference = reference.float().log_softmax(-1)  # [1, L, V]
+    first = length - CHUNK - STEPS
+    pieces = [(first, first + CHUNK)] + [(t, t + 1) for t in range(first + CHUNK, length)]
+    name = type(model).__name__
+
+    def gap(cache, prefill: torch.Tensor) -> torch.Tensor:
+        logits = [prefill[:, -first:]]  # (some models return every position's logits whatever logits_to_keep says)
+        logits += [cache.forward(seq[:, a:b], logits_to_keep=b - a).logits[:, a - b:] for a, b in pieces]
+        return (torch.cat(logits, dim=1).float().log_softmax(-1) - reference).abs().amax(-1)[0]  # [L]
+
+    found = gap(alone, alone.forward(seq[:, :first], logits_to_keep=first).logits)
+    if float(found.max()) > tolerance:
+        where = int(found.argmax())
+        step = ("the one-pass prefill" if where < first else f"a {CHUNK}-token cached forward (a verify at gamma "
+                f"{CHUNK - 1})" if where < first + CHUNK else "a single cached step")
+        reason = (f"{name}'s cached forward disagrees with its own one-pass forward (log-probabilities differ by "
+                  f"{float(found.max()):.2g} at position {where} of {length}, in {step}): specdec verifies drafts "
+                  "with cached multi-token forwards, so it would not reproduce this model's output. Decode it with "
+                  "generate() instead")
+        return Verdict(reason, reason)
+    padded = torch.cat([torch.zeros_like(seq[:, :1]), seq[:, :first]], dim=1)  # [1, 1 + first]: a dead slot first
+    real = torch.ones_like(padded, dtype=torch.bool)
+    real[:, 0] = False
+    found = gap(behind, behind.forward(padded, real, logits_to_keep=first).logits)
+    if float(found.max()) > tolerance:
+        return Verdict("", f"{name} decodes a row behind a dead slot (a shorter row of a batch, behind left padding) "
+                           f"differently from the row alone (log-probabilities differ by {float(found.max()):.2g}): "
+                           "specdec decodes it one prompt at a time only: use batch_size=1")
+    return Verdict("", "")

@@ -1,0 +1,312 @@
+"""Architectures beyond the core tests (issue 25): each exact against its own ``generate``, or refused by name.
+
+Tiny random models built from each architecture's config (``AutoConfig.for_model`` with tiny sizes):
+
+- Exact, greedy, single prompt and a ragged batch of 5 prompts (lengths 1 to 23, in batches of 3 so
+  rows join and leave), gamma 1 and 4, with prompt lookup and a model drafter (the target with noise
+  on its head: it agrees often, not always), each row equal to ``generate`` of that prompt alone:
+  RoBERTa-family decoders (which need ``position_ids`` from the first token), BART-family
+  decoder-only classes (positions from the cache length, overridden per row), an MoE encoder-decoder
+  (``router_logits`` in its encoder output), DeepSeek-V3's latent attention (values narrower than
+  keys) through compaction and rows joining.
+- Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers), prompts
+  longer than the window: exact alone and in ragged batches (rows re-packed before a dead slot enters a window).
+- Refused before decoding, naming the class and the reason: state outside the cache (XLNet, RWKV,
+  XLM) or no cache (OpenAI GPT), hybrid cache layers holding recurrent state (Falcon-H1), a cached
+  path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
+  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of
+  chunked attention (Llama 4) or of a decoder a dead slot changes (Pegasus-X). The self-check is
+  skipped for known-good families (the shipped Llama's start-up makes no extra forward).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from conftest import build_tiny, build_toy, hf_greedy
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+import specdec
+from specdec.cache import RaggedCache
+from specdec.selfcheck import Verdict, verdict_of
+from specdec.target import make_target
+
+VOCAB = 96
+COMMON = {"vocab_size": VOCAB, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+DECODER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 256, "initializer_range": 0.3}
+BART = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "max_position_embeddings": 256,
+        "init_std": 0.3, "decoder_start_token_id": 2, "forced_eos_token_id": None}
+
+# name -> (model_type, encoder-decoder?, config overrides)
+CONFIGS: dict[str, tuple[str, bool, dict]] = {
+    "roberta": ("roberta", False, {**DECODER, "is_decoder": True}),
+    "xlm-roberta": ("xlm-roberta", False, {**DECODER, "is_decoder": True}),
+    "bart": ("bart", False, BART),
+    "pegasus": ("pegasus", False, BART),
+    "trocr": ("trocr", False, {"d_model": 32, "decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 64,
+                               "max_position_embeddings": 256, "init_std": 0.3, "decoder_start_token_id": 2}),
+    "deepseek_v3": ("deepseek_v3", False, {**DECODER, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16,
+                                           "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 4, "head_dim": 8,
+                                           "n_routed_experts": 4, "n_group": 1, "topk_group": 1,
+                                           "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                           "first_k_dense_replace": 1}),
+    "switch_transformers": ("switch_transformers", True, {
+        "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+        "num_experts": 4, "expert_capacity": 64, "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1,
+        "decoder_start_token_id": 0, "initializer_factor": 3.0}),
+    "m2m_100": ("m2m_100", True, BART),
+    "pegasus_x": ("pegasus_x", True, {**BART, "block_size": 4, "num_global_tokens": 2}),
+    "prophetnet": ("prophetnet", True, {"hidden_size": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                                        "num_encoder_layers": 2, "num_decoder_layers": 2, "ngram": 2,
+                                        "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4,
+                                        "max_position_embeddings": 256, "decoder_start_token_id": 0}),
+    "openai-gpt": ("openai-gpt", False, {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 256}),
+    "gpt_neo": ("gpt_neo", False, {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "window_size": 6,
+                                   "attention_types": [[["global", "local"], 1]], "max_position_embeddings": 256,
+                                   "initializer_range": 0.3}),
+    "mistral": ("mistral", False, {**DECODER, "sliding_window": 6}),
+    "gemma2": ("gemma2", False, {**DECODER, "sliding_window": 6, "head_dim": 8, "query_pre_attn_scalar": 8}),
+    "llama4_text": ("llama4_text", False, {**DECODER, "intermediate_size_mlp": 64, "head_dim": 8, "num_local_experts": 2,
+                                           "attention_chunk_size": 4}),
+    "xlnet": ("xlnet", False, {"d_model": 32, "n_layer": 2, "n_head": 4, "d_inner": 64}),
+    "rwkv": ("rwkv", False, {"hidden_size": 32, "attention_hidden_size": 32, "intermediate_size": 64,
+                             "num_hidden_layers": 2, "context_length": 256}),
+    "mamba": ("mamba", False, {"hidden_size": 32, "state_size": 8, "num_hidden_layers": 2}),
+    "xlm": ("xlm", False, {"emb_dim": 32, "n_layers": 2, "n_heads": 4, "max_position_embeddings": 256}),
+    "falcon_h1": ("falcon_h1", False, {**DECODER, "mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_d_head": 8,
+                                       "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
+    "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
+}
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100"]
+LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
+NEW = 14  # new tokens per prompt
+
+
+def build(name: str, seed: int = 0):
+    kind, encoder_decoder, overrides = CONFIGS[name]
+    config = AutoConfig.for_model(kind, **COMMON, **overrides)
+    torch.manual_seed(seed)
+    auto = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
+    model = auto.from_config(config).eval()
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def noisy_copy(model, scale: float = 0.5, seed: int = 1):
+    """The model with noise on its head: a drafter that agrees with it often, not always."""
+    drafter = copy.deepcopy(model)
+    head = drafter.get_output_embeddings().weight
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.add_(torch.randn(head.shape, generator=gen) * scale * head.std())
+    return drafter.eval()
+
+
+def prompts(seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in LENGTHS]
+
+
+def generate(model, prompt: list[int], new: int = NEW) -> list[int]:
+    """The model's own greedy decoding of ``prompt`` alone (for an encoder-decoder: ``prompt`` is the source)."""
+    ids = torch.tensor([prompt])
+    kwargs = {"do_sample": False, "num_beams": 1, "max_new_tokens": new, "eos_token_id": None, "pad_token_id": 0}
+    if model.config.is_encoder_decoder:
+        return model.generate(ids, **kwargs)[0, 1:].tolist()
+    return model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)[0, len(prompt):].tolist()
+
+
+def assert_exact(target, drafter, rows: list[list[int]], references: list[list[int]], gamma: int, label: str) -> list:
+    """One prompt alone, then all of ``rows`` in batches of 3: every row equals its reference."""
+    one = specdec.speculative_generate(target, drafter, rows[2], max_new_tokens=NEW, gamma=gamma, stop_token_ids=[])
+    assert one.tokens == references[2], f"{label}: single prompt"
+    batch = specdec.speculative_generate(target, drafter, rows, max_new_tokens=NEW, gamma=gamma, stop_token_ids=[],
+                                         batch_size=3)
+    for i, (result, reference) in enumerate(zip(batch, references)):
+        assert result.tokens == reference, f"{label}: row {i} of the batch (prompt length {LENGTHS[i]})"
+    return batch
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_greedy_equals_generate_single_and_batched(name):
+    target = build(name)
+    rows = prompts()
+    references = [generate(target, p) for p in rows]
+    accepted = 0
+    for gamma in (1, 4):
+        for label, drafter in (("ngram", "ngram"), ("model", noisy_copy(target))):
+            batch = assert_exact(target, drafter, rows, references, gamma, f"{name} gamma {gamma} {label}")
+            accepted += sum(r.stats.accepted for r in batch)
+    assert accepted > 0
+
+
+def test_roberta_gets_positions_from_zero_as_generate_gives_them():
+    """Without position_ids a RoBERTa decoder counts from padding_idx + 1: the model's forward alone
+    differs from generate's first token, so the positions specdec passes are what make it exact."""
+    target = build("roberta")
+    prompt = prompts()[2]
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        own = target(input_ids=ids).logits[0, -1]
+        zero_based = target(input_ids=ids, position_ids=torch.arange(len(prompt))[None]).logits[0, -1]
+    first = generate(target, prompt, 1)[0]
+    assert int(zero_based.argmax()) == first and not torch.allclose(own, zero_based)
+    assert specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=1, stop_token_ids=[]).tokens == [first]
+
+
+def test_latent_attention_through_compaction_and_joining_rows(monkeypatch):
+    """DeepSeek-V3 caches keys 16 wide and values 4 wide: re-packing the rows (one long prompt beside
+    short ones, rows finishing at a stop token) and rows joining (merge) keep each row exact."""
+    target = build("deepseek_v3")
+    layer = target.model.layers[0].self_attn
+    assert layer.qk_head_dim != target.config.v_head_dim
+    compactions = []
+    original = RaggedCache.compact
+    monkeypatch.setattr(RaggedCache, "compact", lambda self: (compactions.append(self.slots), original(self))[1])
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (40, 1, 2, 1, 3, 30)]
+    references = [generate(target, p, 24) for p in rows]
+    stop = references[1][4]  # some rows stop early, the others go on
+    expected = [r[: r.index(stop) + 1] if stop in r else r for r in references]
+    assert any(len(e) < 24 for e in expected) and any(len(e) == 24 for e in expected)
+    for drafter in ("ngram", noisy_copy(target)):
+        batch = specdec.speculative_generate(target, drafter, rows, max_new_tokens=24, gamma=4,
+                                             stop_token_ids=[stop], batch_size=4)
+        assert [r.tokens for r in batch] == expected
+    assert compactions, "the batch never compacted: the test lost its point"
+
+
+@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2"])
+def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
+    """A 6-token window (GPT-Neo's local layers: a mask over cache slots on plain layers; Mistral's and
+    Gemma-2's sliding layers), prompts up to 23 tokens: rows that accept different numbers of drafts
+    are re-packed before their dead slots would enter a window, and each equals generate alone."""
+    target = build(name)
+    inner = []
+    original = RaggedCache.compact
+    monkeypatch.setattr(RaggedCache, "compact", lambda self: (inner.append(self._inner_holes()), original(self))[1])
+    rows = prompts()
+    references = [generate(target, p) for p in rows]
+    for gamma in (1, 4):
+        for label, drafter in (("ngram", "ngram"), ("model", noisy_copy(target))):
+            assert_exact(target, drafter, rows, references, gamma, f"{name} gamma {gamma} {label}")
+    assert any(inner), "no row ever had a dead slot inside its window: the test lost its point"
+
+
+def test_chunked_attention_exact_alone_and_batches_refused_by_name():
+    """Llama 4's chunks are cut at absolute positions, which left padding shifts: one prompt is exact, a
+    second row is refused before decoding, naming the class and why."""
+    target = build("llama4_text")
+    prompt = prompts()[2]
+    assert specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=NEW, gamma=4,
+                                        stop_token_ids=[]).tokens == generate(target, prompt)
+    with pytest.raises(ValueError, match=r"Llama4ForCausalLM has chunked attention \(chunks of 4 tokens cut at "
+                                         r"absolute positions.*use batch_size=1"):
+        specdec.speculative_generate(target, "ngram", [prompt, prompt], max_new_tokens=4, stop_token_ids=[])
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("xlnet", r"XLNetLMHeadModel keeps its memory \(`mems`\) outside a transformers Cache"),
+    ("rwkv", r"RwkvForCausalLM keeps its recurrent state \(the `state` argument\) outside a transformers Cache"),
+    ("xlm", r"XLMWithLMHeadModel keeps its own `cache` dictionary outside a transformers Cache"),
+    ("mamba", r"MambaForCausalLM keeps its recurrent state \(`cache_params`\) outside a transformers Cache"),
+    ("openai-gpt", r"OpenAIGPTLMHeadModel has no KV cache \(its forward takes no past_key_values\)"),
+    ("falcon_h1", r"FalconH1ForCausalLM uses cache layers of type LinearAttentionAndFullAttentionLayer, which hold"),
+])
+def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
+    target = build(name)
+    for drafter in ("ngram", None):
+        with pytest.raises(TypeError, match=reason):
+            if drafter is None:  # as a drafter beside a target that works
+                specdec.speculative_generate(build_tiny("llama"), target, [3, 4, 5], max_new_tokens=3)
+            else:
+                specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=3)
+
+
+def test_cached_path_that_disagrees_is_refused_at_prefill():
+    """FSMT's cached decoder drops its causal mask: its cached forward differs from its one-pass forward."""
+    target = build("fsmt")
+    with pytest.raises(ValueError, match=r"FSMTForConditionalGeneration's cached forward disagrees with its own "
+                                         r"one-pass forward .* Decode it with generate\(\) instead"):
+        specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
+
+
+def test_cached_path_that_fails_inside_transformers_is_refused_by_name():
+    """ProphetNet's cached decoder asserts on inputs longer than one token: specdec says so, naming it."""
+    target = build("prophetnet")
+    with pytest.raises(ValueError, match=r"ProphetNetForConditionalGeneration's cached forward fails where specdec "
+                                         r"uses it .*AssertionError"):
+        specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
+
+
+def test_batches_refused_when_a_dead_slot_changes_the_row():
+    """Pegasus-X's decoder computes sinusoidal positions from the cache length with no table to override:
+    one source is exact, a batch is refused by the self-check behind a dead slot, naming the class."""
+    target = build("pegasus_x")
+    source = prompts()[2]
+    assert specdec.speculative_generate(target, "ngram", source, max_new_tokens=NEW, gamma=4,
+                                        stop_token_ids=[]).tokens == generate(target, source)
+    with pytest.raises(ValueError, match=r"PegasusXForConditionalGeneration decodes a row behind a dead slot .* "
+                                         r"use batch_size=1"):
+        specdec.speculative_generate(target, "ngram", prompts(), max_new_tokens=4, stop_token_ids=[])
+
+
+def counted(model) -> list:
+    """Count ``model``'s forward calls (its signature kept, which specdec reads); returns the list of calls."""
+    calls, forward = [], model.forward
+
+    @functools.wraps(forward)
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    model.forward = counting
+    return calls
+
+
+def test_self_check_catches_a_wrong_multi_token_forward_and_spares_known_good_models():
+    """A GPT-2 whose cached forwards of several tokens see one position too far is refused (its single
+    steps are right); a correct unknown family passes once and is not checked again; a known-good
+    family (the shipped Llama's) starts up with no extra forward."""
+    target = build_tiny("gpt2")
+    target.config.model_type = "gpt2-unknown"  # not known good: checked
+    forward = target.forward
+
+    @functools.wraps(forward)
+    def shifted(*args, position_ids=None, past_key_values=None, **kwargs):
+        if position_ids is not None and position_ids.shape[1] > 1 and past_key_values and past_key_values.get_seq_length():
+            position_ids = position_ids + 1
+        return forward(*args, position_ids=position_ids, past_key_values=past_key_values, **kwargs)
+
+    target.forward = shifted
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel's cached forward disagrees .* in a 5-token cached forward"):
+        specdec.speculative_generate(target, "ngram", list(range(3, 20)), max_new_tokens=4, stop_token_ids=[])
+    target.forward = forward
+    del target._specdec_verdict
+    calls = counted(target)
+    specdec.speculative_generate(target, "ngram", list(range(3, 20)), max_new_tokens=2, stop_token_ids=[])
+    checked = len(calls)
+    calls.clear()
+    specdec.speculative_generate(target, "ngram", list(range(3, 20)), max_new_tokens=2, stop_token_ids=[])
+    assert len(calls) < checked and verdict_of(target) == Verdict("", "")  # checked once, passed
+    llama = build_tiny("llama")
+    calls = counted(llama)
+    result = specdec.speculative_generate(llama, "ngram", list(range(3, 20)), max_new_tokens=1, stop_token_ids=[])
+    assert len(calls) == result.stats.target_calls == 2 and verdict_of(llama) is None  # prefill, one round: no check
+
+
+def test_positions_of_its_own_decide_batches_by_the_self_check():
+    """A model that reads no position_ids and has no position table (ALiBi-style, or none) is checked behind a
+    dead slot: the toy LM, whose prefix enters through the mask only, decodes batches exactly."""
+    target = build_toy(vocab_size=12)
+    assert not make_target(target).cache.positions.supported
+    rows = [[3, 4, 5, 6, 7, 8, 9, 10, 3], [5], [7, 3, 4]]
+    references = [hf_greedy(target, p, 10, []) for p in rows]
+    batch = specdec.speculative_generate(target, "ngram", rows, max_new_tokens=10, gamma=3, stop_token_ids=[],
+                                         batch_size=3)
+    assert [r.tokens for r in batch] == references and verdict_of(target) == Verdict("", "")
