@@ -64,8 +64,9 @@ def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:
     for layer in layers:
         if isinstance(layer, LinearAttentionCacheLayerMixin) or not isinstance(layer, DynamicLayer):
             return (f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, which hold recurrent "
-                    "(or linear-attention) state that cannot be rolled back after a rejected draft; use an "
-                    "attention-only model")
+                    "(or linear-attention) state that an attention cache cannot roll back after a rejected draft; "
+                    "specdec.recurrent.RecurrentCache (what specdec.seq2seq.cache_for builds for such a model) "
+                    "checkpoints it instead")
     return None
 
 

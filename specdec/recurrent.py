@@ -215,12 +215,8 @@ class RecurrentCache(RaggedCache):
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
-        if self.attention and self.keyword == "past_key_values":
-            if position_ids is None:  # some hybrids (Bamba) count positions from 0 in every forward unless told
-                position_ids = self.live[:, None] + torch.arange(input_ids.shape[1], device=input_ids.device)
-                kwargs = {**kwargs, "position_ids": position_ids}
-            return super()._call(input_ids, attention_mask, None if attention_mask is None else position_ids,
-                                 logits_to_keep, kwargs)
+        if self.attention and self.keyword == "past_key_values":  # positions by the one rule (Bamba needs them)
+            return super()._call(input_ids, attention_mask, position_ids, logits_to_keep, kwargs)
         # no attention layer: no positions, and padding is handled here, not by the model's mask
         return self.model(input_ids=input_ids, **{self.keyword: self.cache}, use_cache=True,
                           logits_to_keep=logits_to_keep, **kwargs)

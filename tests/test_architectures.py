@@ -210,13 +210,25 @@ def test_chunked_attention_exact_alone_and_batches_refused_by_name():
         specdec.speculative_generate(target, "ngram", [prompt, prompt], max_new_tokens=4, stop_token_ids=[])
 
 
+def test_a_hybrid_whose_layers_hold_keys_and_recurrent_state_is_exact():
+    """Falcon-H1's layers hold attention keys and a recurrent state together: specdec.recurrent checkpoints the
+    state and the keys roll back as any attention layer's; one prompt and a ragged batch equal generate."""
+    target = build("falcon_h1")
+    rows = prompts()[:5]
+    for gamma in (1, 4):
+        for prompt in rows[:2]:
+            assert specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=NEW, gamma=gamma,
+                                                stop_token_ids=[]).tokens == generate(target, prompt)
+        results = specdec.speculative_generate(target, "ngram", rows, max_new_tokens=NEW, gamma=gamma,
+                                               stop_token_ids=[], batch_size=3)
+        assert [r.tokens for r in results] == [generate(target, p) for p in rows]
+
+
 @pytest.mark.parametrize(("name", "reason"), [
     ("xlnet", r"XLNetLMHeadModel keeps its memory \(`mems`\) outside a transformers Cache"),
     ("rwkv", r"RwkvForCausalLM keeps its recurrent state \(the `state` argument\) outside a transformers Cache"),
     ("xlm", r"XLMWithLMHeadModel keeps its own `cache` dictionary outside a transformers Cache"),
-    ("mamba", r"MambaForCausalLM keeps its recurrent state \(`cache_params`\) outside a transformers Cache"),
     ("openai-gpt", r"OpenAIGPTLMHeadModel has no KV cache \(its forward takes no past_key_values\)"),
-    ("falcon_h1", r"FalconH1ForCausalLM uses cache layers of type LinearAttentionAndFullAttentionLayer, which hold"),
 ])
 def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
     target = build(name)

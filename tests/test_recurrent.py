@@ -230,8 +230,8 @@ def test_a_fresh_drafter_catching_up_on_ragged_rows_drafts_its_own_continuation(
 
 def test_recurrent_layers_outside_a_recurrent_cache_and_sliding_hybrid_layers_are_refused_by_name():
     model = build_tiny("llama")
-    with pytest.raises(TypeError, match="LlamaForCausalLM uses cache layers of type LinearAttentionLayer, whose "
-                                        "recurrent state cannot be cropped"):
+    with pytest.raises(TypeError, match="LlamaForCausalLM uses cache layers of type LinearAttentionLayer, which "
+                                        "hold recurrent"):
         RaggedCache(model, cache=Cache(layers=[LinearAttentionLayer()]))
     with pytest.raises(TypeError, match="LinearAttentionAndSlidingWindowAttentionLayer, whose recurrent state"):
         RecurrentCache(model, cache=Cache(layers=[LinearAttentionAndSlidingWindowAttentionLayer(sliding_window=4)]))
