@@ -156,6 +156,24 @@ def test_first_layers_drafter_is_the_targets_first_layers(targets, tmp_path):
         torch.testing.assert_close(drafter(ids).logits, target(ids).logits)
     finally:
         target.model.layers.append(skipped)
+    # a shrunk copy starts from the target's embeddings and (untied) head, projected when narrower
+    from specdec.train.drafter import _projection
+
+    for hidden in (32, 16):
+        shrunk = build_drafter(target, DrafterTrainConfig(layers=1, hidden=hidden))
+        proj = torch.eye(32) if hidden == 32 else _projection(target, hidden)
+        for mine, theirs in ((shrunk.get_input_embeddings(), target.get_input_embeddings()),
+                             (shrunk.get_output_embeddings(), target.get_output_embeddings())):
+            torch.testing.assert_close(mine.weight, theirs.weight @ proj)
+        assert shrunk.config.intermediate_size == 64 * hidden // 32 and shrunk.config.head_dim == hidden // 4
+    # an encoder-decoder keeps the target's whole encoder and its first decoder layers
+    marian = specdec.load_model(str(targets["marian"][0]))
+    drafter = build_drafter(marian, DrafterTrainConfig(layers=1, init="first-layers")).eval()
+    assert (drafter.config.encoder_layers, drafter.config.decoder_layers) == (1, 1)
+    source, start = torch.tensor([[40, 41, 42, 0]]), torch.tensor([[marian.config.decoder_start_token_id, 50]])
+    marian.model.decoder.layers = marian.model.decoder.layers[:1]
+    torch.testing.assert_close(drafter(input_ids=source, decoder_input_ids=start).logits,
+                               marian(input_ids=source, decoder_input_ids=start).logits)
 
 
 def test_data_step_resumes_to_an_uninterrupted_run(targets, tmp_path):

@@ -132,9 +132,10 @@ def drafter_config(target_config, layers: int, hidden: int | None, init: str):
 
 def _projection(target: PreTrainedModel, hidden: int) -> torch.Tensor:
     """[H_target, hidden]: the top ``hidden`` principal directions of the target's token embeddings."""
-    emb = target.get_input_embeddings().weight.detach().float()  # [V, H_target]
-    _, _, v = torch.svd_lowrank(emb - emb.mean(0), q=hidden, niter=4)  # v [H_target, hidden]
-    return v
+    emb = target.get_input_embeddings().weight.detach().double()  # [V, H_target]
+    centred = emb - emb.mean(0)
+    _, vectors = torch.linalg.eigh(centred.T @ centred)  # [H_target, H_target], ascending eigenvalues
+    return vectors[:, -hidden:].flip(1).float()  # [H_target, hidden]: deterministic, unlike a randomized SVD
 
 
 def _init_shrunk(drafter: PreTrainedModel, target: PreTrainedModel) -> None:
