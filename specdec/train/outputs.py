@@ -58,6 +58,7 @@ class Prompt:
     id: str  # stable key: the built-in prompt's id, or a hash of the user's prompt text
     ids: list[int]  # token ids given to the target (an encoder-decoder target: its source)
     temperature: float = 0.0  # 0 = greedy, 1 = sampled
+    held_out: bool = False  # written to the held-out file (measurements), not trained on
 
 
 def fingerprint(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> str:
@@ -199,21 +200,21 @@ def check_records(records: Sequence[dict], path: str | Path, target_fingerprint:
 
 def continue_prompts(model: PreTrainedModel, prompts: Sequence[Prompt], out: str | Path, *, max_new_tokens: int,
                      batch_size: int, seed: int = 0, target_fingerprint: str | None = None,
-                     progress: Callable[[int], None] | None = None) -> int:
-    """Append the target's continuation of every prompt not yet in ``out``; returns how many were added.
-    ``progress(n)`` hears of each record written (n = 1)."""
+                     valid_out: str | Path | None = None, progress: Callable[[int], None] | None = None) -> int:
+    """Append the target's continuation of every prompt not yet written; returns how many were added.
+    Held-out prompts (``Prompt.held_out``) go to ``valid_out``, decoded in the same batches as the others
+    (a run cut short holds its share of both). ``progress(n)`` hears of each record written (n = 1)."""
     from specdec.config import SamplingConfig, SpecConfig
     from specdec.decode import Decoder, prompt_request
     from specdec.drafters import NoDrafter
     from specdec.schedules import make_schedule
     from specdec.target import make_target
 
-    out = Path(out)
-    done = {r["id"] for r in read_records(out)}
+    paths = {False: Path(out), True: Path(valid_out if valid_out is not None else out)}
+    done = {r["id"] for path in set(paths.values()) for r in read_records(path)}
     todo = sorted((p for p in prompts if p.id not in done), key=lambda p: len(p.ids))  # similar lengths together
     if not todo:
         return 0
-    out.parent.mkdir(parents=True, exist_ok=True)
     handle = make_target(model)
     decoder = Decoder(handle, NoDrafter(), make_schedule(SpecConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)),
                       batch_size=batch_size)
@@ -223,7 +224,9 @@ def continue_prompts(model: PreTrainedModel, prompts: Sequence[Prompt], out: str
         sampling = SamplingConfig(temperature=p.temperature, seed=row_seed)
         decoder.submit(prompt_request(handle, p.ids, max_new_tokens, sampling, stops, index=i))
     written = 0
-    with out.open("a") as fo, torch.inference_mode():
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with paths[False].open("a") as train_file, paths[True].open("a") as valid_file, torch.inference_mode():
         while decoder.busy:
             for row in decoder.step():
                 p = todo[row.request.index]
@@ -231,6 +234,7 @@ def continue_prompts(model: PreTrainedModel, prompts: Sequence[Prompt], out: str
                           "max_new_tokens": max_new_tokens}
                 if target_fingerprint is not None:
                     record["target"] = target_fingerprint
+                fo = valid_file if p.held_out else train_file
                 fo.write(json.dumps(record) + "\n")  # one write per record: a kill leaves at most one part line
                 fo.flush()
                 written += 1
@@ -283,7 +287,7 @@ class _Bar:
 
 
 def user_outputs(target: str, prompts_file: str | Path, out: str | Path, *, num_prompts: int | None = None,
-                 max_new_tokens: int = 128, batch_size: int = 16, sampled_share: float = 0.0,
+                 max_new_tokens: int = 128, batch_size: int = 16, sampled_share: float = 0.25,
                  valid_share: float = 0.05, dtype: str | None = None, device: str | None = None, seed: int = 0,
                  progress: bool = True, log=print) -> dict[str, int]:
     """``specdec data outputs``: continue the user's prompts; returns the records each file holds."""
@@ -302,23 +306,21 @@ def user_outputs(target: str, prompts_file: str | Path, out: str | Path, *, num_
     for path in (out, valid_out):
         check_records(read_records(path), path, print_, max_new_tokens)
     model = load_model(target, device=device, dtype=dtype)
-    held = {_prompt_id(t) for t, _ in texts if _hash_share(t, "valid") < valid_share}
-    prompts = [Prompt(_prompt_id(t), ids,
-                      1.0 if _hash_share(t, "sampled") < sampled_share else 0.0) for t, ids in texts]
+    prompts = [Prompt(_prompt_id(t), ids, 1.0 if _hash_share(t, "sampled") < sampled_share else 0.0,
+                      _hash_share(t, "valid") < valid_share) for t, ids in texts]
     prompts = _fitting(prompts, model, max_new_tokens, log)
-    parts = {out: [p for p in prompts if p.id not in held], valid_out: [p for p in prompts if p.id in held]}
-    done = {path: {r["id"] for r in read_records(path)} for path in parts}
-    todo = sum(len([p for p in ps if p.id not in done[path]]) for path, ps in parts.items())
-    log(f"{len(prompts)} prompts from {prompts_file}: {len(parts[out])} for training, {len(parts[valid_out])} "
-        f"held out; {len(prompts) - todo} already written, {todo} to generate")
+    done = {r["id"] for path in (out, valid_out) for r in read_records(path)}
+    todo = sum(p.id not in done for p in prompts)
+    held = sum(p.held_out for p in prompts)
+    log(f"{len(prompts)} prompts from {prompts_file}: {len(prompts) - held} for training, {held} held out; "
+        f"{len(prompts) - todo} already written, {todo} to generate")
     started = time.perf_counter()
     with _Bar(todo, "outputs", progress) as bar:
-        for path, ps in parts.items():
-            continue_prompts(model, ps, path, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
-                             target_fingerprint=print_, progress=bar)
+        continue_prompts(model, prompts, out, max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed,
+                         target_fingerprint=print_, valid_out=valid_out, progress=bar)
     if todo:
         log(f"{todo} prompts continued in {time.perf_counter() - started:.1f} s")
-    return {str(path): len(read_records(path)) for path in parts}
+    return {str(path): len(read_records(path)) for path in (out, valid_out)}
 
 
 def generate_outputs(target: str, out: str | Path, *, num_prompts: int, split: str = "train",
