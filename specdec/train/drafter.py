@@ -194,13 +194,13 @@ def build_drafter(target: PreTrainedModel, cfg: DrafterTrainConfig) -> PreTraine
 
 def examples(records: Sequence[dict], model: PreTrainedModel, seq_len: int) -> list[Example]:
     """The records as model inputs (empty continuations left out)."""
+    from specdec.seq2seq import decoder_start_id
+
     out = []
     for r in records:
         if not r["ids"]:
             continue
         if is_encoder_decoder(model.config):
-            from specdec.seq2seq import decoder_start_id
-
             out.append(Example(([decoder_start_id(model)] + r["ids"][:-1])[:seq_len], r["prompt_ids"]))
         else:
             out.append(Example((r["prompt_ids"] + r["ids"])[-seq_len:]))
@@ -331,6 +331,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     target = load_model(cfg.target, device=device, dtype=torch.float32)
     train_data = examples(records[: cfg.records], target, cfg.seq_len)
     valid_data = examples(valid_records, target, cfg.seq_len)[: cfg.eval_records]
+    if not train_data:
+        raise ValueError(f"{cfg.data}: every continuation is empty; make new data with a larger --max-new-tokens")
     drafter = build_drafter(target, cfg).to(device)
     out.mkdir(parents=True, exist_ok=True)
     optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)
