@@ -50,6 +50,19 @@ def save_checkpoint(folder: Path, write_model: Callable[[Path], None], optimizer
     os.replace(tmp, folder)
 
 
+def untied_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state with tied copies left out (the first name of each shared tensor kept; loading
+    with ``strict=False`` and ``tie_weights`` restores them), contiguous, ready for safetensors."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, value in model.state_dict().items():
+        key = (value.untyped_storage().data_ptr(), value.storage_offset())
+        if key not in seen:
+            seen.add(key)
+            out[name] = value.contiguous()
+    return out
+
+
 def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state_class: type[State], strict: bool = False) -> State:
     """Load ``folder``'s weights into ``model`` (tied weights re-tied: a trainer may leave them out,

@@ -13,6 +13,8 @@
     specdec train outputs --target code-target --out runs/code-target-outputs.jsonl --dtype bf16 --num-prompts 12000
     specdec train lm --preset code-drafter-s5 --out runs/code-drafter-s5 --tokenizer runs/tokenizer  # stage 5
     specdec train export runs/code-target-s3/final models/code-target --dtype bf16
+    specdec train drafter --target MODEL --data runs/outputs.jsonl --out runs/my-drafter --layers 2  # any target,
+        # on `specdec data outputs --target MODEL --prompts FILE --out runs/outputs.jsonl` (see drafter.py)
     specdec train export runs/code-drafter-s5/final models/code-drafter --dtype bf16
     specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
     specdec train head --outputs runs/code-target-outputs.jsonl --valid-outputs runs/valid-outputs.jsonl \
@@ -123,8 +125,24 @@ def _cmd_outputs(args: argparse.Namespace) -> int:
 
     n = generate_outputs(args.target, args.out, num_prompts=args.num_prompts, split=args.split,
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                         sampled_every=args.sampled_every, dtype=args.dtype, device=args.device, seed=args.seed)
+                         sampled_every=args.sampled_every, dtype=args.dtype, device=args.device, seed=args.seed,
+                         progress=True)
     print(f"{args.out}: {n} of {args.num_prompts} prompts continued")
+    return 0
+
+
+def _cmd_drafter(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.train.drafter import DrafterTrainConfig, train_drafter
+
+    torch.set_num_threads(args.threads)
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(DrafterTrainConfig)
+                 if getattr(args, f.name, None) is not None}
+    final = train_drafter(DrafterTrainConfig(**overrides), args.out, device=args.device, stop_at_step=args.stop_at_step,
+                          stop_after_s=args.stop_after, measure=not args.no_measure,
+                          measure_prompts=args.measure_prompts, measure_tokens=args.measure_tokens)
+    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
     return 0
 
 
@@ -280,6 +298,27 @@ def register(subparsers) -> None:
     gen.add_argument("--device", default=None)
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_cmd_outputs)
+
+    from specdec.train.drafter import DrafterTrainConfig
+
+    dr = sub.add_parser("drafter", help="a small drafter for any target, distilled on its `specdec data outputs` (resumable)",
+                        description="Build a drafter from the target's own config class (--layers, --hidden, or "
+                        "--init first-layers) and distil it on the target's outputs (KL to the target at every "
+                        "position). OUT/checkpoint resumes (Ctrl-C writes one); OUT/final is a plain transformers "
+                        "folder with a model card and, unless --no-measure, the drafter's greedy alpha, tau and "
+                        "speedup on the held-out prompts.")
+    dr.add_argument("--out", required=True, help="run folder: checkpoint/ (resume) and final/")
+    dr.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    dr.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    dr.add_argument("--stop-at-step", type=int, default=None, metavar="STEP",
+                    help="checkpoint and stop at this step (resume later)")
+    dr.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="checkpoint and stop after this long (resume later)")
+    dr.add_argument("--no-measure", action="store_true", help="skip the held-out speed measurement at the end")
+    dr.add_argument("--measure-prompts", type=int, default=20, help="held-out prompts measured (default: %(default)s)")
+    dr.add_argument("--measure-tokens", type=int, default=64, help="new tokens per measured prompt (default: %(default)s)")
+    _add_config_flags(dr, DrafterTrainConfig, suffix=" (default: {default})")
+    dr.set_defaults(func=_cmd_drafter)
 
     exp = sub.add_parser("export", help="save a trained model for shipping (bf16 safetensors shards)")
     exp.add_argument("src")

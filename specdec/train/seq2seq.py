@@ -41,7 +41,7 @@ from transformers import (
 )
 
 from specdec.data.gettext import load_pairs
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint
+from specdec.train.checkpoint import load_checkpoint, save_checkpoint, untied_state
 
 
 @dataclass(frozen=True)
@@ -247,9 +247,7 @@ def adamw(model, lr: float, weight_decay: float) -> torch.optim.AdamW:
 def save_run_checkpoint(out: Path, model, optimizer, state: TrainState, config: object) -> None:
     """``out/checkpoint`` of an encoder-decoder run (``config``: the run's dataclass)."""
     def write_model(folder: Path) -> None:  # the tied copies of the shared embedding are left out
-        weights = {k: v.contiguous() for k, v in model.state_dict().items() if k in (
-            "model.shared.weight", "final_logits_bias") or ("embed_tokens" not in k and k != "lm_head.weight")}
-        save_file(weights, str(folder / "model.safetensors"))
+        save_file(untied_state(model), str(folder / "model.safetensors"))
 
     save_checkpoint(out / "checkpoint", write_model, optimizer, state, asdict(config))
 
@@ -266,15 +264,18 @@ def resume(out: Path, model, optimizer, log: Callable[[str], None]) -> TrainStat
 def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[[int], float],
               loss_at: Callable[[int], tuple[torch.Tensor, int]], evaluate: Callable[[], dict],
               stop_after_s: float | None = None, stop_at_step: int | None = None,
-              log: Callable[[str], None] = print) -> bool:
+              log: Callable[[str], None] = print, stop: Callable[[], bool] | None = None,
+              on_step: Callable[[int, float, float], None] | None = None, unit: str = "pairs") -> bool:
     """The optimizer loop of the encoder-decoder trainers, from ``state.step`` to ``cfg.max_steps``.
 
     Each step sets the learning rate ``lr(step)``, takes ``loss_at(step)`` -> (loss, pairs in the
     batch), clips the gradient to ``cfg.grad_clip`` and steps. Every 20 steps a record of the mean
     train_loss, lr and pairs_per_s; every ``cfg.eval_every`` steps ``evaluate()``'s figures; both go
     to ``state.history`` and the log. A checkpoint (``save_run_checkpoint``) every ``cfg.save_every``
-    steps and at the end. Returns False when stopped early by ``stop_after_s`` or ``stop_at_step``
-    (a checkpoint written: the run resumes from it), True once ``cfg.max_steps`` is reached."""
+    steps and at the end. Returns False when stopped early by ``stop_after_s``, ``stop_at_step`` or
+    ``stop()`` turning true (a checkpoint written: the run resumes from it), True once ``cfg.max_steps``
+    is reached. ``on_step(step, mean loss, units per second)`` hears of each step (a progress bar), both
+    over the steps since the last record; ``loss_at``'s count is of ``unit`` (records say ``<unit>_per_s``)."""
     started = time.perf_counter()
     seconds_before = state.seconds
     window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
@@ -293,11 +294,13 @@ def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[
         window["loss"] += loss.item()
         window["n"] += 1
         window["pairs"] += pairs
+        if on_step is not None:
+            on_step(state.step, window["loss"] / window["n"], window["pairs"] / (time.perf_counter() - window["t"]))
         record = None
         if state.step % 20 == 0 or state.step == cfg.max_steps:
             record = {"step": state.step, "train_loss": round(window["loss"] / window["n"], 4),
                       "lr": round(lr(step), 6),
-                      "pairs_per_s": round(window["pairs"] / (time.perf_counter() - window["t"]), 1)}
+                      f"{unit}_per_s": round(window["pairs"] / (time.perf_counter() - window["t"]), 1)}
             window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
         if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
             record = record or {"step": state.step}
@@ -310,7 +313,7 @@ def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[
         if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
             save_run_checkpoint(out, model, optimizer, state, cfg)
         out_of_time = stop_after_s is not None and time.perf_counter() - started > stop_after_s
-        if (out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
+        if (out_of_time or state.step == stop_at_step or (stop is not None and stop())) and state.step < cfg.max_steps:
             save_run_checkpoint(out, model, optimizer, state, cfg)
             log(f"stopped at step {state.step}; run again to resume")
             return False
