@@ -58,6 +58,9 @@ SHORTENED: dict[str, list[str]] = {
     "OMP_NUM_THREADS=1 specdec bench --serve --no-progress --output bench-out/serve":
         [*CODE_SHORT, "--clients", "1", "--speculate", "off", "on"],
     "python -m specdec.bench.matmul --threads 2": ["--lengths", "1", "--repeats", "3"],
+    "specdec train drafter --target path/to/your-model --data runs/my-outputs.jsonl --out runs/my-drafter "
+    "--layers 2 --hidden 256": ["--layers", "1", "--hidden", "32", "--steps", "2", "--batch-size", "2",
+                                "--measure-prompts", "1", "--measure-tokens", "4"],
     "OMP_NUM_THREADS=1 specdec bench --task translate --data data/gettext-de --num-prompts 120 --seed 19 "
     "--max-new-tokens 64 --repeats 3": BENCH_SHORT,
 }
