@@ -57,6 +57,7 @@ class Settings:
     stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these
     chat_template: bool = False  # wrap the prompt in the tokenizer's chat template
     show_acceptance: bool = False  # colour tokens by kind
+    from_model: frozenset[str] = frozenset()  # sampling fields left to the target's generation config
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -135,9 +136,10 @@ class Session:
                  on_round: Callable[[RoundEvent], None] | None = None,
                  on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
+        sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,
-            **dataclasses.asdict(settings.sampling),
+            **sampling,
             stop_strings=list(settings.stop_strings) or None,
             tokenizer=self.tokenizer(settings.mode),
             on_round=on_round,
@@ -259,6 +261,8 @@ def summary_line(result: GenerationResult, mode: str) -> str:
     else:
         parts += [f"{mode} alone: nothing drafted, τ {s.mean_accepted_length:.2f}"]
     parts.append(f"stop: {result.stop_reason}")
+    if result.settings is not None:
+        parts.append(result.settings.line())
     if not s.lossless:
         parts.append("relaxed verification: may differ from the target's own output")
     return " | ".join(parts)
@@ -362,7 +366,8 @@ class Chat:
         validates them); say what changed."""
         replacing = changes
         if part is not None:
-            replacing = {part: dataclasses.replace(getattr(self.settings, part), **changes)}
+            replacing = {part: dataclasses.replace(getattr(self.settings, part), **changes),
+                         "from_model": self.settings.from_model - set(changes)}
         self.settings = dataclasses.replace(self.settings, **replacing)
         self.say(", ".join(f"{k} = {v}" for k, v in changes.items()))
 
