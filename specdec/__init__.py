@@ -29,6 +29,7 @@ from specdec.drafters import (
 )
 from specdec.events import Listener
 from specdec.loading import default_model_path, load_model, load_tokenizer
+from specdec.processors import GenerationSettings
 from specdec.schedules import SCHEDULES, Schedule, register_schedule
 from specdec.stats import BatchStats, GenerationResult, GenerationStats, RoundEvent, RoundRecord
 from specdec.target import Target, make_target, register_target
@@ -42,6 +43,7 @@ __all__ = [
     "Drafter",
     "DrafterConfig",
     "GenerationResult",
+    "GenerationSettings",
     "GenerationStats",
     "Listener",
     "LookupDrafter",

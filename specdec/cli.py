@@ -240,7 +240,7 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
         "target": models.target,
         "drafter": models.drafter,
         **dataclasses.asdict(settings.spec),
-        **dataclasses.asdict(settings.sampling),
+        **dataclasses.asdict(settings.sampling if result.settings is None else result.settings.sampling),
         "verify": settings.verify.rule,
         "beta": settings.verify.beta,
         "tau": settings.verify.tau,

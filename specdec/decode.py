@@ -15,7 +15,10 @@ Contracts:
 - Greedy output of every row equals the target's own greedy decoding of that prompt alone (up to
   near ties of the target's two best logits, which batched or multi-token forwards may flip);
   sampled output is distributed exactly as sampling from the target, per row (temperature / top-k /
-  top-p applied identically to p and q). Each rule declares whether it is lossless; results say so.
+  top-p applied identically to p and q). The target's generation config and a caller's logits
+  processors apply to its logits at every verified position with that position's own prefix, as
+  ``generate`` applies them (``specdec.processors``); rows without processors cost nothing more. Each
+  rule declares whether it is lossless; results say so.
 - Caches: after every round, per row, the target caches every committed token but the newest, which
   is the next round's first input; the drafter keeps the analogous invariant with its pending
   tokens. Only uncached tokens are ever fed to a model: no O(n^2) re-forwarding.

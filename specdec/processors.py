@@ -112,11 +112,16 @@ class GenerationSettings:
                 "generation_config": "ignored" if not self.generation_config else "applied"}
 
     def line(self) -> str:
-        """One line for the printed summary."""
-        s = self.sampling
-        mode = "greedy" if s.greedy else f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}"
-        origin = sorted({v for k, v in self.sources.items() if k in SAMPLING_FIELDS and v != SPECDEC_DEFAULT})
-        parts = [mode + (f" (from {', '.join(origin)})" if origin else "")]
+        """One line for the printed summary: each setting, with its source unless specdec's default."""
+        s, sources = self.sampling, self.sources
+
+        def tag(name: str) -> str:
+            source = sources.get(name, SPECDEC_DEFAULT)
+            return "" if source == SPECDEC_DEFAULT else f" ({source})"
+
+        parts = ["greedy" + tag("temperature") if s.greedy else
+                 f"temperature {s.temperature:g}{tag('temperature')}, top-k {s.top_k}{tag('top_k')}, "
+                 f"top-p {s.top_p:g}{tag('top_p')}"]
         if not self.generation_config:
             parts.append("generation config ignored")
         if self.processors:
@@ -188,7 +193,7 @@ def _refuse(processor: LogitsProcessor, whose: str) -> None:
 
 
 def _sampling(model: PreTrainedModel, prepared: GenerationConfig | None, given: dict[str, object],
-              seed: int | None) -> tuple[SamplingConfig, dict[str, str]]:
+              seed: int | None, ignore: bool) -> tuple[SamplingConfig, dict[str, str]]:
     """The sampling in force: the caller's values, else the generation config's when it samples
     (``do_sample``), else SamplingConfig's. Returns it with each setting's source."""
     own = getattr(model, "generation_config", None)
@@ -206,7 +211,7 @@ def _sampling(model: PreTrainedModel, prepared: GenerationConfig | None, given: 
         else:
             values[name], sources[name] = getattr(SamplingConfig, name), SPECDEC_DEFAULT
     sources["do_sample"] = USER if given["temperature"] is not None else GENERATION_CONFIG if samples else SPECDEC_DEFAULT
-    return SamplingConfig(**values, seed=seed), sources
+    return SamplingConfig(**values, seed=seed, ignore_generation_config=ignore), sources
 
 
 def resolve(model: PreTrainedModel, *, temperature: float | None = None, top_k: int | None = None,
@@ -226,13 +231,13 @@ def resolve(model: PreTrainedModel, *, temperature: float | None = None, top_k: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prepared, _ = model._prepare_generation_config(None)
-            model._prepare_special_tokens(prepared, False, device=device)
-    sampling, sources = _sampling(model, prepared, given, seed)
+            model._prepare_special_tokens(prepared, None, device=device)
+    sampling, sources = _sampling(model, prepared, given, seed, ignore_generation_config)
     if prepared is None:
         if not user:
             return Processing(GenerationSettings(sampling, sources, (), not ignore_generation_config))
         prepared = GenerationConfig()
-        model._prepare_special_tokens(prepared, False, device=device)
+        model._prepare_special_tokens(prepared, None, device=device)
     # Inspect what generate would build (with its own sampling choice), then build rows without the
     # warpers: the Sampler applies temperature, top-k and top-p from the resolved SamplingConfig.
     prepared = copy.copy(prepared)

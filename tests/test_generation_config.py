@@ -281,3 +281,46 @@ def test_no_processor_means_no_extra_work(pairs, monkeypatch):
     monkeypatch.setattr(specdec.decode, "apply", fail)
     out = specdec.speculative_generate(target, drafter, PROMPTS, max_new_tokens=8, gamma=3)
     assert out[0].settings.processors == () and out[0].settings.generation_config
+
+
+def test_cli_reports_the_settings_and_ignores_the_config_when_asked(tmp_path):
+    """``specdec generate``: a target whose generation_config.json sets a repetition penalty and sampling
+    decodes with them (the API's tokens), says so in --json and the summary; --ignore-generation-config
+    decodes raw; a flag the user gives wins over the config."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tiny_models import save_tiny_pair
+
+    torch.set_num_threads(1)
+    pair = save_tiny_pair(tmp_path)
+    config_file = pair.target / "generation_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "repetition_penalty": 1.5, "do_sample": True, "top_k": 20}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
+    repo = Path(__file__).resolve().parent.parent
+
+    def run(*flags: str) -> tuple[dict, str]:
+        proc = subprocess.run([sys.executable, "-m", "specdec", "generate", "def add(a, b):", "--target",
+                               str(pair.target), "--drafter", str(pair.drafter), "--max-new-tokens", "16",
+                               "--seed", "3", *flags], capture_output=True, text=True, env=env, cwd=repo,
+                              timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return (json.loads(proc.stdout) if "--json" in flags else {}), proc.stderr
+
+    target, drafter = specdec.load_model(pair.target), specdec.load_model(pair.drafter)
+    ids = specdec.load_tokenizer(pair.target)("def add(a, b):").input_ids
+    out, _ = run("--json")
+    api = specdec.speculative_generate(target, drafter, ids, max_new_tokens=16, seed=3)
+    assert out["tokens"] == api.tokens
+    assert (out["temperature"], out["top_k"], out["top_p"]) == (1.0, 20, 1.0)
+    assert out["generation"]["sources"] == {"temperature": TRANSFORMERS_DEFAULT, "top_k": GENERATION_CONFIG,
+                                            "top_p": TRANSFORMERS_DEFAULT, "do_sample": GENERATION_CONFIG}
+    assert out["generation"]["processors"] == ["RepetitionPenaltyLogitsProcessor (repetition_penalty)"]
+    _, stderr = run("--temperature", "0")
+    assert "greedy (user); processors: RepetitionPenaltyLogitsProcessor (repetition_penalty)" in stderr
+    _, stderr = run("--ignore-generation-config")
+    assert "| greedy; generation config ignored" in stderr
