@@ -137,7 +137,6 @@ class Processing:
     model: PreTrainedModel | None = None  # None: no processor in force
     config: GenerationConfig | None = None  # prepared (special tokens as tensors, do_sample off: no warpers)
     user: LogitsProcessorList = field(default_factory=LogitsProcessorList)
-    encoder_decoder: bool = False
 
     @property
     def active(self) -> bool:
@@ -216,8 +215,7 @@ def _sampling(model: PreTrainedModel, prepared: GenerationConfig | None, given: 
 
 def resolve(model: PreTrainedModel, *, temperature: float | None = None, top_k: int | None = None,
             top_p: float | None = None, seed: int | None = None, logits_processor: LogitsProcessorList | None = None,
-            ignore_generation_config: bool = False, encoder_decoder: bool = False,
-            device: torch.device | str = "cpu") -> Processing:
+            ignore_generation_config: bool = False, device: torch.device | str = "cpu") -> Processing:
     """The sampling and processors of a call to ``model`` (see the module docstring); refuses, by name, a
     processor that cannot be applied at each verified position."""
     given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
@@ -230,7 +228,11 @@ def resolve(model: PreTrainedModel, *, temperature: float | None = None, top_k: 
     if not ignore_generation_config and getattr(model, "generation_config", None) is not None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prepared, _ = model._prepare_generation_config(None)
+            try:
+                prepared, _ = model._prepare_generation_config(None)
+            except ValueError as err:  # generate refuses it too (generation settings in model.config)
+                raise ValueError(f"the target's generation settings cannot be read: {err} (or pass "
+                                 "ignore_generation_config=True, --ignore-generation-config, to decode raw)") from err
             model._prepare_special_tokens(prepared, None, device=device)
     sampling, sources = _sampling(model, prepared, given, seed, ignore_generation_config)
     if prepared is None:
@@ -238,19 +240,22 @@ def resolve(model: PreTrainedModel, *, temperature: float | None = None, top_k: 
             return Processing(GenerationSettings(sampling, sources, (), not ignore_generation_config))
         prepared = GenerationConfig()
         model._prepare_special_tokens(prepared, None, device=device)
-    # Inspect what generate would build (with its own sampling choice), then build rows without the
-    # warpers: the Sampler applies temperature, top-k and top-p from the resolved SamplingConfig.
+    # Inspect what generate would build; rows are built without its warpers, since the Sampler applies
+    # temperature, top-k and top-p (to p and q) from the resolved SamplingConfig.
     prepared = copy.copy(prepared)
-    prepared.do_sample = bool(prepared.do_sample) and not sampling.greedy
-    for processor in _build(model, prepared, 1, 1, [0], LogitsProcessorList(), device):
-        if not (prepared.do_sample and isinstance(processor, SAMPLER_WARPERS)):
-            _refuse(processor, "generation_config")
+    if prepared.do_sample and not sampling.greedy:
+        for processor in _build(model, prepared, 1, 1, [0], LogitsProcessorList(), device):
+            if not isinstance(processor, SAMPLER_WARPERS):
+                _refuse(processor, "generation_config")
     prepared.do_sample = False
     built = _build(model, prepared, 1, 1, [0], user, device)
+    for processor in built:
+        if not any(processor is mine for mine in user):
+            _refuse(processor, "generation_config")
     settings = GenerationSettings(sampling, sources, tuple(_label(p) for p in built), not ignore_generation_config)
     if not built:
         return Processing(settings)
-    return Processing(settings, model, prepared, user, encoder_decoder)
+    return Processing(settings, model, prepared, user)
 
 
 def apply(logits: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,

