@@ -59,7 +59,7 @@ from specdec.events import (
     PhaseClock,
     RoundSummary,
 )
-from specdec.processors import GenerationSettings, Processing, apply, resolve
+from specdec.processors import DraftSampler, GenerationSettings, Processing, apply, resolve
 from specdec.sampling import Sampler, make_generator
 from specdec.schedules import Schedule, make_schedule
 from specdec.stats import (
@@ -286,17 +286,18 @@ class Decoder:
         """One round for every row: propose -> verify -> accept -> commit."""
         self.clock.new_round()
         caps = self._caps()  # [B]
+        rows = [(r.request.ids + r.tokens, r.request.processors) for r in self.rows] if self.processing else []
         with self.events.phase(PROPOSE):
             plan = self.schedule.plan(len(self.rows), self.device)
             limit = torch.minimum(plan.limit, caps)  # [B]
-            proposal = self._admitted(self.drafter.propose(limit, self.sampler, plan.stop), limit, caps)
+            sampler = DraftSampler.wrap(self.sampler, rows) if self.processing else self.sampler
+            proposal = self._admitted(self.drafter.propose(limit, sampler, plan.stop), limit, caps)
         with self.events.phase(VERIFY):
             candidates = torch.cat([self.last[:, None], proposal.tokens], dim=1)  # [B, k+1]
             scores = self.target.verify(candidates, proposal.lengths + 1)  # logits [B, k+1, V]
             logits = scores.logits
             if self.processing:  # each position with its own prefix: committed tokens + the drafts before it
-                logits = apply(logits, candidates, proposal.lengths + 1,
-                               [(r.request.ids + r.tokens, r.request.processors) for r in self.rows])
+                logits = apply(logits, candidates, proposal.lengths + 1, rows)
         with self.events.phase(ACCEPT):
             verdict = self.verifier(proposal, logits, self.sampler)  # accepted [B], next_token [B]
         with self.events.phase(COMMIT):

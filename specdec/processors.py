@@ -18,8 +18,9 @@ are the very ``LogitsProcessor`` objects ``generate`` would build, in its order,
   ``max_new_tokens``) or its source (``encoder_repetition_penalty``). ``apply`` runs a row's list at every
   verified position with that position's own prefix (committed tokens + the drafts before it), on
   float32 logits as ``generate`` does, so greedy verification takes the argmax of the processed scores
-  and speculative sampling's p is the processed distribution. The drafter's q is left unprocessed:
-  every rule is exact whatever q is (only acceptance may drop).
+  and speculative sampling's p is the processed distribution. The drafter's logits get the same
+  processors (``DraftSampler``: its q is what it draws from, so every rule stays exact; a drafter that
+  drafts what the processed target would keep is accepted more often).
 - Temperature, top-k and top-p stay with the ``Sampler`` (applied last, to p and q alike, as
   ``generate`` applies its warpers after the processors). A processor that cannot be applied that way,
   per position from its prefix alone, is refused by name before decoding (``REFUSED``): guidance (it
@@ -44,6 +45,7 @@ from transformers.generation import logits_process as lp
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 
 from specdec.config import SamplingConfig
+from specdec.sampling import Sampler
 
 USER, GENERATION_CONFIG, TRANSFORMERS_DEFAULT, SPECDEC_DEFAULT = (
     "user", "generation_config", "transformers default", "specdec default")  # where a setting came from
@@ -276,3 +278,34 @@ def apply(logits: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,
         for j in range(n):
             out[b, j] = processors(prefix[:, :start + j], out[b, j:j + 1])[0]
     return out
+
+
+Rows = list[tuple[list[int], LogitsProcessorList | None]]  # per row: (committed tokens, its processors or None)
+
+
+@dataclass
+class DraftSampler(Sampler):
+    """The round's ``Sampler`` as the drafter sees it when processors are in force: each call of ``draft``
+    drafts the next position of every row, after applying the row's processors to its logits [B, V] with
+    the prefix committed + the tokens drafted before it this round (drafters call ``draft`` once per
+    position, in order). q is the processed distribution the token was drawn from."""
+
+    rows: Rows = field(default_factory=list)
+    drafted: list[torch.Tensor] = field(default_factory=list)  # [B] per position drafted so far
+
+    @classmethod
+    def wrap(cls, sampler: Sampler, rows: Rows) -> DraftSampler:
+        return cls(sampler.configs, sampler.generators, rows)
+
+    def draft(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = logits.to(torch.float32, copy=True)  # [B, V]
+        before = torch.stack(self.drafted, dim=1) if self.drafted else None  # [B, i]
+        for b, (committed, processors) in enumerate(self.rows):
+            if processors:
+                prefix = torch.tensor(committed, dtype=torch.long, device=logits.device)[None]  # [1, C]
+                if before is not None:
+                    prefix = torch.cat([prefix, before[b:b + 1]], dim=1)  # [1, C + i]
+                out[b] = processors(prefix, out[b:b + 1])[0]
+        token, q = super().draft(out, rows)
+        self.drafted.append(token)
+        return token, q

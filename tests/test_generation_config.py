@@ -6,6 +6,7 @@
    forced_bos_token_id and begin_suppress_tokens) gives speculative output equal to the model's own
    ``generate`` with that config, one prompt alone and in a ragged batch, with prompt lookup and a
    model drafter, at several gamma; the setting changes the output (else the test would prove nothing).
+   The drafter drafts from its logits with the same processors (an identical drafter is always accepted).
 2. ``ignore_generation_config`` gives plain argmax decoding; a user's ``logits_processor`` list equals
    ``generate(logits_processor=...)``, a processor of the user's own class included.
 3. Sampling with a repetition penalty (and no_repeat_ngram_size) is distributed exactly as the
@@ -141,6 +142,22 @@ def test_encoder_decoder_processors_equal_generate(pairs, setting):
     if setting == "stock forced_eos_token_id":  # as a stock BART ships it: the last token is forced to eos
         fields = {**fields, "eos_token_id": None}
     check(target, drafter, fields, gammas=(1, 4))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_drafter_drafts_with_the_processors_too(pairs, temperature):
+    """A drafter identical to the target drafts from the same processed logits: every draft is accepted
+    (greedy), and sampling accepts almost all (p = q up to the multi-token forward's rounding); without
+    the processors on the drafter's side the penalty would reject drafts."""
+    target, _ = pairs["llama"]
+    model = with_config(target, {"repetition_penalty": 1.6, "no_repeat_ngram_size": 3})
+    twin = copy.deepcopy(target)
+    out = specdec.speculative_generate(model, twin, PROMPTS, max_new_tokens=NEW, gamma=4, temperature=temperature,
+                                       seed=0)
+    drafted, accepted = sum(r.stats.drafted for r in out), sum(r.stats.accepted for r in out)
+    assert drafted > 0 and (accepted == drafted if temperature == 0 else accepted >= 0.95 * drafted)
+    if temperature == 0:
+        assert [r.tokens for r in out] == [plain_generate(model, p) for p in PROMPTS]
 
 
 def test_ignore_generation_config_gives_plain_argmax(pairs):
