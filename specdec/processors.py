@@ -96,6 +96,10 @@ FIELDS: dict[str, str] = {
     "EtaLogitsWarper": "eta_cutoff", "TopHLogitsWarper": "top_h",
 }
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+# Processors that read no more than the set of prefix tokens, and drop ids >= V: a row's positions are
+# processed in one call, each prefix right-padded with V (see ``apply``).
+SET_ONLY: tuple[type, ...] = (lp.RepetitionPenaltyLogitsProcessor, lp.SuppressTokensLogitsProcessor,
+                              lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization)
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class GenerationSettings:
     """What decided a call's tokens besides the logits, and where each setting came from."""
 
     sampling: SamplingConfig  # the sampling in force (temperature 0 = greedy)
-    sources: dict[str, str]  # temperature / top_k / top_p -> user, generation_config, transformers default, specdec default
+    sources: dict[str, str]  # temperature / top_k / top_p / do_sample -> user, generation_config, transformers default, specdec default
     processors: tuple[str, ...] = ()  # "ClassName (field)" of each processor applied per position, in order
     generation_config: bool = True  # False: ignore_generation_config (decoded raw)
 
@@ -139,11 +143,6 @@ class Processing:
     model: PreTrainedModel | None = None  # None: no processor in force
     config: GenerationConfig | None = None  # prepared (special tokens as tensors, do_sample off: no warpers)
     user: LogitsProcessorList = field(default_factory=LogitsProcessorList)
-
-    @property
-    def active(self) -> bool:
-        """Whether any processor is in force."""
-        return self.model is not None
 
     def for_row(self, ids: list[int], max_new_tokens: int, source: list[int] | None = None,
                 device: torch.device | str = "cpu") -> LogitsProcessorList | None:
@@ -275,9 +274,20 @@ def apply(logits: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,
         prefix = torch.tensor(committed, dtype=torch.long, device=tokens.device)
         prefix = torch.cat([prefix, tokens[b, 1:n]])[None]  # [1, C + n - 1]
         start = len(committed)
+        if _set_only(processors):  # all positions at once: position j's prefix, then ids V (ignored)
+            ends = start + torch.arange(n, device=tokens.device)  # [n]
+            columns = torch.arange(prefix.shape[1], device=tokens.device)  # [C + n - 1]
+            padded = prefix.expand(n, -1).masked_fill(columns[None, :] >= ends[:, None], out.shape[-1])
+            out[b, :n] = processors(padded, out[b, :n])  # [n, V]
+            continue
         for j in range(n):
             out[b, j] = processors(prefix[:, :start + j], out[b, j:j + 1])[0]
     return out
+
+
+def _set_only(processors: LogitsProcessorList) -> bool:
+    """Whether every processor reads only the set of prefix tokens and ignores ids >= V (see SET_ONLY)."""
+    return all(type(p) in SET_ONLY and getattr(p, "prompt_ignore_length", None) is None for p in processors)
 
 
 Rows = list[tuple[list[int], LogitsProcessorList | None]]  # per row: (committed tokens, its processors or None)
