@@ -37,6 +37,7 @@ if typing.TYPE_CHECKING:
     )
     from specdec.events import Listener
     from specdec.loading import default_model_path, load_model, load_tokenizer
+    from specdec.processors import GenerationSettings
     from specdec.schedules import SCHEDULES, Schedule, register_schedule
     from specdec.stats import BatchStats, GenerationResult, GenerationStats, RoundEvent, RoundRecord
     from specdec.target import Target, make_target, register_target
@@ -74,6 +75,7 @@ _EXPORTS: dict[str, str] = {
     "default_model_path": "specdec.loading",
     "load_model": "specdec.loading",
     "load_tokenizer": "specdec.loading",
+    "GenerationSettings": "specdec.processors",
     "SCHEDULES": "specdec.schedules",
     "Schedule": "specdec.schedules",
     "register_schedule": "specdec.schedules",
@@ -98,6 +100,7 @@ __all__ = [
     "Drafter",
     "DrafterConfig",
     "GenerationResult",
+    "GenerationSettings",
     "GenerationStats",
     "Listener",
     "LookupDrafter",

@@ -48,6 +48,7 @@ ALIASES: Mapping[str, Sequence[str]] = {
     "schedule": ("--num-assistant-tokens-schedule", "--num_assistant_tokens_schedule"),
     "gamma": ("--num-assistant-tokens", "--num_assistant_tokens"),
 }
+FROM_MODEL = ("temperature", "top_k", "top_p")  # sampling flags that default to the target's generation config
 MODES = ("speculative", "target", "drafter")  # what decodes: draft + verify, the target or the drafter alone
 # Help appended to a field's comment: the names a flag accepts, from the constants that define them.
 NAMES_HELP: Mapping[str, str] = {
@@ -76,6 +77,7 @@ class Settings:
     stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these
     chat_template: bool = False  # wrap the prompt in the tokenizer's chat template
     show_acceptance: bool = False  # colour tokens by kind
+    from_model: frozenset[str] = frozenset()  # sampling fields left to the target's generation config
 
 
 def field_comments(cls: type) -> dict[str, str]:
@@ -102,9 +104,10 @@ def _scalar_type(hint: object) -> type:
 
 def add_config_arguments(
     parser: argparse.ArgumentParser, cls: type, aliases: Mapping[str, Sequence[str]] = ALIASES,
-    notes: Mapping[str, str] = NAMES_HELP,
+    notes: Mapping[str, str] = NAMES_HELP, from_model: Sequence[str] = (),
 ) -> None:
-    """One flag per field of the dataclass ``cls``, with its default, type and comment (and its ``notes``)."""
+    """One flag per field of the dataclass ``cls``, with its default, type and comment (and its ``notes``); a
+    bool field is a switch; the fields ``from_model`` default to None (the target's generation config decides)."""
     comments = field_comments(cls)
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip())
@@ -123,9 +126,14 @@ def add_config_arguments(
             )
             continue
         kind = _scalar_type(hints[f.name])
+        if kind is bool:
+            group.add_argument(*flags, dest=f.name, action="store_true", help=help_text)
+            continue
+        default = None if f.name in from_model else f.default
+        shown = f"the target's generation config, else {f.default}" if f.name in from_model else "%(default)s"
         group.add_argument(
-            *flags, dest=f.name, type=kind, default=f.default, metavar=kind.__name__.upper(),
-            help=f"{help_text} (default: %(default)s)",
+            *flags, dest=f.name, type=kind, default=default, metavar=kind.__name__.upper(),
+            help=f"{help_text} (default: {shown})",
         )
 
 
@@ -138,7 +146,7 @@ def config_from(args: argparse.Namespace, cls: type[T]) -> T:
 def add_decoding_arguments(parser: argparse.ArgumentParser, modes: Sequence[str] = MODES) -> None:
     """The flags ``generate`` and ``chat`` share: models, sampling, the round loop, stops, display."""
     for cls in (ModelConfig, SpecConfig, SamplingConfig, VerifyConfig, ScheduleConfig):
-        add_config_arguments(parser, cls)
+        add_config_arguments(parser, cls, from_model=FROM_MODEL if cls is SamplingConfig else ())
     parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
     parser.add_argument("--mode", choices=modes, default=modes[0],
                         help="decode with draft + verify (speculative), the target alone or the drafter "
@@ -159,8 +167,12 @@ def settings_from(args: argparse.Namespace) -> tuple[ModelConfig, Settings]:
         args.device = f"cuda:{args.gpu}"
     models = config_from(args, ModelConfig)
     models.drafter_config  # noqa: B018  (parse the drafter's name now: a bad one is refused before any loading)
+    from_model = frozenset(name for name in FROM_MODEL if getattr(args, name) is None)
+    for name in from_model:
+        setattr(args, name, getattr(SamplingConfig, name))
     settings = Settings(
         sampling=config_from(args, SamplingConfig),
+        from_model=from_model,
         spec=config_from(args, SpecConfig),
         verify=config_from(args, VerifyConfig),
         schedule=config_from(args, ScheduleConfig),

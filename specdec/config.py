@@ -20,6 +20,7 @@ class SamplingConfig:
     top_k: int = 0  # keep only the k most probable tokens; 0 = off
     top_p: float = 1.0  # nucleus sampling: keep the smallest set with mass >= top_p; 1.0 = off
     seed: int | None = None  # seed of the torch.Generator used for sampling; None = from torch's global RNG
+    ignore_generation_config: bool = False  # decode raw: not the target's generation config's sampling defaults and logits processors (repetition penalty, forced tokens, ...)
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
@@ -32,6 +33,8 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.ignore_generation_config is not True and self.ignore_generation_config is not False:
+            raise ValueError(f"ignore_generation_config must be True or False, got {self.ignore_generation_config!r}")
 
     @property
     def greedy(self) -> bool:

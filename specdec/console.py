@@ -136,9 +136,10 @@ class Session:
                  on_round: Callable[[RoundEvent], None] | None = None,
                  on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
+        sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,
-            **dataclasses.asdict(settings.sampling),
+            **sampling,
             stop_strings=list(settings.stop_strings) or None,
             tokenizer=self.tokenizer(settings.mode),
             on_round=on_round,
@@ -276,6 +277,8 @@ def summary_line(result: GenerationResult, mode: str, *, auto: bool = True) -> s
     parts.append(f"stop: {result.stop_reason}")
     if auto and result.batch is not None and result.batch.auto:
         parts.append(auto_text(result.batch.auto))
+    if result.settings is not None:
+        parts.append(result.settings.line())
     if not s.lossless:
         parts.append("relaxed verification: may differ from the target's own output")
     parts.append(current_threads().describe())
@@ -380,7 +383,8 @@ class Chat:
         validates them); say what changed."""
         replacing = changes
         if part is not None:
-            replacing = {part: dataclasses.replace(getattr(self.settings, part), **changes)}
+            replacing = {part: dataclasses.replace(getattr(self.settings, part), **changes),
+                         "from_model": self.settings.from_model - set(changes)}
         self.settings = dataclasses.replace(self.settings, **replacing)
         self.say(", ".join(f"{k} = {v}" for k, v in changes.items()))
 

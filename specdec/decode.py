@@ -15,7 +15,10 @@ Contracts:
 - Greedy output of every row equals the target's own greedy decoding of that prompt alone (up to
   near ties of the target's two best logits, which batched or multi-token forwards may flip);
   sampled output is distributed exactly as sampling from the target, per row (temperature / top-k /
-  top-p applied identically to p and q). Each rule declares whether it is lossless; results say so.
+  top-p applied identically to p and q). The target's generation config and a caller's logits
+  processors apply to its logits at every verified position with that position's own prefix, as
+  ``generate`` applies them (``specdec.processors``); rows without processors cost nothing more. Each
+  rule declares whether it is lossless; results say so.
 - Caches: after every round, per row, the target caches every committed token but the newest, which
   is the next round's first input; the drafter keeps the analogous invariant with its pending
   tokens. Only uncached tokens are ever fed to a model: no O(n^2) re-forwarding.
@@ -34,10 +37,10 @@ import operator
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.acceptance import Verdict, Verifier, rule_for
 from specdec.batch import PromptBatch
@@ -56,6 +59,7 @@ from specdec.events import (
     PhaseClock,
     RoundSummary,
 )
+from specdec.processors import DraftSampler, GenerationSettings, Processing, apply, resolve
 from specdec.sampling import Sampler, make_generator
 from specdec.schedules import Crossover, Schedule, make_schedule
 from specdec.stats import (
@@ -89,6 +93,7 @@ class Request:
     stop_strings: tuple[str, ...] = ()  # stop once the decoded new text contains one of these
     source: list[int] | None = None  # the encoder's input (encoder-decoder targets only)
     index: int = 0  # position in the caller's input order (RoundEvent.row)
+    processors: LogitsProcessorList | None = None  # applied to the target's logits at every verified position
 
     @property
     def prompt_tokens(self) -> int:
@@ -145,8 +150,9 @@ class Row:
         self.tokens.extend(tokens)
         return RoundEvent(tokens, kinds, self.request.index)
 
-    def result(self, batch: BatchStats | None) -> GenerationResult:
-        return GenerationResult(self.tokens, self.stats, self.stop_reason or MAX_NEW_TOKENS, batch, self.request.index)
+    def result(self, batch: BatchStats | None, settings: GenerationSettings | None = None) -> GenerationResult:
+        return GenerationResult(self.tokens, self.stats, self.stop_reason or MAX_NEW_TOKENS, batch, self.request.index,
+                                settings)
 
 
 def _kinds(drafted: int, accepted: int) -> list[str]:
@@ -172,6 +178,7 @@ class Decoder:
         self.rows: list[Row] = []  # the batch, in cache-row order
         self.last = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] newest committed token per row
         self.sampler = Sampler.per_row([], [])
+        self.processing = False  # whether a row has logits processors
         self.stats = BatchStats()
         self.started = time.perf_counter()
 
@@ -223,6 +230,7 @@ class Decoder:
 
     def _resample(self) -> None:
         self.sampler = Sampler.per_row([r.request.sampling for r in self.rows], [r.generator for r in self.rows])
+        self.processing = any(r.request.processors for r in self.rows)
 
     def _leave(self) -> list[Row]:
         """Rows that finished leave the batch; the others are compacted in both models' caches."""
@@ -278,15 +286,20 @@ class Decoder:
         """One round for every row: propose -> verify -> accept -> commit."""
         self.clock.new_round()
         caps = self._caps()  # [B]
+        rows = [(r.request.ids + r.tokens, r.request.processors) for r in self.rows] if self.processing else []
         with self.events.phase(PROPOSE):
             plan = self.schedule.plan(len(self.rows), self.device)
             limit = torch.minimum(plan.limit, caps)  # [B]
-            proposal = self._admitted(self.drafter.propose(limit, self.sampler, plan.stop), limit, caps)
+            sampler = DraftSampler.wrap(self.sampler, rows) if self.processing else self.sampler
+            proposal = self._admitted(self.drafter.propose(limit, sampler, plan.stop), limit, caps)
         with self.events.phase(VERIFY):
             candidates = torch.cat([self.last[:, None], proposal.tokens], dim=1)  # [B, k+1]
             scores = self.target.verify(candidates, proposal.lengths + 1)  # logits [B, k+1, V]
+            logits = scores.logits
+            if self.processing:  # each position with its own prefix: committed tokens + the drafts before it
+                logits = apply(logits, candidates, proposal.lengths + 1, rows)
         with self.events.phase(ACCEPT):
-            verdict = self.verifier(proposal, scores.logits, self.sampler)  # accepted [B], next_token [B]
+            verdict = self.verifier(proposal, logits, self.sampler)  # accepted [B], next_token [B]
         with self.events.phase(COMMIT):
             self.target.rollback(verdict.accepted + 1)
             self.drafter.commit(verdict.accepted, verdict.next_token)
@@ -402,10 +415,12 @@ def _one(prompt: object, tokenizer: PreTrainedTokenizerBase | None, where: str) 
 
 def build_requests(target: Target, prompts: object, *, max_new_tokens: int, sampling: SamplingConfig,
                    stop_token_ids: int | Sequence[int] | None, stop_strings: str | Sequence[str] | None,
-                   tokenizer: PreTrainedTokenizerBase | None) -> tuple[list[Request], bool]:
+                   tokenizer: PreTrainedTokenizerBase | None,
+                   processing: Processing | None = None) -> tuple[list[Request], bool]:
     """Validate the prompts and stops shared by both loops -> (one request per prompt, single prompt?).
 
-    A row's generator seed is ``sampling.seed + its index`` (None: each drawn from torch's global RNG)."""
+    A row's generator seed is ``sampling.seed + its index`` (None: each drawn from torch's global RNG);
+    its logits processors are built by ``processing`` (None: none)."""
     sources = target.encoder_decoder  # an encoder-decoder target: the prompts are its sources
     rows, single = prompt_list(prompts, tokenizer, "source" if sources else "prompt")
     for i, ids in enumerate(rows):
@@ -436,26 +451,31 @@ def build_requests(target: Target, prompts: object, *, max_new_tokens: int, samp
     requests = []
     for i, ids in enumerate(rows):
         seed = sampling.seed if sampling.seed is None else sampling.seed + i
-        row_sampling = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed)
-        requests.append(prompt_request(target, ids, max_new_tokens, row_sampling, stop_ids, stop_strings, index=i))
+        row_sampling = replace(sampling, seed=seed)
+        requests.append(prompt_request(target, ids, max_new_tokens, row_sampling, stop_ids, stop_strings, index=i,
+                                       processing=processing))
     return requests, single
 
 
 def prompt_request(target: Target, ids: list[int], max_new_tokens: int, sampling: SamplingConfig,
-                   stop_ids: frozenset[int], stop_strings: tuple[str, ...] = (), index: int = 0) -> Request:
+                   stop_ids: frozenset[int], stop_strings: tuple[str, ...] = (), index: int = 0,
+                   processing: Processing | None = None) -> Request:
     """One prompt's request: the sequence the decoder continues, or, for an encoder-decoder target, the
-    encoder's source, with the decoder starting from its start token."""
+    encoder's source, with the decoder starting from its start token; with the row's logits processors
+    when ``processing`` has any."""
+    source = ids if target.encoder_decoder else None
     if target.encoder_decoder:
-        return Request([target.decoder_start], max_new_tokens, sampling, stop_ids, stop_strings, source=ids,
-                       index=index)
-    return Request(ids, max_new_tokens, sampling, stop_ids, stop_strings, index=index)
+        ids = [target.decoder_start]
+    processors = None if processing is None else processing.for_row(ids, max_new_tokens, source, target.device)
+    return Request(ids, max_new_tokens, sampling, stop_ids, stop_strings, source=source, index=index,
+                   processors=processors)
 
 
 def _decode(target: Target, drafter: Drafter, schedule: Schedule, requests: list[Request], *, verify: VerifyConfig,
             batch_size: int, tokenizer: PreTrainedTokenizerBase | None, on_round: OnRoundFn | None,
-            on_result: OnResultFn | None) -> list[GenerationResult]:
-    """Decode every request; results in input order, each with the run's batch figures (``on_result``
-    hears of each as its row finishes, with the figures so far)."""
+            on_result: OnResultFn | None, settings: GenerationSettings | None = None) -> list[GenerationResult]:
+    """Decode every request; results in input order, each with the run's batch figures and ``settings``
+    (``on_result`` hears of each as its row finishes, with the figures so far)."""
     decoder = Decoder(target, drafter, schedule, verify=verify, batch_size=batch_size, tokenizer=tokenizer,
                       listeners=[OnRound(on_round)] if on_round else [])
     rows = [decoder.submit(r) for r in requests]
@@ -463,9 +483,9 @@ def _decode(target: Target, drafter: Drafter, schedule: Schedule, requests: list
         while decoder.busy:
             for row in decoder.step():
                 if on_result is not None:
-                    on_result(row.result(decoder.batch_stats()))
+                    on_result(row.result(decoder.batch_stats(), settings))
     batch = decoder.batch_stats()
-    return [row.result(batch) for row in rows]
+    return [row.result(batch, settings) for row in rows]
 
 
 def speculative_generate(
@@ -475,9 +495,9 @@ def speculative_generate(
     *,
     max_new_tokens: int,
     gamma: int = SpecConfig.gamma,
-    temperature: float = SamplingConfig.temperature,
-    top_k: int = SamplingConfig.top_k,
-    top_p: float = SamplingConfig.top_p,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     stop_token_ids: int | Sequence[int] | None = None,
     seed: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
@@ -488,6 +508,8 @@ def speculative_generate(
     batch_size: int = SpecConfig.batch_size,
     speculate: str = SpecConfig.speculate,
     schedule: Schedule | ScheduleConfig | str | None = None,
+    logits_processor: LogitsProcessorList | None = None,
+    ignore_generation_config: bool = SamplingConfig.ignore_generation_config,
 ) -> GenerationResult | list[GenerationResult]:
     """Generate with ``target``, drafting with ``drafter``, for one prompt or a list of prompts.
 
@@ -501,13 +523,23 @@ def speculative_generate(
     (a name, a ``ScheduleConfig`` or a ``Schedule``) decides how far each row drafts (None: the
     constant ``gamma``). ``on_round`` hears each row's committed tokens as rounds end,
     ``on_result`` each prompt's result as it finishes (in completion order).
+
+    The target's ``generation_config`` applies as in ``generate`` (``specdec.processors``): ``temperature``,
+    ``top_k``, ``top_p`` left None come from it when it samples (else greedy, no top-k, no top-p), and
+    its logits processors (repetition penalty, forced tokens, ...) and ``logits_processor`` apply to the
+    target's logits at every verified position; ``ignore_generation_config`` decodes raw. Each result's
+    ``settings`` says what was in force and where it came from.
     """
     spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate)
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     verify = verify if isinstance(verify, VerifyConfig) else VerifyConfig(rule=verify)
     handle = make_target(target)
+    processing = resolve(handle.model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         logits_processor=logits_processor, ignore_generation_config=ignore_generation_config,
+                         device=handle.device)
+    sampling = processing.settings.sampling
     requests, single = build_requests(handle, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
-                                      stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer)
+                                      stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer,
+                                      processing=processing)
     rule_for(verify, sampling.greedy)  # refuses a rule that does not fit the temperature, before any work
     chosen = NoDrafter() if spec.speculate == "off" else make_drafter(drafter, handle, tokenizer)
     chosen.reset()  # a Drafter object passed in may hold the rows of an earlier call
@@ -515,7 +547,7 @@ def speculative_generate(
         schedule = make_schedule(spec, ScheduleConfig(schedule) if isinstance(schedule, str) else schedule, chosen)
     results = _decode(handle, chosen, schedule, requests,
                       verify=verify, batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round,
-                      on_result=on_result)
+                      on_result=on_result, settings=processing.settings)
     return results[0] if single else results
 
 
@@ -524,9 +556,9 @@ def autoregressive_generate(
     prompts: object,
     *,
     max_new_tokens: int,
-    temperature: float = SamplingConfig.temperature,
-    top_k: int = SamplingConfig.top_k,
-    top_p: float = SamplingConfig.top_p,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     stop_token_ids: int | Sequence[int] | None = None,
     seed: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
@@ -534,13 +566,20 @@ def autoregressive_generate(
     on_round: OnRoundFn | None = None,
     on_result: OnResultFn | None = None,
     batch_size: int = SpecConfig.batch_size,
+    logits_processor: LogitsProcessorList | None = None,
+    ignore_generation_config: bool = SamplingConfig.ignore_generation_config,
 ) -> GenerationResult | list[GenerationResult]:
-    """Plain decoding with the target alone (the same loop, drafting nothing): one forward per token."""
+    """Plain decoding with the target alone (the same loop, drafting nothing): one forward per token; the
+    generation config and ``logits_processor`` apply as in ``speculative_generate``."""
     spec = SpecConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     handle = make_target(target)
-    requests, single = build_requests(handle, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
-                                      stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer)
+    processing = resolve(handle.model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                         logits_processor=logits_processor, ignore_generation_config=ignore_generation_config,
+                         device=handle.device)
+    requests, single = build_requests(handle, prompts, max_new_tokens=max_new_tokens,
+                                      sampling=processing.settings.sampling, stop_token_ids=stop_token_ids,
+                                      stop_strings=stop_strings, tokenizer=tokenizer, processing=processing)
     results = _decode(handle, NoDrafter(), make_schedule(spec), requests, verify=VerifyConfig(),
-                      batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round, on_result=on_result)
+                      batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round, on_result=on_result,
+                      settings=processing.settings)
     return results[0] if single else results

@@ -20,6 +20,10 @@ accepting and committing: the loop's bookkeeping). Times come from the loop's ph
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specdec.processors import GenerationSettings
 
 # Labels of committed tokens, as passed to ``on_round`` callbacks in ``RoundEvent.kinds``.
 ACCEPTED = "accepted"  # a drafted token the target kept
@@ -179,3 +183,4 @@ class GenerationResult:
     stop_reason: str  # STOP_TOKEN / STOP_STRING / MAX_NEW_TOKENS / CONTEXT_LIMIT
     batch: BatchStats | None = None  # the run's batch figures (shared by every prompt of the call)
     index: int = 0  # position of the prompt in the call's input order
+    settings: GenerationSettings | None = None  # the sampling and logits processors in force, and where from

@@ -1,0 +1,321 @@
+"""The target's generation config: its sampling defaults and logits processors, applied as ``generate`` does.
+
+A model's ``generation_config`` is part of what "the model's own output" means: ``generate`` (and vLLM)
+take its ``do_sample`` / temperature / top-k / top-p as defaults and build logits processors from its
+other settings (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``suppress_tokens``,
+``begin_suppress_tokens``, ``bad_words_ids``, ``sequence_bias``, ``forced_bos/eos_token_id``, ...).
+``resolve`` reads them once per call, with transformers' own machinery (``_prepare_generation_config``,
+``_prepare_special_tokens``, ``_prepare_generated_length``, ``_get_logits_processor``), so the processors
+are the very ``LogitsProcessor`` objects ``generate`` would build, in its order, the caller's
+``logits_processor`` list merged in as ``generate`` merges it.
+
+- Sampling defaults: a setting the caller leaves unset (None) comes from the generation config when it
+  asks to sample (``do_sample``; transformers' global defaults fill what it leaves unset, e.g. top-k 50,
+  exactly as in ``generate``), else from ``SamplingConfig``. ``GenerationSettings`` says which
+  settings were in force and where each came from.
+- Processors: built per row (``Processing.for_row``), since some depend on the row's prompt length
+  (``min_new_tokens``, ``begin_suppress_tokens``), its ``max_length`` (``forced_eos_token_id``: prompt +
+  ``max_new_tokens``) or its source (``encoder_repetition_penalty``). ``apply`` runs a row's list at every
+  verified position with that position's own prefix (committed tokens + the drafts before it), on
+  float32 logits as ``generate`` does, so greedy verification takes the argmax of the processed scores
+  and speculative sampling's p is the processed distribution. The drafter's logits get the same
+  processors (``DraftSampler``: its q is what it draws from, so every rule stays exact; a drafter that
+  drafts what the processed target would keep is accepted more often).
+- Temperature, top-k and top-p stay with the ``Sampler`` (applied last, to p and q alike, as
+  ``generate`` applies its warpers after the processors). A processor that cannot be applied that way,
+  per position from its prefix alone, is refused by name before decoding (``REFUSED``): guidance (it
+  runs the model a second time with its own cache), watermarking (applied after the warpers), and the
+  sampling warpers ``generate`` applies after top-p (min-p, typical-p, epsilon, eta, top-h) when they
+  come from the generation config. A processor the caller writes is called the same way: it must be a
+  function of (prefix, scores), one row at a time.
+- ``ignore_generation_config`` decodes raw: no processors, sampling from the caller and ``SamplingConfig``.
+- No processor in force (the shipped models): ``for_row`` returns None and the round loop does no
+  extra work at all.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation import logits_process as lp
+from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
+
+from specdec.config import SamplingConfig
+from specdec.sampling import Sampler
+
+USER, GENERATION_CONFIG, TRANSFORMERS_DEFAULT, SPECDEC_DEFAULT = (
+    "user", "generation_config", "transformers default", "specdec default")  # where a setting came from
+
+# Processors that are functions of (prefix, scores) row by row: applied at every verified position.
+PER_POSITION: tuple[type, ...] = (
+    lp.SequenceBiasLogitsProcessor, lp.NoBadWordsLogitsProcessor, lp.RepetitionPenaltyLogitsProcessor,
+    lp.EncoderRepetitionPenaltyLogitsProcessor, lp.NoRepeatNGramLogitsProcessor,
+    lp.EncoderNoRepeatNGramLogitsProcessor, lp.MinLengthLogitsProcessor, lp.MinNewTokensLengthLogitsProcessor,
+    lp.PrefixConstrainedLogitsProcessor, lp.ForcedBOSTokenLogitsProcessor, lp.ForcedEOSTokenLogitsProcessor,
+    lp.InfNanRemoveLogitsProcessor, lp.ExponentialDecayLengthPenalty, lp.SuppressTokensLogitsProcessor,
+    lp.SuppressTokensAtBeginLogitsProcessor, lp.LogitNormalization,
+)
+# The warpers the Sampler applies itself (to p and q), from the resolved SamplingConfig.
+SAMPLER_WARPERS: tuple[type, ...] = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper)
+# Warpers that are per-position functions, accepted in a caller's list (applied before the Sampler's own),
+# but refused from a generation config, where generate applies them after temperature, top-k and top-p.
+LATE_WARPERS: tuple[type, ...] = (lp.MinPLogitsWarper, lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper,
+                                  lp.EtaLogitsWarper, lp.TopHLogitsWarper)
+# Why a transformers processor cannot be applied per verified position (class name -> reason).
+REFUSED: dict[str, str] = {
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance runs the model again on its own "
+    "cache, one token at a time (guidance_scale)",
+    "ClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance needs a doubled batch of conditional and "
+    "unconditional rows",
+    "WatermarkLogitsProcessor": "generate applies watermarking after temperature, top-k and top-p, which specdec's "
+    "sampler applies last (watermarking_config)",
+    "SynthIDTextWatermarkLogitsProcessor": "SynthID watermarking keeps state across steps (watermarking_config)",
+    "WhisperTimeStampLogitsProcessor": "it keeps state across steps",
+    "WhisperNoSpeechDetection": "it keeps state across steps and runs the model itself",
+    "BarkEosPrioritizerLogitsProcessor": "it is made for Bark's codebook generation",
+    "AlternatingCodebooksLogitsProcessor": "it is made for Bark's codebook generation",
+}
+# Generation-config fields of each processor, to name the setting in errors and summaries.
+FIELDS: dict[str, str] = {
+    "SequenceBiasLogitsProcessor": "sequence_bias", "NoBadWordsLogitsProcessor": "bad_words_ids",
+    "RepetitionPenaltyLogitsProcessor": "repetition_penalty",
+    "EncoderRepetitionPenaltyLogitsProcessor": "encoder_repetition_penalty",
+    "NoRepeatNGramLogitsProcessor": "no_repeat_ngram_size",
+    "EncoderNoRepeatNGramLogitsProcessor": "encoder_no_repeat_ngram_size", "MinLengthLogitsProcessor": "min_length",
+    "MinNewTokensLengthLogitsProcessor": "min_new_tokens", "ForcedBOSTokenLogitsProcessor": "forced_bos_token_id",
+    "ForcedEOSTokenLogitsProcessor": "forced_eos_token_id", "InfNanRemoveLogitsProcessor": "remove_invalid_values",
+    "ExponentialDecayLengthPenalty": "exponential_decay_length_penalty",
+    "SuppressTokensLogitsProcessor": "suppress_tokens", "SuppressTokensAtBeginLogitsProcessor": "begin_suppress_tokens",
+    "LogitNormalization": "renormalize_logits", "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
+    "WatermarkLogitsProcessor": "watermarking_config", "SynthIDTextWatermarkLogitsProcessor": "watermarking_config",
+    "MinPLogitsWarper": "min_p", "TypicalLogitsWarper": "typical_p", "EpsilonLogitsWarper": "epsilon_cutoff",
+    "EtaLogitsWarper": "eta_cutoff", "TopHLogitsWarper": "top_h",
+}
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p")
+# Processors that read no more than the set of prefix tokens, and drop ids >= V: a row's positions are
+# processed in one call, each prefix right-padded with V (see ``apply``).
+SET_ONLY: tuple[type, ...] = (lp.RepetitionPenaltyLogitsProcessor, lp.SuppressTokensLogitsProcessor,
+                              lp.InfNanRemoveLogitsProcessor, lp.LogitNormalization)
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What decided a call's tokens besides the logits, and where each setting came from."""
+
+    sampling: SamplingConfig  # the sampling in force (temperature 0 = greedy)
+    sources: dict[str, str]  # temperature / top_k / top_p / do_sample -> user, generation_config, transformers default, specdec default
+    processors: tuple[str, ...] = ()  # "ClassName (field)" of each processor applied per position, in order
+    generation_config: bool = True  # False: ignore_generation_config (decoded raw)
+
+    def to_dict(self) -> dict:
+        """The settings as JSON-ready values (for ``--json`` and the summary)."""
+        return {"temperature": self.sampling.temperature, "top_k": self.sampling.top_k, "top_p": self.sampling.top_p,
+                "sources": dict(self.sources), "processors": list(self.processors),
+                "generation_config": "ignored" if not self.generation_config else "applied"}
+
+    def line(self) -> str:
+        """One line for the printed summary: each setting, with its source unless specdec's default."""
+        s, sources = self.sampling, self.sources
+
+        def tag(name: str) -> str:
+            source = sources.get(name, SPECDEC_DEFAULT)
+            return "" if source == SPECDEC_DEFAULT else f" ({source})"
+
+        parts = ["greedy" + tag("temperature") if s.greedy else
+                 f"temperature {s.temperature:g}{tag('temperature')}, top-k {s.top_k}{tag('top_k')}, "
+                 f"top-p {s.top_p:g}{tag('top_p')}"]
+        if not self.generation_config:
+            parts.append("generation config ignored")
+        if self.processors:
+            parts.append("processors: " + ", ".join(self.processors))
+        return "; ".join(parts)
+
+
+@dataclass
+class Processing:
+    """A call's resolved settings and the recipe of each row's logits processors."""
+
+    settings: GenerationSettings
+    model: PreTrainedModel | None = None  # None: no processor in force
+    config: GenerationConfig | None = None  # prepared (special tokens as tensors, do_sample off: no warpers)
+    user: LogitsProcessorList = field(default_factory=LogitsProcessorList)
+
+    def for_row(self, ids: list[int], max_new_tokens: int, source: list[int] | None = None,
+                device: torch.device | str = "cpu") -> LogitsProcessorList | None:
+        """The processors of a row whose committed sequence starts with ``ids`` (the prompt; an
+        encoder-decoder's decoder start) and whose encoder reads ``source``; None when none is in force."""
+        if self.model is None:
+            return None
+        return _build(self.model, self.config, len(ids), max_new_tokens, source if source is not None else ids,
+                      self.user, device)
+
+
+def _build(model: PreTrainedModel, config: GenerationConfig, length: int, max_new_tokens: int,
+           encoder_ids: list[int], user: LogitsProcessorList, device: torch.device | str) -> LogitsProcessorList:
+    """``generate``'s processors for one row: ``length`` decoder input tokens, ``max_new_tokens`` to come."""
+    config = copy.copy(config)
+    config.max_new_tokens = max_new_tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = model._prepare_generated_length(config, has_default_max_length=True, has_default_min_length=True,
+                                                 model_input_name="input_ids", input_ids_length=length,
+                                                 inputs_tensor=None)
+        return model._get_logits_processor(config, input_ids_seq_length=length,
+                                           encoder_input_ids=torch.tensor([encoder_ids], device=device),
+                                           logits_processor=user, device=device, model_kwargs={})
+
+
+def _label(processor: LogitsProcessor) -> str:
+    name = type(processor).__name__
+    return f"{name} ({FIELDS[name]})" if name in FIELDS else name
+
+
+def _refuse(processor: LogitsProcessor, whose: str) -> None:
+    """Raise for a processor that cannot be applied per verified position (see REFUSED)."""
+    name = type(processor).__name__
+    is_transformers = type(processor).__module__.startswith("transformers.")
+    if isinstance(processor, PER_POSITION + SAMPLER_WARPERS) or (whose == "logits_processor" and (
+            isinstance(processor, LATE_WARPERS) or not is_transformers)):
+        return
+    if isinstance(processor, LATE_WARPERS):
+        reason = "generate applies it after temperature, top-k and top-p, which specdec's sampler applies last"
+    else:
+        reason = REFUSED.get(name, "specdec does not know it to be a function of each position's prefix alone")
+    setting = f"sets {FIELDS[name]} ({name})" if name in FIELDS else f"holds {name}"
+    fix = ("pass ignore_generation_config=True (--ignore-generation-config) to decode without the generation "
+           "config, or unset it" if whose == "generation_config" else "leave it out of logits_processor")
+    raise ValueError(f"the target's {whose} {setting}, which speculative decoding cannot apply at each verified "
+                     f"position: {reason}; {fix}")
+
+
+def _sampling(model: PreTrainedModel, prepared: GenerationConfig | None, given: dict[str, object],
+              seed: int | None, ignore: bool) -> tuple[SamplingConfig, dict[str, str]]:
+    """The sampling in force: the caller's values, else the generation config's when it samples
+    (``do_sample``), else SamplingConfig's. Returns it with each setting's source."""
+    own = getattr(model, "generation_config", None)
+    samples = prepared is not None and bool(prepared.do_sample) and given["temperature"] != 0
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for name in SAMPLING_FIELDS:
+        if given[name] is not None:
+            values[name], sources[name] = given[name], USER
+        elif samples:
+            value = getattr(prepared, name)
+            values[name] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}[name] if value is None else value
+            explicit = own is not None and getattr(own, name, None) is not None
+            sources[name] = GENERATION_CONFIG if explicit else TRANSFORMERS_DEFAULT
+        else:
+            values[name], sources[name] = getattr(SamplingConfig, name), SPECDEC_DEFAULT
+    sources["do_sample"] = USER if given["temperature"] is not None else GENERATION_CONFIG if samples else SPECDEC_DEFAULT
+    return SamplingConfig(**values, seed=seed, ignore_generation_config=ignore), sources
+
+
+def resolve(model: PreTrainedModel, *, temperature: float | None = None, top_k: int | None = None,
+            top_p: float | None = None, seed: int | None = None, logits_processor: LogitsProcessorList | None = None,
+            ignore_generation_config: bool = False, device: torch.device | str = "cpu") -> Processing:
+    """The sampling and processors of a call to ``model`` (see the module docstring); refuses, by name, a
+    processor that cannot be applied at each verified position."""
+    given = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    user = LogitsProcessorList(logits_processor or [])
+    if logits_processor is not None and not all(isinstance(p, LogitsProcessor) or callable(p) for p in user):
+        raise TypeError("logits_processor must be a LogitsProcessorList of LogitsProcessor objects")
+    for processor in user:
+        _refuse(processor, "logits_processor")
+    prepared = None
+    if not ignore_generation_config and getattr(model, "generation_config", None) is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                prepared, _ = model._prepare_generation_config(None)
+            except ValueError as err:  # generate refuses it too (generation settings in model.config)
+                raise ValueError(f"the target's generation settings cannot be read: {err} (or pass "
+                                 "ignore_generation_config=True, --ignore-generation-config, to decode raw)") from err
+            model._prepare_special_tokens(prepared, None, device=device)
+    sampling, sources = _sampling(model, prepared, given, seed, ignore_generation_config)
+    if prepared is None:
+        if not user:
+            return Processing(GenerationSettings(sampling, sources, (), not ignore_generation_config))
+        prepared = GenerationConfig()
+        model._prepare_special_tokens(prepared, None, device=device)
+    # Inspect what generate would build; rows are built without its warpers, since the Sampler applies
+    # temperature, top-k and top-p (to p and q) from the resolved SamplingConfig.
+    prepared = copy.copy(prepared)
+    if prepared.do_sample and not sampling.greedy:
+        for processor in _build(model, prepared, 1, 1, [0], LogitsProcessorList(), device):
+            if not isinstance(processor, SAMPLER_WARPERS):
+                _refuse(processor, "generation_config")
+    prepared.do_sample = False
+    built = _build(model, prepared, 1, 1, [0], user, device)
+    for processor in built:
+        if not any(processor is mine for mine in user):
+            _refuse(processor, "generation_config")
+    settings = GenerationSettings(sampling, sources, tuple(_label(p) for p in built), not ignore_generation_config)
+    if not built:
+        return Processing(settings)
+    return Processing(settings, model, prepared, user)
+
+
+def apply(logits: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,
+          rows: list[tuple[list[int], LogitsProcessorList | None]]) -> torch.Tensor:
+    """Processed float32 scores of a verify: ``logits`` [B, m, V] of ``tokens`` [B, m] (row b's first
+    ``lengths[b]`` real: its newest committed token, then its drafts). ``rows[b]``: (row b's committed
+    tokens, its processors or None). Position j of row b is processed with the prefix committed + the
+    row's first j drafts, exactly the ``input_ids`` ``generate`` would hold there."""
+    out = logits.to(torch.float32, copy=True)  # [B, m, V]
+    counts = lengths.tolist()
+    for b, (committed, processors) in enumerate(rows):
+        if not processors:
+            continue
+        n = counts[b]
+        prefix = torch.tensor(committed, dtype=torch.long, device=tokens.device)
+        prefix = torch.cat([prefix, tokens[b, 1:n]])[None]  # [1, C + n - 1]
+        start = len(committed)
+        if _set_only(processors):  # all positions at once: position j's prefix, then ids V (ignored)
+            ends = start + torch.arange(n, device=tokens.device)  # [n]
+            columns = torch.arange(prefix.shape[1], device=tokens.device)  # [C + n - 1]
+            padded = prefix.expand(n, -1).masked_fill(columns[None, :] >= ends[:, None], out.shape[-1])
+            out[b, :n] = processors(padded, out[b, :n])  # [n, V]
+            continue
+        for j in range(n):
+            out[b, j] = processors(prefix[:, :start + j], out[b, j:j + 1])[0]
+    return out
+
+
+def _set_only(processors: LogitsProcessorList) -> bool:
+    """Whether every processor reads only the set of prefix tokens and ignores ids >= V (see SET_ONLY)."""
+    return all(type(p) in SET_ONLY and getattr(p, "prompt_ignore_length", None) is None for p in processors)
+
+
+Rows = list[tuple[list[int], LogitsProcessorList | None]]  # per row: (committed tokens, its processors or None)
+
+
+@dataclass
+class DraftSampler(Sampler):
+    """The round's ``Sampler`` as the drafter sees it when processors are in force: each call of ``draft``
+    drafts the next position of every row, after applying the row's processors to its logits [B, V] with
+    the prefix committed + the tokens drafted before it this round (drafters call ``draft`` once per
+    position, in order). q is the processed distribution the token was drawn from."""
+
+    rows: Rows = field(default_factory=list)
+    drafted: list[torch.Tensor] = field(default_factory=list)  # [B] per position drafted so far
+
+    @classmethod
+    def wrap(cls, sampler: Sampler, rows: Rows) -> DraftSampler:
+        return cls(sampler.configs, sampler.generators, rows)
+
+    def draft(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = logits.to(torch.float32, copy=True)  # [B, V]
+        before = torch.stack(self.drafted, dim=1) if self.drafted else None  # [B, i]
+        for b, (committed, processors) in enumerate(self.rows):
+            if processors:
+                prefix = torch.tensor(committed, dtype=torch.long, device=logits.device)[None]  # [1, C]
+                if before is not None:
+                    prefix = torch.cat([prefix, before[b:b + 1]], dim=1)  # [1, C + i]
+                out[b] = processors(prefix, out[b:b + 1])[0]
+        token, q = super().draft(out, rows)
+        self.drafted.append(token)
+        return token, q
