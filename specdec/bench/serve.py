@@ -325,8 +325,8 @@ def write_serve(run: ServeRun, out_dir: Path) -> Path:
 
 def run_and_report(config: BenchConfig, console: Console) -> int:
     """``specdec bench --serve``: run, print, write; exit status 1 when a greedy output differs between modes."""
-    torch.set_grad_enabled(False)
-    run = run_serve_bench(config)
+    with torch.no_grad():  # not torch.set_grad_enabled(False): that would outlive the bench (the docs test runs on)
+        run = run_serve_bench(config)
     path = write_serve(run, Path(config.output))
     print_serve(run, console)
     console.print(f"wrote {path}", style="dim")

@@ -261,6 +261,7 @@ def resume(out: Path, model, optimizer, log: Callable[[str], None]) -> TrainStat
     return state
 
 
+@torch.enable_grad()  # whatever grad mode the caller left (a library call, a test process) trains
 def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[[int], float],
               loss_at: Callable[[int], tuple[torch.Tensor, int]], evaluate: Callable[[], dict],
               stop_after_s: float | None = None, stop_at_step: int | None = None,
