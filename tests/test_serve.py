@@ -22,6 +22,7 @@ decoded alone, and once from the `specdec generate --json` command itself:
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import itertools
 import json
@@ -40,6 +41,7 @@ from pathlib import Path
 import browser
 import openai
 import pytest
+import torch
 from tiny_models import TinyPair, save_tiny_pair
 from transformers import AutoTokenizer
 
@@ -659,3 +661,52 @@ def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
     saved = json.loads(write_serve(run, tmp_path).read_text())
     assert len(saved["cells"]) == 4 and saved["config"]["serve"] is True
     assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
+
+
+# ------------------------------------------------------------------------- the generation config
+
+
+def test_the_server_applies_the_targets_generation_config(tmp_path):
+    """A target whose generation_config.json sets a repetition penalty and no_repeat_ngram_size: the server's
+    greedy completion (speculative, lookup + drafter) equals the model's own generate with that config."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    pair = save_tiny_pair(tmp_path / "gc")
+    config = GenerationConfig.from_pretrained(pair.target)
+    config.repetition_penalty, config.no_repeat_ngram_size = 1.6, 3
+    config.save_pretrained(pair.target)
+    model = AutoModelForCausalLM.from_pretrained(pair.target).eval()
+    prompt = AutoTokenizer.from_pretrained(pair.target)("def add(a, b):\n    return a + b\n")["input_ids"]
+    max_tokens = 24
+    expected = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                              max_new_tokens=max_tokens, do_sample=False)[0, len(prompt):].tolist()
+    raw = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=max_tokens, do_sample=False, repetition_penalty=1.0,
+                         no_repeat_ngram_size=0)[0, len(prompt):].tolist()
+    assert expected != raw, "the generation config must change this completion for the test to mean anything"
+    port = free_port()
+    command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--api-key", KEY, "--target",
+               str(pair.target), "--drafter", f"lookup+{pair.drafter}", "--max-new-tokens", str(max_tokens),
+               "--device", "cpu"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert proc.poll() is None, "specdec serve exited"
+            with contextlib.suppress(OSError):
+                if get(url + "/health", key=None)[0] == 200:
+                    break
+            assert time.monotonic() < deadline, "specdec serve did not start"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, timeout=HTTP_TIMEOUT, max_retries=0)
+        reply = client.completions.create(model="target", prompt=prompt, max_tokens=max_tokens, temperature=0)
+        tokenizer = AutoTokenizer.from_pretrained(pair.target)
+        assert reply.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

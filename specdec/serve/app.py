@@ -48,6 +48,7 @@ from specdec.acceptance import rule_for
 from specdec.config import SamplingConfig, VerifyConfig
 from specdec.decode import Request as DecodeRequest
 from specdec.decode import prompt_request
+from specdec.processors import Processing
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine, Failed, Finished, Job, Round
 from specdec.serve.metrics import CONTENT_TYPE, FINISH_REASONS, ServerMetrics
@@ -88,6 +89,7 @@ class ServedModel:
     max_new_tokens: int  # default of max_tokens
     verify: VerifyConfig  # the verification rule
     description: dict[str, Any] = field(default_factory=dict)  # target, drafter, gamma...: shown by /stats
+    processing: Processing | None = None  # the target's generation config's logits processors (None: none)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -248,7 +250,7 @@ def prepare(model: ServedModel, body: _Body, ids: list[int], *, chat: bool) -> P
     except ValueError as err:
         raise APIError(400, str(err), param="temperature", code="invalid_value") from None
     request = prompt_request(target, ids, max_tokens_of(body, model.max_new_tokens), sampling, model.stop_ids,
-                             stop_strings_of(body))
+                             stop_strings_of(body), processing=model.processing)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Prepared(model, request, bool(body.stream), include_usage, chat)
 

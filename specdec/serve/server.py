@@ -21,6 +21,7 @@ from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConf
 from specdec.console import Session
 from specdec.drafters import NoDrafter
 from specdec.loading import SHIPPED_MODELS
+from specdec.processors import resolve
 from specdec.schedules import make_schedule
 from specdec.serve.app import ServedModel, create_app
 from specdec.serve.config import ServeConfig
@@ -50,9 +51,13 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
                    "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
                    "device": str(target.device), **session.threads.to_dict()}
+    # the target's generation config applies to every request as in generate (repetition penalty, forced tokens...)
+    processing = resolve(target.model, ignore_generation_config=sampling.ignore_generation_config, device=target.device)
+    description["processors"] = list(processing.settings.processors)
     return ServedModel(served_id, engine, tokenizer, target.vocab_size,
                        target.source_limit if target.encoder_decoder else target.context_limit,
-                       frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description)
+                       frozenset(target.stop_token_ids()), sampling, spec.max_new_tokens, verify, description,
+                       processing=processing)
 
 
 def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
