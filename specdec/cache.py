@@ -251,8 +251,12 @@ class RaggedCache:
             theirs = other.cache.layers[index] if index < len(other.cache.layers) else None
             stored = [layer for layer in (mine, theirs) if layer is not None and layer.is_initialized
                       and layer.keys is not None and layer.keys.shape[2] > 0]
-            if not stored:
-                continue  # neither cache has stored a token in this layer yet
+            if not stored:  # neither cache has a token in this layer: an empty one keeps the new row count
+                if mine.is_initialized and mine.keys is not None:
+                    rows = self.rows + other.rows
+                    mine.keys = mine.keys.new_zeros(rows, *mine.keys.shape[1:])
+                    mine.values = mine.values.new_zeros(rows, *mine.values.shape[1:])
+                continue
             like = stored[0]
             merged = []
             for name in ("keys", "values"):  # each its own width: values may be narrower (latent attention)

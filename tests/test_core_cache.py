@@ -173,3 +173,20 @@ def test_cost_is_linear_in_length():
     finally:
         counter.handle.remove()
     assert sum(n for _, n in counter.calls) == 2 + res.stats.drafted + res.stats.rounds
+
+
+def test_a_row_joins_a_cache_whose_rows_hold_no_slot():
+    """A row with no cached token (a one-token prompt) joins rows that hold none either (all rolled back):
+    the empty layers take the new row count, so the next forward sees every row (hypothesis found it)."""
+    model = build_tiny("llama", seed=0)
+    with torch.inference_mode():
+        cache = RaggedCache(model, 0)
+        part = RaggedCache(model, 1)
+        part.forward(torch.tensor([[5, 6]]))
+        cache.merge(part)
+        cache.keep(torch.tensor([0]))  # every slot dropped; the layers stay initialised, 0 slots, 1 row
+        cache.merge(RaggedCache(model, 1))  # a joining row with nothing cached
+        out = cache.forward(torch.tensor([[7], [8]]))
+        for row, token in enumerate((7, 8)):
+            alone = model(torch.tensor([[token]])).logits[0, -1]
+            torch.testing.assert_close(out.logits[row, -1], alone, atol=1e-4, rtol=1e-4)
