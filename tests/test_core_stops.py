@@ -19,7 +19,7 @@ def gpt2_small_context():
     return build_tiny("gpt2", seed=0, max_positions=24)
 
 
-@pytest.mark.parametrize("max_new_tokens", [0, 1, 2, 7])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7])
 @pytest.mark.parametrize("gamma", [1, 4, 8])
 def test_never_more_than_max_new_tokens(llama_target, llama_drafter, max_new_tokens, gamma):
     for drafter in (llama_drafter, llama_target, "ngram"):
@@ -28,7 +28,15 @@ def test_never_more_than_max_new_tokens(llama_target, llama_drafter, max_new_tok
         assert len(res.tokens) == max_new_tokens == res.stats.new_tokens
         assert res.stop_reason == "max_new_tokens"
     plain = specdec.autoregressive_generate(llama_target, [3], max_new_tokens=max_new_tokens, stop_token_ids=[])
-    assert plain.tokens == (hf_greedy(llama_target, [3], max_new_tokens, []) if max_new_tokens else [])
+    assert plain.tokens == hf_greedy(llama_target, [3], max_new_tokens, [])
+
+
+def test_max_new_tokens_zero_is_refused(llama_target):
+    """Zero new tokens is a mistake, not a request: refused with the fix named (the CLI says it too)."""
+    for generate in (lambda: specdec.speculative_generate(llama_target, "ngram", [3, 4], max_new_tokens=0),
+                     lambda: specdec.autoregressive_generate(llama_target, [3, 4], max_new_tokens=0)):
+        with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
+            generate()
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 8])

@@ -91,15 +91,17 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
         return 0
     config = config_from_args(args)
+    if config.task == "translate" and not config.serve:  # the translate pair stands for the code pair's names
+        from specdec.bench.translate import config_from_bench
+        from specdec.bench.translate import run_and_report as translate_and_report
+
+        use_threads(config.threads, model=config_from_bench(config).target, flag="--threads")
+        return translate_and_report(config, console)
     use_threads(config.threads, model=config.target, flag="--threads")  # before any model runs
     if config.serve:
         from specdec.bench.serve import run_and_report as serve_and_report
 
         return serve_and_report(config, console)
-    if config.task == "translate":
-        from specdec.bench.translate import run_and_report as translate_and_report
-
-        return translate_and_report(config, console)
     if config.pareto:
         from specdec.bench.pareto import run_and_report as pareto_and_report
 
