@@ -171,12 +171,7 @@ def test_a_busy_sibling_process_does_not_change_the_choice() -> None:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return save_tiny_pair(tmp_path_factory.mktemp("tiny-pair"))
-    finally:
-        torch.set_num_threads(before)
+    return save_tiny_pair(tmp_path_factory.mktemp("tiny-pair"))  # built on one thread
 
 
 def run_cli(*args: str, omp: str | None) -> subprocess.CompletedProcess:

@@ -74,7 +74,16 @@ def _fit(model: LlamaForCausalLM, ids: torch.Tensor, steps: int, lr: float) -> L
 
 
 def save_tiny_pair(root: Path) -> TinyPair:
-    """Build and save the pair under `root`; return its paths."""
+    """Build and save the pair under `root` (on one torch thread, the caller's count restored); return its paths."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _save_tiny_pair(root)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _save_tiny_pair(root: Path) -> TinyPair:
     tokenizer = build_tokenizer()
     vocab_size = len(tokenizer)
     eos_id = tokenizer.eos_token_id
