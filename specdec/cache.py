@@ -84,13 +84,10 @@ class RaggedCache:
         for layer in self.cache.layers:
             if isinstance(layer, DummyLayer):
                 continue  # a layer without attention: nothing stored
-            if isinstance(layer, LinearAttentionCacheLayerMixin):
-                if not self.recurrent or isinstance(layer, DynamicSlidingWindowLayer):
-                    raise TypeError(
-                        f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, whose recurrent "
-                        "state cannot be cropped after a rejected draft"
-                        + ("" if self.recurrent else " (specdec.recurrent.RecurrentCache checkpoints it instead)")
-                    )
+            if isinstance(layer, LinearAttentionCacheLayerMixin):  # only a RecurrentCache gets here (layer_refusal)
+                if isinstance(layer, DynamicSlidingWindowLayer):
+                    raise TypeError(f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, whose "
+                                    "recurrent state cannot be cropped after a rejected draft")
                 continue  # state the subclass checkpoints (a hybrid layer's keys: the attention code below)
             if not isinstance(layer, DynamicLayer):
                 raise TypeError(
