@@ -92,30 +92,43 @@ def pair(tmp_path_factory) -> TinyPair:
 @pytest.fixture(scope="module")
 def server(pair, tmp_path_factory):
     """`specdec serve` in a subprocess on a free loopback port."""
-    port = free_port()
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
+    with serving(pair, log, "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH),
+                 "--schedule", SCHEDULE.schedule) as (url, port):
+        yield Server(url, port, pair, log)
+
+
+@contextlib.contextmanager
+def serving(pair: TinyPair, log: Path, *flags: str):
+    """`specdec serve` of ``pair`` (drafter lookup+drafter, key KEY, one thread) in a subprocess on a free
+    loopback port, with ``flags``; yields (url, port) once it answers /health, and stops it after."""
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""}
     command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--api-key", KEY,
-               "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}",
-               "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH), "--device", "cpu",
-               "--schedule", SCHEDULE.schedule]
+               "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}", "--device", "cpu", *flags]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"specdec serve exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            if get(url + "/health", key=None)[0] == 200:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"specdec serve did not answer /health in {START_TIMEOUT} s:\n{log.read_text()}")
-        time.sleep(0.2)
-    yield Server(url, port, pair, log)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"specdec serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if get(url + "/health", key=None)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"specdec serve did not answer /health in {START_TIMEOUT} s:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield url, port
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate ``proc``, killing it if it has not exited within 30 s."""
     proc.terminate()
     try:
         proc.wait(30)
@@ -581,11 +594,7 @@ def chromium(tmp_path_factory):
             pages = [t for t in json.loads(response.read()) if t["type"] == "page"]
         yield pages[0]["webSocketDebuggerUrl"]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def test_page_streams_coloured_tokens(server, chromium, session, tmp_path):
@@ -684,29 +693,8 @@ def test_the_server_applies_the_targets_generation_config(tmp_path):
                          max_new_tokens=max_tokens, do_sample=False, repetition_penalty=1.0,
                          no_repeat_ngram_size=0)[0, len(prompt):].tolist()
     assert expected != raw, "the generation config must change this completion for the test to mean anything"
-    port = free_port()
-    command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--api-key", KEY, "--target",
-               str(pair.target), "--drafter", f"lookup+{pair.drafter}", "--max-new-tokens", str(max_tokens),
-               "--device", "cpu"]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""})
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert proc.poll() is None, "specdec serve exited"
-            with contextlib.suppress(OSError):
-                if get(url + "/health", key=None)[0] == 200:
-                    break
-            assert time.monotonic() < deadline, "specdec serve did not start"
-            time.sleep(0.2)
+    with serving(pair, tmp_path / "server.log", "--max-new-tokens", str(max_tokens)) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, timeout=HTTP_TIMEOUT, max_retries=0)
         reply = client.completions.create(model="target", prompt=prompt, max_tokens=max_tokens, temperature=0)
-        tokenizer = AutoTokenizer.from_pretrained(pair.target)
-        assert reply.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    tokenizer = AutoTokenizer.from_pretrained(pair.target)
+    assert reply.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True)
