@@ -15,9 +15,10 @@ accept 1, normalised by the batch's total weight:
 The weight makes the head cautious: a missed rejection costs more than a missed acceptance.
 
 Data parallel: run under ``torchrun --nproc_per_node N`` or ``accelerate launch`` (gloo on CPU,
-nccl on GPUs). Every process draws the same global batch of ``cfg.batch_size`` examples and takes
-every N-th; the loss's denominator is summed over processes before the division, so the averaged
-gradients equal one process's on the whole batch: N processes reproduce a single-process run.
+nccl on GPUs; ``specdec.train.parallel``, shared by every trainer). Every process draws the same
+global batch of ``cfg.batch_size`` examples and takes every N-th; the loss's denominator is summed
+over processes before the division and the gradients are summed, so they equal one process's on the
+whole batch: N processes reproduce a single-process run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from specdec.heads.data import LABEL_KINDS, HeadData, load_head_data
 from specdec.heads.model import AcceptanceHead, HeadConfig
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint
+from specdec.train.parallel import DataParallel
 
 
 @dataclass(frozen=True)
@@ -136,10 +138,8 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
                log=print, show_progress: bool = True) -> Path | None:
     """Train (or resume) the head. Returns ``out_dir/final`` once ``max_steps`` is reached, else None
     (stopped at ``stop_at_step`` with a checkpoint; call again to resume)."""
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    rank, world, main = accelerator.process_index, accelerator.num_processes, accelerator.is_main_process
+    parallel = DataParallel.start("cuda" if torch.cuda.is_available() else "cpu")
+    world, main = parallel.world, parallel.main
     out = Path(out_dir)
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -152,14 +152,15 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
     head = AcceptanceHead(HeadConfig(hidden_size=hidden_size, num_blocks=cfg.num_blocks,
                                      labels="+".join(cfg.labels), drafter=data.meta["config"].get("drafter"),
                                      inputs=data.meta["config"].get("inputs", "mixed")))
+    head.to(parallel.device)  # before the optimizer, whose state a resume loads onto the head's device
+    parallel.broadcast(head)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = TrainState()
     if (out / "checkpoint").exists():
         state = load_checkpoint(out / "checkpoint", head, optimizer, TrainState, strict=True)
         if main:
             log(f"resumed {out} at step {state.step}")
-    model, optimizer = accelerator.prepare(head, optimizer)
-    device = accelerator.device
+    device = parallel.device
     if main:
         n_params = sum(p.numel() for p in head.parameters())
         log(f"training a {cfg.num_blocks}-block head ({n_params} parameters) on {len(data)} examples "
@@ -179,17 +180,17 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
             step = state.step
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            idx = batch_indices(len(data), step, cfg.batch_size, cfg.seed)[rank::world]  # this process's share
+            idx = parallel.shard(batch_indices(len(data), step, cfg.batch_size, cfg.seed))  # this process's share
             h = data.hidden[idx].float().to(device)  # [b, H]
             label = data.label[idx].float().to(device)  # [b]
-            numerator, denominator = weighted_soft_ce(model(h), label, cfg.reject_weight)
-            total = accelerator.reduce(denominator.detach(), "sum")  # the global batch's weight
-            loss = numerator / total * world  # DDP averages gradients over processes: undo the 1/world
-            accelerator.backward(loss)
+            numerator, denominator = weighted_soft_ce(head(h), label, cfg.reject_weight)
+            loss = parallel.share(numerator, denominator)  # over the global batch's weight
+            loss.backward()
+            parallel.sync_gradients(head.parameters())
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
-            window_loss += float(accelerator.reduce(numerator.detach(), "sum")) / float(total)
+            window_loss += parallel.sum(loss.detach())[0]
             window_n += 1
             record = None
             if state.step % 50 == 0 or state.step == cfg.max_steps:
@@ -197,9 +198,8 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
                 window_loss, window_n = 0.0, 0
             if valid is not None and (state.step % cfg.eval_every == 0 or state.step == cfg.max_steps):
                 record = record or {"step": state.step}
-                unwrapped = accelerator.unwrap_model(model)
                 record["valid"] = {k: {m: round(v, 5) for m, v in
-                                       evaluate_loss(unwrapped, valid.of_kind(k), cfg.reject_weight).items()}
+                                       evaluate_loss(head, valid.of_kind(k), cfg.reject_weight).items()}
                                    for k in cfg.labels}
             if record is not None:
                 state.history.append(record)
@@ -214,21 +214,21 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
                 progress.update(task, completed=state.step)
             stopping = stop_at_step is not None and state.step == stop_at_step and state.step < cfg.max_steps
             if main and (state.step % cfg.save_every == 0 or state.step == cfg.max_steps or stopping):
-                _save_checkpoint(out, accelerator.unwrap_model(model), optimizer, state, cfg)
+                _save_checkpoint(out, head, optimizer, state, cfg)
             if stopping:
-                accelerator.wait_for_everyone()
+                parallel.barrier()
                 if main:
                     log(f"stopped at step {state.step}; run again to resume")
                 return None
     finally:
         if progress is not None:
             progress.stop()
-    accelerator.wait_for_everyone()
+    parallel.barrier()
     final = out / "final"
     if main:
-        accelerator.unwrap_model(model).save_pretrained(final)
+        head.save_pretrained(final)
         (final / "training.json").write_text(json.dumps(
             {"config": _config_json(cfg), "data": data.meta, "examples": len(data), "processes": world,
              "history": state.history}, indent=1) + "\n")
-    accelerator.wait_for_everyone()
+    parallel.barrier()
     return final

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -43,6 +45,7 @@ from transformers import DynamicCache
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
 from specdec.loading import load_model, load_tokenizer
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config
+from specdec.train.parallel import DataParallel
 from specdec.train.presets import BlockTrainConfig
 
 IGNORE = -100  # label of a position without loss
@@ -68,6 +71,8 @@ class BlockBatch:
     next_tokens: torch.Tensor  # [B, T] long: each prefix token's successor (IGNORE at the end and on padding)
     target_hidden: torch.Tensor | None  # [B, T + m k, H_t] at block positions (zeros elsewhere), or None
     block_size: int  # k of this step
+    drawn: int = 0  # rows of the step's whole batch (all processes) that its random draws cover; 0: these B
+    own: tuple[int, int] = (0, 1)  # (first, stride): this process's rows of the whole batch (rank, processes)
 
 
 def load_records(path: str | Path, records: int | None = None) -> list[Record]:
@@ -147,7 +152,9 @@ def cached_hidden_states(target, records: list[Record], path: Path, log=print) -
     started = time.perf_counter()
     hidden = target_hidden_states(target, records)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"hidden": hidden.contiguous()}, str(path))
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # atomic: data parallel processes write it at once
+    save_file({"hidden": hidden.contiguous()}, str(tmp))
+    os.replace(tmp, path)
     log(f"target hidden states of {len(records)} records in {time.perf_counter() - started:.0f} s -> {path}")
     return hidden
 
@@ -268,8 +275,10 @@ def pack_blocks(records: list[Record], anchors: list[torch.Tensor], block_size: 
 
 
 def batch_at(records: list[Record], step: int, cfg: BlockTrainConfig,
-             hidden: torch.Tensor | None = None, gen: torch.Generator | None = None) -> BlockBatch:
-    """The training batch of ``step``: a pure function of ``cfg.seed`` and ``step`` (and the data)."""
+             hidden: torch.Tensor | None = None, gen: torch.Generator | None = None,
+             own: slice = slice(None)) -> BlockBatch:
+    """The training batch of ``step``: a pure function of ``cfg.seed`` and ``step`` (and the data);
+    with ``own``, those rows of it (the whole batch is drawn, so N processes draw as one)."""
     gen = gen or step_generator(step, cfg.seed)
     k = int(torch.randint(1, cfg.max_block_size + 1, (1,), generator=gen))
     m = -(-cfg.block_tokens // k)  # blocks per sequence
@@ -287,7 +296,8 @@ def batch_at(records: list[Record], step: int, cfg: BlockTrainConfig,
             h = hidden[i][slot].float()  # [m, H_t]
             h[drop | (a - p + 1 >= HIDDEN_SPAN)] = 0.0
             block_hidden.append(h)
-    return pack_blocks(chosen, anchors, k, cfg.seq_len, block_hidden if hidden is not None else None)
+    batch = pack_blocks(chosen[own], anchors[own], k, cfg.seq_len, block_hidden[own] if hidden is not None else None)
+    return batch if own == slice(None) else replace(batch, drawn=cfg.batch_size, own=(own.start or 0, own.step or 1))
 
 
 def glance(batch: BlockBatch, predictions: torch.Tensor, ratio: float, gen: torch.Generator) -> torch.Tensor:
@@ -301,7 +311,8 @@ def glance(batch: BlockBatch, predictions: torch.Tensor, ratio: float, gen: torc
     labelled = labels != IGNORE
     wrong = ((pred != labels) & labelled).sum(-1)  # [B, m]
     reveal_n = torch.floor(wrong.float() * ratio).long()  # [B, m]
-    scores = torch.rand(labels.shape, generator=gen).masked_fill(~labelled, 2.0)  # unlabelled last
+    scores = torch.rand((batch.drawn or batch_size, *labels.shape[1:]), generator=gen)[batch.own[0] :: batch.own[1]]
+    scores = scores.masked_fill(~labelled, 2.0)  # unlabelled last
     rank = scores.argsort(-1).argsort(-1)  # [B, m, k] position's rank among its block
     revealed = (rank < reveal_n[..., None]) & labelled
     return torch.cat([torch.zeros(batch_size, start, dtype=torch.bool), revealed.view(batch_size, -1)], 1)
@@ -331,12 +342,16 @@ def block_forward(model: BlockDrafterModel, batch: BlockBatch, revealed: torch.T
 
 
 def glancing_loss(model: BlockDrafterModel, batch: BlockBatch, ratio: float, gen: torch.Generator,
-                  label_smoothing: float, autocast: bool, prefix_weight: float = 0.0
+                  label_smoothing: float, autocast: bool, prefix_weight: float = 0.0,
+                  share: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
                   ) -> tuple[torch.Tensor, dict[str, float]]:
     """One glancing step's loss: predict, reveal, predict again with grad; returns (loss, figures).
 
     loss = cross-entropy on the unrevealed labelled block positions + ``prefix_weight`` x the
-    next-token cross-entropy at the prefix positions (through the same head)."""
+    next-token cross-entropy at the prefix positions (through the same head). Each mean, the
+    figures' too, is ``share(sum, count)``: by default ``sum / count``; data parallel, this process's
+    share of the whole batch's mean (``DataParallel.share``: the shares add up to it)."""
+    share = share or DataParallel().share
     n_block = int((batch.layout.block >= 0).sum(1).max())
     rows = head_labels(model, batch.labels)[:, -n_block:]  # [B, m k] head rows of the labels
     gold = batch.labels[:, -n_block:]  # [B, m k] token ids
@@ -348,17 +363,18 @@ def glancing_loss(model: BlockDrafterModel, batch: BlockBatch, ratio: float, gen
         revealed = glance(batch, predictions, ratio, gen)  # [B, n]
         logits = block_forward(model, batch, revealed, prefix=prefix_weight > 0).float()  # [B, n or m k, R]
     target = rows.masked_fill(revealed[:, -n_block:], IGNORE)
-    loss = F.cross_entropy(logits[:, -n_block:].flatten(0, 1), target.flatten(), ignore_index=IGNORE,
-                           label_smoothing=label_smoothing)
-    labelled = (gold != IGNORE).sum().item()
+    loss = share(F.cross_entropy(logits[:, -n_block:].flatten(0, 1), target.flatten(), ignore_index=IGNORE,
+                                 label_smoothing=label_smoothing, reduction="sum"), (target != IGNORE).sum())
+    labelled = (gold != IGNORE).sum()
     figures = {"block_loss": loss.item(),
-               "accuracy": ((drafts == gold) & (gold != IGNORE)).sum().item() / max(1, labelled),
-               "revealed": revealed.sum().item() / max(1, labelled)}
+               "accuracy": share(((drafts == gold) & (gold != IGNORE)).sum(), labelled).item(),
+               "revealed": share(revealed.sum(), labelled).item()}
     if prefix_weight > 0:
         width = batch.next_tokens.shape[1]
         next_rows = head_labels(model, batch.next_tokens)  # [B, T]
-        prefix_loss = F.cross_entropy(logits[:, :width].flatten(0, 1), next_rows.flatten(), ignore_index=IGNORE,
-                                      label_smoothing=label_smoothing)
+        prefix_loss = share(F.cross_entropy(logits[:, :width].flatten(0, 1), next_rows.flatten(), ignore_index=IGNORE,
+                                            label_smoothing=label_smoothing, reduction="sum"),
+                            (next_rows != IGNORE).sum())
         figures["prefix_loss"] = prefix_loss.item()
         loss = loss + prefix_weight * prefix_loss
     return loss, figures
@@ -457,7 +473,9 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
     """Train or resume a block drafter in ``out_dir``; the ``final`` folder at ``max_steps``, else
     None (stopped by ``stop_after_s`` or ``stop_at_step`` with a checkpoint written).
     ``reschedule_to`` moves a resumed run's ``max_steps`` (where the cosine lr and the glancing
-    anneal end): the run is then no longer equal to an uninterrupted one, and its record says so."""
+    anneal end): the run is then no longer equal to an uninterrupted one, and its record says so.
+    Under ``torchrun`` / ``accelerate launch``: data parallel (``specdec.train.parallel``; gloo, the
+    trainer runs on CPUs), the main process writes."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -470,6 +488,8 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the run's own bar and log lines only
+    parallel = DataParallel.start("cpu")
+    log = parallel.log(log)
     out = Path(out_dir)
     ckpt = out / "checkpoint"
     saved = _saved_config(ckpt)
@@ -506,6 +526,7 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
     init = load_model(cfg.init_from, device="cpu", dtype=torch.float32) if cfg.init_from else None
     model = build_block_drafter(cfg, target, draft_vocab, init)
     del target, init
+    parallel.broadcast(model)
     optimizer = make_optimizer(model, cfg)
     state = RunState(history=[])
     if saved is not None:
@@ -520,23 +541,25 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
     window: list[dict[str, float]] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn(), TextColumn("{task.fields[figures]}"))
-    with Progress(*columns, console=Console(stderr=True), disable=not progress) as bar:
+    with Progress(*columns, console=Console(stderr=True), disable=not (progress and parallel.main)) as bar:
         task = bar.add_task(f"block drafter {out.name}", total=cfg.max_steps, completed=state.step, figures="")
         while state.step < cfg.max_steps:
             step = state.step
             gen = step_generator(step, cfg.seed)
-            batch = batch_at(records, step, cfg, hidden, gen)
+            batch = batch_at(records, step, cfg, hidden, gen, own=parallel.rows(cfg.batch_size))
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
             loss, figures = glancing_loss(model, batch, glancing_ratio(step, cfg), gen, cfg.label_smoothing, cfg.bf16,
-                                          cfg.prefix_loss)
+                                          cfg.prefix_loss, share=parallel.share)
             loss.backward()
+            parallel.sync_gradients(model.parameters())
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             state.step += 1
             state.seconds = session_start + time.perf_counter() - started
-            window.append({"loss": loss.item(), **figures})
+            shares = parallel.sum(loss.detach(), *figures.values())  # the processes' shares add up to the batch's
+            window.append(dict(zip(["loss", *figures], shares)))
             record = None
             if state.step % 10 == 0 or state.step == cfg.max_steps:
                 record = {"step": state.step, "seconds": round(state.seconds, 1), "lr": round(lr_at(step, cfg), 6)}
@@ -544,10 +567,11 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
                     record[key] = round(sum(w[key] for w in window) / len(window), 4)
                 window = []
             if valid is not None and (state.step % cfg.eval_every == 0 or state.step == cfg.max_steps):
-                acc = block_acceptance(model, valid, [4, 8], valid_hidden, horizon=8)
-                model.train()
                 record = record or {"step": state.step}
-                record.update({f"tau_k{k}": round(a.tau, 3) for k, a in acc.items()})
+                if parallel.main:
+                    acc = block_acceptance(model, valid, [4, 8], valid_hidden, horizon=8)
+                    model.train()
+                    record.update({f"tau_k{k}": round(a.tau, 3) for k, a in acc.items()})
             if record is not None:
                 state.history.append(record)
                 shown = " ".join(f"{k}={v}" for k, v in record.items() if k not in ("step",))
@@ -555,18 +579,23 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
                 if not progress or not bar.console.is_terminal:
                     log(f"[{out.name}] step {state.step}/{cfg.max_steps} {shown}")
             bar.update(task, completed=state.step)
-            if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
+            if parallel.main and (state.step % cfg.save_every == 0 or state.step == cfg.max_steps):
                 _save(ckpt, model, optimizer, state, cfg)
             out_of_time = stop_after_s is not None and time.perf_counter() - started > stop_after_s
-            if (out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
-                _save(ckpt, model, optimizer, state, cfg)
+            if parallel.any(out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
+                if parallel.main:
+                    _save(ckpt, model, optimizer, state, cfg)
+                parallel.barrier()
                 log(f"stopped at step {state.step}; run the same command again to resume")
                 return None
     final = out / "final"
-    model.eval()
-    model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state)}, indent=1))
+    if parallel.main:
+        model.eval()
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                         "processes": parallel.world}, indent=1))
+    parallel.barrier()
     return final
 
 

@@ -42,6 +42,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from specdec.loading import load_model, resolve_model_path
 from specdec.train.checkpoint import saved_config
 from specdec.train.outputs import check_records, fingerprint, read_records, target_tokenizer, valid_path
+from specdec.train.parallel import DataParallel
 from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume, run_steps
 
 
@@ -299,7 +300,9 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
                   measure_prompts: int = 20, measure_tokens: int = 64, progress: bool = True,
                   log: Callable[[str], None] = print) -> Path | None:
     """Train or resume a drafter in ``out_dir``; the ``final`` folder once ``cfg.steps`` are done, else None
-    (stopped by ``stop_at_step``, ``stop_after_s`` or Ctrl-C with a checkpoint written: call again to resume)."""
+    (stopped by ``stop_at_step``, ``stop_after_s`` or Ctrl-C with a checkpoint written: call again to resume).
+    Under ``torchrun`` / ``accelerate launch``: data parallel (``specdec.train.parallel``); the main process
+    writes the checkpoints, the drafter, its measurement and card."""
     if not cfg.target or not cfg.data:
         raise ValueError("give the target (--target FOLDER) and its data (--data FILE from `specdec data outputs`)")
     for name in ("steps", "batch_size", "seq_len", "eval_every", "save_every", "eval_records"):
@@ -310,6 +313,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     hf_logging.disable_progress_bar()  # the run's own bar and log lines only
     if cfg.init not in INITS:
         raise ValueError(f"unknown --init {cfg.init!r}: use one of {', '.join(INITS)}")
+    parallel = DataParallel.start(device)
+    device, log = parallel.device, parallel.log(log)
     out = Path(out_dir)
     cfg = _resumed_config(cfg, out)
     tokenizer = target_tokenizer(cfg.target)
@@ -334,6 +339,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     if not train_data:
         raise ValueError(f"{cfg.data}: every continuation is empty; make new data with a larger --max-new-tokens")
     drafter = build_drafter(target, cfg).to(device)
+    parallel.broadcast(drafter)
     out.mkdir(parents=True, exist_ok=True)
     optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)
     state = resume(out, drafter, optimizer, log)
@@ -341,26 +347,27 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     log(f"drafter of {n_params / 1e6:.2f}M parameters ({cfg.init}, {cfg.layers} layers, width "
         f"{drafter.config.hidden_size}) for a target of {sum(p.numel() for p in target.parameters()) / 1e6:.2f}M; "
         f"{len(train_data)} records ({sum(len(e.ids) for e in train_data)} tokens), {len(valid_data)} held out; "
-        f"{cfg.steps} steps of {cfg.batch_size}, device {device}, {torch.get_num_threads()} threads")
+        f"{cfg.steps} steps of {cfg.batch_size}, device {device}, {torch.get_num_threads()} threads"
+        + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     lengths = [len(e.ids) + len(e.source or ()) for e in train_data]
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=str(device).startswith("cuda")
                               and torch.cuda.is_bf16_supported())
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
-        batch = collate([train_data[i] for i in batch_indices(lengths, cfg, step)], device)
+        batch = collate([train_data[i] for i in parallel.shard(batch_indices(lengths, cfg, step))], device)
         with autocast:
             kl, _ = distill_terms(drafter, target, batch)
         mask = batch["mask"].float()
-        return (kl * mask).sum() / mask.sum(), int(mask.sum())
+        return parallel.share((kl * mask).sum(), mask.sum()), int(mask.sum())
 
     def evaluate() -> dict:
         return held_out(drafter, target, valid_data, device) if valid_data else {}
 
-    bar = _TrainBar(cfg.steps, state.step, progress)
+    bar = _TrainBar(cfg.steps, state.step, progress and parallel.main)
     with _Interrupt() as interrupt, bar:
         finished = run_steps(out, drafter, optimizer, state, cfg, lambda step: lr_at(step, cfg), loss_at, evaluate,
                              stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=bar.log(log),
-                             stop=lambda: interrupt.hit, on_step=bar.update, unit="tokens")
+                             stop=lambda: interrupt.hit, on_step=bar.update, unit="tokens", parallel=parallel)
     if not finished:
         if interrupt.hit:
             log(f"interrupted at step {state.step}: checkpoint written to {out / 'checkpoint'}; run the same "
@@ -368,6 +375,9 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
             raise KeyboardInterrupt
         return None
     final = out / "final"
+    if not parallel.main:
+        parallel.barrier()  # the main process exports, measures and writes the card
+        return final
     drafter.eval()
     drafter.save_pretrained(final, safe_serialization=True)
     tokenizer.save_pretrained(final)
@@ -376,9 +386,10 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
         figures = measure_pair(target, drafter, valid_records, measure_prompts, measure_tokens, log)
     (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
                                                      "data": {"file": cfg.data, "target": print_},
-                                                     "figures": figures}, indent=1))
+                                                     "figures": figures, "processes": parallel.world}, indent=1))
     (final / "README.md").write_text(render_card(cfg, drafter, target, state.history, figures, print_, len(train_data),
                                                  len(valid_records)), encoding="utf-8")
+    parallel.barrier()
     return final
 
 

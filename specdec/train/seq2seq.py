@@ -42,6 +42,7 @@ from transformers import (
 
 from specdec.data.gettext import load_pairs
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint, untied_state
+from specdec.train.parallel import DataParallel
 
 
 @dataclass(frozen=True)
@@ -266,17 +267,23 @@ def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[
               loss_at: Callable[[int], tuple[torch.Tensor, int]], evaluate: Callable[[], dict],
               stop_after_s: float | None = None, stop_at_step: int | None = None,
               log: Callable[[str], None] = print, stop: Callable[[], bool] | None = None,
-              on_step: Callable[[int, float, float], None] | None = None, unit: str = "pairs") -> bool:
+              on_step: Callable[[int, float, float], None] | None = None, unit: str = "pairs",
+              parallel: DataParallel | None = None) -> bool:
     """The optimizer loop of the encoder-decoder trainers, from ``state.step`` to ``cfg.max_steps``.
 
     Each step sets the learning rate ``lr(step)``, takes ``loss_at(step)`` -> (loss, pairs in the
-    batch), clips the gradient to ``cfg.grad_clip`` and steps. Every 20 steps a record of the mean
+    batch), clips the gradient to ``cfg.grad_clip`` and steps. Under a launcher (``parallel``: see
+    ``specdec.train.parallel``) the loss is this process's share of the global batch's (its rows,
+    ``parallel.share``), gradients and figures are summed over the processes, the main process alone
+    evaluates, logs and writes checkpoints, and all stop at the same step. Every 20 steps a record of the mean
     train_loss, lr and pairs_per_s; every ``cfg.eval_every`` steps ``evaluate()``'s figures; both go
     to ``state.history`` and the log. A checkpoint (``save_run_checkpoint``) every ``cfg.save_every``
     steps and at the end. Returns False when stopped early by ``stop_after_s``, ``stop_at_step`` or
     ``stop()`` turning true (a checkpoint written: the run resumes from it), True once ``cfg.max_steps``
     is reached. ``on_step(step, mean loss, units per second)`` hears of each step (a progress bar), both
     over the steps since the last record; ``loss_at``'s count is of ``unit`` (records say ``<unit>_per_s``)."""
+    parallel = parallel or DataParallel()
+    log = parallel.log(log)
     started = time.perf_counter()
     seconds_before = state.seconds
     window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
@@ -287,12 +294,14 @@ def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[
             group["lr"] = lr(step)
         loss, pairs = loss_at(step)
         loss.backward()
+        parallel.sync_gradients(model.parameters())
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.seconds = seconds_before + time.perf_counter() - started
-        window["loss"] += loss.item()
+        step_loss, pairs = parallel.sum(loss.detach(), pairs)  # the global batch's loss and size
+        window["loss"] += step_loss
         window["n"] += 1
         window["pairs"] += pairs
         if on_step is not None:
@@ -305,17 +314,21 @@ def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[
             window = {"t": time.perf_counter(), "loss": 0.0, "n": 0, "pairs": 0}
         if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
             record = record or {"step": state.step}
-            record.update(evaluate())
+            if parallel.main:
+                record.update(evaluate())
         if record is not None:
             record["elapsed_s"] = round(state.seconds)
             state.history.append(record)
             log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
                 + " ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
-        if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
+        if parallel.main and (state.step % cfg.save_every == 0 or state.step == cfg.max_steps):
             save_run_checkpoint(out, model, optimizer, state, cfg)
         out_of_time = stop_after_s is not None and time.perf_counter() - started > stop_after_s
-        if (out_of_time or state.step == stop_at_step or (stop is not None and stop())) and state.step < cfg.max_steps:
-            save_run_checkpoint(out, model, optimizer, state, cfg)
+        stopping = parallel.any(out_of_time or state.step == stop_at_step or (stop is not None and stop()))
+        if stopping and state.step < cfg.max_steps:
+            if parallel.main:
+                save_run_checkpoint(out, model, optimizer, state, cfg)
+            parallel.barrier()
             log(f"stopped at step {state.step}; run again to resume")
             return False
     return True
@@ -326,7 +339,10 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
                   log: Callable[[str], None] = print) -> Path | None:
     """Train (or resume) one encoder-decoder. Returns the ``final`` folder once ``max_steps`` is
     reached, else None (stopped by ``stop_after_s`` or ``stop_at_step`` with a checkpoint
-    written: call again to resume)."""
+    written: call again to resume). Under ``torchrun`` / ``accelerate launch``: data parallel
+    (``specdec.train.parallel``), the main process writes."""
+    parallel = DataParallel.start(device)
+    device, log = parallel.device, parallel.log(log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -344,32 +360,37 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
             raise ValueError(f"--init-from {cfg.init_from} has vocabulary {model.config.vocab_size}, "
                              f"the tokenizer {len(tokenizer)}: use the tokenizer it was trained with")
     model = model.to(device)
+    parallel.broadcast(model)
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     state = resume(out, model, optimizer, log)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"training {n_params / 1e6:.2f}M parameters on {len(train_examples)} pairs "
         f"({sum(len(e.tgt) for e in train_examples) / 1e6:.2f}M target tokens, "
         f"{'the target translations ' + cfg.translations if cfg.translations else 'references'}), "
-        f"{cfg.max_steps} steps of {cfg.batch_size} pairs, device {device}, {torch.get_num_threads()} threads")
+        f"{cfg.max_steps} steps of {cfg.batch_size} pairs, device {device}, {torch.get_num_threads()} threads"
+        + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
-        batch = collate([train_examples[i] for i in batch_indices(lengths, cfg, step)], pad)
+        batch = collate([train_examples[i] for i in parallel.shard(batch_indices(lengths, cfg, step))], pad)
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = _logits(model, batch)  # [B, T, V]
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
-                               label_smoothing=cfg.label_smoothing)
-        return loss, batch["input_ids"].shape[0]
+                               label_smoothing=cfg.label_smoothing, reduction="sum")
+        return parallel.share(loss, (batch["labels"] != -100).sum()), batch["input_ids"].shape[0]
 
     finished = run_steps(out, model, optimizer, state, cfg, lambda step: lr_at(step, cfg), loss_at,
                          lambda: {"val_loss": round(validation_loss(model, val_examples, pad), 4)},
-                         stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log)
+                         stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log, parallel=parallel)
     if not finished:
         return None
     final = out / "final"
-    model.eval()
-    model.generation_config = generation_config(tokenizer, cfg.shape.max_position_embeddings)
-    model.save_pretrained(final, safe_serialization=True)
-    tokenizer.save_pretrained(final)
-    (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state)}, indent=1))
+    if parallel.main:
+        model.eval()
+        model.generation_config = generation_config(tokenizer, cfg.shape.max_position_embeddings)
+        model.save_pretrained(final, safe_serialization=True)
+        tokenizer.save_pretrained(final)
+        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                         "processes": parallel.world}, indent=1))
+    parallel.barrier()
     return final
 
 

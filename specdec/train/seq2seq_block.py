@@ -39,6 +39,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 
 from specdec.drafters.block import SEQ2SEQ_BLOCK
 from specdec.seq2seq import block_attention_mask, decoder_start_id
+from specdec.train.parallel import DataParallel
 from specdec.train.seq2seq import (
     Example,
     Seq2SeqTrainConfig,
@@ -173,7 +174,10 @@ def evaluate_blocks(model: PreTrainedModel, examples: list[Example], k: int, sta
 def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: str = "cpu",
                         stop_after_s: float | None = None, log: Callable[[str], None] = print) -> Path | None:
     """Train (or resume) the block drafter. Returns the ``final`` folder, or None when stopped early
-    by ``stop_after_s`` (a checkpoint is written: call again to resume)."""
+    by ``stop_after_s`` (a checkpoint is written: call again to resume). Under ``torchrun`` /
+    ``accelerate launch``: data parallel (``specdec.train.parallel``), the main process writes."""
+    parallel = DataParallel.start(device)
+    device, log = parallel.device, parallel.log(log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -195,6 +199,7 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     lengths = [len(e.src) + len(e.tgt) for e in train]
     model = build_drafter(target, cfg, mask).to(device)
     del target
+    parallel.broadcast(model)
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     state = resume(out, model, optimizer, log)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -205,26 +210,35 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
         part = [train[i] for i in batch_indices(lengths, data_cfg, step)]
         rng = random.Random(cfg.seed * 1_000_003 + step)  # k and cuts: a pure function of the step (exact resume)
         k = rng.randint(1, cfg.max_block_size)
-        rows = block_rows(part, draw_cuts(part, k, model.config.max_position_embeddings, rng), k, start, mask, pad)
+        cuts = draw_cuts(part, k, model.config.max_position_embeddings, rng)  # the whole batch's: rows then shard
+        part, cuts = zip(*parallel.shard(list(zip(part, cuts))))
+        rows = block_rows(list(part), list(cuts), k, start, mask, pad)
         rows = BlockRows(**{f.name: getattr(rows, f.name).to(device) for f in fields(rows)})
         logits = block_logits(model, rows).flatten(0, 1)  # [B*T, V]
-        loss = F.cross_entropy(logits, rows.block_labels.flatten(), ignore_index=-100,
-                               label_smoothing=cfg.label_smoothing)
+
+        def mean_ce(labels: torch.Tensor) -> torch.Tensor:  # over the global batch's labelled positions
+            loss = F.cross_entropy(logits, labels.flatten(), ignore_index=-100, label_smoothing=cfg.label_smoothing,
+                                   reduction="sum")
+            return parallel.share(loss, (labels != -100).sum())
+
+        loss = mean_ce(rows.block_labels)
         if cfg.prefix_loss:
-            loss = loss + cfg.prefix_loss * F.cross_entropy(logits, rows.prefix_labels.flatten(), ignore_index=-100,
-                                                            label_smoothing=cfg.label_smoothing)
+            loss = loss + cfg.prefix_loss * mean_ce(rows.prefix_labels)
         return loss, len(part)
 
     finished = run_steps(out, model, optimizer, state, cfg, lambda step: lr_at(step, data_cfg), loss_at,
                          lambda: evaluate_blocks(model, held, cfg.max_block_size, start, mask, pad, seed=cfg.seed),
-                         stop_after_s=stop_after_s, log=log)
+                         stop_after_s=stop_after_s, log=log, parallel=parallel)
     if not finished:
         return None
     final = out / "final"
-    model.eval()
-    for name in ("dropout", "attention_dropout", "activation_dropout"):
-        setattr(model.config, name, 0.0)
-    model.save_pretrained(final, safe_serialization=True)
-    tokenizer.save_pretrained(final)
-    (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state)}, indent=1))
+    if parallel.main:
+        model.eval()
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            setattr(model.config, name, 0.0)
+        model.save_pretrained(final, safe_serialization=True)
+        tokenizer.save_pretrained(final)
+        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                         "processes": parallel.world}, indent=1))
+    parallel.barrier()
     return final

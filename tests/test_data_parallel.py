@@ -1,0 +1,162 @@
+"""Data parallel training (``specdec.train.parallel``): the trainers, launched unchanged as two gloo
+processes by ``torchrun`` or ``accelerate launch``, take the optimizer steps one process takes, and a
+checkpoint written by two processes resumes with one.
+
+Each step's global batch is split over the processes and their gradients summed, so two processes
+compute the same update as one; what differs is the order of float32 sums (each process's smaller,
+less padded batch, then the all-reduce), a relative error of about 1e-7 per operation. AdamW divides
+each gradient by its running root mean square, so over a few steps the weights stay within about
+1e-6 of each other (the largest difference seen here: ~1e-7 on weights of order 0.1-1); the tolerances
+below (1e-5 on weights, 1e-4 relative on the recorded losses and figures) leave a margin of ten and
+still fail on any real divergence: one step on a different batch, a gradient averaged instead of
+summed (half the update) or a loss normalised per process changes them by 1e-3 and more.
+The models have no dropout (each process would draw its own masks). The acceptance head's own test
+is in test_heads.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_tiny, char_tokenizer
+from safetensors.torch import load_file
+from tiny_models import build_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec.train.block import train_block_drafter
+from specdec.train.drafter import DrafterTrainConfig, train_drafter
+from specdec.train.outputs import user_outputs
+from specdec.train.presets import BlockTrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [f"def f{i}(x{i}):" for i in range(12)] + [f"for i in range({i}):" for i in range(12)]
+TIMING = {"elapsed_s", "seconds", "tokens_per_s", "pairs_per_s"}  # wall-clock figures, not compared
+
+
+def _launch(launcher: str, *argv: str) -> str:
+    """``specdec ARGV`` as two gloo processes; returns their stdout (the run must succeed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", port, "-m", "specdec", *argv]
+    else:
+        # accelerate's --cpu starts one process (or mpirun); --multi_gpu starts N with torchrun's launcher, and
+        # the trainer's CPU device makes them gloo processes
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+               "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1",
+               "--main_process_port", port, "-m", "specdec", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def _same_history(one: list[dict], two: list[dict], skip: frozenset = frozenset()) -> None:
+    assert [r["step"] for r in one] == [r["step"] for r in two]
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys(), (a, b)
+        for key in a.keys() - TIMING - skip:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key, a[key], b[key])
+
+
+def _same_weights(one: Path, two: Path) -> None:
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny Llama target folder (no dropout) and its `specdec data outputs` file."""
+    root = tmp_path_factory.mktemp("ddp")
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                                         initializer_range=0.3))
+    model.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    user_outputs(str(root / "target"), root / "prompts.txt", root / "data.jsonl", max_new_tokens=8, batch_size=8,
+                 valid_share=0.25, progress=False, log=lambda m: None)
+    return root / "target", root / "data.jsonl"
+
+
+def test_two_processes_train_a_drafter_as_one_and_their_checkpoint_resumes_with_one(own, tmp_path):
+    """`specdec train drafter` (the shared optimizer loop of every encoder-decoder trainer too) under
+    torchrun: the history and the drafter equal one process's; stopped at step 4 by two processes, the
+    run resumes with one and ends where one process's uninterrupted run ends."""
+    target, data = own
+    cfg = DrafterTrainConfig(target=str(target), data=str(data), layers=1, hidden=16, steps=8, batch_size=6,
+                             eval_every=2, save_every=4, lr=3e-3, warmup_steps=2)
+    flags = ["--target", str(target), "--data", str(data), "--layers", "1", "--hidden", "16", "--steps", "8",
+             "--batch-size", "6", "--eval-every", "2", "--save-every", "4", "--lr", "3e-3", "--warmup-steps", "2",
+             "--no-measure"]
+    stdout = _launch("torchrun", "train", "drafter", "--out", str(tmp_path / "two"), *flags)
+    assert stdout.count("2 processes") == 1, stdout  # the main process alone logs
+    _launch("torchrun", "train", "drafter", "--out", str(tmp_path / "mixed"), "--stop-at-step", "4", *flags)
+    assert not (tmp_path / "mixed" / "final").exists()
+    quiet = {"measure": False, "progress": False, "log": lambda m: None}
+    one = train_drafter(cfg, tmp_path / "one", **quiet)
+    mixed = train_drafter(cfg, tmp_path / "mixed", **quiet)  # the two-process checkpoint, resumed by one process
+    two = json.loads((tmp_path / "two" / "final" / "training.json").read_text())
+    assert two["processes"] == 2 and json.loads((one / "training.json").read_text())["processes"] == 1
+    history = json.loads((one / "training.json").read_text())["state"]["history"]
+    assert [r["step"] for r in history if "val_kl" in r] == [2, 4, 6, 8] and "train_loss" in history[-1]
+    _same_history(history, two["state"]["history"])
+    # a resumed run's last train_loss is the mean of its own steps since the resume (so for one process too)
+    _same_history(history, json.loads((mixed / "training.json").read_text())["state"]["history"], {"train_loss"})
+    for other in (tmp_path / "two" / "final", mixed):
+        _same_weights(one, other)
+    assert (tmp_path / "two" / "final" / "README.md").is_file()
+
+
+def test_two_processes_train_a_block_drafter_as_one(tmp_path):
+    """`specdec train block-drafter` under accelerate launch: each process packs its rows of the step's
+    batch, the glancing draws are the whole batch's, so the losses, figures and weights equal one process's."""
+    tok = char_tokenizer()
+    target = build_tiny("llama", vocab_size=len(tok), hidden=32, layers=1, eos_token_id=tok.eos_token_id)
+    target.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    gen = torch.Generator().manual_seed(5)
+    lines = []
+    for i in range(16):
+        ids = torch.randint(0, len(tok), (int(torch.randint(12, 24, (1,), generator=gen)),), generator=gen).tolist()
+        lines.append(json.dumps({"id": f"r{i}", "prompt_ids": ids[:6], "ids": ids[6:], "temperature": 0.0}))
+    (tmp_path / "outputs.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = BlockTrainConfig(target=str(tmp_path / "target"), init_from="", outputs=str(tmp_path / "outputs.jsonl"),
+                           valid=str(tmp_path / "outputs.jsonl"), valid_records=4, hidden_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=32, max_block_size=4, draft_vocab_size=20,
+                           condition_on_target=True, block_tokens=8, seq_len=32, batch_size=5, max_steps=10,
+                           warmup_steps=2, eval_every=5, save_every=5, lr=3e-3)
+    flags = [f"--{name.replace('_', '-')}={getattr(cfg, name)}" for name in
+             ("target", "init_from", "outputs", "valid", "valid_records", "hidden_size", "num_hidden_layers",
+              "num_attention_heads", "intermediate_size", "max_block_size", "draft_vocab_size", "block_tokens",
+              "seq_len", "batch_size", "max_steps", "warmup_steps", "eval_every", "save_every", "lr")]
+    _launch("accelerate", "train", "block-drafter", "--out", str(tmp_path / "two"), "--condition-on-target", *flags)
+    one = train_block_drafter(cfg, tmp_path / "one", log=lambda *_: None, progress=False)
+    two = json.loads((tmp_path / "two" / "final" / "training.json").read_text())
+    history = json.loads((one / "training.json").read_text())["state"]["history"]
+    assert two["processes"] == 2 and [r["step"] for r in history] == [5, 10]
+    assert {"loss", "block_loss", "prefix_loss", "accuracy", "revealed", "tau_k4"} <= history[-1].keys()
+    _same_history(history, two["state"]["history"])
+    _same_weights(one, tmp_path / "two" / "final")
+
+
+def test_a_batch_smaller_than_the_processes_is_refused():
+    from specdec.train.parallel import DataParallel
+
+    assert DataParallel(rank=1, world=2).shard([10, 11, 12, 13, 14]) == [11, 13]
+    with pytest.raises(ValueError, match="batch size of at least 3"):
+        DataParallel(rank=0, world=3).shard([1, 2])
