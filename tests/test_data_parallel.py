@@ -2,16 +2,15 @@
 processes by ``torchrun`` or ``accelerate launch``, take the optimizer steps one process takes, and a
 checkpoint written by two processes resumes with one.
 
-Each step's global batch is split over the processes and their gradients summed, so two processes
-compute the same update as one; what differs is the order of float32 sums (each process's smaller,
-less padded batch, then the all-reduce), a relative error of about 1e-7 per operation. AdamW divides
-each gradient by its running root mean square, so over a few steps the weights stay within about
-1e-6 of each other (the largest difference seen here: ~1e-7 on weights of order 0.1-1); the tolerances
-below (1e-5 on weights, 1e-4 relative on the recorded losses and figures) leave a margin of ten and
-still fail on any real divergence: one step on a different batch, a gradient averaged instead of
-summed (half the update) or a loss normalised per process changes them by 1e-3 and more.
-The models have no dropout (each process would draw its own masks). The acceptance head's own test
-is in test_heads.py.
+Tolerance. Each step's global batch is split over the processes and their gradients summed, so two
+processes compute the same update as one; what differs is the order of float32 sums (each process's
+smaller, less padded batch, then the all-reduce), about 1e-7 relative per operation. Measured on
+these runs: the weights (of order 1) differ by at most 2e-7 (drafter) and 1.2e-7 (block drafter),
+and the recorded losses and figures (rounded to 4 digits) not at all. The tolerances, 1e-5 on the
+weights and 1e-4 relative on the history, leave a margin of 50 and still fail on a real divergence:
+with the gradients left unsynced (each process stepping on its own rows) the drafter's weights
+differ by 2e-2 and its losses by 5e-3 relative. The models have no dropout (each process would draw
+its own masks). The acceptance head's own test is in test_heads.py.
 """
 
 from __future__ import annotations
@@ -21,13 +20,14 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import build_tiny, char_tokenizer
 from safetensors.torch import load_file
-from tiny_models import build_tokenizer
+from tiny_models import build_tokenizer, toy_corpus, train_texts
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.train.block import train_block_drafter
@@ -152,6 +152,46 @@ def test_two_processes_train_a_block_drafter_as_one(tmp_path):
     assert {"loss", "block_loss", "prefix_loss", "accuracy", "revealed", "tau_k4"} <= history[-1].keys()
     _same_history(history, two["state"]["history"])
     _same_weights(one, tmp_path / "two" / "final")
+
+
+def test_two_processes_train_the_encoder_decoders_as_one(tmp_path):
+    """`specdec train seq2seq` and `seq2seq-block-drafter` (their own batches and losses, the shared loop)
+    under torchrun on a toy word-for-word corpus: the history and the weights equal one process's."""
+    from specdec.data.seq2seq_tokenizer import train_seq2seq_tokenizer
+    from specdec.train.seq2seq import PRESETS, train_seq2seq, write_translations
+    from specdec.train.seq2seq_block import Seq2SeqBlockConfig, train_seq2seq_block
+
+    words = {"open": "öffnen", "file": "Datei", "the": "die", "save": "speichern", "new": "neue", "error": "Fehler"}
+    data = toy_corpus(words, {"train": 48, "validation": 8, "test": 4}, 5, tmp_path / "data")
+    train_seq2seq_tokenizer(train_texts(data), vocab_size=200).save_pretrained(tmp_path / "tok")
+    cfg = replace(PRESETS["tiny"], data=str(data), tokenizer=str(tmp_path / "tok"), batch_size=6, max_steps=10,
+                  eval_every=5, save_every=5, eval_pairs=8)  # tiny: no dropout
+    quiet = {"log": lambda m: None}
+    one = train_seq2seq(cfg, tmp_path / "one", **quiet)
+    _launch("torchrun", "train", "seq2seq", "--preset", "tiny", "--data", str(data), "--tokenizer", str(tmp_path / "tok"),
+            "--batch-size", "6", "--max-steps", "10", "--eval-every", "5", "--save-every", "5", "--eval-pairs", "8",
+            "--out", str(tmp_path / "two"))
+    history = json.loads((one / "training.json").read_text())["state"]["history"]
+    two = json.loads((tmp_path / "two" / "final" / "training.json").read_text())
+    assert two["processes"] == 2 and [r["step"] for r in history if "val_loss" in r] == [5, 10]
+    _same_history(history, two["state"]["history"])
+    _same_weights(one, tmp_path / "two" / "final")
+
+    translations = tmp_path / "translations.jsonl"
+    write_translations(one, data, translations, split="train", batch_size=48, log=lambda m: None)
+    block = Seq2SeqBlockConfig(target=str(one), data=str(data), translations=str(translations), decoder_layers=1,
+                               max_block_size=4, batch_size=6, max_steps=8, eval_every=4, save_every=4, eval_pairs=4,
+                               warmup_steps=2, lr=3e-3, dropout=0.0)
+    flags = [f"--{name.replace('_', '-')}={getattr(block, name)}" for name in
+             ("target", "data", "translations", "decoder_layers", "max_block_size", "batch_size", "max_steps",
+              "eval_every", "save_every", "eval_pairs", "warmup_steps", "lr", "dropout")]
+    _launch("torchrun", "train", "seq2seq-block-drafter", "--out", str(tmp_path / "block-two"), *flags)
+    one = train_seq2seq_block(block, tmp_path / "block-one", **quiet)
+    history = json.loads((one / "training.json").read_text())["state"]["history"]
+    two = json.loads((tmp_path / "block-two" / "final" / "training.json").read_text())
+    assert two["processes"] == 2 and [r["step"] for r in history if "accepted_per_block" in r] == [4, 8]
+    _same_history(history, two["state"]["history"])
+    _same_weights(one, tmp_path / "block-two" / "final")
 
 
 def test_a_batch_smaller_than_the_processes_is_refused():
