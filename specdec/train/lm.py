@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from specdec.data.stdlib import load_split
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint
 from specdec.train.outputs import outputs_stream
+from specdec.train.parallel import DataParallel
 from specdec.train.presets import ModelShape, TrainConfig
 
 
@@ -128,7 +129,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
           stop_at_step: int | None = None) -> Path | None:
     """Train (or resume) one model. Returns the ``final`` folder once ``max_steps`` is reached,
     else None (stopped early by ``stop_after_s`` seconds or at step ``stop_at_step``, with a
-    checkpoint written; call again to resume)."""
+    checkpoint written; call again to resume). Under ``torchrun`` / ``accelerate launch``: data
+    parallel (``specdec.train.parallel``), the main process writes."""
+    parallel = DataParallel.start(device)
+    device, log = parallel.device, parallel.log(_log)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -150,6 +154,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
             raise ValueError(f"--init-from {cfg.init_from} has another vocabulary than the tokenizer")
         model = start
     model = model.to(device)
+    parallel.broadcast(model)
     teacher = None
     if cfg.teacher is not None:
         teacher = AutoModelForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).to(device).eval()
@@ -165,13 +170,13 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     state = TrainState(history=[])
     if (out / "checkpoint").exists():
         state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
-        _log(f"resumed {out} at step {state.step}")
+        log(f"resumed {out} at step {state.step}")
     n_params = sum(p.numel() for p in model.parameters())
-    _log(f"training {n_params / 1e6:.2f}M parameters on {len(train_stream) / 1e6:.2f}M tokens, "
+    log(f"training {n_params / 1e6:.2f}M parameters on {len(train_stream) / 1e6:.2f}M tokens, "
          f"{cfg.max_steps} steps of {cfg.batch_size}x{cfg.seq_len}, device {device}, "
          f"teacher {cfg.teacher or 'none'}"
          + (f", {cfg.outputs_share:.0%} of windows from {cfg.outputs} ({len(outputs) / 1e6:.2f}M tokens)"
-            if outputs is not None else ""))
+            if outputs is not None else "") + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     amp_device = "cuda" if str(device).startswith("cuda") else "cpu"
     started = time.perf_counter()
     window_t, window_tokens, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
@@ -180,24 +185,27 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         step = state.step
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        batch = batch_at(train_stream, step, cfg, outputs).to(device)  # [B, T + 1]
+        batch = batch_at(train_stream, step, cfg, outputs)[parallel.rows(cfg.batch_size)].to(device)  # [B, T + 1]
         inputs, labels = batch[:, :-1], batch[:, 1:]
         with torch.autocast(amp_device, dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = model(input_ids=inputs).logits.float()  # [B, T, V]
-            ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            # means over the global batch's tokens (this process's share of them: specdec.train.parallel)
+            ce = parallel.share(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"), labels.numel())
             loss = ce
             if teacher is not None:
                 with torch.no_grad():
                     p_log = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)  # [B, T, V]
                 kl = F.kl_div(F.log_softmax(logits, dim=-1), p_log, log_target=True, reduction="none")
-                loss = cfg.kd_weight * kl.sum(-1).mean() + (1 - cfg.kd_weight) * ce
+                loss = cfg.kd_weight * parallel.share(kl.sum(), labels.numel()) + (1 - cfg.kd_weight) * ce
         loss.backward()
+        parallel.sync_gradients(model.parameters())
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
-        window_tokens += inputs.numel()
-        window_loss += ce.item()
+        step_ce, tokens = parallel.sum(ce.detach(), inputs.numel())  # the global batch's
+        window_tokens += tokens
+        window_loss += step_ce
         window_n += 1
         record = None
         if state.step % 10 == 0 or state.step == cfg.max_steps:
@@ -207,20 +215,27 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
             window_t, window_tokens, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
         if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
             record = record or {"step": state.step}
-            record["val_loss"] = round(stream_loss(model, val_stream, cfg.seq_len, cfg.eval_windows,
-                                                   bf16=cfg.bf16 and amp_device == "cpu"), 4)
+            if parallel.main:
+                record["val_loss"] = round(stream_loss(model, val_stream, cfg.seq_len, cfg.eval_windows,
+                                                       bf16=cfg.bf16 and amp_device == "cpu"), 4)
         if record is not None:
             state.history.append(record)
-            _log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
-                 + " ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
-        if state.step % cfg.save_every == 0 or state.step == cfg.max_steps:
+            log(f"[{out.name}] step {state.step}/{cfg.max_steps} "
+                + " ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+        if parallel.main and (state.step % cfg.save_every == 0 or state.step == cfg.max_steps):
             _save_checkpoint(out, model, optimizer, state, cfg)
         out_of_time = stop_after_s is not None and time.perf_counter() - started > stop_after_s
-        if (out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
-            _save_checkpoint(out, model, optimizer, state, cfg)
-            _log(f"stopped at step {state.step}; run again to resume")
+        if parallel.any(out_of_time or state.step == stop_at_step) and state.step < cfg.max_steps:
+            if parallel.main:
+                _save_checkpoint(out, model, optimizer, state, cfg)
+            parallel.barrier()
+            log(f"stopped at step {state.step}; run again to resume")
             return None
-    return _write_final(out / "final", model, tokenizer)
+    final = out / "final"
+    if parallel.main:
+        _write_final(final, model, tokenizer)
+    parallel.barrier()
+    return final
 
 
 def _write_final(final: Path, model, tokenizer) -> Path:
