@@ -302,7 +302,7 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     """Train or resume a drafter in ``out_dir``; the ``final`` folder once ``cfg.steps`` are done, else None
     (stopped by ``stop_at_step``, ``stop_after_s`` or Ctrl-C with a checkpoint written: call again to resume).
     Under ``torchrun`` / ``accelerate launch``: data parallel (``specdec.train.parallel``); the main process
-    writes the checkpoints, the drafter, its measurement and card."""
+    writes the checkpoints, then the drafter, its measurement and card while the others have returned."""
     if not cfg.target or not cfg.data:
         raise ValueError("give the target (--target FOLDER) and its data (--data FILE from `specdec data outputs`)")
     for name in ("steps", "batch_size", "seq_len", "eval_every", "save_every", "eval_records"):
@@ -375,8 +375,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
             raise KeyboardInterrupt
         return None
     final = out / "final"
-    if not parallel.main:
-        parallel.barrier()  # the main process exports, measures and writes the card
+    parallel.barrier()  # the main process has written the last checkpoint
+    if not parallel.main:  # it alone exports, measures and writes the card (minutes: nobody waits in a collective)
         return final
     drafter.eval()
     drafter.save_pretrained(final, safe_serialization=True)
@@ -389,7 +389,6 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
                                                      "figures": figures, "processes": parallel.world}, indent=1))
     (final / "README.md").write_text(render_card(cfg, drafter, target, state.history, figures, print_, len(train_data),
                                                  len(valid_records)), encoding="utf-8")
-    parallel.barrier()
     return final
 
 

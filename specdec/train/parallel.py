@@ -1,5 +1,6 @@
 """Data parallel training under a distributed launcher (``torchrun``, ``accelerate launch``), shared by
-every trainer's optimizer loop: the drafter, the block drafters, the acceptance head, the encoder-decoders.
+every trainer's optimizer loop: drafters, block drafters, the acceptance head, the language models and
+the encoder-decoders.
 
 Contract: ``DataParallel.start(device)`` is this process's place in the run: ``rank``, ``world`` (the
 number of processes), ``main`` (rank 0) and ``device`` (under a launcher a CUDA device is the process's
@@ -16,8 +17,10 @@ The recipe each loop follows, so that N processes take the optimizer steps one p
   every process then holds the gradient of the global mean, the one process's gradient, and takes the
   same optimizer step (the same clipping, the same AdamW update);
 - checkpoints, the final export, the model card and the measurement are written by the main process
-  while the others wait at ``barrier``; nothing is wrapped, so a checkpoint holds the plain model and
-  optimizer and a run resumes with any number of processes (the batch of step s does not depend on it).
+  while the others wait at ``barrier`` (the drafter's measurement, minutes long, comes after they have
+  left, as a collective times out after 10 to 30 minutes); nothing is wrapped, so a checkpoint holds the plain
+  model and optimizer and a run resumes with any number of processes (the batch of step s does not
+  depend on it).
 
 Why not ``DistributedDataParallel``'s wrapper: it syncs only what goes through its own ``forward``,
 while our losses call the models' own methods and attributes (a block drafter's draft vocabulary, the
@@ -29,6 +32,7 @@ process draws its own), so a model trained with dropout follows the same curve o
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +42,14 @@ import torch
 
 T = TypeVar("T")
 BUCKET_BYTES = 32 * 2**20  # gradients all-reduced together (DDP's default bucket is 25 MiB)
+
+
+def _close() -> None:
+    """End the process group at exit (torch warns of one left open)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class DataParallel:
         state = PartialState(cpu=kind == "cpu")
         if state.num_processes <= 1:
             return cls(device=device)
+        atexit.register(_close)
         if kind == "cuda":
             device = state.device  # cuda:LOCAL_RANK: one GPU per process
             torch.cuda.set_device(device)
