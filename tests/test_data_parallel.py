@@ -32,7 +32,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec.train.block import train_block_drafter
 from specdec.train.drafter import DrafterTrainConfig, train_drafter
-from specdec.train.outputs import user_outputs
+from specdec.train.outputs import read_records, user_outputs
 from specdec.train.presets import BlockTrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,13 +98,15 @@ def own(tmp_path_factory) -> tuple[Path, Path]:
 def test_two_processes_train_a_drafter_as_one_and_their_checkpoint_resumes_with_one(own, tmp_path):
     """`specdec train drafter` (the shared optimizer loop of every encoder-decoder trainer too) under
     torchrun: the history and the drafter equal one process's; stopped at step 4 by two processes, the
-    run resumes with one and ends where one process's uninterrupted run ends."""
+    run resumes with one and ends where one process's uninterrupted run ends. A batch of all records but
+    one makes each epoch's second batch a single row, which both processes compute whole."""
     target, data = own
-    cfg = DrafterTrainConfig(target=str(target), data=str(data), layers=1, hidden=16, steps=8, batch_size=6,
+    batch = len(read_records(data)) - 1
+    cfg = DrafterTrainConfig(target=str(target), data=str(data), layers=1, hidden=16, steps=8, batch_size=batch,
                              eval_every=2, save_every=4, lr=3e-3, warmup_steps=2)
     flags = ["--target", str(target), "--data", str(data), "--layers", "1", "--hidden", "16", "--steps", "8",
-             "--batch-size", "6", "--eval-every", "2", "--save-every", "4", "--lr", "3e-3", "--warmup-steps", "2",
-             "--no-measure"]
+             "--batch-size", str(batch), "--eval-every", "2", "--save-every", "4", "--lr", "3e-3", "--warmup-steps",
+             "2", "--no-measure"]
     stdout = _launch("torchrun", "train", "drafter", "--out", str(tmp_path / "two"), *flags)
     assert stdout.count("2 processes") == 1, stdout  # the main process alone logs
     _launch("torchrun", "train", "drafter", "--out", str(tmp_path / "mixed"), "--stop-at-step", "4", *flags)
@@ -239,9 +241,12 @@ def test_two_processes_train_a_language_model_as_one(tmp_path):
     _same_weights(tmp_path / "one" / "final", tmp_path / "two" / "final")
 
 
-def test_a_batch_smaller_than_the_processes_is_refused():
+def test_rows_are_split_by_rank_and_a_batch_smaller_than_the_processes_is_computed_by_each():
     from specdec.train.parallel import DataParallel
 
     assert DataParallel(rank=1, world=2).shard([10, 11, 12, 13, 14]) == [11, 13]
-    with pytest.raises(ValueError, match="batch size of at least 3"):
-        DataParallel(rank=0, world=3).shard([1, 2])
+    assert DataParallel(rank=0, world=2).shard([10, 11, 12, 13, 14]) == [10, 12, 14]
+    assert DataParallel(rank=2, world=3).shard([1, 2]) == [1, 2]  # each holds 1/3 of the loss: share() counts 3x
+    one = DataParallel()
+    assert one.sum(2, torch.tensor(3.5)) == [2.0, 3.5] and one.any(True) and not one.any(False)
+    assert one.share(torch.tensor(6.0), 4).item() == 1.5 and one.share(torch.tensor(6.0), 0).item() == 0.0

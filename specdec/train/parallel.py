@@ -85,14 +85,14 @@ class DataParallel:
         return cls(rank=state.process_index, world=state.num_processes, device=device)
 
     def rows(self, batch_size: int) -> slice:
-        """This process's rows of a global batch of ``batch_size``: rank, rank + world, ..."""
-        if batch_size < self.world:
-            raise ValueError(f"a batch of {batch_size} cannot be split over {self.world} processes: "
-                             f"give a batch size of at least {self.world}")
-        return slice(self.rank, None, self.world)
+        """This process's rows of a global batch of ``batch_size``: rank, rank + world, ...; all of them
+        when the batch has fewer rows than there are processes (an epoch's last batch, say): every
+        process then computes the whole batch, and as the loss terms' count is summed over the
+        processes (``share``), each holds 1/world of the loss and the summed gradients are one process's."""
+        return slice(self.rank, None, self.world) if batch_size >= self.world else slice(None)
 
     def shard(self, rows: Sequence[T]) -> list[T]:
-        """This process's rows of the global batch ``rows``."""
+        """This process's rows of the global batch ``rows`` (see ``rows``)."""
         return list(rows[self.rows(len(rows))])
 
     def sum(self, *values: float | torch.Tensor) -> list[float]:

@@ -272,16 +272,17 @@ def run_steps(out: Path, model, optimizer, state: TrainState, cfg, lr: Callable[
     """The optimizer loop of the encoder-decoder trainers, from ``state.step`` to ``cfg.max_steps``.
 
     Each step sets the learning rate ``lr(step)``, takes ``loss_at(step)`` -> (loss, pairs in the
-    batch), clips the gradient to ``cfg.grad_clip`` and steps. Under a launcher (``parallel``: see
-    ``specdec.train.parallel``) the loss is this process's share of the global batch's (its rows,
-    ``parallel.share``), gradients and figures are summed over the processes, the main process alone
-    evaluates, logs and writes checkpoints, and all stop at the same step. Every 20 steps a record of the mean
+    batch), clips the gradient to ``cfg.grad_clip`` and steps. Every 20 steps a record of the mean
     train_loss, lr and pairs_per_s; every ``cfg.eval_every`` steps ``evaluate()``'s figures; both go
     to ``state.history`` and the log. A checkpoint (``save_run_checkpoint``) every ``cfg.save_every``
     steps and at the end. Returns False when stopped early by ``stop_after_s``, ``stop_at_step`` or
     ``stop()`` turning true (a checkpoint written: the run resumes from it), True once ``cfg.max_steps``
     is reached. ``on_step(step, mean loss, units per second)`` hears of each step (a progress bar), both
-    over the steps since the last record; ``loss_at``'s count is of ``unit`` (records say ``<unit>_per_s``)."""
+    over the steps since the last record; ``loss_at``'s count is of ``unit`` (records say ``<unit>_per_s``).
+    Data parallel (``parallel``, see ``specdec.train.parallel``): ``loss_at`` returns this process's
+    share of the global batch's loss (its rows, ``parallel.share``) and its own count; gradients, loss
+    and counts are summed over the processes, the main process alone evaluates, logs and writes the
+    checkpoints, and all stop at the same step."""
     parallel = parallel or DataParallel()
     log = parallel.log(log)
     started = time.perf_counter()
