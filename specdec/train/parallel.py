@@ -80,7 +80,7 @@ class DataParallel:
             return cls(device=device)
         atexit.register(_close)
         if kind == "cuda":
-            device = state.device  # cuda:LOCAL_RANK: one GPU per process
+            device = str(state.device)  # cuda:LOCAL_RANK: one GPU per process
             torch.cuda.set_device(device)
         return cls(rank=state.process_index, world=state.num_processes, device=device)
 
