@@ -173,10 +173,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         log(f"resumed {out} at step {state.step}")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"training {n_params / 1e6:.2f}M parameters on {len(train_stream) / 1e6:.2f}M tokens, "
-         f"{cfg.max_steps} steps of {cfg.batch_size}x{cfg.seq_len}, device {device}, "
-         f"teacher {cfg.teacher or 'none'}"
-         + (f", {cfg.outputs_share:.0%} of windows from {cfg.outputs} ({len(outputs) / 1e6:.2f}M tokens)"
-            if outputs is not None else "") + (f", {parallel.world} processes" if parallel.world > 1 else ""))
+        f"{cfg.max_steps} steps of {cfg.batch_size}x{cfg.seq_len}, device {device}, "
+        f"teacher {cfg.teacher or 'none'}"
+        + (f", {cfg.outputs_share:.0%} of windows from {cfg.outputs} ({len(outputs) / 1e6:.2f}M tokens)"
+           if outputs is not None else "") + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     amp_device = "cuda" if str(device).startswith("cuda") else "cpu"
     started = time.perf_counter()
     window_t, window_tokens, window_loss, window_n = time.perf_counter(), 0, 0.0, 0
