@@ -21,6 +21,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 import specdec
 from specdec.cli import main
+from specdec.train.drafter import DrafterTrainConfig, train_drafter
 from specdec.train.outputs import read_records, valid_path
 
 QUIET = {"progress": False, "log": lambda m: None}
@@ -112,4 +113,81 @@ def test_block_drafter_bad_inputs_are_one_line_errors_and_write_nothing(data, tm
                                              "--outputs", str(llama_data))
     err = _run(capsys, *train, "--target", str(marian), "--data", str(marian_data), "--hidden-size", "32")
     assert "--hidden-size does not apply to an encoder-decoder target" in err
+    assert not out.exists()
+
+
+def _drafter(target_dir, data_file, out) -> str:
+    """A tiny drafter for the target (`specdec train drafter`, a few steps)."""
+    cfg = DrafterTrainConfig(target=str(target_dir), data=str(data_file), layers=1, hidden=16, steps=4, batch_size=4)
+    return str(train_drafter(cfg, out, measure=False, **QUIET))
+
+
+HEAD_FLAGS = ["--max-steps", "6", "--batch-size", "64", "--warmup-steps", "1", "--eval-every", "3", "--save-every",
+              "3", "--measure-prompts", "3", "--measure-tokens", str(NEW)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys):
+    """data -> drafter -> `specdec train head --target --drafter --data` -> a head for that pair with which
+    `--schedule ada` decodes the held-out prompts exactly; measured against plain decoding and the constant
+    gamma, the figures are in training.json and the card."""
+    from specdec.config import ScheduleConfig
+    from specdec.heads import load_head
+
+    target_dir, data_file = data[arch]
+    drafter_dir = _drafter(target_dir, data_file, tmp_path / "drafter")
+    run = tmp_path / "head"
+    assert main(["train", "head", "--target", str(target_dir), "--drafter", drafter_dir, "--data", str(data_file),
+                 "--out", str(run), *HEAD_FLAGS]) == 0
+    printed = capsys.readouterr().out
+    final = run / "final"
+    head = load_head(final, hidden_size=16)
+    assert head.config.hidden_size == 16
+    held = read_records(valid_path(data_file))
+    assert (run / "data").is_dir() and (run / "valid-data").is_dir()
+    target, drafter = specdec.load_model(str(target_dir)), specdec.load_model(drafter_dir)
+    prompts = [r["prompt_ids"] for r in held]
+    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=NEW)
+    ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW,
+                                       schedule=ScheduleConfig("ada", head=str(final), stop_threshold=0.5))
+    assert [r.tokens for r in ada] == [r.tokens for r in plain]
+    assert [r.tokens for r in plain] == [_hf_greedy(target, p) for p in prompts]
+    assert sum(r.stats.drafted for r in ada) > 0
+    record = json.loads((final / "training.json").read_text())
+    figures = record["figures"]
+    assert figures["ada"]["schedule"] == "ada" and figures["constant"]["schedule"] == "constant"
+    for kind in ("ada", "constant"):
+        assert figures[kind]["greedy_equal"] == figures[kind]["prompts"] == min(3, len(held))
+    assert record["target_fingerprint"] == held[0]["target"] and record["drafter"] == drafter_dir
+    card = (final / "README.md").read_text()
+    assert f"| acceptance rate α | {figures['ada']['greedy_alpha']:.3f} |" in card
+    assert f"{figures['ada_over_constant']:.2f}x the constant γ's speed" in card
+    assert ("does not pay over the constant" in card) == (figures["ada_over_constant"] < 1)
+    assert f"speedup {figures['ada']['speedup']:.2f}x" in printed
+
+
+def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, capsys):
+    from tiny_models import build_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama, llama_data = data["llama"]
+    gpt2, _ = data["gpt2"]
+    marian, marian_data = data["marian"]
+    other = tmp_path / "other-vocabulary"  # a causal LM with a tokenizer of 257 tokens, not 320
+    tok = build_tokenizer(200)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=128)).save_pretrained(other)
+    tok.save_pretrained(other)
+    out = tmp_path / "run"
+    train = ["train", "head", "--out", str(out), *HEAD_FLAGS]
+    err = _run(capsys, *train, "--target", str(llama), "--drafter", str(other), "--data", str(llama_data))
+    assert "vocabulary" in err and "specdec train drafter" in err
+    assert "written for another target" in _run(capsys, *train, "--target", str(gpt2), "--drafter", str(llama),
+                                                "--data", str(llama_data))
+    assert "no data at" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
+                                str(tmp_path / "missing.jsonl"))
+    assert "encoder-decoder" in _run(capsys, *train, "--target", str(marian), "--drafter", str(marian), "--data",
+                                     str(marian_data))
+    assert "replaces --outputs" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
+                                        str(llama_data), "--outputs", str(llama_data))
     assert not out.exists()
