@@ -15,6 +15,9 @@
     specdec train export runs/code-target-s3/final models/code-target --dtype bf16
     specdec train drafter --target MODEL --data runs/outputs.jsonl --out runs/my-drafter --layers 2  # any target,
         # on `specdec data outputs --target MODEL --prompts FILE --out runs/outputs.jsonl` (see drafter.py)
+    specdec train block-drafter --target MODEL --data runs/outputs.jsonl --out runs/my-block-drafter  # any target
+    specdec train head --target MODEL --drafter runs/my-drafter/final --data runs/outputs.jsonl --out runs/my-head
+        # SpecDec's block drafter and SpecDec++'s head for any target (pair), on the same data; measured at the end
     specdec train export runs/code-drafter-s5/final models/code-drafter --dtype bf16
     specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
     specdec train head --outputs runs/code-target-outputs.jsonl --valid-outputs runs/valid-outputs.jsonl \
