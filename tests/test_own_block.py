@@ -186,6 +186,8 @@ def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, c
                                                 "--data", str(llama_data))
     assert "no data at" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
                                 str(tmp_path / "missing.jsonl"))
+    assert "does not exist" in _run(capsys, *train, "--target", str(llama), "--drafter", str(tmp_path / "missing"),
+                                    "--data", str(llama_data))
     assert "encoder-decoder" in _run(capsys, *train, "--target", str(marian), "--drafter", str(marian), "--data",
                                      str(marian_data))
     assert "replaces --outputs" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",

@@ -98,6 +98,8 @@ def finish(final: Path, target: str, drafter: str, data: str, own: TargetData, m
     figures = None
     if measure and own.valid:
         figures = measure_head(target, drafter, final, own.valid, prompts, max_new_tokens, log=log)
+    elif measure:
+        log("not measured: no held-out records (make the data with a larger --valid-share)")
     training = json.loads((final / "training.json").read_text())
     training.update({"target": target, "drafter": drafter, "file": str(data), "target_fingerprint": own.fingerprint,
                      "figures": figures})

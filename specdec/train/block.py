@@ -591,6 +591,8 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
         from specdec.train.drafter import measure_pair
 
         figures = measure_pair(target, model, read_outputs(cfg.valid), measure_prompts, measure_tokens, log)
+    elif measure:
+        log("not measured: no held-out greedy records (make the data with a larger --valid-share)")
     (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
                                                      "data": {"file": cfg.outputs, "target": print_},
                                                      "figures": figures}, indent=1))
@@ -809,7 +811,8 @@ def train_own_block_drafter(target: str, data: str | Path, out_dir: str | Path, 
                                    measure_tokens=measure_tokens)
     if device != "cpu":
         raise ValueError("the decoder-only block drafter trains on the CPU: leave out --device")
-    valid = str(valid_path(data)) if own.valid else None
+    greedy_held = any(r["temperature"] == 0 and r["ids"] and r["prompt_ids"] for r in own.valid)
+    valid = str(valid_path(data)) if greedy_held else None  # the trainer's held-out figures read greedy records
     cfg = BlockTrainConfig(**{"init_from": None, **settings, "target": target, "outputs": str(data), "valid": valid})
     return train_block_drafter(cfg, out_dir, stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log,
                                progress=progress, measure=measure, measure_prompts=measure_prompts,

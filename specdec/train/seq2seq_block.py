@@ -203,11 +203,11 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     data_cfg = Seq2SeqTrainConfig(data=cfg.data, translations=cfg.translations, max_tokens=cfg.max_tokens,
                                   batch_size=cfg.batch_size, seed=cfg.seed, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                                   max_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio)
-    if own is not None:
-        train = _greedy_examples(own.records, cfg.max_tokens)
-        held = _greedy_examples(own.valid, cfg.max_tokens)[: cfg.eval_pairs] or train[: cfg.eval_pairs]
-    else:
-        examples = load_examples(data_cfg, tokenizer, "train")
+    examples = _greedy_examples(own.records, cfg.max_tokens) if own else load_examples(data_cfg, tokenizer, "train")
+    held = _greedy_examples(own.valid, cfg.max_tokens)[: cfg.eval_pairs] if own else []
+    if held:  # the data's own held-out share
+        train = examples
+    else:  # every 50th record
         held = examples[::HELD_OUT_EVERY][: cfg.eval_pairs]
         train = [e for i, e in enumerate(examples) if i % HELD_OUT_EVERY]
     if len(train) < cfg.batch_size:
@@ -252,6 +252,8 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     figures = None
     if measure and own is not None and own.valid:
         figures = measure_pair(target.to(device), model, own.valid, measure_prompts, measure_tokens, log)
+    elif measure and own is not None:
+        log("not measured: no held-out records (make the data with a larger --valid-share)")
     record = {"config": asdict(cfg), "state": asdict(state)}
     if own is not None:
         record.update({"data": {"file": cfg.outputs, "target": own.fingerprint}, "figures": figures})
