@@ -113,6 +113,11 @@ def test_block_drafter_bad_inputs_are_one_line_errors_and_write_nothing(data, tm
                                              "--outputs", str(llama_data))
     err = _run(capsys, *train, "--target", str(marian), "--data", str(marian_data), "--hidden-size", "32")
     assert "--hidden-size does not apply to an encoder-decoder target" in err
+    for layers in ("0", "3"):  # the tiny Marian has 2 decoder layers
+        assert "give 1..2" in _run(capsys, *train, "--target", str(marian), "--data", str(marian_data),
+                                   "--num-hidden-layers", layers)
+    assert "num_hidden_layers must be >= 1" in _run(capsys, *train, "--target", str(llama), "--data",
+                                                    str(llama_data), "--num-hidden-layers", "0")
     assert not out.exists()
 
 

@@ -496,7 +496,7 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
             raise ValueError("--reschedule-to moves a resumed run's schedule; start a new run with --max-steps")
         log(f"rescheduling {out}: max_steps {cfg.max_steps} -> {reschedule_to}")
         cfg = replace(cfg, max_steps=reschedule_to)
-    for name in ("batch_size", "block_tokens", "max_steps", "max_block_size", "seq_len"):
+    for name in ("batch_size", "block_tokens", "max_steps", "max_block_size", "seq_len", "num_hidden_layers"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     print_ = target_fingerprint(cfg.target)
@@ -798,12 +798,17 @@ def train_own_block_drafter(target: str, data: str | Path, out_dir: str | Path, 
                              "(its held-out share is read from beside it)")
     own = target_data(target, data)  # refuses a missing file, another target's data, before any work
     if getattr(own.config, "is_encoder_decoder", False):
+        from specdec.train.drafter import _layer_key
         from specdec.train.seq2seq_block import Seq2SeqBlockConfig, train_seq2seq_block
 
         other = [k for k in settings if k not in SEQ2SEQ_FIELDS]
         if other:
             raise ValueError(f"--{other[0].replace('_', '-')} does not apply to an encoder-decoder target's block "
                              "drafter (the target with its first --num-hidden-layers decoder layers): leave it out")
+        layers = settings.get("num_hidden_layers", Seq2SeqBlockConfig.decoder_layers)
+        most = getattr(own.config, _layer_key(own.config))
+        if not 1 <= layers <= most:
+            raise ValueError(f"--num-hidden-layers {layers}: the target has {most} decoder layers; give 1..{most}")
         cfg = Seq2SeqBlockConfig(target=target, outputs=str(data), data="", translations="",
                                  **{SEQ2SEQ_FIELDS[k]: v for k, v in settings.items()})
         return train_seq2seq_block(cfg, out_dir, device=device, stop_after_s=stop_after_s, log=log,

@@ -43,6 +43,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 from specdec.drafters.block import SEQ2SEQ_BLOCK
 from specdec.seq2seq import block_attention_mask, decoder_start_id
 from specdec.train.block import block_card
+from specdec.train.drafter import _layer_key as decoder_layers_key
 from specdec.train.drafter import measure_pair
 from specdec.train.outputs import target_data
 from specdec.train.seq2seq import (
@@ -90,9 +91,11 @@ class Seq2SeqBlockConfig:
 def build_drafter(target: PreTrainedModel, cfg: Seq2SeqBlockConfig, mask_token_id: int) -> PreTrainedModel:
     """The target's class with only its first ``cfg.decoder_layers`` decoder layers, weights copied."""
     config = target.config.__class__.from_dict(target.config.to_dict())
-    if cfg.decoder_layers > target.config.decoder_layers:
-        raise ValueError(f"--decoder-layers {cfg.decoder_layers}: the target has only {target.config.decoder_layers}")
-    config.decoder_layers = cfg.decoder_layers
+    key = decoder_layers_key(config)
+    most = getattr(config, key)
+    if not 1 <= cfg.decoder_layers <= most:
+        raise ValueError(f"--decoder-layers {cfg.decoder_layers}: the target has {most} decoder layers; give 1..{most}")
+    setattr(config, key, cfg.decoder_layers)
     config.dropout = config.attention_dropout = config.activation_dropout = cfg.dropout
     setattr(config, SEQ2SEQ_BLOCK, {"mask_token_id": mask_token_id, "max_block_size": cfg.max_block_size})
     drafter = target.__class__(config)
@@ -262,9 +265,9 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
         n = sum(p.numel() for p in model.parameters())
         c = model.config
         (final / "README.md").write_text(block_card(
-            cfg.target, f"A {n / 1e6:.2f}M-parameter `{type(model).__name__}` ({c.encoder_layers} encoder and "
-            f"{c.decoder_layers} decoder layers, blocks of up to {cfg.max_block_size} tokens; it loads with "
-            "`AutoModelForSeq2SeqLM`)",
+            cfg.target, f"A {n / 1e6:.2f}M-parameter `{type(model).__name__}` (the target's encoder, "
+            f"{getattr(c, decoder_layers_key(c))} decoder layers, blocks of up to {cfg.max_block_size} tokens; it "
+            "loads with `AutoModelForSeq2SeqLM`)",
             f"The target with its first {cfg.decoder_layers} decoder layers, trained on blocks of the target's greedy "
             f"outputs, {cfg.max_steps} steps of {cfg.batch_size} rows, peak learning rate {cfg.lr}, seed {cfg.seed}.",
             cfg.outputs, len(train), len(own.valid), own.fingerprint, figures), encoding="utf-8")
