@@ -7,7 +7,7 @@ drafter of another vocabulary (``specdec.drafters.model.check_vocabularies``, th
 applies); it returns the checked data. The head is then built and trained as the shipped one
 (``build_head_data`` on ``data``, validation on its ``.valid.jsonl``; ``train_head``), and
 ``measure_head(...)`` measures it at the end on the held-out prompts, as ``specdec train drafter``
-measures a drafter (``measure_pair``): greedy decoding with ``--schedule ada`` and the head, and
+measures a drafter (``measure_schedules``): greedy decoding with ``--schedule ada`` and the head, and
 with the constant γ for comparison, each against plain decoding of the target; the figures are
 printed, added to ``final/training.json`` and written into a card ``final/README.md``.
 """
@@ -39,16 +39,16 @@ def check_pair(target: str, drafter: str, data: str | Path) -> TargetData:
 
 def measure_head(target: str, drafter: str, head: Path, records: list[dict], prompts: int, max_new_tokens: int,
                  gamma: int = 4, log: Callable[[str], None] = print) -> dict:
-    """``measure_pair``'s figures with ``--schedule ada`` and the head (``ada``), and with the constant
-    ``gamma`` (``constant``), on the held-out ``records``; ``ada_over_constant``: the ratio of their speeds."""
+    """``measure_schedules``'s figures with ``--schedule ada`` and the head (``ada``), and with the constant
+    ``gamma`` (``constant``), interleaved on the held-out ``records``; ``ada_over_constant``: the ratio of their
+    speeds."""
     from specdec.config import ScheduleConfig
     from specdec.loading import load_model
-    from specdec.train.drafter import measure_pair
+    from specdec.train.drafter import measure_schedules
 
     target_model, drafter_model = load_model(target, dtype="fp32"), load_model(drafter, dtype="fp32")
-    figures = {"ada": measure_pair(target_model, drafter_model, records, prompts, max_new_tokens, log, gamma,
-                                   ScheduleConfig("ada", head=str(head))),
-               "constant": measure_pair(target_model, drafter_model, records, prompts, max_new_tokens, log, gamma)}
+    figures: dict = measure_schedules(target_model, drafter_model, records, prompts, max_new_tokens,
+                                      {"ada": ScheduleConfig("ada", head=str(head)), "constant": None}, log, gamma)
     figures["ada_over_constant"] = round(figures["ada"]["spec_tokens_per_s"]
                                          / figures["constant"]["spec_tokens_per_s"], 3)
     log(f"--schedule ada with this head: {figures['ada_over_constant']:.2f}x the speed of the constant gamma {gamma}"
