@@ -171,6 +171,26 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     assert f"speedup {figures['ada']['speedup']:.2f}x" in printed
 
 
+def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):
+    """`specdec train head --data` stopped at a step, then run again, ends with the head of one uninterrupted run."""
+    from safetensors.torch import load_file
+
+    target_dir, data_file = data["llama"]
+    drafter_dir = _drafter(target_dir, data_file, tmp_path / "drafter")
+    head = ["train", "head", "--target", str(target_dir), "--drafter", drafter_dir, "--data", str(data_file),
+            *HEAD_FLAGS, "--no-measure"]
+    assert main([*head, "--out", str(tmp_path / "whole")]) == 0
+    assert main([*head, "--out", str(tmp_path / "cut"), "--stop-at-step", "4"]) == 0
+    assert not (tmp_path / "cut" / "final").exists()
+    assert main([*head, "--out", str(tmp_path / "cut")]) == 0
+    capsys.readouterr()
+    whole, cut = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("whole", "cut"))
+    for name, value in whole.items():
+        torch.testing.assert_close(cut[name], value, rtol=0, atol=1e-6, msg=name)
+    record = json.loads((tmp_path / "cut" / "final" / "training.json").read_text())
+    assert record["figures"] is None and "Not measured" in (tmp_path / "cut" / "final" / "README.md").read_text()
+
+
 def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, capsys):
     from tiny_models import build_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM

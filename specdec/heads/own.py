@@ -84,7 +84,7 @@ def head_card(target: str, drafter: str, data: str, own: TargetData, training: d
                    + ("." if figures["ada_over_constant"] >= 1 else ": **the head does not pay over the constant γ**.")),
                   ""]
     else:
-        lines += ["Not measured (no held-out prompts).", ""]
+        lines += ["Not measured (`--no-measure`, or no held-out prompts).", ""]
     lines += ["## Use", "", "```",
               f"specdec generate --target {target} --drafter {drafter} --schedule ada --head PATH_OF_THIS_FOLDER \"...\"",
               "```", ""]
