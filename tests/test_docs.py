@@ -61,6 +61,13 @@ SHORTENED: dict[str, list[str]] = {
     "specdec train drafter --target path/to/your-model --data runs/my-outputs.jsonl --out runs/my-drafter "
     "--layers 2 --hidden 256": ["--layers", "1", "--hidden", "32", "--steps", "2", "--batch-size", "2",
                                 "--measure-prompts", "1", "--measure-tokens", "4"],
+    "specdec train block-drafter --target path/to/your-model --data runs/my-outputs.jsonl --out "
+    "runs/my-block-drafter": ["--hidden-size", "32", "--num-hidden-layers", "1", "--intermediate-size", "64",
+                              "--max-steps", "2", "--batch-size", "2", "--measure-prompts", "1",
+                              "--measure-tokens", "4"],
+    "specdec train head --target path/to/your-model --drafter runs/my-drafter/final --data runs/my-outputs.jsonl "
+    "--out runs/my-head": ["--max-steps", "2", "--batch-size", "64", "--warmup-steps", "1", "--measure-prompts", "1",
+                           "--measure-tokens", "4"],
     "OMP_NUM_THREADS=1 specdec bench --task translate --data data/gettext-de --num-prompts 120 --seed 19 "
     "--max-new-tokens 64 --repeats 3": BENCH_SHORT,
 }

@@ -2,6 +2,8 @@
 
     specdec train head --outputs runs/code-target-outputs.jsonl --valid-outputs runs/valid-outputs.jsonl \
         --out runs/acceptance-head            # data in runs/acceptance-head/data, head in .../final
+    specdec train head --target MODEL --drafter DRAFTER --data runs/outputs.jsonl --out runs/my-head
+                        # any decoder-only pair, on `specdec data outputs`; measured at the end (specdec/heads/own.py)
     torchrun --nproc_per_node 2 -m specdec train head ...   # the same, data parallel (or accelerate launch)
     specdec train head-eval --head runs/acceptance-head/final --valid-outputs runs/valid-outputs.jsonl \
         --out runs/acceptance-head/eval       # calibration plot, Brier, stop-rule simulation
@@ -51,6 +53,17 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
+    own = None
+    if args.data is not None and (Path(args.data).is_file() or args.data.endswith(".jsonl")):  # any pair
+        from specdec.heads.own import check_pair
+        from specdec.train.outputs import valid_path
+
+        if args.outputs or args.valid_outputs or args.valid_data:
+            raise ValueError("--data FILE (a `specdec data outputs` file) replaces --outputs, --valid-outputs and "
+                             "--valid-data: its held-out share is read from beside it")
+        own = check_pair(args.target, args.drafter, args.data)  # refuses another target's data or vocabulary
+        args.outputs, args.data = args.data, None
+        args.valid_outputs = str(valid_path(args.outputs)) if own.valid else None
     data_dir = Path(args.data or out / "data")
     valid_dir = Path(args.valid_data or out / "valid-data") if (args.valid_outputs or args.valid_data) else None
     labels = tuple(args.labels)
@@ -72,6 +85,11 @@ def _cmd_head(args: argparse.Namespace) -> int:
     cfg = HeadTrainConfig(**_fields(args, HeadTrainConfig, data=str(data_dir),
                                     valid=None if valid_dir is None else str(valid_dir), labels=labels))
     final = train_head(cfg, out, stop_at_step=args.stop_at_step)
+    if rank == 0 and final is not None and own is not None:
+        from specdec.heads.own import finish
+
+        finish(final, args.target, args.drafter, args.outputs, own, not args.no_measure, args.measure_prompts,
+               args.measure_tokens)
     if rank == 0:
         print(f"final head: {final}" if final else "stopped early; run the same command to resume")
     return 0
@@ -128,7 +146,9 @@ def register(sub) -> None:
     head.add_argument("--out", required=True, help="run folder: checkpoint/ (resume), final/ (the head)")
     head.add_argument("--outputs", help="the target's continuations of train prompts (`specdec train outputs`)")
     head.add_argument("--valid-outputs", help="the same for validation prompts (validation loss)")
-    head.add_argument("--data", help="head data folder to build or read (default: OUT/data)")
+    head.add_argument("--data", help="a `specdec data outputs` file of --target (any decoder-only pair: replaces "
+                                     "--outputs and --valid-outputs; the head is measured at the end), or a head "
+                                     "data folder to build or read (default: OUT/data)")
     head.add_argument("--valid-data", help="validation head data folder (default: OUT/valid-data)")
     head.add_argument("--valid-records", type=int, default=None, help="use only the first N validation records")
     head.add_argument("--labels", nargs="+", choices=LABEL_KINDS, default=list(LABEL_KINDS),
@@ -137,6 +157,11 @@ def register(sub) -> None:
     head.add_argument("--threads", type=int, default=1, help="torch threads per process")
     head.add_argument("--stop-at-step", type=int, default=None, help="checkpoint and stop at this step")
     head.add_argument("--data-only", action="store_true", help="build the data folders and stop")
+    head.add_argument("--no-measure", action="store_true",
+                      help="with --data FILE: skip the held-out speed measurement at the end")
+    head.add_argument("--measure-prompts", type=int, default=20, help="held-out prompts measured (default: %(default)s)")
+    head.add_argument("--measure-tokens", type=int, default=64,
+                      help="new tokens per measured prompt (default: %(default)s)")
     _add_fields(head, HeadDataConfig, _SET_BY_CLI | {"seed"})
     _add_fields(head, HeadTrainConfig, _SET_BY_CLI)
     head.set_defaults(func=_cmd_head)

@@ -45,6 +45,8 @@ from transformers import DynamicCache
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
 from specdec.loading import load_model, load_tokenizer
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config
+from specdec.train.outputs import check_records, target_fingerprint, valid_path
+from specdec.train.outputs import read_records as read_outputs
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import BlockTrainConfig
 
@@ -76,10 +78,12 @@ class BlockBatch:
 
 
 def load_records(path: str | Path, records: int | None = None) -> list[Record]:
-    """The temperature-0 records of a ``specdec train outputs`` file (its first ``records`` lines)."""
+    """The temperature-0 records of a ``specdec data outputs`` (or ``specdec train outputs``) file (its first
+    ``records`` lines)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no generated outputs at {path}: write them with `specdec train outputs`")
+        raise FileNotFoundError(f"no generated outputs at {path}: write them with `specdec data outputs` (or "
+                                "`specdec train outputs`)")
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     if records is not None and records > len(lines):
         raise ValueError(f"{path} holds {len(lines)} records, fewer than the {records} asked for")
@@ -89,7 +93,8 @@ def load_records(path: str | Path, records: int | None = None) -> list[Record]:
         if r["temperature"] == 0 and r["ids"] and r["prompt_ids"]:
             out.append(Record(torch.tensor(r["prompt_ids"] + r["ids"], dtype=torch.long), len(r["prompt_ids"])))
     if not out:
-        raise ValueError(f"{path} has no greedy (temperature 0) records: generate with --sampled-every 0 or more prompts")
+        raise ValueError(f"{path} has no greedy (temperature 0) records: generate more prompts, or with a smaller "
+                         "--sampled-share (--sampled-every for `specdec train outputs`)")
     return out
 
 
@@ -167,6 +172,8 @@ def _projected_embeddings(target_embeddings: torch.Tensor, width: int) -> torch.
     principal directions (a truncated SVD keeps the most of their geometry). [V, width]"""
     if target_embeddings.shape[1] == width:
         return target_embeddings.clone()
+    if target_embeddings.shape[1] < width:  # a narrower target: its embeddings, the extra columns zero
+        return F.pad(target_embeddings.float(), (0, width - target_embeddings.shape[1]))
     u, s, _ = torch.linalg.svd(target_embeddings.float(), full_matrices=False)
     proj = u[:, :width] * s[:width]  # [V, width]
     scale = target_embeddings.float().norm(dim=1).mean() / proj.norm(dim=1).mean()  # keep the typical row norm
@@ -469,13 +476,18 @@ def _saved_config(folder: Path) -> BlockTrainConfig | None:
 
 def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_after_s: float | None = None,
                         stop_at_step: int | None = None, reschedule_to: int | None = None, log=print,
-                        progress: bool = True) -> Path | None:
+                        progress: bool = True, measure: bool = False, measure_prompts: int = 20,
+                        measure_tokens: int = 64) -> Path | None:
     """Train or resume a block drafter in ``out_dir``; the ``final`` folder at ``max_steps``, else
     None (stopped by ``stop_after_s`` or ``stop_at_step`` with a checkpoint written).
     ``reschedule_to`` moves a resumed run's ``max_steps`` (where the cosine lr and the glancing
     anneal end): the run is then no longer equal to an uninterrupted one, and its record says so.
+    Data written for another target (the records' fingerprint) is refused before anything is written.
+    With ``measure`` (and ``cfg.valid``), decoding with the drafter is measured at the end on the first
+    ``measure_prompts`` held-out prompts (``measure_pair``: α, τ, speedup over plain decoding), printed and
+    written into ``final/training.json`` and a model card ``final/README.md``.
     Under ``torchrun`` / ``accelerate launch``: data parallel (``specdec.train.parallel``; gloo, the
-    trainer runs on CPUs), the main process writes."""
+    trainer runs on CPUs), the main process writes and measures."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -504,28 +516,36 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
             raise ValueError("--reschedule-to moves a resumed run's schedule; start a new run with --max-steps")
         log(f"rescheduling {out}: max_steps {cfg.max_steps} -> {reschedule_to}")
         cfg = replace(cfg, max_steps=reschedule_to)
-    if cfg.outputs_records is None:  # pin the data: the file may grow while this run lives
-        cfg = replace(cfg, outputs_records=sum(1 for line in Path(cfg.outputs).read_text().splitlines() if line.strip()))
-    for name in ("batch_size", "block_tokens", "max_steps", "max_block_size", "seq_len"):
+    for name in ("batch_size", "block_tokens", "max_steps", "max_block_size", "seq_len", "num_hidden_layers"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    out.mkdir(parents=True, exist_ok=True)
+    print_ = target_fingerprint(cfg.target)
+    for path in (cfg.outputs, cfg.valid):
+        if path is not None:
+            load_records(path)  # a missing file, or one without greedy records, is refused here
+            check_records(read_outputs(path), path, print_)
+    if cfg.outputs_records is None:  # pin the data: the file may grow while this run lives
+        cfg = replace(cfg, outputs_records=sum(1 for line in Path(cfg.outputs).read_text().splitlines() if line.strip()))
     target = load_model(cfg.target, device="cpu", dtype=torch.float32)
     tokenizer = load_tokenizer(cfg.target)
     records = load_records(cfg.outputs, cfg.outputs_records)
     valid = load_records(cfg.valid)[: cfg.valid_records] if cfg.valid else None
+    out.mkdir(parents=True, exist_ok=True)
     hidden = valid_hidden = None
     if cfg.condition_on_target:
         hidden = cached_hidden_states(target, records, out / "target-hidden.safetensors", log)
         if valid is not None:
             valid_hidden = cached_hidden_states(target, valid, out / "valid-hidden.safetensors", log)
     eos = tokenizer.eos_token_id
+    vocab = target.config.get_text_config().vocab_size
     draft_vocab = (draft_vocabulary(records, cfg.draft_vocab_size, [eos] if eos is not None else [])
-                   if cfg.draft_vocab_size else None)
+                   if 0 < cfg.draft_vocab_size < vocab else None)  # a head as large as the vocabulary: all of it
     torch.manual_seed(cfg.seed)
     init = load_model(cfg.init_from, device="cpu", dtype=torch.float32) if cfg.init_from else None
     model = build_block_drafter(cfg, target, draft_vocab, init)
-    del target, init
+    del init
+    if not measure:
+        del target
     parallel.broadcast(model)
     optimizer = make_optimizer(model, cfg)
     state = RunState(history=[])
@@ -589,14 +609,54 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
                 log(f"stopped at step {state.step}; run the same command again to resume")
                 return None
     final = out / "final"
-    if parallel.main:
-        model.eval()
-        model.save_pretrained(final)
-        tokenizer.save_pretrained(final)
-        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
-                                                         "processes": parallel.world}, indent=1))
-    parallel.barrier()
+    parallel.barrier()  # the main process has written the last checkpoint
+    if not parallel.main:  # it alone exports, measures and writes the card (nobody waits in a collective)
+        return final
+    model.eval()
+    model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    figures = None
+    if measure and cfg.valid:
+        from specdec.train.drafter import measure_pair
+
+        figures = measure_pair(target, model, read_outputs(cfg.valid), measure_prompts, measure_tokens, log)
+    elif measure:
+        log("not measured: no held-out greedy records (make the data with a larger --valid-share)")
+    (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                     "data": {"file": cfg.outputs, "target": print_},
+                                                     "figures": figures, "processes": parallel.world}, indent=1))
+    if measure:
+        n = sum(p.numel() for p in model.parameters())
+        c = model.config
+        (final / "README.md").write_text(block_card(
+            cfg.target, f"A {n / 1e6:.2f}M-parameter `BlockDrafterModel` ({c.num_hidden_layers} layers, width "
+            f"{c.hidden_size}, blocks of up to {c.max_block_size} tokens; `specdec` registers it with "
+            "`AutoModelForCausalLM`)",
+            f"Glancing training on the target's greedy continuations, {cfg.max_steps} steps of {cfg.batch_size} "
+            f"sequences, peak learning rate {cfg.lr}, seed {cfg.seed}"
+            + (f", started from `{cfg.init_from}`" if cfg.init_from else ", fresh layers, the target's embeddings")
+            + ".", cfg.outputs, len(records), len(read_outputs(cfg.valid)) if cfg.valid else 0, print_, figures),
+            encoding="utf-8")
     return final
+
+
+def block_card(target: str, what: str, recipe: str, data: str, records: int, held: int, target_fingerprint: str,
+               figures: dict | None) -> str:
+    """The README.md of a block drafter trained for a user's target: what it is, how it was made, what it measures."""
+    from specdec.train.drafter import figures_lines
+
+    lines = [f"# Block drafter for `{target}`", "",
+             (f"{what}, made by `specdec train block-drafter`: SpecDec's block drafter (Xia et al. 2023), which "
+              "drafts a block of tokens from one forward pass."), "",
+             "## Recipe", "", recipe, "",
+             "## Data", "",
+             (f"`{data}`: the target's own continuations of the user's prompts (`specdec data outputs`), {records} "
+              f"records, {held} held out in `{valid_path(data).name}`; target fingerprint `{target_fingerprint}`."), "",
+             "## Figures", ""]
+    lines += figures_lines(figures, "this block drafter") if figures else ["Not measured (`--no-measure`, or no held-out prompts).", ""]
+    lines += ["## Use", "", "```", f"specdec generate --target {target} --drafter block:PATH_OF_THIS_FOLDER \"...\"",
+              "```", ""]
+    return "\n".join(lines)
 
 
 # ---- offline figures: acceptance by k, forward times, the speed they imply -------------------------
@@ -736,3 +796,58 @@ def format_evaluation(result: dict) -> str:
         lines.append(f"| autoregressive | {g} | {a['tau']:.3f} | {accept} | {int(g) * rel['drafter']:.3f} | "
                      f"{rel[f'verify{int(g) + 1}']:.3f} | {result['speed_drafter'][g]:.3f} |")
     return "\n".join(lines)
+
+
+# ---- any target: the block drafter from a `specdec data outputs` file ------------------------------
+
+# BlockTrainConfig fields an encoder-decoder target's block drafter (``seq2seq_block``) takes, by its own name
+SEQ2SEQ_FIELDS = {"num_hidden_layers": "decoder_layers", "max_block_size": "max_block_size",
+                  "prefix_loss": "prefix_loss", "batch_size": "batch_size", "label_smoothing": "label_smoothing",
+                  "lr": "lr", "min_lr_ratio": "min_lr_ratio", "warmup_steps": "warmup_steps",
+                  "weight_decay": "weight_decay", "grad_clip": "grad_clip", "max_steps": "max_steps",
+                  "eval_every": "eval_every", "save_every": "save_every", "seed": "seed"}
+
+
+def train_own_block_drafter(target: str, data: str | Path, out_dir: str | Path, settings: dict | None = None, *,
+                            device: str = "cpu", stop_after_s: float | None = None, stop_at_step: int | None = None,
+                            measure: bool = True, measure_prompts: int = 20, measure_tokens: int = 64,
+                            log=print, progress: bool = True) -> Path | None:
+    """``specdec train block-drafter --target PATH --data OUT.jsonl``: SpecDec's block drafter for any target,
+    trained on a ``specdec data outputs`` file made with it (held out: its ``.valid.jsonl``). A decoder-only
+    target gets a ``BlockDrafterModel`` (``train_block_drafter``; ``settings``: ``BlockTrainConfig`` fields,
+    fresh layers by default), an encoder-decoder one a copy of itself with its first decoder layers
+    (``seq2seq_block.train_seq2seq_block``; ``settings`` mapped by ``SEQ2SEQ_FIELDS``, others refused).
+    Both check the data's fingerprint before writing anything and measure the drafter at the end."""
+    from specdec.train.outputs import target_data
+
+    settings = dict(settings or {})
+    for name in ("target", "outputs", "valid", "outputs_records"):
+        if name in settings:
+            raise ValueError(f"--{name.replace('_', '-')} does not go with --data: --data names the data file "
+                             "(its held-out share is read from beside it)")
+    own = target_data(target, data)  # refuses a missing file, another target's data, before any work
+    if getattr(own.config, "is_encoder_decoder", False):
+        from specdec.train.drafter import _layer_key
+        from specdec.train.seq2seq_block import Seq2SeqBlockConfig, train_seq2seq_block
+
+        other = [k for k in settings if k not in SEQ2SEQ_FIELDS]
+        if other:
+            raise ValueError(f"--{other[0].replace('_', '-')} does not apply to an encoder-decoder target's block "
+                             "drafter (the target with its first --num-hidden-layers decoder layers): leave it out")
+        layers = settings.get("num_hidden_layers", Seq2SeqBlockConfig.decoder_layers)
+        most = getattr(own.config, _layer_key(own.config))
+        if not 1 <= layers <= most:
+            raise ValueError(f"--num-hidden-layers {layers}: the target has {most} decoder layers; give 1..{most}")
+        cfg = Seq2SeqBlockConfig(target=target, outputs=str(data), data="", translations="",
+                                 **{SEQ2SEQ_FIELDS[k]: v for k, v in settings.items()})
+        return train_seq2seq_block(cfg, out_dir, device=device, stop_after_s=stop_after_s, log=log,
+                                   stop_at_step=stop_at_step, measure=measure, measure_prompts=measure_prompts,
+                                   measure_tokens=measure_tokens)
+    if device != "cpu":
+        raise ValueError("the decoder-only block drafter trains on the CPU: leave out --device")
+    greedy_held = any(r["temperature"] == 0 and r["ids"] and r["prompt_ids"] for r in own.valid)
+    valid = str(valid_path(data)) if greedy_held else None  # the trainer's held-out figures read greedy records
+    cfg = BlockTrainConfig(**{"init_from": None, **settings, "target": target, "outputs": str(data), "valid": valid})
+    return train_block_drafter(cfg, out_dir, stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log,
+                               progress=progress, measure=measure, measure_prompts=measure_prompts,
+                               measure_tokens=measure_tokens)

@@ -15,6 +15,9 @@
     specdec train export runs/code-target-s3/final models/code-target --dtype bf16
     specdec train drafter --target MODEL --data runs/outputs.jsonl --out runs/my-drafter --layers 2  # any target,
         # on `specdec data outputs --target MODEL --prompts FILE --out runs/outputs.jsonl` (see drafter.py)
+    specdec train block-drafter --target MODEL --data runs/outputs.jsonl --out runs/my-block-drafter  # any target
+    specdec train head --target MODEL --drafter runs/my-drafter/final --data runs/outputs.jsonl --out runs/my-head
+        # SpecDec's block drafter and SpecDec++'s head for any target (pair), on the same data; measured at the end
     specdec train export runs/code-drafter-s5/final models/code-drafter --dtype bf16
     specdec train card      # after `specdec bench ... --output bench-out/card`: writes the model cards
     specdec train head --outputs runs/code-target-outputs.jsonl --valid-outputs runs/valid-outputs.jsonl \
@@ -97,6 +100,22 @@ def _cmd_block_drafter(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(BlockTrainConfig)
                  if getattr(args, f.name, None) is not None}
+    if args.data is not None:  # any target, on `specdec data outputs`
+        from specdec.train.block import train_own_block_drafter
+
+        if args.target is None:
+            raise ValueError("--data needs --target: the target the data was written with")
+        if args.reschedule_to is not None:
+            raise ValueError("--reschedule-to does not go with --data: give --max-steps")
+        target = overrides.pop("target")
+        final = train_own_block_drafter(target, args.data, args.out, overrides, device=args.device,
+                                        stop_after_s=args.stop_after, stop_at_step=args.stop_at_step,
+                                        measure=not args.no_measure, measure_prompts=args.measure_prompts,
+                                        measure_tokens=args.measure_tokens)
+        print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+        return 0
+    if args.device != "cpu":
+        raise ValueError("the block drafter trains on the CPU: leave out --device")
     final = train_block_drafter(BlockTrainConfig(**overrides), args.out, stop_after_s=args.stop_after,
                                 stop_at_step=args.stop_at_step, reschedule_to=args.reschedule_to)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")
@@ -174,6 +193,15 @@ def _add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple
         kind = {"int": int, "float": float}.get(str(f.type).removesuffix(" | None"), str)
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
                             help=(comments.get(f.name, "") + " (overrides the preset)").replace("%", "%%"))
+
+
+def _add_measure_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the held-out measurement a trainer of a user's target runs at the end."""
+    parser.add_argument("--no-measure", action="store_true", help="skip the held-out speed measurement at the end")
+    parser.add_argument("--measure-prompts", type=int, default=20,
+                        help="held-out prompts measured (default: %(default)s)")
+    parser.add_argument("--measure-tokens", type=int, default=64,
+                        help="new tokens per measured prompt (default: %(default)s)")
 
 
 def _cmd_seq2seq_tokenizer(args: argparse.Namespace) -> int:
@@ -271,6 +299,11 @@ def register(subparsers) -> None:
     block.add_argument("--reschedule-to", type=int, default=None, metavar="STEPS",
                        help="on resume, end the lr and glancing schedules at STEPS instead of the saved max_steps")
     block.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    block.add_argument("--data", default=None, metavar="FILE",
+                       help="a `specdec data outputs` file of --target (any target, decoder-only or encoder-decoder; "
+                            "held out: its .valid.jsonl); replaces --outputs and --valid")
+    block.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (an encoder-decoder target's drafter)")
+    _add_measure_flags(block)
     _add_config_flags(block, BlockTrainConfig, suffix=" (default: {default})")
     block.set_defaults(func=_cmd_block_drafter)
 
@@ -314,9 +347,7 @@ def register(subparsers) -> None:
                     help="checkpoint and stop at this step (resume later)")
     dr.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
                     help="checkpoint and stop after this long (resume later)")
-    dr.add_argument("--no-measure", action="store_true", help="skip the held-out speed measurement at the end")
-    dr.add_argument("--measure-prompts", type=int, default=20, help="held-out prompts measured (default: %(default)s)")
-    dr.add_argument("--measure-tokens", type=int, default=64, help="new tokens per measured prompt (default: %(default)s)")
+    _add_measure_flags(dr)
     _add_config_flags(dr, DrafterTrainConfig, suffix=" (default: {default})")
     dr.set_defaults(func=_cmd_drafter)
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
+from specdec.config import ScheduleConfig
 from specdec.loading import load_model, resolve_model_path
 from specdec.train.checkpoint import saved_config
 from specdec.train.outputs import check_records, fingerprint, read_records, target_tokenizer, valid_path
@@ -429,37 +430,66 @@ class _TrainBar:
 
 
 def measure_pair(target: PreTrainedModel, drafter: PreTrainedModel, records: Sequence[dict], prompts: int,
-                 max_new_tokens: int, log: Callable[[str], None] = print, gamma: int = 4) -> dict:
-    """Greedy α, τ and speedup over plain decoding of the target, on the held-out prompts (batch 1; one
-    warm-up, then each method over all prompts, timed; outputs compared)."""
+                 max_new_tokens: int, log: Callable[[str], None] = print, gamma: int = 4,
+                 schedule: ScheduleConfig | None = None) -> dict:
+    """Greedy α, τ and speedup over plain decoding of the target, on the held-out prompts (``measure_schedules``
+    with one schedule). ``drafter``: any model ``speculative_generate`` drafts with (a block drafter too);
+    ``schedule`` (None: the constant ``gamma``) decides how far it drafts, e.g. ``ScheduleConfig("ada", head=...)``."""
+    name = "constant" if schedule is None else schedule.schedule
+    return measure_schedules(target, drafter, records, prompts, max_new_tokens, {name: schedule}, log, gamma)[name]
+
+
+def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records: Sequence[dict], prompts: int,
+                      max_new_tokens: int, schedules: dict[str, ScheduleConfig | None],
+                      log: Callable[[str], None] = print, gamma: int = 4) -> dict[str, dict]:
+    """Per schedule (name -> config, None: the constant ``gamma``), greedy α, τ and speedup over plain decoding
+    of the target on the first ``prompts`` held-out prompts, batch 1, outputs compared. After one warm-up of
+    each, every prompt is decoded by every method in turn, each call timed: the methods meet the same load
+    (a shared machine drifts), so their speeds compare with each other and with the one plain run."""
     from specdec.decode import autoregressive_generate, speculative_generate
 
     chosen = [r["prompt_ids"] for r in records][:prompts]
     drafter.eval()
-    autoregressive_generate(target, chosen[0], max_new_tokens=4)  # warm-up
-    speculative_generate(target, drafter, chosen[0], max_new_tokens=4, gamma=gamma)
-    started = time.perf_counter()
-    plain = autoregressive_generate(target, chosen, max_new_tokens=max_new_tokens, batch_size=1)
-    plain_s = time.perf_counter() - started
-    started = time.perf_counter()
-    spec = speculative_generate(target, drafter, chosen, max_new_tokens=max_new_tokens, gamma=gamma, batch_size=1)
-    spec_s = time.perf_counter() - started
-    drafted = sum(r.stats.drafted for r in spec)
-    figures = {
-        "prompts": len(chosen), "max_new_tokens": max_new_tokens, "gamma": gamma, "threads": torch.get_num_threads(),
-        "device": str(next(target.parameters()).device),
-        "greedy_alpha": round(sum(r.stats.accepted for r in spec) / drafted, 4) if drafted else 0.0,
-        "greedy_tau": round(sum(r.stats.new_tokens for r in spec) / max(1, sum(r.stats.rounds for r in spec)), 3),
-        "plain_tokens_per_s": round(sum(len(r.tokens) for r in plain) / plain_s, 1),
-        "spec_tokens_per_s": round(sum(len(r.tokens) for r in spec) / spec_s, 1),
-        "greedy_equal": sum(a.tokens == b.tokens for a, b in zip(plain, spec)),
-    }
-    figures["speedup"] = round(figures["spec_tokens_per_s"] / figures["plain_tokens_per_s"], 3)
-    log(f"held-out figures ({figures['prompts']} prompts, {max_new_tokens} new tokens, gamma {gamma}, greedy): "
-        f"alpha {figures['greedy_alpha']:.3f}, tau {figures['greedy_tau']:.2f}, speedup {figures['speedup']:.2f}x "
-        f"over plain decoding, outputs equal {figures['greedy_equal']}/{figures['prompts']}"
-        + ("" if figures["speedup"] >= 1 else " - this drafter does not pay on this machine"))
-    return figures
+
+    def run(name: str, ids: list[int], tokens: int):
+        if name == "plain":
+            return autoregressive_generate(target, ids, max_new_tokens=tokens)
+        return speculative_generate(target, drafter, ids, max_new_tokens=tokens, gamma=gamma, schedule=schedules[name])
+
+    names = ["plain", *schedules]
+    for name in names:  # warm-up
+        run(name, chosen[0], 4)
+    seconds = dict.fromkeys(names, 0.0)
+    results: dict[str, list] = {name: [] for name in names}
+    for ids in chosen:
+        for name in names:
+            started = time.perf_counter()
+            results[name].append(run(name, ids, max_new_tokens))
+            seconds[name] += time.perf_counter() - started
+    plain = results["plain"]
+    plain_rate = sum(len(r.tokens) for r in plain) / seconds["plain"]
+    out = {}
+    for name, schedule in schedules.items():
+        spec = results[name]
+        drafted = sum(r.stats.drafted for r in spec)
+        figures = {
+            "prompts": len(chosen), "max_new_tokens": max_new_tokens, "gamma": gamma,
+            "schedule": "constant" if schedule is None else schedule.schedule, "threads": torch.get_num_threads(),
+            "device": str(next(target.parameters()).device),
+            "greedy_alpha": round(sum(r.stats.accepted for r in spec) / drafted, 4) if drafted else 0.0,
+            "greedy_tau": round(sum(r.stats.new_tokens for r in spec) / max(1, sum(r.stats.rounds for r in spec)), 3),
+            "plain_tokens_per_s": round(plain_rate, 1),
+            "spec_tokens_per_s": round(sum(len(r.tokens) for r in spec) / seconds[name], 1),
+            "greedy_equal": sum(a.tokens == b.tokens for a, b in zip(plain, spec)),
+        }
+        figures["speedup"] = round(figures["spec_tokens_per_s"] / figures["plain_tokens_per_s"], 3)
+        how = f"gamma {gamma}" if schedule is None else f"schedule {schedule.schedule}"
+        log(f"held-out figures ({figures['prompts']} prompts, {max_new_tokens} new tokens, {how}, greedy): "
+            f"alpha {figures['greedy_alpha']:.3f}, tau {figures['greedy_tau']:.2f}, speedup {figures['speedup']:.2f}x "
+            f"over plain decoding, outputs equal {figures['greedy_equal']}/{figures['prompts']}"
+            + ("" if figures["speedup"] >= 1 else " - this drafter does not pay on this machine"))
+        out[name] = figures
+    return out
 
 
 def render_card(cfg: DrafterTrainConfig, drafter: PreTrainedModel, target: PreTrainedModel, history: list[dict],
@@ -492,21 +522,28 @@ def render_card(cfg: DrafterTrainConfig, drafter: PreTrainedModel, target: PreTr
          f"top-1 agreement with the target {_fmt(val.get('val_agreement'))}."), "",
     ]
     if figures:
-        verdict = ("It pays." if figures["speedup"] >= 1 else
-                   "**This drafter does not pay on this machine**: decoding with it is slower than plain decoding.")
-        lines += [
-            (f"Speculative decoding with this drafter alone on {figures['prompts']} held-out prompts (greedy, gamma "
-             f"{figures['gamma']}, {figures['max_new_tokens']} new tokens, batch 1, {figures['device']}, "
-             f"{figures['threads']} threads):"), "",
-            "| figure | value |", "|---|---|",
-            f"| acceptance rate α | {figures['greedy_alpha']:.3f} |",
-            f"| mean accepted length τ (incl. recovered/bonus token) | {figures['greedy_tau']:.2f} |",
-            f"| speedup over plain decoding of the target | {figures['speedup']:.2f}x |",
-            f"| outputs equal to plain decoding | {figures['greedy_equal']}/{figures['prompts']} |", "", verdict, "",
-        ]
+        lines += figures_lines(figures)
     lines += ["## Use", "", "```", f"specdec generate --target {cfg.target} --drafter PATH_OF_THIS_FOLDER \"...\"",
               "```", ""]
     return "\n".join(lines)
+
+
+def figures_lines(figures: dict, who: str = "this drafter") -> list[str]:
+    """A card's Markdown table of ``measure_pair``'s figures, and whether ``who`` pays."""
+    verdict = ("It pays." if figures["speedup"] >= 1 else
+               f"**{who[0].upper() + who[1:]} does not pay on this machine**: decoding with it is slower than "
+               "plain decoding.")
+    how = (f"gamma {figures['gamma']}" if figures.get("schedule", "constant") == "constant"
+           else f"schedule {figures['schedule']}")
+    return [
+        (f"Speculative decoding with {who} on {figures['prompts']} held-out prompts (greedy, {how}, "
+         f"{figures['max_new_tokens']} new tokens, batch 1, {figures['device']}, {figures['threads']} threads):"), "",
+        "| figure | value |", "|---|---|",
+        f"| acceptance rate α | {figures['greedy_alpha']:.3f} |",
+        f"| mean accepted length τ (incl. recovered/bonus token) | {figures['greedy_tau']:.2f} |",
+        f"| speedup over plain decoding of the target | {figures['speedup']:.2f}x |",
+        f"| outputs equal to plain decoding | {figures['greedy_equal']}/{figures['prompts']} |", "", verdict, "",
+    ]
 
 
 def _fmt(v: object) -> str:

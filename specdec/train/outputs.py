@@ -101,6 +101,11 @@ def _prompt_id(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def target_fingerprint(target: str) -> str:
+    """The fingerprint of the target folder ``target`` (config and tokenizer; no weights loaded)."""
+    return _target_files(target)[2]
+
+
 def valid_path(out: str | Path) -> Path:
     """Where the held-out share of ``out`` is written: ``<stem>.valid<suffix>`` beside it."""
     out = Path(out)
@@ -196,6 +201,34 @@ def check_records(records: Sequence[dict], path: str | Path, target_fingerprint:
         if max_new_tokens is not None and r.get("max_new_tokens") not in (None, max_new_tokens):
             raise ValueError(f"{path} was written with --max-new-tokens {r['max_new_tokens']}, not {max_new_tokens}: "
                              "give the same to resume it, or write to a new file")
+
+
+@dataclass(frozen=True)
+class TargetData:
+    """A ``specdec data outputs`` file checked against its target (what every trainer of a user's target reads)."""
+
+    tokenizer: PreTrainedTokenizerBase  # the target's
+    config: PretrainedConfig  # the target's
+    fingerprint: str  # the target's (every record carries it)
+    records: list[dict]  # the training records
+    valid: list[dict]  # the held-out records (``valid_path``; empty when there is none)
+
+
+def target_data(target: str, data: str | Path) -> TargetData:
+    """The target's files and the records of ``data`` and its held-out file, refused (one-line
+    ValueError, before any work) when the target folder has no tokenizer, ``data`` is missing or
+    empty, or either file was written for another target."""
+    tokenizer, config, print_ = _target_files(target)
+    if not Path(data).is_file():
+        raise ValueError(f"no data at {data}: write it with `specdec data outputs --target {target} --prompts FILE "
+                         f"--out {data}`")
+    records = read_records(data)
+    check_records(records, data, print_)
+    if not records:
+        raise ValueError(f"{data} holds no record: write some with `specdec data outputs`")
+    valid = read_records(valid_path(data))
+    check_records(valid, valid_path(data), print_)
+    return TargetData(tokenizer, config, print_, records, valid)
 
 
 def continue_prompts(model: PreTrainedModel, prompts: Sequence[Prompt], out: str | Path, *, max_new_tokens: int,

@@ -15,7 +15,10 @@ not scored), and the prefix positions learn the next token with weight ``prefix_
 signal for the states the blocks read). Each step draws one k for the batch, uniformly in
 1..``max_block_size``, and one p per row, uniformly over y (where the row fits the decoder's
 positions). Data: ``specdec train translations`` (sequence-level distillation, as SpecDec
-trains on the teacher's outputs); every 50th record is held out for evaluation: the share of
+trains on the teacher's outputs), or with ``outputs`` the greedy records of a ``specdec data outputs``
+file made with the target from the user's sources (its fingerprint checked; held out: its
+``.valid.jsonl``, and with ``measure`` decoding with the drafter is measured there at the end, as
+``specdec train drafter`` does); every 50th record is held out for evaluation: the share of
 block positions j whose argmax is y[p+j] given the true prefix, and the mean accepted length of a
 k = ``max_block_size`` block under greedy verification. The optimizer loop, its records and
 checkpoints are ``seq2seq.run_steps``, shared with ``specdec train seq2seq``.
@@ -39,6 +42,10 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 
 from specdec.drafters.block import SEQ2SEQ_BLOCK
 from specdec.seq2seq import block_attention_mask, decoder_start_id
+from specdec.train.block import block_card
+from specdec.train.drafter import _layer_key as decoder_layers_key
+from specdec.train.drafter import measure_pair
+from specdec.train.outputs import target_data
 from specdec.train.parallel import DataParallel
 from specdec.train.seq2seq import (
     Example,
@@ -61,6 +68,7 @@ class Seq2SeqBlockConfig:
     target: str = "runs/translate-target-s2/final"  # the target distilled from (its encoder, embeddings, decoder layers)
     data: str = "data/gettext-de"  # the `specdec data gettext` folder the translations were made from
     translations: str = "runs/translate-target-translations-train.jsonl"  # `specdec train translations` of the target
+    outputs: str | None = None  # a `specdec data outputs` file of the target's (replaces data and translations)
     decoder_layers: int = 2  # the drafter's decoder layers (the target's first ones to start)
     max_block_size: int = 8  # largest block k trained (each step draws k uniformly from 1..this)
     mask_token_id: int | None = None  # the block's input token (None: the tokenizer's unk, which byte-level BPE never emits)
@@ -84,9 +92,11 @@ class Seq2SeqBlockConfig:
 def build_drafter(target: PreTrainedModel, cfg: Seq2SeqBlockConfig, mask_token_id: int) -> PreTrainedModel:
     """The target's class with only its first ``cfg.decoder_layers`` decoder layers, weights copied."""
     config = target.config.__class__.from_dict(target.config.to_dict())
-    if cfg.decoder_layers > target.config.decoder_layers:
-        raise ValueError(f"--decoder-layers {cfg.decoder_layers}: the target has only {target.config.decoder_layers}")
-    config.decoder_layers = cfg.decoder_layers
+    key = decoder_layers_key(config)
+    most = getattr(config, key)
+    if not 1 <= cfg.decoder_layers <= most:
+        raise ValueError(f"--decoder-layers {cfg.decoder_layers}: the target has {most} decoder layers; give 1..{most}")
+    setattr(config, key, cfg.decoder_layers)
     config.dropout = config.attention_dropout = config.activation_dropout = cfg.dropout
     setattr(config, SEQ2SEQ_BLOCK, {"mask_token_id": mask_token_id, "max_block_size": cfg.max_block_size})
     drafter = target.__class__(config)
@@ -171,16 +181,27 @@ def evaluate_blocks(model: PreTrainedModel, examples: list[Example], k: int, sta
             "accepted_per_block": round(sum(accepted) / max(1, len(accepted)), 4)}
 
 
+def _greedy_examples(records: list[dict], max_tokens: int) -> list[Example]:
+    """The greedy records of a ``specdec data outputs`` file as (source, the target's output) pairs."""
+    pairs = [Example(r["prompt_ids"], r["ids"]) for r in records if r["temperature"] == 0]
+    return [e for e in pairs if len(e.src) <= max_tokens and 1 < len(e.tgt) <= max_tokens]
+
+
 def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: str = "cpu",
-                        stop_after_s: float | None = None, log: Callable[[str], None] = print) -> Path | None:
+                        stop_after_s: float | None = None, log: Callable[[str], None] = print, *,
+                        stop_at_step: int | None = None, measure: bool = False, measure_prompts: int = 20,
+                        measure_tokens: int = 64) -> Path | None:
     """Train (or resume) the block drafter. Returns the ``final`` folder, or None when stopped early
-    by ``stop_after_s`` (a checkpoint is written: call again to resume). Under ``torchrun`` /
-    ``accelerate launch``: data parallel (``specdec.train.parallel``), the main process writes."""
+    by ``stop_after_s`` or ``stop_at_step`` (a checkpoint is written: call again to resume). With
+    ``cfg.outputs`` and ``measure``, the drafter is measured at the end on the held-out sources
+    (``measure_pair``), printed and written into ``final/training.json`` and a card ``final/README.md``.
+    Under ``torchrun`` / ``accelerate launch``: data parallel (``specdec.train.parallel``), the main process
+    writes and measures."""
     parallel = DataParallel.start(device)
     device, log = parallel.device, parallel.log(log)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
+    own = target_data(cfg.target, cfg.outputs) if cfg.outputs else None  # refuses another target's data first
     tokenizer = AutoTokenizer.from_pretrained(cfg.target)
     target = AutoModelForSeq2SeqLM.from_pretrained(cfg.target, dtype=torch.float32)
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer.unk_token_id
@@ -190,15 +211,21 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     data_cfg = Seq2SeqTrainConfig(data=cfg.data, translations=cfg.translations, max_tokens=cfg.max_tokens,
                                   batch_size=cfg.batch_size, seed=cfg.seed, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                                   max_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio)
-    examples = load_examples(data_cfg, tokenizer, "train")
-    held = examples[::HELD_OUT_EVERY][: cfg.eval_pairs]
-    train = [e for i, e in enumerate(examples) if i % HELD_OUT_EVERY]
+    examples = _greedy_examples(own.records, cfg.max_tokens) if own else load_examples(data_cfg, tokenizer, "train")
+    held = _greedy_examples(own.valid, cfg.max_tokens)[: cfg.eval_pairs] if own else []
+    if held:  # the data's own held-out share
+        train = examples
+    else:  # every 50th record
+        held = examples[::HELD_OUT_EVERY][: cfg.eval_pairs]
+        train = [e for i, e in enumerate(examples) if i % HELD_OUT_EVERY]
     if len(train) < cfg.batch_size:
-        raise ValueError(f"{cfg.translations} gives {len(train)} usable training pairs, fewer than a batch of "
-                         f"{cfg.batch_size}")
+        raise ValueError(f"{cfg.outputs or cfg.translations} gives {len(train)} usable greedy training pairs, fewer "
+                         f"than a batch of {cfg.batch_size}: make more data or give a smaller --batch-size")
     lengths = [len(e.src) + len(e.tgt) for e in train]
     model = build_drafter(target, cfg, mask).to(device)
-    del target
+    if not measure:
+        del target
+    out.mkdir(parents=True, exist_ok=True)
     parallel.broadcast(model)
     optimizer = adamw(model, cfg.lr, cfg.weight_decay)
     state = resume(out, model, optimizer, log)
@@ -228,17 +255,35 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
 
     finished = run_steps(out, model, optimizer, state, cfg, lambda step: lr_at(step, data_cfg), loss_at,
                          lambda: evaluate_blocks(model, held, cfg.max_block_size, start, mask, pad, seed=cfg.seed),
-                         stop_after_s=stop_after_s, log=log, parallel=parallel)
+                         stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log, parallel=parallel)
     if not finished:
         return None
     final = out / "final"
-    if parallel.main:
-        model.eval()
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            setattr(model.config, name, 0.0)
-        model.save_pretrained(final, safe_serialization=True)
-        tokenizer.save_pretrained(final)
-        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
-                                                         "processes": parallel.world}, indent=1))
-    parallel.barrier()
+    parallel.barrier()  # the main process has written the last checkpoint
+    if not parallel.main:  # it alone exports, measures and writes the card
+        return final
+    model.eval()
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+        setattr(model.config, name, 0.0)
+    model.save_pretrained(final, safe_serialization=True)
+    tokenizer.save_pretrained(final)
+    figures = None
+    if measure and own is not None and own.valid:
+        figures = measure_pair(target.to(device), model, own.valid, measure_prompts, measure_tokens, log)
+    elif measure and own is not None:
+        log("not measured: no held-out records (make the data with a larger --valid-share)")
+    record = {"config": asdict(cfg), "state": asdict(state), "processes": parallel.world}
+    if own is not None:
+        record.update({"data": {"file": cfg.outputs, "target": own.fingerprint}, "figures": figures})
+    (final / "training.json").write_text(json.dumps(record, indent=1))
+    if measure and own is not None:
+        n = sum(p.numel() for p in model.parameters())
+        c = model.config
+        (final / "README.md").write_text(block_card(
+            cfg.target, f"A {n / 1e6:.2f}M-parameter `{type(model).__name__}` (the target's encoder, "
+            f"{getattr(c, decoder_layers_key(c))} decoder layers, blocks of up to {cfg.max_block_size} tokens; it "
+            "loads with `AutoModelForSeq2SeqLM`)",
+            f"The target with its first {cfg.decoder_layers} decoder layers, trained on blocks of the target's greedy "
+            f"outputs, {cfg.max_steps} steps of {cfg.batch_size} rows, peak learning rate {cfg.lr}, seed {cfg.seed}.",
+            cfg.outputs, len(train), len(own.valid), own.fingerprint, figures), encoding="utf-8")
     return final

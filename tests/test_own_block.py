@@ -1,0 +1,220 @@
+"""A block drafter and an acceptance head for the user's own target, on the user's own prompts:
+``specdec data outputs`` then ``specdec train block-drafter --data`` / ``specdec train head --data``, end to
+end on the tiny random targets of ``test_own_model`` (a Llama, a GPT-2, a Marian encoder-decoder), each
+saved to a folder with a tokenizer as a user's model would be.
+
+Checked: decoding with the block drafter made for each target is exact (greedy equal to transformers'
+``generate`` and to plain decoding), and so is decoding with ``--schedule ada`` and the head made for a
+(target, drafter) pair; each trainer measures what it made on the held-out prompts and writes it into
+``training.json`` and a card; each bad input (another target's data, a drafter of another vocabulary, a
+missing file, a flag that does not apply) is one line on stderr, exit status 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_own_model import NEW, _data, _hf_greedy, _run, targets  # noqa: F401 (targets: the fixture)
+from transformers import AutoModelForSeq2SeqLM
+
+import specdec
+from specdec.cli import main
+from specdec.train.drafter import DrafterTrainConfig, train_drafter
+from specdec.train.outputs import read_records, valid_path
+
+QUIET = {"progress": False, "log": lambda m: None}
+
+
+@pytest.fixture(scope="module")
+def data(targets, tmp_path_factory) -> dict[str, tuple]:  # noqa: F811
+    """arch -> (target folder, its `specdec data outputs` file), all greedy, a quarter held out."""
+    root = tmp_path_factory.mktemp("own-block-data")
+    out = {}
+    for arch, (target, prompts) in targets.items():
+        _data(target, prompts, root / f"{arch}.jsonl", sampled_share=0.0)
+        out[arch] = (target, root / f"{arch}.jsonl")
+    return out
+
+
+def _block_flags(arch: str) -> list[str]:
+    shape = [] if arch == "marian" else ["--hidden-size", "32", "--num-attention-heads", "4",
+                                          "--intermediate-size", "64"]
+    return [*shape, "--num-hidden-layers", "1", "--max-block-size", "4", "--batch-size", "4", "--max-steps", "3",
+            "--warmup-steps", "1", "--save-every", "2", "--eval-every", "2", "--measure-prompts", "3",
+            "--measure-tokens", str(NEW)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "marian"])
+def test_block_drafter_for_any_target_decodes_exactly(arch, data, tmp_path, capsys):
+    """data -> `specdec train block-drafter --target --data` -> a block drafter whose greedy decoding on the
+    held-out prompts equals transformers' generate and plain decoding; its figures are in the card."""
+    target_dir, data_file = data[arch]
+    run = tmp_path / "run"
+    assert main(["train", "block-drafter", "--target", str(target_dir), "--data", str(data_file), "--out", str(run),
+                 *_block_flags(arch)]) == 0
+    printed = capsys.readouterr().out
+    final = run / "final"
+    target = specdec.load_model(str(target_dir))
+    drafter = specdec.load_model(str(final))
+    if arch == "marian":  # a plain Marian with the target's encoder: it loads without specdec
+        assert type(AutoModelForSeq2SeqLM.from_pretrained(final)) is type(target)
+        assert drafter.config.decoder_layers == 1 and drafter.config.block_drafter["max_block_size"] == 4
+    else:
+        assert type(drafter).__name__ == "BlockDrafterModel" and drafter.config.hidden_size == 32
+    held = read_records(valid_path(data_file))
+    prompts = [r["prompt_ids"] for r in held]
+    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=NEW)
+    for gamma in (1, 4):
+        spec = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW, gamma=gamma)
+        assert [r.tokens for r in spec] == [r.tokens for r in plain]
+        assert sum(r.stats.drafted for r in spec) > 0
+    for p, r in zip(prompts, plain):
+        assert r.tokens == _hf_greedy(target, p)
+    record = json.loads((final / "training.json").read_text())
+    figures = record["figures"]
+    assert figures["greedy_equal"] == figures["prompts"] == min(3, len(held)) and figures["gamma"] == 4
+    assert record["data"] == {"file": str(data_file), "target": held[0]["target"]}
+    card = (final / "README.md").read_text()
+    assert f"| acceptance rate α | {figures['greedy_alpha']:.3f} |" in card and str(data_file) in card
+    assert f"speedup {figures['speedup']:.2f}x" in printed
+    assert ("It pays." in card) == (figures["speedup"] >= 1)
+    assert ("does not pay" in card) == (figures["speedup"] < 1)
+
+
+def test_block_drafter_resumes_to_an_uninterrupted_run(data, tmp_path):
+    """Stopped at a step, the same command resumes to the weights of one uninterrupted run."""
+    from specdec.train.block import train_own_block_drafter
+
+    target_dir, data_file = data["gpt2"]
+    settings = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "num_hidden_layers": 1,
+                "max_block_size": 4, "batch_size": 3, "max_steps": 4, "save_every": 2}
+    kw = {"measure": False, **QUIET}
+    whole = train_own_block_drafter(str(target_dir), data_file, tmp_path / "whole", settings, **kw)
+    assert train_own_block_drafter(str(target_dir), data_file, tmp_path / "cut", settings, stop_at_step=3,
+                                   **kw) is None
+    resumed = train_own_block_drafter(str(target_dir), data_file, tmp_path / "cut", settings, **kw)
+    a, b = specdec.load_model(str(whole)).state_dict(), specdec.load_model(str(resumed)).state_dict()
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_block_drafter_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, capsys):
+    llama, llama_data = data["llama"]
+    gpt2, _ = data["gpt2"]
+    marian, marian_data = data["marian"]
+    out = tmp_path / "run"
+    train = ["train", "block-drafter", "--out", str(out), "--max-steps", "2", "--no-measure"]
+    assert "written for another target" in _run(capsys, *train, "--target", str(gpt2), "--data", str(llama_data))
+    assert "no data at" in _run(capsys, *train, "--target", str(llama), "--data", str(tmp_path / "missing.jsonl"))
+    assert "needs --target" in _run(capsys, *train, "--data", str(llama_data))
+    assert "does not go with --data" in _run(capsys, *train, "--target", str(llama), "--data", str(llama_data),
+                                             "--outputs", str(llama_data))
+    err = _run(capsys, *train, "--target", str(marian), "--data", str(marian_data), "--hidden-size", "32")
+    assert "--hidden-size does not apply to an encoder-decoder target" in err
+    for layers in ("0", "3"):  # the tiny Marian has 2 decoder layers
+        assert "give 1..2" in _run(capsys, *train, "--target", str(marian), "--data", str(marian_data),
+                                   "--num-hidden-layers", layers)
+    assert "num_hidden_layers must be >= 1" in _run(capsys, *train, "--target", str(llama), "--data",
+                                                    str(llama_data), "--num-hidden-layers", "0")
+    assert not out.exists()
+
+
+def _drafter(target_dir, data_file, out) -> str:
+    """A tiny drafter for the target (`specdec train drafter`, a few steps)."""
+    cfg = DrafterTrainConfig(target=str(target_dir), data=str(data_file), layers=1, hidden=16, steps=4, batch_size=4)
+    return str(train_drafter(cfg, out, measure=False, **QUIET))
+
+
+HEAD_FLAGS = ["--max-steps", "6", "--batch-size", "64", "--warmup-steps", "1", "--eval-every", "3", "--save-every",
+              "3", "--measure-prompts", "3", "--measure-tokens", str(NEW)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys):
+    """data -> drafter -> `specdec train head --target --drafter --data` -> a head for that pair with which
+    `--schedule ada` decodes the held-out prompts exactly; measured against plain decoding and the constant
+    gamma, the figures are in training.json and the card."""
+    from specdec.config import ScheduleConfig
+    from specdec.heads import load_head
+
+    target_dir, data_file = data[arch]
+    drafter_dir = _drafter(target_dir, data_file, tmp_path / "drafter")
+    run = tmp_path / "head"
+    assert main(["train", "head", "--target", str(target_dir), "--drafter", drafter_dir, "--data", str(data_file),
+                 "--out", str(run), *HEAD_FLAGS]) == 0
+    printed = capsys.readouterr().out
+    final = run / "final"
+    head = load_head(final, hidden_size=16)
+    assert head.config.hidden_size == 16
+    held = read_records(valid_path(data_file))
+    assert (run / "data").is_dir() and (run / "valid-data").is_dir()
+    target, drafter = specdec.load_model(str(target_dir)), specdec.load_model(drafter_dir)
+    prompts = [r["prompt_ids"] for r in held]
+    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=NEW)
+    ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW,
+                                       schedule=ScheduleConfig("ada", head=str(final), stop_threshold=0.5))
+    assert [r.tokens for r in ada] == [r.tokens for r in plain]
+    assert [r.tokens for r in plain] == [_hf_greedy(target, p) for p in prompts]
+    assert sum(r.stats.drafted for r in ada) > 0
+    record = json.loads((final / "training.json").read_text())
+    figures = record["figures"]
+    assert figures["ada"]["schedule"] == "ada" and figures["constant"]["schedule"] == "constant"
+    for kind in ("ada", "constant"):
+        assert figures[kind]["greedy_equal"] == figures[kind]["prompts"] == min(3, len(held))
+    assert record["target_fingerprint"] == held[0]["target"] and record["drafter"] == drafter_dir
+    card = (final / "README.md").read_text()
+    assert f"| acceptance rate α | {figures['ada']['greedy_alpha']:.3f} |" in card
+    assert f"{figures['ada_over_constant']:.2f}x the constant γ's speed" in card
+    assert ("does not pay over the constant" in card) == (figures["ada_over_constant"] < 1)
+    assert f"speedup {figures['ada']['speedup']:.2f}x" in printed
+
+
+def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):
+    """`specdec train head --data` stopped at a step, then run again, ends with the head of one uninterrupted run."""
+    from safetensors.torch import load_file
+
+    target_dir, data_file = data["llama"]
+    drafter_dir = _drafter(target_dir, data_file, tmp_path / "drafter")
+    head = ["train", "head", "--target", str(target_dir), "--drafter", drafter_dir, "--data", str(data_file),
+            *HEAD_FLAGS, "--no-measure"]
+    assert main([*head, "--out", str(tmp_path / "whole")]) == 0
+    assert main([*head, "--out", str(tmp_path / "cut"), "--stop-at-step", "4"]) == 0
+    assert not (tmp_path / "cut" / "final").exists()
+    assert main([*head, "--out", str(tmp_path / "cut")]) == 0
+    capsys.readouterr()
+    whole, cut = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("whole", "cut"))
+    for name, value in whole.items():
+        torch.testing.assert_close(cut[name], value, rtol=0, atol=1e-6, msg=name)
+    record = json.loads((tmp_path / "cut" / "final" / "training.json").read_text())
+    assert record["figures"] is None and "Not measured" in (tmp_path / "cut" / "final" / "README.md").read_text()
+
+
+def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, capsys):
+    from tiny_models import build_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama, llama_data = data["llama"]
+    gpt2, _ = data["gpt2"]
+    marian, marian_data = data["marian"]
+    other = tmp_path / "other-vocabulary"  # a causal LM with a tokenizer of 257 tokens, not 320
+    tok = build_tokenizer(200)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=128)).save_pretrained(other)
+    tok.save_pretrained(other)
+    out = tmp_path / "run"
+    train = ["train", "head", "--out", str(out), *HEAD_FLAGS]
+    err = _run(capsys, *train, "--target", str(llama), "--drafter", str(other), "--data", str(llama_data))
+    assert "vocabulary" in err and "specdec train drafter" in err
+    assert "written for another target" in _run(capsys, *train, "--target", str(gpt2), "--drafter", str(llama),
+                                                "--data", str(llama_data))
+    assert "no data at" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
+                                str(tmp_path / "missing.jsonl"))
+    assert "does not exist" in _run(capsys, *train, "--target", str(llama), "--drafter", str(tmp_path / "missing"),
+                                    "--data", str(llama_data))
+    assert "encoder-decoder" in _run(capsys, *train, "--target", str(marian), "--drafter", str(marian), "--data",
+                                     str(marian_data))
+    assert "replaces --outputs" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
+                                        str(llama_data), "--outputs", str(llama_data))
+    assert not out.exists()
