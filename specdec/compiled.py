@@ -51,11 +51,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specdec.architectures import attention_chunk, local_window
 from specdec.cache import RaggedCache
+from specdec.config import COMPILE_MODES, ModelConfig
 from specdec.loading import context_limit, input_device
 from specdec.positions import positions_for
 
-COMPILE_MODES = ("auto", "on", "off")  # --compile: auto (off: see the module docstring), on, off
 SLOTS = 512  # slots per row of a static cache (at most the model's context): attention cost vs room
+RECOMPILE_LIMIT = 256  # compiled (model, bucket) pairs allowed in one process
 SLOT_SLACK = 16  # slots beyond the context for dead padding before a re-pack is needed
 CHECK_TOLERANCE = 1e-3  # largest |compiled - eager| logit difference (relative to the logits' scale) at warm-up
 INSTALL = ("torch.compile on CPU needs a C++ compiler and Python's headers: install them (Debian/Ubuntu: "
@@ -65,8 +66,7 @@ INSTALL = ("torch.compile on CPU needs a C++ compiler and Python's headers: inst
 def check_mode(mode: object) -> str:
     """``mode`` if it is one of ``COMPILE_MODES``, else a ValueError naming them."""
     if mode not in COMPILE_MODES:
-        raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}: on compiles the "
-                         "decode forwards, off runs them eagerly, auto decides (off on CPU, as measured)")
+        ModelConfig(compile=mode)  # raises the one message
     return str(mode)
 
 
@@ -133,6 +133,7 @@ class CompiledModel:
         self.rows: tuple[int, ...] = ()
         self.tokens: tuple[int, ...] = ()
         self.eager_shapes: set[Shape] = set()  # shapes run eagerly (told once each)
+        self.calls = {"compiled": 0, "eager": 0}  # decode forwards run each way
         self._compiled = torch.compile(self._step, dynamic=False, fullgraph=True, options={"freezing": True})
         self.layout = self._layout()
 
@@ -179,7 +180,9 @@ class CompiledModel:
     def run(self, shape: Shape, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The step, compiled when ``shape`` was warmed, else eager (told once per shape)."""
         if shape in self.shapes:
+            self.calls["compiled"] += 1
             return self._compiled(*args, shape.hidden)
+        self.calls["eager"] += 1
         if shape not in self.eager_shapes:
             self.eager_shapes.add(shape)
             warnings.warn(f"{type(self.model).__name__}: a forward of {shape.rows} rows x {shape.tokens} tokens "
@@ -200,7 +203,7 @@ class CompiledModel:
             live[:, 3: 3 + shape.tokens] = True
             for layer in cache.layers:
                 layer.cumulative_length.fill_(3)
-            positions = torch.arange(shape.tokens, device=device)[None].expand(shape.rows, -1)
+            positions = torch.arange(shape.tokens, device=device)[None].repeat(shape.rows, 1)  # contiguous, as forward's
             args = (ids, live, positions, torch.tensor(3, device=device), cache, shape.hidden)
             results.append((self._compiled if compiled else self._step)(*args)[0])
         error = float((results[0] - results[1]).abs().max())
@@ -239,6 +242,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({reason})")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
+    # one code object (the step) compiled per model and bucket: dynamo's default limit of 8 is too few
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     started = time.perf_counter()
     compiled = getattr(model, "_specdec_compiled", None)
     if compiled is None:

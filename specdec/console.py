@@ -30,7 +30,7 @@ from rich.text import Text
 
 import specdec
 from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
-from specdec.config import LOOKUP, ModelConfig
+from specdec.config import BLOCK, LOOKUP, ModelConfig
 from specdec.stats import (
     ACCEPTED,
     BONUS,
@@ -88,6 +88,26 @@ class Session:
             self._models[name] = model
         return self._models[name]
 
+    def compile(self, settings: Settings) -> list[str]:
+        """Compile the decode forwards of the models ``settings`` decodes with, for its shapes, as ``--compile``
+        says (``specdec.compiled.prepare``; a no-op when off, and for shapes already compiled): the target
+        verifies gamma + 1 tokens (1 decoding alone), a drafter model steps 1 token and catches up 2, in
+        rows of 1 and the batch size. Returns what was decided, per model."""
+        if self.models.compile != "on":
+            return []
+        from specdec.compiled import prepare
+
+        rows = tuple(sorted({1, settings.spec.batch_size}))
+        speculating = settings.mode in ("speculative", COMPARE) and settings.spec.speculate != "off"
+        verify = (settings.spec.gamma + 1,) if speculating else ()
+        plain = (1,) if settings.mode != "speculative" or settings.spec.speculate == "off" else ()
+        plan = [(self._name(settings.mode) if settings.mode == "drafter" else self.models.target, verify + plain, False)]
+        drafter = self.models.drafter_model
+        if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
+            plan.append((drafter, (1, 2), settings.schedule.schedule == "ada"))
+        return [f"{name}: {prepare(self.model(name), 'on', tokens=tokens, rows=rows, hidden=hidden).describe()}"
+                for name, tokens, hidden in plan]
+
     def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
         """The tokenizer of the model that decodes in ``mode``."""
         name = self._name(mode)
@@ -136,6 +156,7 @@ class Session:
                  on_round: Callable[[RoundEvent], None] | None = None,
                  on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
+        self.compile(settings)
         sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,
