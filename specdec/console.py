@@ -30,7 +30,7 @@ from rich.text import Text
 
 import specdec
 from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
-from specdec.config import BLOCK, LOOKUP, ModelConfig
+from specdec.config import BLOCK, LOOKUP, ModelConfig, ScheduleConfig, SpecConfig
 from specdec.stats import (
     ACCEPTED,
     BONUS,
@@ -88,24 +88,27 @@ class Session:
             self._models[name] = model
         return self._models[name]
 
-    def compile(self, settings: Settings) -> list[str]:
-        """Compile the decode forwards of the models ``settings`` decodes with, for its shapes, as ``--compile``
-        says (``specdec.compiled.prepare``; a no-op when off, and for shapes already compiled): the target
-        verifies gamma + 1 tokens (1 decoding alone), a drafter model steps 1 token and catches up 2, in
-        rows of 1 and the batch size. Returns what was decided, per model."""
-        if self.models.compile != "on":
-            return []
-        from specdec.compiled import prepare
+    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig, budget: int | None = None) -> list[str]:
+        """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
+        says (``specdec.compiled``; nothing when off, or auto for a run of fewer than ``AUTO_MIN_TOKENS``
+        tokens; shapes already compiled are kept): the target verifies gamma + 1 tokens (and steps 1 when
+        it may decode alone), a drafter model steps 1 token and catches up 2, in rows of 1 and the batch
+        size. ``budget``: the tokens the run may generate; None: unknown (the server), where auto does not
+        compile: its warm-up would hold up the start (about a minute for the shipped pair).
+        Returns what was decided, per model."""
+        from specdec.compiled import compiles, prepare
 
-        rows = tuple(sorted({1, settings.spec.batch_size}))
-        speculating = settings.mode in ("speculative", COMPARE) and settings.spec.speculate != "off"
-        verify = (settings.spec.gamma + 1,) if speculating else ()
-        plain = (1,) if settings.mode != "speculative" or settings.spec.speculate == "off" else ()
-        plan = [(self._name(settings.mode) if settings.mode == "drafter" else self.models.target, verify + plain, False)]
+        if not compiles(self.models.compile, budget):
+            return []
+        rows = tuple(sorted({1, spec.batch_size}))
+        speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
+        verify = (spec.gamma + 1,) if speculating else ()
+        plain = (1,) if mode != "speculative" or spec.speculate != "on" else ()
+        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify + plain, False)]
         drafter = self.models.drafter_model
         if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
-            plan.append((drafter, (1, 2), settings.schedule.schedule == "ada"))
-        return [f"{name}: {prepare(self.model(name), 'on', tokens=tokens, rows=rows, hidden=hidden).describe()}"
+            plan.append((drafter, (1, 2), schedule.schedule == "ada"))
+        return [f"{name}: {prepare(self.model(name), self.models.compile, tokens=tokens, rows=rows, hidden=hidden).describe()}"
                 for name, tokens, hidden in plan]
 
     def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
@@ -156,7 +159,8 @@ class Session:
                  on_round: Callable[[RoundEvent], None] | None = None,
                  on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
-        self.compile(settings)
+        prompts = len(prompt_ids) if prompt_ids and isinstance(prompt_ids[0], list) else 1
+        self.compile(settings.mode, settings.spec, settings.schedule, prompts * settings.spec.max_new_tokens)
         sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,
