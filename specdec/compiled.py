@@ -30,11 +30,12 @@ full-attention layers only (``compile_refusal`` says why another one decodes eag
 Inductor's on-disk FX graph cache lives under ``~/.cache/specdec/inductor/torch-VERSION``: a second
 start reuses the compiled code, and another torch version gets its own folder (rebuilt, never read).
 
-``on`` compiles; ``auto`` compiles where it was measured to pay: a run that may generate
-``AUTO_MIN_TOKENS`` tokens or more; not a short one-shot run, whose compile and warm-up (seconds per
-bucket) outweigh what it saves, nor the server's start (a minute of warm-up for the shipped pair,
-against a start-up goal of 20 s: ``specdec serve --compile on`` compiles). ``off`` never compiles.
-Figures: docs/guide/cli.md, Compiled decoding.
+``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one
+thread (docs/guide/cli.md, Compiled decoding): the compiled drafter step is 10-40% faster, but the
+target's verification of gamma + 1 tokens, most of a round's time, gains 0-6% (its linear layers), so
+speculative decoding gains a few percent, within the noise of a shared machine, for 30-60 s of
+tracing and compiling at every start (against the server's start-up goal of 20 s; inductor's disk
+cache saves only the code generation). No measured run length repays that here.
 """
 
 from __future__ import annotations
@@ -58,12 +59,6 @@ from specdec.loading import context_limit, input_device
 from specdec.positions import positions_for
 
 SLOTS = 512  # slots per row of a static cache (at most the model's context): attention cost vs room
-# Measured on the project's 2-core CPU, one thread, shipped pair, 6 code prompts x 64 tokens, interleaved medians
-# of 3 at load 7-8 (2026-11-24): compiled decoding saved ~20 ms per token decoding plainly (19.3 -> 31.2
-# tokens/s) and ~4 ms per token speculating (29.5 -> 33.4), for a warm-up of ~7-20 s per bucket (57 s for
-# the four buckets of a speculative run). Auto compiles from the budget where the speculative saving repays
-# about 20 s of warm-up (about 4k tokens); below it, a run stays eager.
-AUTO_MIN_TOKENS = 4096
 RECOMPILE_LIMIT = 256  # compiled (model, bucket) pairs allowed in one process
 SLOT_SLACK = 16  # slots beyond the context for dead padding before a re-pack is needed
 CHECK_TOLERANCE = 1e-3  # largest |compiled - eager| logit difference (relative to the logits' scale) at warm-up
@@ -78,9 +73,9 @@ def check_mode(mode: object) -> str:
     return str(mode)
 
 
-def compiles(mode: str, budget: int | None) -> bool:
-    """Whether a run decoding up to ``budget`` tokens compiles under ``--compile mode`` (None: unknown, the server)."""
-    return check_mode(mode) == "on" or (mode == "auto" and (budget or 0) >= AUTO_MIN_TOKENS)
+def compiles(mode: str) -> bool:
+    """Whether a run compiles under ``--compile mode``: on only; auto is off, as measured (module docstring)."""
+    return check_mode(mode) == "on"
 
 
 def compiler_missing() -> str | None:
@@ -239,25 +234,19 @@ class CompileChoice:
 
 def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...] = (1,), rows: tuple[int, ...] = (1,),
             hidden: bool = False, slots: int | None = None) -> CompileChoice:
-    """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on or auto), or
-    leave it eager (off). Later caches of the model (``decoding_cache``) are then static. A second call adds
-    buckets. A model that cannot be compiled decodes eagerly, told once by a warning; a missing compiler is
-    a RuntimeError saying what to install when on, a warning when auto. (Whether auto is worth compiling
-    for a run is the caller's decision: ``AUTO_MIN_TOKENS``.)"""
+    """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on), or leave it
+    eager (off, and auto: ``compiles``). Later caches of the model (``decoding_cache``) are then static. A
+    second call adds buckets. A model that cannot be compiled decodes eagerly, told once by a warning; a
+    missing compiler is a RuntimeError saying what to install."""
     import time
 
-    check_mode(mode)
-    if mode == "off":
+    if not compiles(mode):
         model._specdec_compiled = None
-        return CompileChoice(False, "off")
+        return CompileChoice(False, "off" if mode == "off" else "off (auto: as measured, it does not pay here)")
     if (missing := compiler_missing()) is not None:
-        if mode == "on":
-            raise RuntimeError(f"--compile on: {missing}. {INSTALL}")
-        warnings.warn(f"--compile auto: {missing}, so the decode forwards run eagerly. {INSTALL}", stacklevel=2)
-        model._specdec_compiled = None
-        return CompileChoice(False, f"off ({missing})")
+        raise RuntimeError(f"--compile on: {missing}. {INSTALL}")
     if (reason := compile_refusal(model)) is not None:
-        warnings.warn(f"--compile {mode}: {reason}; it decodes eagerly", stacklevel=2)
+        warnings.warn(f"--compile on: {reason}; it decodes eagerly", stacklevel=2)
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({reason})")
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
@@ -275,14 +264,14 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
             if shape not in compiled.shapes:
                 compiled.warm(shape)
     except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager, said once
-        warnings.warn(f"--compile {mode}: {type(model).__name__} could not be compiled ({type(error).__name__}: "
+        warnings.warn(f"--compile on: {type(model).__name__} could not be compiled ({type(error).__name__}: "
                       f"{str(error).splitlines()[0] if str(error) else ''}); it decodes eagerly", stacklevel=2)
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({type(model).__name__} failed to compile)")
     compiled.rows = tuple(sorted(set(compiled.rows) | set(rows)))
     compiled.tokens = tuple(sorted(set(compiled.tokens) | set(tokens)))
     model._specdec_compiled = compiled
-    return CompileChoice(True, f"{mode}: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s")
+    return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s")
 
 
 def compiled_for(model: PreTrainedModel) -> CompiledModel | None:

@@ -178,12 +178,12 @@ class ModelConfig:
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
     threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
-    compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (on for a run of 4096+ tokens, where it was measured to pay, off for shorter runs and the server's fast start; specdec.compiled)
+    compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off: on this CPU it was measured not to repay its start; specdec.compiled)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}: on compiles "
-                             "the decode forwards, off runs them eagerly, auto compiles where it pays (long runs)")
+                             "the decode forwards, off runs them eagerly, auto decides (off where it does not pay)")
         if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be a whole number >= 1 (torch CPU threads), got {self.threads!r}: "
                              "give 1 or more, or leave it out for the default")

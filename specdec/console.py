@@ -88,17 +88,14 @@ class Session:
             self._models[name] = model
         return self._models[name]
 
-    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig, budget: int | None = None) -> list[str]:
+    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig) -> list[str]:
         """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
-        says (``specdec.compiled``; nothing when off, or auto for a run of fewer than ``AUTO_MIN_TOKENS``
-        tokens; shapes already compiled are kept): the target verifies gamma + 1 tokens (and steps 1 when
-        it may decode alone), a drafter model steps 1 token and catches up 2, in rows of 1 and the batch
-        size. ``budget``: the tokens the run may generate; None: unknown (the server), where auto does not
-        compile: its warm-up would hold up the start (about a minute for the shipped pair).
-        Returns what was decided, per model."""
+        says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
+        the target verifies gamma + 1 tokens (and steps 1 when it may decode alone), a drafter model steps 1
+        token and catches up 2, in rows of 1 and the batch size. Returns what was decided, per model."""
         from specdec.compiled import compiles, prepare
 
-        if not compiles(self.models.compile, budget):
+        if not compiles(self.models.compile):
             return []
         rows = tuple(sorted({1, spec.batch_size}))
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
@@ -159,8 +156,7 @@ class Session:
                  on_round: Callable[[RoundEvent], None] | None = None,
                  on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
-        prompts = len(prompt_ids) if prompt_ids and isinstance(prompt_ids[0], list) else 1
-        self.compile(settings.mode, settings.spec, settings.schedule, prompts * settings.spec.max_new_tokens)
+        self.compile(settings.mode, settings.spec, settings.schedule)
         sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,

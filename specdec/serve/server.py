@@ -42,7 +42,7 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     ``schedule`` says (None: the constant ``spec.gamma``)."""
     session = session or Session(models)
     tokenizer = session.tokenizer("speculative")
-    compiled = session.compile("speculative", spec, schedule or ScheduleConfig())  # auto: eager (a fast start)
+    compiled = session.compile("speculative", spec, schedule or ScheduleConfig())  # on: compiled at start
     target = make_target(session.model(models.target))
     drafter = NoDrafter() if spec.speculate == "off" else session.drafter()
     served_id = name or model_id(models.target)
