@@ -123,11 +123,14 @@ def test_static_cache_follows_the_ragged_rule():
                 counts = torch.tensor([rng.randint(1, n) for _ in range(rows)])
                 columns = torch.arange(n)[None]
                 valid = columns >= n - counts[:, None] if rng.random() < 0.5 else columns < counts[:, None]
+            hidden = step % 2 == 1  # the last hidden states too (an acceptance head reads them)
             with torch.no_grad():
-                a = static.forward(ids, valid, logits_to_keep=n).logits
-                b = ragged.forward(ids, valid, logits_to_keep=n).logits
+                a = static.forward(ids, valid, logits_to_keep=n, output_hidden_states=hidden)
+                b = ragged.forward(ids, valid, logits_to_keep=n, output_hidden_states=hidden)
             real = valid if valid is not None else torch.ones(rows, n, dtype=torch.bool)
-            assert torch.allclose(a[real], b[real], atol=1e-5), f"step {step}"
+            assert torch.allclose(a.logits[real], b.logits[real], atol=1e-5), f"step {step}"
+            if hidden:
+                assert torch.allclose(a.hidden_states[-1][real], b.hidden_states[-1][real], atol=1e-5), f"step {step}"
             assert static.live.tolist() == ragged.live.tolist()
             fed = real.sum(1)
             keep = torch.tensor([rng.randint(0, int(f)) for f in fed]) + static.live - fed
