@@ -93,7 +93,7 @@ class Session:
         says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
         the target verifies gamma + 1 tokens (and steps 1 when it may decode alone), a drafter model steps 1
         token and catches up 2, in rows of 1 and the batch size. Returns what was decided, per model."""
-        from specdec.compiled import compiles, prepare
+        from specdec.compiled import compiled_for, compiles, prepare
 
         if not compiles(self.models.compile):
             return []
@@ -105,8 +105,16 @@ class Session:
         drafter = self.models.drafter_model
         if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
             plan.append((drafter, (1, 2), schedule.schedule == "ada"))
-        return [f"{name}: {prepare(self.model(name), self.models.compile, tokens=tokens, rows=rows, hidden=hidden).describe()}"
-                for name, tokens, hidden in plan]
+        decided = []
+        for name, tokens, hidden in plan:
+            model = self.model(name)
+            known = compiled_for(model)
+            before = set(known.shapes) if known is not None else set()
+            choice = prepare(model, self.models.compile, tokens=tokens, rows=rows, hidden=hidden)
+            decided.append(f"{name}: {choice.describe()}")
+            if not choice.compiled or (compiled_for(model).shapes - before):  # said when something new was done
+                stderr_console().print(f"specdec: {decided[-1]}")
+        return decided
 
     def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
         """The tokenizer of the model that decodes in ``mode``."""

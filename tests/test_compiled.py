@@ -181,3 +181,29 @@ def test_a_model_that_cannot_compile_decodes_eagerly_said_once():
 def test_the_compile_cache_is_per_torch_version(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_folder() == tmp_path / "specdec" / "inductor" / f"torch-{torch.__version__}"
+
+
+def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_path, capsys):
+    """`specdec generate --compile on` (a batch of two prompts, the default drafter with prompt lookup)
+    prints what `--compile off` prints, having compiled the target for gamma + 1 tokens and the drafter
+    for 1 and 2 (rows of 1 and the batch size: 2 and 4 buckets), said on stderr."""
+    import json
+
+    from tiny_models import save_tiny_pair
+
+    pair = save_tiny_pair(tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nclass Point:\n")
+    args = ["generate", "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}", "--prompts-file",
+            str(prompts), "--batch-size", "2", "--max-new-tokens", "16", "--gamma", "3", "--json"]
+    outputs, errors = {}, {}
+    for mode in ("off", "on"):
+        assert cli_main([*args, "--compile", mode]) == 0
+        captured = capsys.readouterr()
+        outputs[mode] = [json.loads(line) for line in captured.out.splitlines()]
+        errors[mode] = captured.err
+    assert [o["tokens"] for o in outputs["on"]] == [o["tokens"] for o in outputs["off"]]
+    assert [o["compile"] for o in outputs["on"] + outputs["off"]] == ["on"] * 2 + ["off"] * 2
+    assert "compile" not in errors["off"]
+    assert f"{pair.target}: compile on: 2 shapes warmed" in errors["on"]
+    assert f"{pair.drafter}: compile on: 4 shapes warmed" in errors["on"]
