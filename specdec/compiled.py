@@ -31,8 +31,8 @@ Inductor's on-disk FX graph cache lives under ``~/.cache/specdec/inductor/torch-
 start reuses the compiled code, and another torch version gets its own folder (rebuilt, never read).
 
 ``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one
-thread (docs/guide/cli.md, Compiled decoding): the compiled drafter step is 10-40% faster, but the
-target's verification of gamma + 1 tokens, most of a round's time, gains 0-6% (its linear layers), so
+thread (docs/guide/cli.md, Compiled decoding): the compiled drafter step gains -3 to 40%, and the
+target's verification of gamma + 1 tokens, most of a round's time, -2 to 8% (its linear layers), so
 speculative decoding gains a few percent, within the noise of a shared machine, for 30-60 s of
 tracing and compiling at every start (against the server's start-up goal of 20 s; inductor's disk
 cache saves only the code generation). No measured run length repays that here.
