@@ -147,6 +147,7 @@ def _result_json(result: GenerationResult, text: str, prompt_ids: list[int], mod
         "stop": list(settings.stop_strings),
         "stats": result.stats.to_dict(),
         **current_threads().to_dict(),
+        "compile": models.compile,
         "auto": [dataclasses.asdict(c) for c in result.batch.auto] if result.batch is not None else [],
     }
 

@@ -139,6 +139,7 @@ class NgramConfig:
 
 NGRAM = "ngram"  # the drafter name of model-free prompt lookup
 LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter NAME when it finds nothing
+COMPILE_MODES = ("auto", "on", "off")  # --compile (see specdec.compiled)
 BLOCK = "block"  # "block" = the shipped block drafter for the target's kind, "block:PATH" = a block drafter folder
 SHIPPED_TARGETS = ("code-target", "translate-target")  # shipped names resolved to models/<name> (specdec.loading)
 SHIPPED_DRAFTERS = ("code-drafter", "code-block-drafter", "translate-drafter", "translate-block-drafter")
@@ -177,8 +178,12 @@ class ModelConfig:
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
     threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
+    compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off: on this CPU it was measured not to repay its start; specdec.compiled)
 
     def __post_init__(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}: on compiles "
+                             "the decode forwards, off runs them eagerly, auto decides (off where it does not pay)")
         if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be a whole number >= 1 (torch CPU threads), got {self.threads!r}: "
                              "give 1 or more, or leave it out for the default")

@@ -30,7 +30,7 @@ from rich.text import Text
 
 import specdec
 from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
-from specdec.config import LOOKUP, ModelConfig
+from specdec.config import BLOCK, LOOKUP, ModelConfig, ScheduleConfig, SpecConfig
 from specdec.stats import (
     ACCEPTED,
     BONUS,
@@ -88,6 +88,34 @@ class Session:
             self._models[name] = model
         return self._models[name]
 
+    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig) -> list[str]:
+        """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
+        says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
+        the target verifies gamma + 1 tokens (and steps 1 when it may decode alone), a drafter model steps 1
+        token and catches up 2, in rows of 1 and the batch size. Returns what was decided, per model."""
+        from specdec.compiled import compiled_for, compiles, prepare
+
+        if not compiles(self.models.compile):
+            return []
+        rows = tuple(sorted({1, spec.batch_size}))
+        speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
+        verify = (spec.gamma + 1,) if speculating else ()
+        plain = (1,) if mode != "speculative" or spec.speculate != "on" else ()
+        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify + plain, False)]
+        drafter = self.models.drafter_model
+        if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
+            plan.append((drafter, (1, 2), schedule.schedule == "ada"))
+        decided = []
+        for name, tokens, hidden in plan:
+            model = self.model(name)
+            known = compiled_for(model)
+            before = set(known.shapes) if known is not None else set()
+            choice = prepare(model, self.models.compile, tokens=tokens, rows=rows, hidden=hidden)
+            decided.append(f"{name}: {choice.describe()}")
+            if not choice.compiled or (compiled_for(model).shapes - before):  # said when something new was done
+                stderr_console().print(f"specdec: {decided[-1]}")
+        return decided
+
     def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
         """The tokenizer of the model that decodes in ``mode``."""
         name = self._name(mode)
@@ -136,6 +164,7 @@ class Session:
                  on_round: Callable[[RoundEvent], None] | None = None,
                  on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
+        self.compile(settings.mode, settings.spec, settings.schedule)
         sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,

@@ -30,9 +30,10 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.batch import PromptBatch
+from specdec.compiled import decoding_cache
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
-from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder, prefilled_cache, source_limit
+from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache, source_limit
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class ModelTarget(Target):
         self.decoder_start = decoder_start_id(model) if self.encoder_decoder else None
         self.source_limit = source_limit(model) if self.encoder_decoder else None
         self.device = input_device(model)
-        self.cache = cache_for(model, 0, self.device)
+        self.cache = decoding_cache(model, self.device)
         self._mark: torch.Tensor | None = None  # [B] live tokens before the last verify
 
     @property
@@ -138,7 +139,7 @@ class ModelTarget(Target):
         self.cache.select(rows.to(self.device))
 
     def reset(self) -> None:
-        self.cache = cache_for(self.model, 0, self.device)
+        self.cache = decoding_cache(self.model, self.device)
 
     def cached(self) -> torch.Tensor:
         return self.cache.live

@@ -37,6 +37,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.batch import PromptBatch, left_mask, left_padded
+from specdec.compiled import decoding_cache
 from specdec.drafters.base import (
     ENDED_LIMIT,
     ENDED_NONE,
@@ -49,7 +50,7 @@ from specdec.drafters.base import (
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
-from specdec.seq2seq import cache_for, decoder_start_id, is_encoder_decoder, prefilled_cache
+from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache
 
 # Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
 # share of the target's (padding to a multiple of 64 or 128 adds far less on real vocabularies).
@@ -209,7 +210,7 @@ class ModelDrafter(CachedDrafter):
         self.hidden_size = model.config.get_text_config(decoder=True).hidden_size
         self.device = input_device(model)
         self.encoder_decoder = is_encoder_decoder(model)
-        self.cache = cache_for(model, 0, self.device)
+        self.cache = decoding_cache(model, self.device)
         self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
         self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
         self._fed: list[list[int]] | None = None  # per row: drafts forwarded into the cache since the last commit
@@ -301,5 +302,5 @@ class ModelDrafter(CachedDrafter):
         self._fed, self._mark = None, None
 
     def reset(self) -> None:
-        self.cache = cache_for(self.model, 0, self.device)
+        self.cache = decoding_cache(self.model, self.device)
         self.pending, self._drafts, self._fed, self._mark = [], [], None, None

@@ -42,6 +42,7 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     ``schedule`` says (None: the constant ``spec.gamma``)."""
     session = session or Session(models)
     tokenizer = session.tokenizer("speculative")
+    compiled = session.compile("speculative", spec, schedule or ScheduleConfig())  # on: compiled at start
     target = make_target(session.model(models.target))
     drafter = NoDrafter() if spec.speculate == "off" else session.drafter()
     served_id = name or model_id(models.target)
@@ -50,7 +51,8 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
                     speculate=spec.speculate)
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
                    "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
-                   "device": str(target.device), **session.threads.to_dict()}
+                   "device": str(target.device), **session.threads.to_dict(),
+                   "compile": "; ".join(compiled) or models.compile}
     # the target's generation config applies to every request as in generate (repetition penalty, forced tokens...)
     processing = resolve(target.model, ignore_generation_config=sampling.ignore_generation_config, device=target.device)
     description["processors"] = list(processing.settings.processors)

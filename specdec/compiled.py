@@ -1,0 +1,466 @@
+"""The compiled, static-shape decoding path (``--compile auto|on|off``).
+
+Eager decoding pays transformers' Python around every forward (module dispatch, mask building,
+``torch.cat`` into a growing ``DynamicCache``). Here a model's decode forwards run through
+``torch.compile`` (inductor: generated C++ on CPU) over a preallocated cache of fixed shape:
+
+- ``StaticRaggedCache``: the cache handle of a compiled model, with ``RaggedCache``'s interface and
+  rule (each row's live slots ``mask``, positions = live tokens before each token, ``keep`` per row,
+  ``select``, ``merge``, ``compact``), its keys and values in transformers' ``StaticCache`` layers
+  ``[R, heads, C, dim]``: ``R`` rows (a bucket >= the batch's rows; spare rows are dead), ``C`` slots.
+  The layers' write pointer (``cumulative_length``) is the first unused slot; a rollback moves it
+  back (the rejected slots are overwritten later and never attended meanwhile). Holes cost no
+  attention here (every forward attends ``C`` slots, masked), only room: the rows are re-packed
+  (``compact``) when the next forward would not fit.
+- ``CompiledModel``: one model's compiled step, ``torch.compile(..., dynamic=False)`` of a forward
+  taking ``(ids [R, n], live slots [R, C], positions [R, n], first new slot)`` that builds the 4D mask
+  (the live slots, causal over the new ones) inside the graph. Shapes are bucketed: rows (``1`` and
+  the batch size), tokens per row (the drafter's 1-token step and its 2-token catch-up, the target's
+  ``gamma + 1`` verification), ``C`` slots; every bucket is compiled and warmed when the model is
+  prepared (``prepare``), and checked against the eager forward. A forward of another shape
+  (a longer lookup draft, a batch grown past its bucket) runs the same step eagerly on the same
+  cache: exact, only slower. Prefill stays eager (a ``RaggedCache``, merged in).
+
+Exactness: the compiled step computes what the eager forward computes (same cache contents, same
+positions, same mask), to float rounding; greedy tokens match ``generate`` up to near ties, as the
+eager batched path does, and the verification rule is unchanged, so sampling stays lossless.
+
+Which models: decoder-only models whose forward takes ``position_ids`` and a 4D mask, with
+full-attention layers only (``compile_refusal`` says why another one decodes eagerly, once).
+Inductor's on-disk FX graph cache lives under ``~/.cache/specdec/inductor/torch-VERSION``: a second
+start reuses the compiled code, and another torch version gets its own folder (rebuilt, never read).
+
+``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one
+thread (docs/guide/cli.md, Compiled decoding): the compiled drafter step gains -3 to 40%, and the
+target's verification of gamma + 1 tokens, most of a round's time, -2 to 8% (its linear layers), so
+speculative decoding gains a few percent, within the noise of a shared machine, for 30-60 s of
+tracing and compiling at every start (against the server's start-up goal of 20 s; inductor's disk
+cache saves only the code generation). No measured run length repays that here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sysconfig
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from specdec.architectures import attention_chunk, local_window
+from specdec.cache import RaggedCache
+from specdec.config import COMPILE_MODES, ModelConfig
+from specdec.loading import context_limit, input_device
+from specdec.positions import positions_for
+
+SLOTS = 512  # slots per row of a static cache (at most the model's context): attention cost vs room
+RECOMPILE_LIMIT = 256  # compiled (model, bucket) pairs allowed in one process
+SLOT_SLACK = 16  # slots beyond the context for dead padding before a re-pack is needed
+CHECK_TOLERANCE = 1e-3  # largest |compiled - eager| logit difference (relative to the logits' scale) at warm-up
+INSTALL = ("torch.compile on CPU needs a C++ compiler and Python's headers: install them (Debian/Ubuntu: "
+           "apt-get install g++ python3-dev; or set CXX to a compiler), or use --compile off")
+
+
+def check_mode(mode: object) -> str:
+    """``mode`` if it is one of ``COMPILE_MODES``, else a ValueError naming them."""
+    if mode not in COMPILE_MODES:
+        ModelConfig(compile=mode)  # raises the one message
+    return str(mode)
+
+
+def compiles(mode: str) -> bool:
+    """Whether a run compiles under ``--compile mode``: on only; auto is off, as measured (module docstring)."""
+    return check_mode(mode) == "on"
+
+
+def compiler_missing() -> str | None:
+    """What torch.compile's CPU backend lacks here (a C++ compiler, Python's headers), or None."""
+    compilers = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    if not any(shutil.which(c) for c in compilers):
+        return f"no C++ compiler found ({', '.join(compilers)})"
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").is_file():
+        return f"Python's headers are missing (no Python.h in {include})"
+    return None
+
+
+def cache_folder() -> Path:
+    """Inductor's on-disk cache for this torch version (another version's folder is never read)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "specdec" / "inductor" / f"torch-{torch.__version__}"
+
+
+def compile_refusal(model: PreTrainedModel) -> str | None:
+    """Why ``model`` decodes eagerly whatever ``--compile`` says, or None when it can be compiled."""
+    name = type(model).__name__
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        return f"{name} is an encoder-decoder model (the compiled path covers decoder-only models)"
+    if not positions_for(model).argument:
+        return f"{name}'s forward takes no position_ids"
+    if attention_chunk(config) or local_window(config):
+        return f"{name} has local or chunked attention (windows over slots a static cache does not keep)"
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return f"{name} uses the {config._attn_implementation!r} attention implementation (sdpa or eager only)"
+    try:
+        layers = StaticCache(config=config, max_cache_len=1).layers
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        return f"{name} has no transformers StaticCache ({error})"
+    if not all(type(layer) is StaticLayer for layer in layers):
+        return f"{name}'s cache layers are not all full attention"
+    return None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One bucket: rows, new tokens per row, slots per row, and whether the last hidden state is returned."""
+
+    rows: int
+    tokens: int
+    slots: int
+    hidden: bool = False
+
+
+def _bucket(value: int, buckets: tuple[int, ...]) -> int | None:
+    """The smallest bucket >= value, or None."""
+    return next((b for b in sorted(buckets) if b >= value), None)
+
+
+class CompiledModel:
+    """A model's compiled decode step and the shapes it was warmed for (see the module docstring)."""
+
+    def __init__(self, model: PreTrainedModel, slots: int) -> None:
+        self.model = model
+        self.slots = slots  # C
+        self.shapes: set[Shape] = set()  # compiled and warmed
+        self.rows: tuple[int, ...] = ()
+        self.tokens: tuple[int, ...] = ()
+        self.eager_shapes: set[Shape] = set()  # shapes run eagerly (told once each)
+        self.calls = {"compiled": 0, "eager": 0}  # decode forwards run each way
+        self._compiled = torch.compile(self._step, dynamic=False, fullgraph=True, options={"freezing": True})
+        self.layout = self._layout()
+
+    def _layout(self) -> list[tuple[int, int, int, torch.dtype]]:
+        """Per layer: (kv heads, key dim, value dim, dtype), read from one eager forward of one token."""
+        probe = RaggedCache(self.model, 1, input_device(self.model))
+        with torch.no_grad():
+            probe.forward(torch.zeros(1, 1, dtype=torch.long, device=probe.mask.device))
+        return [(layer.keys.shape[1], layer.keys.shape[-1], layer.values.shape[-1], layer.keys.dtype)
+                for layer in probe.cache.layers]
+
+    @torch.inference_mode()
+    def new_cache(self, rows: int, device: torch.device | str) -> StaticCache:
+        """A ``StaticCache`` of ``rows`` rows and ``self.slots`` slots, allocated now."""
+        cache = StaticCache(config=self.model.config, max_cache_len=self.slots)
+        for layer, (heads, key_dim, value_dim, dtype) in zip(cache.layers, self.layout):
+            # what StaticLayer.lazy_initialization sets, without marking static addresses (a CUDA-graph need):
+            # the buffers are plain inputs of the compiled step, so every cache of this shape reuses its code
+            layer.dtype, layer.device, layer.batch_size, layer.num_heads = dtype, torch.device(device), rows, heads
+            layer.k_head_dim, layer.v_head_dim = key_dim, value_dim
+            layer.keys = torch.zeros(rows, heads, self.slots, key_dim, dtype=dtype, device=device)
+            layer.values = torch.zeros(rows, heads, self.slots, value_dim, dtype=dtype, device=device)
+            layer.cumulative_length = torch.tensor(0, dtype=torch.long, device=device)
+            layer.is_initialized = True
+        return cache
+
+    def _step(self, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
+              cache: StaticCache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [R, n, V] (and the last hidden states [R, n, H]) of ``ids`` [R, n] written at slots
+        ``start + 0..n-1``; ``live`` [R, C] marks the slots each row attends (its new real tokens included)."""
+        n, slots = ids.shape[1], live.shape[1]
+        query = start + torch.arange(n, device=ids.device)  # [n] slots of the new tokens
+        key = torch.arange(slots, device=ids.device)  # [C]
+        allowed = live[:, None, :] & (key[None, None, :] <= query[None, :, None])  # [R, n, C]
+        allowed = allowed | (key[None, None, :] == query[None, :, None])  # a padding query sees itself: no empty row
+        dtype = self.layout[0][3]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, n, C]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=n, output_hidden_states=hidden)
+        return out.logits, out.hidden_states[-1] if hidden else None
+
+    @torch.inference_mode()
+    def run(self, shape: Shape, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step, compiled when ``shape`` was warmed, else eager (told once per shape)."""
+        if shape in self.shapes:
+            self.calls["compiled"] += 1
+            return self._compiled(*args, shape.hidden)
+        self.calls["eager"] += 1
+        if shape not in self.eager_shapes:
+            self.eager_shapes.add(shape)
+            warnings.warn(f"{type(self.model).__name__}: a forward of {shape.rows} rows x {shape.tokens} tokens "
+                          f"({shape.slots} slots{', hidden states' if shape.hidden else ''}) has no compiled "
+                          "bucket: it runs eagerly", stacklevel=4)
+        return self._step(*args, shape.hidden)
+
+    @torch.inference_mode()
+    def warm(self, shape: Shape) -> None:
+        """Compile ``shape`` and check it against the eager step on random tokens (a ValueError if they differ)."""
+        device = input_device(self.model)
+        ids = torch.randint(0, self.model.config.get_text_config().vocab_size, (shape.rows, shape.tokens),
+                            device=device)
+        results = []
+        for compiled in (True, False):
+            cache = self.new_cache(shape.rows, device)
+            live = torch.zeros(shape.rows, shape.slots, dtype=torch.bool, device=device)
+            live[:, 3: 3 + shape.tokens] = True
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(3)
+            positions = torch.arange(shape.tokens, device=device)[None].repeat(shape.rows, 1)  # contiguous, as forward's
+            args = (ids, live, positions, torch.tensor(3, device=device), cache, shape.hidden)
+            results.append((self._compiled if compiled else self._step)(*args)[0])
+        error = float((results[0] - results[1]).abs().max())
+        scale = float(results[1].abs().max()) + 1.0
+        if not error <= CHECK_TOLERANCE * scale:
+            raise ValueError(f"compiled logits differ from eager by {error:.3g} (scale {scale:.3g})")
+        self.shapes.add(shape)
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """Whether a model's decode forwards are compiled, and why."""
+
+    compiled: bool
+    reason: str  # e.g. "on: 3 shapes warmed in 41.2 s" or "off (auto: ...)"
+
+    def describe(self) -> str:
+        return f"compile {self.reason}"
+
+
+def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...] = (1,), rows: tuple[int, ...] = (1,),
+            hidden: bool = False, slots: int | None = None) -> CompileChoice:
+    """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on), or leave it
+    eager (off, and auto: ``compiles``). Later caches of the model (``decoding_cache``) are then static. A
+    second call adds buckets. A model that cannot be compiled decodes eagerly, told once by a warning; a
+    missing compiler is a RuntimeError saying what to install."""
+    import time
+
+    if not compiles(mode):
+        model._specdec_compiled = None
+        return CompileChoice(False, "off" if mode == "off" else "off (auto: as measured, it does not pay here)")
+    if (missing := compiler_missing()) is not None:
+        raise RuntimeError(f"--compile on: {missing}. {INSTALL}")
+    if (reason := compile_refusal(model)) is not None:
+        warnings.warn(f"--compile on: {reason}; it decodes eagerly", stacklevel=2)
+        model._specdec_compiled = None
+        return CompileChoice(False, f"off ({reason})")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
+    # one code object (the step) compiled per model and bucket: dynamo's default limit of 8 is too few
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    started = time.perf_counter()
+    compiled = getattr(model, "_specdec_compiled", None)
+    if compiled is None:
+        limit = context_limit(model)
+        width = slots or (SLOTS if limit is None else min(SLOTS, limit)) + SLOT_SLACK
+        compiled = CompiledModel(model, width)
+    wanted = [Shape(r, n, compiled.slots, h) for r in rows for n in tokens for h in sorted({False, hidden})]
+    try:
+        for shape in wanted:
+            if shape not in compiled.shapes:
+                compiled.warm(shape)
+    except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager, said once
+        warnings.warn(f"--compile on: {type(model).__name__} could not be compiled ({type(error).__name__}: "
+                      f"{str(error).splitlines()[0] if str(error) else ''}); it decodes eagerly", stacklevel=2)
+        model._specdec_compiled = None
+        return CompileChoice(False, f"off ({type(model).__name__} failed to compile)")
+    compiled.rows = tuple(sorted(set(compiled.rows) | set(rows)))
+    compiled.tokens = tuple(sorted(set(compiled.tokens) | set(tokens)))
+    model._specdec_compiled = compiled
+    return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s")
+
+
+def compiled_for(model: PreTrainedModel) -> CompiledModel | None:
+    """The model's ``CompiledModel`` once ``prepare`` compiled it, else None."""
+    return getattr(model, "_specdec_compiled", None)
+
+
+def decoding_cache(model: PreTrainedModel, device: torch.device | str) -> object:
+    """The cache handle a target or drafter decodes with: static when ``prepare`` compiled the model, else
+    ``cache_for``'s (prefills stay eager, merged in)."""
+    from specdec.seq2seq import cache_for
+
+    compiled = compiled_for(model)
+    return StaticRaggedCache(model, compiled, device) if compiled is not None else cache_for(model, 0, device)
+
+
+class StaticRaggedCache:
+    """``RaggedCache``'s interface and rule over a preallocated static cache (see the module docstring)."""
+
+    recurrent = False
+
+    @torch.inference_mode()
+    def __init__(self, model: PreTrainedModel, compiled: CompiledModel, device: torch.device | str = "cpu") -> None:
+        self.model, self.compiled, self.device = model, compiled, torch.device(device)
+        self.capacity = 0  # R: rows of the buffers
+        self.cache: StaticCache | None = None
+        self.slots_live = torch.zeros(0, compiled.slots, dtype=torch.bool, device=self.device)  # [R, C]
+        self.live = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
+        self.used = 0  # slots in use: the write pointer (every row writes at the same slots)
+
+    # ------------------------------------------------------------------ RaggedCache's read-only view
+
+    @property
+    def rows(self) -> int:
+        return self.live.shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.used
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, S] the live slots of the real rows."""
+        return self.slots_live[: self.rows, : self.used]
+
+    @property
+    def holes(self) -> bool:
+        return not bool(self.mask.all())
+
+    # ------------------------------------------------------------------------------ storage
+
+    def _layers(self) -> list[StaticLayer]:
+        return list(self.cache.layers) if self.cache is not None else []
+
+    def _point(self, used: int) -> None:
+        """Move the write pointer of every layer to ``used``."""
+        self.used = used
+        for layer in self._layers():
+            layer.cumulative_length.fill_(used)
+
+    def _reserve(self, rows: int) -> None:
+        """Buffers of at least ``rows`` rows (the next row bucket; spare rows dead), contents kept."""
+        if rows <= self.capacity and self.cache is not None:
+            return
+        bucket = _bucket(rows, self.compiled.rows) or rows
+        fresh = self.compiled.new_cache(bucket, self.device)
+        for old, new in zip(self._layers(), fresh.layers):
+            new.keys[: self.capacity].copy_(old.keys)
+            new.values[: self.capacity].copy_(old.values)
+        live = torch.zeros(bucket, self.compiled.slots, dtype=torch.bool, device=self.device)
+        live[: self.capacity] = self.slots_live
+        self.cache, self.slots_live, self.capacity = fresh, live, bucket
+        self._point(self.used)
+
+    def _room(self, needed: int) -> None:
+        """Make ``needed`` free slots after the pointer (re-packing the rows), or refuse."""
+        if self.used + needed > self.compiled.slots:
+            self.compact()
+        if self.used + needed > self.compiled.slots:
+            raise ValueError(f"{type(self.model).__name__}'s static cache holds {self.compiled.slots} slots per row; "
+                             f"{self.used} are live and {needed} more were asked for: use --compile off for longer "
+                             "sequences")
+
+    # ------------------------------------------------------------------------------- forward
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 1,
+                output_hidden_states: bool = False, **kwargs: object) -> CausalLMOutputWithPast:
+        """Run the model on ``input_ids`` [B, n] (``valid`` [B, n] marks the real ones), as ``RaggedCache.forward``."""
+        if kwargs:
+            raise TypeError(f"the compiled path takes no {', '.join(kwargs)}")
+        rows, n = input_ids.shape
+        self._reserve(rows)
+        width = _bucket(n, self.compiled.tokens) or n  # tokens per row, padded on the left to a bucket
+        shape = Shape(self.capacity, width, self.compiled.slots, bool(output_hidden_states))
+        self._room(width)
+        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
+        ids = input_ids.new_zeros(self.capacity, width)
+        ids[:rows, width - n:] = input_ids
+        new = torch.zeros(self.capacity, width, dtype=torch.bool, device=self.device)
+        new[:rows, width - n:] = real  # [R, w] real new tokens
+        positions = torch.zeros(self.capacity, width, dtype=torch.long, device=self.device)
+        positions[:rows] = (self.live[:, None] + new[:rows].long().cumsum(1) - 1).clamp_min(0)  # [B, w]
+        self.slots_live[:, self.used: self.used + width] = new
+        logits, hidden = self.compiled.run(shape, ids, self.slots_live, positions,
+                                           torch.tensor(self.used, device=self.device), self.cache)
+        self.used += width  # the layers' pointers moved inside the step
+        self.live = self.live + real.sum(dim=1)
+        keep = min(logits_to_keep, n) if logits_to_keep else n
+        states = (hidden[:rows, -keep:],) if hidden is not None else None
+        return CausalLMOutputWithPast(logits=logits[:rows, -keep:], hidden_states=states)
+
+    # ----------------------------------------------------------------------- rows and rollback
+
+    @torch.inference_mode()
+    def keep(self, n: torch.Tensor) -> None:
+        """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
+        if bool((n > self.live).any()):
+            raise ValueError(f"cannot keep {n.tolist()} tokens of rows holding {self.live.tolist()}")
+        mask = self.mask
+        self.slots_live[: self.rows, : self.used] = mask & (mask.long().cumsum(dim=1) <= n[:, None])
+        self.live = n.clone()
+        self._trim()
+
+    def _trim(self) -> None:
+        """Pull the pointer back to after the last slot a row still uses (later slots are free again)."""
+        used = self.slots_live[:, : self.used].any(dim=0).nonzero()  # [S', 1]
+        self._point(int(used[-1]) + 1 if len(used) else 0)
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Gather each row's live slots to the left, order kept; the pointer follows the longest row."""
+        if self.rows == 0 or self.cache is None:
+            self._point(0)
+            return
+        order = torch.argsort((~self.mask).to(torch.int8), dim=1, stable=True)  # [B, S] live slots first
+        width = int(self.live.max())
+        index = order[:, :width]  # [B, W]
+        for layer in self._layers():
+            for t in (layer.keys, layer.values):
+                rows = t[: self.rows]
+                gathered = rows.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
+                rows[:, :, :width].copy_(gathered)
+        packed = self.mask.gather(1, index)  # [B, W]
+        self.slots_live[:, :] = False
+        self.slots_live[: self.rows, :width] = packed
+        self._point(width)
+
+    @torch.inference_mode()
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the rows ``rows`` [B'] (in that order); the buffers keep their row bucket."""
+        kept = len(rows)
+        for layer in self._layers():
+            for t in (layer.keys, layer.values):
+                t[:kept].copy_(t[rows])
+        live = self.slots_live[rows].clone()
+        self.slots_live[:] = False
+        self.slots_live[:kept] = live
+        self.live = self.live[rows]
+        self._trim()
+
+    @torch.inference_mode()
+    def merge(self, other: RaggedCache) -> None:
+        """Append the rows of ``other`` (an eager ``RaggedCache`` of the same model, e.g. a prefill)."""
+        if other.rows == 0:
+            return
+        if other.window is not None or other.recurrent:
+            raise TypeError("a static cache merges attention-only caches")
+        rows = self.rows
+        self._reserve(rows + other.rows)
+        theirs = other.slots
+        if theirs > self.used:  # shift the current rows right so both end at the same slot
+            if theirs + 1 > self.compiled.slots:
+                raise ValueError(f"a prompt of {theirs} cached tokens does not fit {type(self.model).__name__}'s "
+                                 f"static cache of {self.compiled.slots} slots: use --compile off")
+            self._room(theirs - self.used)
+            shift, end = theirs - self.used, theirs
+            for layer in self._layers():
+                for t in (layer.keys, layer.values):
+                    t[:rows, :, shift:end] = t[:rows, :, : self.used].clone()
+            moved = self.slots_live[:rows, : self.used].clone()
+            self.slots_live[:rows, : end] = False
+            self.slots_live[:rows, shift:end] = moved
+            self._point(end)
+        start = self.used - theirs
+        for mine, layer in zip(self._layers(), other.cache.layers):
+            if theirs and layer.is_initialized and layer.keys is not None:
+                mine.keys[rows: rows + other.rows, :, start: self.used] = layer.keys
+                mine.values[rows: rows + other.rows, :, start: self.used] = layer.values
+        self.slots_live[rows: rows + other.rows] = False
+        self.slots_live[rows: rows + other.rows, start: self.used] = other.mask
+        self.live = torch.cat([self.live, other.live.to(self.device)])

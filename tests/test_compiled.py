@@ -1,0 +1,209 @@
+"""The compiled, static-shape decode path (specdec.compiled): exact against eager decoding and generate.
+
+Compiling costs seconds per shape, so the models are tiny and each module fixture compiles a few
+buckets once; the static cache's bookkeeping (rollback, select, merge, compaction) is checked
+against ``RaggedCache`` forward by forward with nothing compiled (the same step, run eagerly).
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+from conftest import assert_same_greedy, build_tiny, hf_greedy
+
+import specdec
+from specdec.batch import PromptBatch
+from specdec.cache import RaggedCache
+from specdec.cli import main as cli_main
+from specdec.compiled import (
+    CompiledModel,
+    StaticRaggedCache,
+    cache_folder,
+    check_mode,
+    compile_refusal,
+    compiled_for,
+    compiles,
+    prepare,
+)
+from specdec.seq2seq import prefilled_cache
+
+GAMMA = 3
+NEW = 20
+PROMPTS = [[1, 5, 9, 33, 7], [1, 40, 41, 42, 43, 44, 45, 46, 12], [1, 60, 3, 3, 70, 71, 72, 8, 9, 10, 11, 50, 51]]
+
+
+def spec(target, drafter, prompts, **kw):
+    return specdec.speculative_generate(target, drafter, prompts, gamma=kw.pop("gamma", GAMMA), max_new_tokens=NEW,
+                                        **kw)
+
+
+@pytest.fixture(scope="module", params=("llama", "gpt2"))
+def pair(request):
+    """A tiny target and drafter of one architecture, the eager results first, then both compiled
+    (target: rows 1 and 4 x gamma + 1 tokens; drafter: rows 1 and 4 x 1 and 2 tokens)."""
+    target, drafter = build_tiny(request.param, seed=0, layers=2), build_tiny(request.param, seed=1, layers=1)
+    eager = {
+        "single": [spec(target, drafter, p).tokens for p in PROMPTS],
+        "batch": [r.tokens for r in spec(target, drafter, PROMPTS, batch_size=4)],
+        "sampled": [spec(target, drafter, p, temperature=1.0, seed=7).tokens for p in PROMPTS],
+        "gamma5": spec(target, drafter, PROMPTS[0], gamma=5).tokens,
+    }
+    assert prepare(target, "on", tokens=(GAMMA + 1,), rows=(1, 4)).compiled
+    assert prepare(drafter, "on", tokens=(1, 2), rows=(1, 4)).compiled
+    return target, drafter, eager
+
+
+def calls(model) -> dict[str, int]:
+    return dict(compiled_for(model).calls)
+
+
+def test_compiled_single_prompt_is_exact(pair):
+    target, drafter, eager = pair
+    before = calls(target), calls(drafter)
+    for prompt, reference in zip(PROMPTS, eager["single"]):
+        ours = spec(target, drafter, prompt).tokens
+        assert ours == reference
+        assert_same_greedy(target, prompt, ours, hf_greedy(target, prompt, NEW, [2]))
+    after = calls(target), calls(drafter)
+    for old, new in zip(before, after):  # every forward ran compiled: no shape fell outside the buckets
+        assert new["compiled"] > old["compiled"] and new["eager"] == old["eager"]
+
+
+def test_compiled_ragged_batch_is_exact(pair):
+    target, drafter, eager = pair
+    before = calls(target)["compiled"]
+    results = spec(target, drafter, PROMPTS, batch_size=4)
+    assert [r.tokens for r in results] == eager["batch"]
+    for prompt, result in zip(PROMPTS, results):
+        assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, NEW, [2]))
+    assert sum(r.stats.accepted for r in results) < sum(r.stats.drafted for r in results)  # rollbacks
+    assert calls(target)["compiled"] > before
+
+
+def test_compiled_sampling_draws_the_same_tokens(pair):
+    """Same seed, same logits up to rounding: the same draws, so the same (lossless) distribution."""
+    target, drafter, eager = pair
+    assert [spec(target, drafter, p, temperature=1.0, seed=7).tokens for p in PROMPTS] == eager["sampled"]
+
+
+def test_a_shape_outside_the_buckets_runs_eagerly_and_exactly(pair):
+    target, drafter, eager = pair
+    with pytest.warns(UserWarning, match="no compiled bucket: it runs eagerly"):
+        ours = spec(target, drafter, PROMPTS[0], gamma=5).tokens  # verifies 6 tokens: above the bucket of 4
+    assert ours == eager["gamma5"]
+    assert calls(target)["eager"] > 0
+
+
+def test_static_cache_follows_the_ragged_rule():
+    """Random forwards (left and right padding), rollbacks, selects, merges and compactions: the static
+    cache's logits equal RaggedCache's at every step (nothing compiled: the static step runs eagerly)."""
+    model = build_tiny("llama", seed=3)
+    compiled = CompiledModel(model, slots=40)
+    compiled.rows, compiled.tokens = (4,), (1, 3)
+    static, ragged = StaticRaggedCache(model, compiled), RaggedCache(model, 0)
+    rng = random.Random(0)
+
+    def join(prompts):
+        batch = PromptBatch.from_lists(prompts, "cpu")
+        static.merge(prefilled_cache(model, batch, "cpu")[0])
+        ragged.merge(prefilled_cache(model, batch, "cpu")[0])
+
+    join([[1, 4, 5, 6, 7], [1, 9, 10]])
+    compactions = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # every shape runs eagerly here, by design
+        for step in range(40):
+            rows, n = static.rows, rng.randint(1, 3)
+            ids = torch.randint(3, 96, (rows, n))
+            valid = None
+            if rows > 1 and rng.random() < 0.5:
+                counts = torch.tensor([rng.randint(1, n) for _ in range(rows)])
+                columns = torch.arange(n)[None]
+                valid = columns >= n - counts[:, None] if rng.random() < 0.5 else columns < counts[:, None]
+            hidden = step % 2 == 1  # the last hidden states too (an acceptance head reads them)
+            with torch.no_grad():
+                a = static.forward(ids, valid, logits_to_keep=n, output_hidden_states=hidden)
+                b = ragged.forward(ids, valid, logits_to_keep=n, output_hidden_states=hidden)
+            real = valid if valid is not None else torch.ones(rows, n, dtype=torch.bool)
+            assert torch.allclose(a.logits[real], b.logits[real], atol=1e-5), f"step {step}"
+            if hidden:
+                assert torch.allclose(a.hidden_states[-1][real], b.hidden_states[-1][real], atol=1e-5), f"step {step}"
+            assert static.live.tolist() == ragged.live.tolist()
+            fed = real.sum(1)
+            keep = torch.tensor([rng.randint(0, int(f)) for f in fed]) + static.live - fed
+            before = static.used
+            static.keep(keep)
+            ragged.keep(keep)
+            compactions += static.used < before - n  # the pointer fell back past this step's slots
+            if step % 9 == 4 and static.rows > 1:
+                rows = torch.tensor(sorted(rng.sample(range(static.rows), static.rows - 1)))
+                static.select(rows)
+                ragged.select(rows)
+            if step % 9 == 7 and static.rows < 4:
+                join([[1] + [rng.randint(3, 95) for _ in range(rng.randint(1, 8))]])
+            if static.used + 3 > compiled.slots - 4:
+                static.compact()
+                compactions += 1
+    assert compactions > 0
+
+
+def test_compile_modes_and_refusals(monkeypatch, capsys):
+    with pytest.raises(ValueError, match="compile must be one of auto, on, off, got 'fast'"):
+        check_mode("fast")
+    assert cli_main(["generate", "--compile", "fast", "def f():"]) == 2
+    assert "compile must be one of auto, on, off, got 'fast'" in capsys.readouterr().err
+    assert [compiles(mode) for mode in ("auto", "on", "off")] == [False, True, False]  # auto: off, as measured
+    model = build_tiny("llama", seed=5)
+    assert not prepare(model, "off").compiled and compiled_for(model) is None
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler found .*apt-get install g\\+\\+"):
+        prepare(model, "on")
+    auto = prepare(model, "auto")  # no compiler needed: auto does not compile
+    assert not auto.compiled and "auto" in auto.reason and compiled_for(model) is None
+
+
+def test_a_model_that_cannot_compile_decodes_eagerly_said_once():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    bart = BartForConditionalGeneration(BartConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                   encoder_attention_heads=2, decoder_attention_heads=2,
+                                                   encoder_ffn_dim=32, decoder_ffn_dim=32)).eval()
+    assert "encoder-decoder" in compile_refusal(bart)
+    with pytest.warns(UserWarning, match="encoder-decoder .* it decodes eagerly"):
+        choice = prepare(bart, "on")
+    assert not choice.compiled and compiled_for(bart) is None
+
+
+def test_the_compile_cache_is_per_torch_version(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_folder() == tmp_path / "specdec" / "inductor" / f"torch-{torch.__version__}"
+
+
+def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_path, capsys):
+    """`specdec generate --compile on` (a batch of two prompts, the default drafter with prompt lookup)
+    prints what `--compile off` prints, having compiled the target for gamma + 1 tokens and the drafter
+    for 1 and 2 (rows of 1 and the batch size: 2 and 4 buckets), said on stderr."""
+    import json
+
+    from tiny_models import save_tiny_pair
+
+    pair = save_tiny_pair(tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nclass Point:\n")
+    args = ["generate", "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}", "--prompts-file",
+            str(prompts), "--batch-size", "2", "--max-new-tokens", "16", "--gamma", "3", "--json"]
+    outputs, errors = {}, {}
+    for mode in ("off", "on"):
+        assert cli_main([*args, "--compile", mode]) == 0
+        captured = capsys.readouterr()
+        outputs[mode] = [json.loads(line) for line in captured.out.splitlines()]
+        errors[mode] = captured.err
+    assert [o["tokens"] for o in outputs["on"]] == [o["tokens"] for o in outputs["off"]]
+    assert [o["compile"] for o in outputs["on"] + outputs["off"]] == ["on"] * 2 + ["off"] * 2
+    assert "compile" not in errors["off"]
+    assert f"{pair.target}: compile on: 2 shapes warmed" in errors["on"]
+    assert f"{pair.drafter}: compile on: 4 shapes warmed" in errors["on"]
