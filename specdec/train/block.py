@@ -45,6 +45,7 @@ from transformers import DynamicCache
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
 from specdec.loading import load_model, load_tokenizer
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config
+from specdec.train.drafter import block_card, measure_pair
 from specdec.train.outputs import check_records, target_fingerprint, valid_path
 from specdec.train.outputs import read_records as read_outputs
 from specdec.train.parallel import DataParallel
@@ -617,8 +618,6 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
     tokenizer.save_pretrained(final)
     figures = None
     if measure and cfg.valid:
-        from specdec.train.drafter import measure_pair
-
         figures = measure_pair(target, model, read_outputs(cfg.valid), measure_prompts, measure_tokens, log)
     elif measure:
         log("not measured: no held-out greedy records (make the data with a larger --valid-share)")
@@ -638,25 +637,6 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
             + ".", cfg.outputs, len(records), len(read_outputs(cfg.valid)) if cfg.valid else 0, print_, figures),
             encoding="utf-8")
     return final
-
-
-def block_card(target: str, what: str, recipe: str, data: str, records: int, held: int, target_fingerprint: str,
-               figures: dict | None) -> str:
-    """The README.md of a block drafter trained for a user's target: what it is, how it was made, what it measures."""
-    from specdec.train.drafter import figures_lines
-
-    lines = [f"# Block drafter for `{target}`", "",
-             (f"{what}, made by `specdec train block-drafter`: SpecDec's block drafter (Xia et al. 2023), which "
-              "drafts a block of tokens from one forward pass."), "",
-             "## Recipe", "", recipe, "",
-             "## Data", "",
-             (f"`{data}`: the target's own continuations of the user's prompts (`specdec data outputs`), {records} "
-              f"records, {held} held out in `{valid_path(data).name}`; target fingerprint `{target_fingerprint}`."), "",
-             "## Figures", ""]
-    lines += figures_lines(figures, "this block drafter") if figures else ["Not measured (`--no-measure`, or no held-out prompts).", ""]
-    lines += ["## Use", "", "```", f"specdec generate --target {target} --drafter block:PATH_OF_THIS_FOLDER \"...\"",
-              "```", ""]
-    return "\n".join(lines)
 
 
 # ---- offline figures: acceptance by k, forward times, the speed they imply -------------------------

@@ -548,3 +548,20 @@ def figures_lines(figures: dict, who: str = "this drafter") -> list[str]:
 
 def _fmt(v: object) -> str:
     return f"{v:.3f}" if isinstance(v, float) else "n/a"
+
+
+def block_card(target: str, what: str, recipe: str, data: str, records: int, held: int, target_fingerprint: str,
+               figures: dict | None) -> str:
+    """The README.md of a block drafter trained for a user's target: what it is, how it was made, what it measures."""
+    lines = [f"# Block drafter for `{target}`", "",
+             (f"{what}, made by `specdec train block-drafter`: SpecDec's block drafter (Xia et al. 2023), which "
+              "drafts a block of tokens from one forward pass."), "",
+             "## Recipe", "", recipe, "",
+             "## Data", "",
+             (f"`{data}`: the target's own continuations of the user's prompts (`specdec data outputs`), {records} "
+              f"records, {held} held out in `{valid_path(data).name}`; target fingerprint `{target_fingerprint}`."), "",
+             "## Figures", ""]
+    lines += figures_lines(figures, "this block drafter") if figures else ["Not measured (`--no-measure`, or no held-out prompts).", ""]
+    lines += ["## Use", "", "```", f"specdec generate --target {target} --drafter block:PATH_OF_THIS_FOLDER \"...\"",
+              "```", ""]
+    return "\n".join(lines)

@@ -42,9 +42,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 
 from specdec.drafters.block import SEQ2SEQ_BLOCK
 from specdec.seq2seq import block_attention_mask, decoder_start_id
-from specdec.train.block import block_card
 from specdec.train.drafter import _layer_key as decoder_layers_key
-from specdec.train.drafter import measure_pair
+from specdec.train.drafter import block_card, measure_pair
 from specdec.train.outputs import target_data
 from specdec.train.parallel import DataParallel
 from specdec.train.seq2seq import (
