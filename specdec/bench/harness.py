@@ -50,9 +50,12 @@ from specdec.bench.runners import (
     compare_labels,
     compared_runners,
     drafter_label,
+    form_label,
+    form_runners,
     scheduled_runners,
     select_runners,
 )
+from specdec.drafters.model import drafter_in
 from specdec.loading import load_model, load_tokenizer
 
 _STEP_TIME_STEPS = 16  # timed single-token forwards per model for the cost ratio c
@@ -282,7 +285,9 @@ def run_benchmark(
 ) -> BenchRun:
     """Run every selected method on the same prompts; return all records and measurements."""
     labels = compare_labels(config.compare)
-    runners = select_runners(config.methods, registry) + compared_runners(labels) + scheduled_runners(config.schedules)
+    selected = select_runners(config.methods, registry)
+    runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels)
+               + scheduled_runners(config.schedules))
     with _quiet_transformers():
         return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
 
@@ -290,13 +295,25 @@ def run_benchmark(
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
-    drafter = None
-    if any(r.needs_drafter_model and drafter_label(r) is None for r in runners):
-        drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
-    compared = {label: load_model(path, device=target.device, dtype=target.dtype) for label, path in compare.items()}
+    form, *others = config.drafter_dtype
+    loaded = None
+    if any(r.needs_drafter_model and drafter_label(r) not in compare for r in runners):
+        loaded = load_model(config.drafter, device=target.device, dtype=target.dtype)
+    # every drafter model in its form before any run, so the meters and step times see the model that drafts
+    drafter = drafter_in(loaded, form) if loaded is not None and any(
+        r.needs_drafter_model and drafter_label(r) is None for r in runners) else None
+    compared = {label: drafter_in(load_model(path, device=target.device, dtype=target.dtype), form)
+                for label, path in compare.items()}
+    forms = dict.fromkeys(compare, form)
+    for other in dict.fromkeys(others):
+        if loaded is not None and any(drafter_label(r) == form_label(other) for r in runners):
+            compared[form_label(other)] = drafter_in(loaded, other)
+            compare[form_label(other)] = f"{config.drafter} ({other})"
+            forms[form_label(other)] = other
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
-    models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared)
+    models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,
+                         forms=forms, form=form)
     clock = Clock(target.device)
 
     blocks = _blocks(config, runners)

@@ -77,11 +77,18 @@ class BenchModels:
     drafter: PreTrainedModel | None  # None when no selected method needs a drafter model
     stop_token_ids: list[int]  # the target's end-of-sequence ids, passed to every method
     compared: dict[str, PreTrainedModel] = field(default_factory=dict)  # label -> drafter of spec@label
+    forms: dict[str, str] = field(default_factory=dict)  # label -> the form its drafter is in (drafter_dtype)
+    form: str = "auto"  # the form the drafter is in (specdec.drafters.model.drafter_in)
 
     def drafter_for(self, runner: Runner) -> PreTrainedModel | None:
         """The drafter model a runner drafts with: its compared drafter, else the drafter."""
         label = drafter_label(runner)
         return self.compared[label] if label is not None else self.drafter
+
+    def form_for(self, runner: Runner) -> str:
+        """The form of the drafter model a runner drafts with (what make_drafter is asked for: no conversion)."""
+        label = drafter_label(runner)
+        return self.forms.get(label, "auto") if label is not None else self.form
 
 
 def drafter_label(runner: Runner) -> str | None:
@@ -257,7 +264,8 @@ class Speculative:
         """The drafter of this method, from the one factory (the loaded drafter model stands for its name)."""
         name = {"model": "model", "ngram": "ngram", "lookup+model": f"{LOOKUP}model"}[self.kind]
         target = make_target(models.target)
-        return make_drafter(DrafterConfig(name), target, loader=lambda _: models.drafter_for(self))
+        return make_drafter(DrafterConfig(name, dtype=models.form_for(self)), target,
+                            loader=lambda _: models.drafter_for(self))
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
         assert setting.gamma is not None
@@ -386,6 +394,19 @@ def compare_labels(paths: tuple[str, ...]) -> list[str]:
 def compared_runners(labels: list[str]) -> list[Runner]:
     """``spec@<label>`` for each compared drafter: ``spec``'s method with that drafter model."""
     return [Speculative(f"spec@{label}", "model", drafter_label=label) for label in labels]
+
+
+def form_label(form: str) -> str:
+    """The compared-drafter label of the run's drafter model in another form (``--drafter-dtype``)."""
+    return f"drafter:{form}"
+
+
+def form_runners(forms: tuple[str, ...], selected: list[Runner]) -> list[Runner]:
+    """``spec:FORM`` and ``spec-lookup:FORM`` for each form after the first, for those of spec and
+    spec-lookup that are selected: the same methods with the drafter model in that form."""
+    kinds = {r.name: r.kind for r in selected if isinstance(r, Speculative) and r.name in ("spec", "spec-lookup")}
+    return [Speculative(f"{name}:{form}", kind, drafter_label=form_label(form))
+            for form in dict.fromkeys(forms[1:]) for name, kind in kinds.items()]
 
 
 def scheduled_runners(schedules: tuple[str, ...]) -> list[Runner]:
