@@ -43,6 +43,7 @@ from specdec.bench.measure import Clock, ForwardMeter
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.config import LOOKUP, DrafterConfig, SpecConfig
 from specdec.drafters import make_drafter
+from specdec.drafters.model import drafter_in
 from specdec.loading import load_model, load_tokenizer
 from specdec.schedules import Crossover, Schedule, make_schedule
 from specdec.target import make_target
@@ -110,7 +111,8 @@ def _ours(drafter: str | None, speculate: str) -> Callable[..., Output]:
             results = specdec.autoregressive_generate(models.target, ids, batch_size=batch, **kwargs)
         else:
             target = make_target(models.target)
-            chosen = make_drafter(DrafterConfig(drafter), target, loader=lambda _: models.drafter)
+            chosen = make_drafter(DrafterConfig(drafter, dtype=config.drafter_dtype[0]), target,
+                                  loader=lambda _: models.drafter)
             schedule = None
             if speculate == "auto":  # measured once per batch size, kept over the repeats
                 schedule = models.crossovers.setdefault(
@@ -206,7 +208,9 @@ def run_sweep(config: BenchConfig, console: Console | None = None) -> SweepRun:
     with _quiet_transformers():
         load_start = load_average()
         target = load_model(config.target, device=config.device, dtype=config.dtype)
-        drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
+        # in its form before any run, so the meters count the model that drafts
+        drafter = drafter_in(load_model(config.drafter, device=target.device, dtype=target.dtype),
+                             config.drafter_dtype[0])
         tokenizer = load_tokenizer(config.tokenizer or config.target)
         prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
         stop = make_target(target).stop_token_ids()

@@ -186,7 +186,11 @@ def _convert(model: PreTrainedModel, form: str) -> PreTrainedModel:
     with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices: the API is what this torch ships
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return quantize(source, {torch.nn.Linear}, dtype=torch.qint8, inplace=False).eval()
+        int8 = quantize(source, {torch.nn.Linear}, dtype=torch.qint8, inplace=False).eval()
+    # the float model is what the self-check of the cached path checks (specdec.selfcheck.checked_as); kept
+    # outside the module tree (not a submodule)
+    object.__setattr__(int8, "_specdec_source", model)
+    return int8
 
 
 def drafter_in(model: PreTrainedModel, dtype: str = "auto") -> PreTrainedModel:
