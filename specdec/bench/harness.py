@@ -1,12 +1,14 @@
 """The benchmark loop: load once, warm up, time every method on the same prompts, never crash.
 
 Order of work (one process, one machine, the same prompts for every method):
-1. load the target (and the drafter model when a selected method needs it, and each drafter of
+1. check the peers asked for (`--peers`: known and installed), load the target (and the drafter
+   model when a selected method needs it, in each form of `--drafter-dtype`, and each drafter of
    `--compare`), tokenize the prompts;
-2. warm up every (method, setting) block on the first prompts, untimed; then run each once more
-   on the longest prompt inside a memory meter: the block's peak memory;
+2. warm up every (method, setting) block on the first prompts, untimed (a peer builds its engine
+   there); then run each once more on the longest prompt inside a memory meter: the block's peak memory;
 3. measure the single-token step time of each model, each drafter's steps right after the
-   target's as in a round (the cost ratio c);
+   target's as in a round (the cost ratio c), and one pass over the target's and the drafter's
+   weights (the floor, ``specdec.bench.floor``);
 4. time the blocks in one of two orders (``--order``). ``prompt`` (the default): each prompt runs
    with every block in turn (its repeats back to back, the blocks' order rotated from prompt to
    prompt), so a slow spell of the shared machine falls on all methods alike. ``method``: each
@@ -37,7 +39,9 @@ from transformers.utils import logging as hf_logging
 
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
+from specdec.bench.floor import WeightPass, weight_pass
 from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_times
+from specdec.bench.peers import peer_runners
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
 from specdec.bench.runners import (
@@ -97,6 +101,8 @@ class BenchRun:
     target_step_s: float  # median single-token cached forward of the target
     drafter_step_s: float | None  # the same for the drafter model (None when not loaded)
     compared_step_s: dict[str, float] = field(default_factory=dict)  # the same per compared drafter label
+    target_pass: WeightPass | None = None  # one pass over the target's linear weights (specdec.bench.floor)
+    drafter_pass: WeightPass | None = None  # the same for the drafter model, in its form (None when not loaded)
 
 
 def _stop_token_ids(target: PreTrainedModel) -> list[int]:
@@ -253,6 +259,8 @@ def _blocks(config: BenchConfig, runners: list[Runner]) -> list[Block]:
     blocks = []
     for temperature in config.temperature:
         for runner in runners:
+            if temperature != 0.0 and getattr(runner, "greedy_only", False):  # a peer: greedy only
+                continue
             for gamma in config.gamma if runner.uses_gamma else (None,):
                 setting = Setting(
                     temperature=temperature,
@@ -287,7 +295,7 @@ def run_benchmark(
     labels = compare_labels(config.compare)
     selected = select_runners(config.methods, registry)
     runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels)
-               + scheduled_runners(config.schedules))
+               + scheduled_runners(config.schedules) + peer_runners(config.peers))
     with _quiet_transformers():
         return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
 
@@ -340,6 +348,8 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         target_step, *steps = step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)
         drafter_step = steps.pop(0) if drafter is not None else None
         compared_step = dict(zip(compared, steps, strict=True))
+        target_pass = weight_pass(target, clock=clock)
+        drafter_pass = weight_pass(drafter, clock=clock) if drafter is not None else None
         if config.order == "prompt":
             for index in range(len(prompts)):
                 harness.timed_prompt(blocks, index, config.repeats, task)
@@ -363,4 +373,6 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         target_step_s=target_step,
         drafter_step_s=drafter_step,
         compared_step_s=compared_step,
+        target_pass=target_pass,
+        drafter_pass=drafter_pass,
     )
