@@ -26,7 +26,7 @@ from tiny_models import save_tiny_pair
 
 from specdec.bench import BenchConfig, build_report, run_benchmark
 from specdec.bench.cli import main
-from specdec.bench.floor import floor_rows, linear_layers, weight_pass
+from specdec.bench.floor import PassMeter, floor_rows, linear_layers, weight_pass
 from specdec.bench.peers import PEERS, Peer, check_peers
 from specdec.bench.report import floor_table, summary_dict
 from specdec.drafters.model import drafter_in, int8_available
@@ -83,6 +83,11 @@ def test_weight_pass_reads_every_linear_weight_once(arch: str, per_layer: int) -
                    and "embed" not in n and "lm_head" not in n]
     assert reading.bytes == 4 * (head.numel() + sum(p.numel() for p in projections))
     assert reading.layers == layers and reading.seconds > 0 and reading.gb_per_s > 0
+    meter = PassMeter(model, passes=2)
+    assert meter.reading().bytes == reading.bytes and len(meter.readings) == 1  # one sample when none was taken
+    meter.sample()
+    meter.sample()
+    assert meter.reading().seconds == statistics.median(r.seconds for r in meter.readings)
 
 
 @pytest.mark.skipif(not int8_available(), reason="this torch build has no int8 CPU kernels")

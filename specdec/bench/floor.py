@@ -6,7 +6,9 @@ floor here is the median time of that pass alone: each linear layer once (a tied
 input embedding, a one-row gather, left out) applied to a one-token input as the model runs it
 (``module(x)``: ``F.linear``, transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to
 back, with nothing else: no attention, norms, cache or Python around them. A step's time over its
-floor is what the engine adds; an engine below it has faster kernels than torch's here.
+floor is what the engine adds; an engine below it has faster kernels than torch's here. The bench
+samples the pass after each prompt (``PassMeter``) and takes the median, so on a busy machine the
+floor and the methods are timed over the same spells.
 
 ``floor_rows`` sets beside it, per method of a run: the median time per generated token (each
 prompt's median over repeats, then the median over prompts; for plain decoding, its step), its
@@ -81,6 +83,25 @@ def weight_pass(model: torch.nn.Module, passes: int = PASSES, clock: Clock | Non
             times.append(clock.now() - start)
     read = sum(w.numel() * w.element_size() for w in (_weight(m) for m, _ in layers) if w is not None)
     return WeightPass(seconds=statistics.median(times), bytes=read, layers=len(layers))
+
+
+class PassMeter:
+    """Weight passes of one model sampled through a run (a few after each prompt or block), so the floor
+    is measured over the same spells of a shared machine as the methods it is set against."""
+
+    def __init__(self, model: torch.nn.Module, clock: Clock | None = None, passes: int = 5) -> None:
+        self.model, self.clock, self.passes = model, clock, passes
+        self.readings: list[WeightPass] = []
+
+    def sample(self) -> None:
+        self.readings.append(weight_pass(self.model, self.passes, self.clock))
+
+    def reading(self) -> WeightPass:
+        """The median of the samples (one sample taken now if there is none)."""
+        if not self.readings:
+            self.sample()
+        first = self.readings[0]
+        return WeightPass(statistics.median(r.seconds for r in self.readings), first.bytes, first.layers)
 
 
 @dataclass(frozen=True)

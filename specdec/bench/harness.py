@@ -7,15 +7,15 @@ Order of work (one process, one machine, the same prompts for every method):
 2. warm up every (method, setting) block on the first prompts, untimed (a peer builds its engine
    there); then run each once more on the longest prompt inside a memory meter: the block's peak memory;
 3. measure the single-token step time of each model, each drafter's steps right after the
-   target's as in a round (the cost ratio c), and one pass over the target's and the drafter's
-   weights (the floor, ``specdec.bench.floor``);
+   target's as in a round (the cost ratio c);
 4. time the blocks in one of two orders (``--order``). ``prompt`` (the default): each prompt runs
    with every block in turn (its repeats back to back, the blocks' order rotated from prompt to
    prompt), so a slow spell of the shared machine falls on all methods alike. ``method``: each
    repeat runs every block over all prompts, one block after the other (as Spec-Bench runs
    methods), so each method is timed in its own steady state, but a slow spell can fall on one
    block: on this project's CPU the same command's spec speedup spread twice as wide in that order
-   (README, *Benchmark*);
+   (README, *Benchmark*). After each prompt (or block) a few passes over the target's and the
+   drafter's weights are timed: their median is the floor (``specdec.bench.floor``);
 5. a method that raises is recorded as failed and skipped from then on; the others go on;
 6. greedy outputs are compared with plain-hf's (first repeat) token for token; at the first
    difference the target's two best logits are compared there, since verifying k tokens in one
@@ -39,7 +39,7 @@ from transformers.utils import logging as hf_logging
 
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
-from specdec.bench.floor import WeightPass, weight_pass
+from specdec.bench.floor import PassMeter, WeightPass
 from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_times
 from specdec.bench.peers import peer_runners
 from specdec.bench.prompts import Prompt, load_prompts
@@ -348,15 +348,20 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         target_step, *steps = step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)
         drafter_step = steps.pop(0) if drafter is not None else None
         compared_step = dict(zip(compared, steps, strict=True))
-        target_pass = weight_pass(target, clock=clock)
-        drafter_pass = weight_pass(drafter, clock=clock) if drafter is not None else None
+        floors = [PassMeter(m, clock) for m in (target, drafter) if m is not None]  # the floor, sampled throughout
         if config.order == "prompt":
             for index in range(len(prompts)):
                 harness.timed_prompt(blocks, index, config.repeats, task)
+                for floor in floors:
+                    floor.sample()
         else:
             for repeat in range(config.repeats):
                 for block in blocks:
                     harness.timed_pass(block, repeat, task)
+                    for floor in floors:
+                        floor.sample()
+        target_pass, *rest = [floor.reading() for floor in floors]
+        drafter_pass = rest[0] if rest else None
     compare_greedy(blocks, target, prompts)
 
     environment = capture_environment(
