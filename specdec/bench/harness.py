@@ -7,7 +7,8 @@ Order of work (one process, one machine, the same prompts for every method):
 2. warm up every (method, setting) block on the first prompts, untimed (a peer builds its engine
    there); then run each once more on the longest prompt inside a memory meter: the block's peak memory;
 3. measure the single-token step time of each model, each drafter's steps right after the
-   target's as in a round (the cost ratio c);
+   target's as in a round (the cost ratio c), again after each prompt (or block) of step 4, and
+   take the medians;
 4. time the blocks in one of two orders (``--order``). ``prompt`` (the default): each prompt runs
    with every block in turn (its repeats back to back, the blocks' order rotated from prompt to
    prompt), so a slow spell of the shared machine falls on all methods alike. ``method``: each
@@ -28,6 +29,7 @@ same hooks, whatever the method.
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -342,24 +344,31 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         for block in blocks:
             if block.error is None:
                 harness.measure_memory(block)
-        # step times after the warm-up (a fresh process's first forwards can be many times slower)
+        # step times after the warm-up (a fresh process's first forwards can be many times slower), sampled
+        # again with the floor after each prompt (or block): their medians, over the same spells as the methods
         drafters = [m for m in (drafter, *compared.values()) if m is not None]
         context = prompts[0].input_ids[None].to(target.device)  # [1, T]
-        target_step, *steps = step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)
-        drafter_step = steps.pop(0) if drafter is not None else None
-        compared_step = dict(zip(compared, steps, strict=True))
-        floors = [PassMeter(m, clock) for m in (target, drafter) if m is not None]  # the floor, sampled throughout
+        samples = [step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)]
+        floors = [PassMeter(m, clock) for m in (target, drafter) if m is not None]
+
+        def sample() -> None:
+            for floor in floors:
+                floor.sample()
+            with torch.inference_mode():
+                samples.append(step_times([target, *drafters], context, _STEP_TIME_STEPS // 2, clock))
+
         if config.order == "prompt":
             for index in range(len(prompts)):
                 harness.timed_prompt(blocks, index, config.repeats, task)
-                for floor in floors:
-                    floor.sample()
+                sample()
         else:
             for repeat in range(config.repeats):
                 for block in blocks:
                     harness.timed_pass(block, repeat, task)
-                    for floor in floors:
-                        floor.sample()
+                    sample()
+        target_step, *steps = [statistics.median(column) for column in zip(*samples, strict=True)]
+        drafter_step = steps.pop(0) if drafter is not None else None
+        compared_step = dict(zip(compared, steps, strict=True))
         target_pass, *rest = [floor.reading() for floor in floors]
         drafter_pass = rest[0] if rest else None
     compare_greedy(blocks, target, prompts)
