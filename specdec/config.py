@@ -142,8 +142,8 @@ LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter NA
 BLOCK = "block"  # "block" = the shipped block drafter for the target's kind, "block:PATH" = a block drafter folder
 SHIPPED_TARGETS = ("code-target", "translate-target")  # shipped names resolved to models/<name> (specdec.loading)
 SHIPPED_DRAFTERS = ("code-drafter", "code-block-drafter", "translate-drafter", "translate-block-drafter")
-# the forms a drafter model may run in (specdec.drafters.model.drafter_in): auto (int8 on a CPU where its
-# quantised kernels run, else as loaded), float32, bf16, int8 (dynamic quantisation of its linear layers)
+# the forms a drafter model may run in (specdec.drafters.model.drafter_in): auto (int8 for a model drafting alone
+# on a CPU where its quantised kernels run, else as loaded), float32, bf16, int8 (dynamic quantisation)
 DRAFTER_DTYPES = ("auto", "float32", "bf16", "int8")
 
 
@@ -152,7 +152,7 @@ class DrafterConfig:
     """What drafts: parsed from a drafter name, built by ``specdec.drafters.make_drafter``."""
 
     name: str = "lookup+code-drafter"  # "ngram" (prompt lookup), a model (a shipped name or a folder), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
-    dtype: str = "auto"  # the form the drafter model runs in: auto (int8 on CPU, else as loaded), float32, bf16 or int8 (dynamic quantisation); exact in every form, since the target verifies
+    dtype: str = "auto"  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation); exact in every form, since the target verifies
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -182,7 +182,7 @@ class ModelConfig:
     drafter: str = DrafterConfig.name  # drafter: a shipped name or a folder (a model), "ngram" (prompt lookup), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
-    drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU, else as loaded), float32, bf16 or int8 (dynamic quantisation of its linear layers); the target verifies, so output stays exact
+    drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation of its linear layers); the target verifies, so output stays exact
     threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
 
     def __post_init__(self) -> None:

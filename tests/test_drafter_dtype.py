@@ -53,7 +53,12 @@ def test_int8_quantises_a_copy_and_keeps_it() -> None:
     assert all(type(m) is torch.nn.Linear for m in model.modules() if "Linear" in type(m).__name__)
     assert drafter_in(model, "int8") is int8  # converted once
     assert drafter_in(int8, "int8") is int8 and drafter_in(int8, "auto") is int8
-    assert drafter_form(model, "auto") == "int8"  # this CPU runs int8 kernels: auto is int8 here
+    assert drafter_form(model, "auto") == "int8"  # this CPU runs int8 kernels: auto is int8 here...
+    assert drafter_form(model, "auto", lookup=True) == "float32"  # ...but not behind prompt lookup (measured)
+    target = make_target(build_tiny("llama", seed=0))
+    alone = make_drafter(DrafterConfig("tiny"), target, loader=lambda _: model)
+    behind = make_drafter(DrafterConfig("lookup+tiny"), target, loader=lambda _: model)
+    assert alone.model is int8 and behind.fallback.model is model  # what the CLI's default does
     assert drafter_in(model, "float32") is model  # already float32
     bf16 = drafter_in(model, "bf16")
     assert bf16.dtype == torch.bfloat16 and model.dtype == torch.float32

@@ -323,7 +323,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,
-                         forms=forms, form=form)
+                         forms=forms, form=form, source=loaded)
     clock = Clock(target.device)
 
     blocks = _blocks(config, runners)

@@ -46,7 +46,7 @@ from transformers import PreTrainedModel
 import specdec
 from specdec.bench.measure import ForwardMeter
 from specdec.config import LOOKUP, DrafterConfig
-from specdec.drafters import Drafter, make_drafter
+from specdec.drafters import Drafter, drafter_in, make_drafter
 from specdec.drafters.hybrid import LOOKUP_NGRAM
 from specdec.stats import GenerationStats
 from specdec.target import make_target
@@ -79,11 +79,16 @@ class BenchModels:
     compared: dict[str, PreTrainedModel] = field(default_factory=dict)  # label -> drafter of spec@label
     forms: dict[str, str] = field(default_factory=dict)  # label -> the form its drafter is in (drafter_dtype)
     form: str = "auto"  # the form the drafter is in (specdec.drafters.model.drafter_in)
+    source: PreTrainedModel | None = None  # the drafter as loaded: behind lookup, auto may keep this form
 
     def drafter_for(self, runner: Runner) -> PreTrainedModel | None:
         """The drafter model a runner drafts with: its compared drafter, else the drafter."""
         label = drafter_label(runner)
-        return self.compared[label] if label is not None else self.drafter
+        if label is not None:
+            return self.compared[label]
+        if self.source is not None and getattr(runner, "kind", None) == "lookup+model":  # auto's rule behind lookup
+            return drafter_in(self.source, self.form, lookup=True)
+        return self.drafter
 
     def form_for(self, runner: Runner) -> str:
         """The form of the drafter model a runner drafts with (what make_drafter is asked for: no conversion)."""

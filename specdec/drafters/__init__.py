@@ -15,7 +15,8 @@
   (``code-block-drafter``, or ``translate-block-drafter`` for an encoder-decoder target) and
   "block:PATH" a block drafter folder (so "lookup+block" is prompt lookup
   first, the block drafter otherwise). A loaded model runs in the form ``DrafterConfig.dtype`` names
-  (``drafter_in``: int8 by default on CPU); a model passed in runs as it is.
+  (``drafter_in``: by default int8 on CPU for a model drafting alone, as loaded behind lookup); a model
+  passed in runs as it is.
 
 New drafters register with ``register_drafter`` (by name) or ``register_model_drafter`` (by the
 kind of model they wrap).
@@ -122,7 +123,7 @@ def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | N
         def loader(path: str) -> PreTrainedModel:
             return load_model(path, device=target.device, dtype=target.model.dtype)
 
-    model = drafter_in(loader(name), drafter.dtype)
+    model = drafter_in(loader(name), drafter.dtype, lookup=drafter.lookup)
     if block and not is_block_drafter(model):
         raise ValueError(f"drafter {drafter.model!r}: {name} holds a {type(model).__name__}, not a block drafter "
                          "(train one with specdec train block-drafter)")

@@ -27,11 +27,13 @@ only a warning: the prompt decides what the models see.
 
 Forms (``drafter_in``): since the target verifies every draft, the drafter may run in a cheaper form
 than the target without changing the output: "int8" (dynamic quantisation of its linear layers, CPU
-only), "bf16", "float32", or "auto": int8 on a CPU whose quantised kernels torch has (x86/fbgemm,
-onednn, qnnpack) for a float32 model, as loaded elsewhere. Measured on the shipped code pair at one
-thread (docs/benchmarks.md): int8 cuts the drafter's step by ~15% at the same acceptance, so the
-default speculative decoding gains; bf16 is slower than float32 on a CPU without bf16 instructions.
-A converted model is a copy, kept while its source lives, so asking again returns the same one.
+only), "bf16", "float32", or "auto": int8 for a float32 model that drafts every round, on a CPU
+whose quantised kernels torch has (x86/fbgemm, onednn, qnnpack), as loaded elsewhere and behind
+prompt lookup. Measured on the shipped code pair at one thread (docs/benchmarks.md, *The drafter's
+form*): int8 cuts the drafter's step by a quarter or more at the same acceptance and speeds the model
+drafter up end to end; behind prompt lookup, which drafts most rounds itself, the gain was within
+the noise, so auto leaves it; bf16 was no faster than float32. A converted model is a copy, kept
+while its source lives, so asking again returns the same one.
 """
 
 from __future__ import annotations
@@ -151,14 +153,15 @@ def int8_available() -> bool:
     return _quantize_dynamic() is not None and torch.backends.quantized.engine in QUANTISED_ENGINES
 
 
-def drafter_form(model: PreTrainedModel, dtype: str = "auto") -> str:
-    """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model on a CPU with int8
-    kernels) or the model's own form ("int8", "bf16", "float32", or its dtype's name)."""
+def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = False) -> str:
+    """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model drafting every round, not
+    behind prompt lookup (``lookup``), on a CPU with int8 kernels) or the model's own form ("int8", "bf16",
+    "float32", or its dtype's name)."""
     if dtype != "auto":
         return dtype
     if is_int8(model):
         return "int8"
-    if input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available():
+    if not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available():
         return "int8"
     return {torch.float32: "float32", torch.bfloat16: "bf16"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
@@ -193,13 +196,14 @@ def _convert(model: PreTrainedModel, form: str) -> PreTrainedModel:
     return int8
 
 
-def drafter_in(model: PreTrainedModel, dtype: str = "auto") -> PreTrainedModel:
-    """``model`` in the form ``dtype`` names (see ``DRAFTER_DTYPES``): itself when already in it, else a
-    converted copy, the same copy each time while ``model`` lives. A clear ValueError for a form this
-    machine cannot run (int8 off the CPU or without quantised kernels, an int8 model back to floats)."""
+def drafter_in(model: PreTrainedModel, dtype: str = "auto", lookup: bool = False) -> PreTrainedModel:
+    """``model`` in the form ``dtype`` names (see ``DRAFTER_DTYPES``; ``lookup``: it drafts behind prompt
+    lookup, where auto keeps it as loaded): itself when already in it, else a converted copy, the same
+    copy each time while ``model`` lives. A clear ValueError for a form this machine cannot run (int8
+    off the CPU or without quantised kernels, an int8 model back to floats)."""
     if dtype not in DRAFTER_DTYPES:
         raise ValueError(f"drafter dtype must be one of {', '.join(DRAFTER_DTYPES)}, got {dtype!r}")
-    form = drafter_form(model, dtype)
+    form = drafter_form(model, dtype, lookup)
     forms = _FORMS.setdefault(model, {})
     if form not in forms:
         converted = _convert(model, form)
