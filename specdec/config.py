@@ -143,6 +143,9 @@ COMPILE_MODES = ("auto", "on", "off")  # --compile (see specdec.compiled)
 BLOCK = "block"  # "block" = the shipped block drafter for the target's kind, "block:PATH" = a block drafter folder
 SHIPPED_TARGETS = ("code-target", "translate-target")  # shipped names resolved to models/<name> (specdec.loading)
 SHIPPED_DRAFTERS = ("code-drafter", "code-block-drafter", "translate-drafter", "translate-block-drafter")
+# the forms a drafter model may run in (specdec.drafters.model.drafter_in): auto (int8 for a model drafting alone
+# on a CPU where its quantised kernels run, else as loaded), float32, bf16, int8 (dynamic quantisation)
+DRAFTER_DTYPES = ("auto", "float32", "bf16", "int8")
 
 
 @dataclass(frozen=True)
@@ -150,10 +153,13 @@ class DrafterConfig:
     """What drafts: parsed from a drafter name, built by ``specdec.drafters.make_drafter``."""
 
     name: str = "lookup+code-drafter"  # "ngram" (prompt lookup), a model (a shipped name or a folder), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
+    dtype: str = "auto"  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation); exact in every form, since the target verifies
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"the drafter name must be a non-empty string, got {self.name!r}")
+        if self.dtype not in DRAFTER_DTYPES:
+            raise ValueError(f"drafter dtype must be one of {', '.join(DRAFTER_DTYPES)}, got {self.dtype!r}")
         if self.name.startswith(LOOKUP) and self.model in ("", NGRAM):
             raise ValueError(f"drafter {self.name!r}: lookup+NAME needs a drafter model NAME after the '+' "
                              "(e.g. lookup+code-drafter); plain prompt lookup is 'ngram'")
@@ -177,6 +183,7 @@ class ModelConfig:
     drafter: str = DrafterConfig.name  # drafter: a shipped name or a folder (a model), "ngram" (prompt lookup), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
+    drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation of its linear layers); the target verifies, so output stays exact
     threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
     compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off: on this CPU it was measured not to repay its start; specdec.compiled)
 
@@ -191,7 +198,7 @@ class ModelConfig:
     @property
     def drafter_config(self) -> DrafterConfig:
         """The drafter, parsed (and so validated)."""
-        return DrafterConfig(self.drafter)
+        return DrafterConfig(self.drafter, dtype=self.drafter_dtype)
 
     @property
     def drafter_model(self) -> str | None:

@@ -127,8 +127,11 @@ def load_tokenizer(path_or_name: str | Path | None = None) -> PreTrainedTokenize
 def vocab_size(model: PreTrainedModel) -> int:
     """Size of the model's logits (its output embedding rows, padding included)."""
     head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
-        return head.weight.shape[0]
+    weight = getattr(head, "weight", None)
+    if callable(weight):  # a dynamically quantised linear layer keeps its weight behind a method
+        weight = weight()
+    if weight is not None:
+        return weight.shape[0]
     return model.config.get_text_config().vocab_size
 
 

@@ -51,9 +51,16 @@ class Verdict:
     batched: str  # why a row behind dead slots (a batch's shorter rows) would not be
 
 
+def checked_as(model: PreTrainedModel) -> PreTrainedModel:
+    """The model whose cached path stands for ``model``'s: itself, or for a drafter's int8 form the float
+    model it was made from (``drafters.model.drafter_in``): quantising each forward's activations as a
+    whole moves its numbers with the tokens beside them, which only the drafts feel (the target verifies)."""
+    return getattr(model, "_specdec_source", model)
+
+
 def verdict_of(model: PreTrainedModel) -> Verdict | None:
     """The model's verdict, None if it was not checked (a known-good family, or not prefilled yet)."""
-    return getattr(model, "_specdec_verdict", None)
+    return getattr(checked_as(model), "_specdec_verdict", None)
 
 
 def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
@@ -61,6 +68,7 @@ def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torc
     """Check ``model`` on ``prompts``' first row unless it is known good or checked already; raise the
     reason a single row would be wrong. ``make_cache(model, rows, device)`` builds its cache handle;
     ``ids`` maps token ids as the caller feeds them."""
+    model = checked_as(model)
     if getattr(model.config, "model_type", "") in KNOWN_GOOD:
         return
     verdict = verdict_of(model)

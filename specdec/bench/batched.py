@@ -24,6 +24,7 @@ alone; a difference at a near tie of the target's two best logits (< 1e-4) is co
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,7 @@ from specdec.bench.measure import Clock, ForwardMeter
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.config import LOOKUP, DrafterConfig, SpecConfig
 from specdec.drafters import make_drafter
+from specdec.drafters.model import drafter_in
 from specdec.loading import load_model, load_tokenizer
 from specdec.schedules import Crossover, Schedule, make_schedule
 from specdec.target import make_target
@@ -110,7 +112,8 @@ def _ours(drafter: str | None, speculate: str) -> Callable[..., Output]:
             results = specdec.autoregressive_generate(models.target, ids, batch_size=batch, **kwargs)
         else:
             target = make_target(models.target)
-            chosen = make_drafter(DrafterConfig(drafter), target, loader=lambda _: models.drafter)
+            chosen = make_drafter(DrafterConfig(drafter, dtype=config.drafter_dtype[0]), target,
+                                  loader=lambda _: models.drafter)
             schedule = None
             if speculate == "auto":  # measured once per batch size, kept over the repeats
                 schedule = models.crossovers.setdefault(
@@ -207,6 +210,10 @@ def run_sweep(config: BenchConfig, console: Console | None = None) -> SweepRun:
         load_start = load_average()
         target = load_model(config.target, device=config.device, dtype=config.dtype)
         drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
+        # each kind of drafting's form before any run (auto: int8 alone, as loaded behind lookup; make_drafter
+        # gives the same objects), so the meters count the model that drafts
+        forms = {id(m): m for m in (drafter_in(drafter, config.drafter_dtype[0]),
+                                    drafter_in(drafter, config.drafter_dtype[0], lookup=True))}
         tokenizer = load_tokenizer(config.tokenizer or config.target)
         prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
         stop = make_target(target).stop_token_ids()
@@ -230,12 +237,14 @@ def run_sweep(config: BenchConfig, console: Console | None = None) -> SweepRun:
                     for _ in range(config.warmup):
                         run(models, prompts[: max(batch, 1)], batch, config, temperature)
                     for repeat in range(config.repeats):
-                        meters = [ForwardMeter(m, clock) for m in (target, drafter)]
-                        with meters[0], meters[1]:
+                        meters = [ForwardMeter(m, clock) for m in (target, *forms.values())]
+                        with contextlib.ExitStack() as stack:
+                            for meter in meters:
+                                stack.enter_context(meter)
                             start = clock.now()
                             out = run(models, prompts, batch, config, temperature)
                             cell.wall_s.append(clock.now() - start)
-                        cell.forward_s.append(meters[0].seconds + meters[1].seconds)
+                        cell.forward_s.append(sum(meter.seconds for meter in meters))
                         if repeat == 0:
                             cell.tokens = sum(len(t) for t in out.tokens)
                             cell.tau = cell.tokens / out.rows_rounds if out.rows_rounds else 0.0

@@ -31,7 +31,7 @@ from specdec.bench.config import BenchConfig
 from specdec.bench.prompts import load_prompts
 from specdec.bench.records import write_summary
 from specdec.config import VerifyConfig
-from specdec.drafters import BlockDrafter, LookupDrafter, ModelDrafter
+from specdec.drafters import BlockDrafter, LookupDrafter, ModelDrafter, drafter_in
 from specdec.drafters.base import Drafter
 from specdec.loading import load_model, load_tokenizer
 from specdec.stats import GenerationResult
@@ -119,7 +119,8 @@ def run_block_bench(config: BenchConfig, log: Callable[[str], None] = print) -> 
         raise ValueError(f"block_k must be one or more ints >= 1, got {config.block_k}")
     target = load_model(config.target, device=config.device, dtype=config.dtype)
     tokenizer = load_tokenizer(config.tokenizer or config.target)
-    drafter_model = load_model(config.drafter, device=target.device, dtype=target.dtype)
+    drafter_model = drafter_in(load_model(config.drafter, device=target.device, dtype=target.dtype),
+                               config.drafter_dtype[0])
     block_name = "code-block-drafter" if config.block == "block" else config.block.removeprefix("block:")
     block_model = load_model(block_name, device=target.device, dtype=target.dtype)
     if max(config.block_k) > block_model.config.max_block_size:

@@ -21,6 +21,7 @@ from rich.console import Console
 from specdec.arguments import field_comments
 from specdec.bench.config import BenchConfig, quick
 from specdec.bench.harness import run_benchmark
+from specdec.bench.peers import check_peers
 from specdec.bench.report import build_report, print_report, write_outputs
 from specdec.bench.runners import RUNNERS
 from specdec.threads import use_threads
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
         return 0
     config = config_from_args(args)
+    check_peers(config.peers)  # an unknown or missing peer is refused before anything reads a model
     if config.task == "translate" and not config.serve:  # the translate pair stands for the code pair's names
         from specdec.bench.translate import config_from_bench
         from specdec.bench.translate import run_and_report as translate_and_report

@@ -11,7 +11,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from specdec.config import SPECULATE, ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
+from specdec.config import (
+    DRAFTER_DTYPES,
+    SPECULATE,
+    ModelConfig,
+    SamplingConfig,
+    ScheduleConfig,
+    SpecConfig,
+    VerifyConfig,
+)
 
 _MODELS = ModelConfig()
 _SAMPLING = SamplingConfig()
@@ -29,6 +37,8 @@ class BenchConfig:
     data: str | None = None  # --task translate: a `specdec data gettext` folder (its test split is sampled)
     target: str = _MODELS.target  # target model: a shipped name or a folder with config + safetensors
     drafter: str = _MODELS.drafter_model  # drafter model used by `spec` and `hf-assisted` (a name or a folder)
+    drafter_dtype: tuple[str, ...] = (_MODELS.drafter_dtype,)  # the forms the drafter model runs in (auto, float32, bf16, int8); each form after the first runs spec and spec-lookup again as spec:FORM, spec-lookup:FORM
+    peers: tuple[str, ...] = ()  # other engines run beside ours on the same model and prompts, greedy (specdec.bench.peers): ctranslate2; optional extras (pip install 'specdec[peers]')
     compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
     schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada) as method spec-<name>; spec itself is the constant schedule (--gamma)
     tokenizer: str | None = None  # folder of the tokenizer; None = the target's own folder
@@ -101,6 +111,8 @@ class BenchConfig:
         for t in (*self.pareto_confidence, *self.pareto_ada):
             ScheduleConfig(stop_threshold=t)  # ...and of the thresholds
         ModelConfig(threads=self.threads)  # the core's own check of the thread count
+        if not self.drafter_dtype or any(d not in DRAFTER_DTYPES for d in self.drafter_dtype):
+            raise ValueError(f"drafter_dtype must be one or more of {', '.join(DRAFTER_DTYPES)}, got {self.drafter_dtype}")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.task == "translate" and self.data is None:

@@ -31,9 +31,16 @@ class ModelInfo:
     hidden_size: int | None  # width, when the config says
 
 
+def _packed(model: PreTrainedModel) -> list[torch.Tensor]:
+    """The int8 weights of a dynamically quantised model's linear layers (not parameters; [] for a float model)."""
+    return [m.weight() for m in model.modules()
+            if type(m).__module__.startswith("torch.ao.nn.quantized.dynamic") and callable(getattr(m, "weight", None))]
+
+
 def weight_mib(model: PreTrainedModel) -> float:
-    """Bytes of a model's parameters and buffers in memory, MiB."""
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
+    """Bytes of a model's parameters and buffers in memory (int8 weights included), MiB."""
+    tensors = (*model.parameters(), *model.buffers(), *_packed(model))
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 
 def model_info(path: str, model: PreTrainedModel) -> ModelInfo:
@@ -41,7 +48,7 @@ def model_info(path: str, model: PreTrainedModel) -> ModelInfo:
     return ModelInfo(
         path=path,
         architecture=type(model).__name__,
-        parameters=sum(p.numel() for p in model.parameters()),
+        parameters=sum(p.numel() for p in (*model.parameters(), *_packed(model))),
         weight_mib=weight_mib(model),
         layers=getattr(model.config, "num_hidden_layers", None),
         hidden_size=getattr(model.config, "hidden_size", None),

@@ -1,19 +1,22 @@
 """The benchmark loop: load once, warm up, time every method on the same prompts, never crash.
 
 Order of work (one process, one machine, the same prompts for every method):
-1. load the target (and the drafter model when a selected method needs it, and each drafter of
+1. check the peers asked for (`--peers`: known and installed), load the target (and the drafter
+   model when a selected method needs it, in each form of `--drafter-dtype`, and each drafter of
    `--compare`), tokenize the prompts;
-2. warm up every (method, setting) block on the first prompts, untimed; then run each once more
-   on the longest prompt inside a memory meter: the block's peak memory;
+2. warm up every (method, setting) block on the first prompts, untimed (a peer builds its engine
+   there); then run each once more on the longest prompt inside a memory meter: the block's peak memory;
 3. measure the single-token step time of each model, each drafter's steps right after the
-   target's as in a round (the cost ratio c);
+   target's as in a round (the cost ratio c), again after each prompt (or block) of step 4, and
+   take the medians;
 4. time the blocks in one of two orders (``--order``). ``prompt`` (the default): each prompt runs
    with every block in turn (its repeats back to back, the blocks' order rotated from prompt to
    prompt), so a slow spell of the shared machine falls on all methods alike. ``method``: each
    repeat runs every block over all prompts, one block after the other (as Spec-Bench runs
    methods), so each method is timed in its own steady state, but a slow spell can fall on one
    block: on this project's CPU the same command's spec speedup spread twice as wide in that order
-   (README, *Benchmark*);
+   (README, *Benchmark*). After each prompt (or block) a few passes over the target's and the
+   drafter's weights are timed: their median is the floor (``specdec.bench.floor``);
 5. a method that raises is recorded as failed and skipped from then on; the others go on;
 6. greedy outputs are compared with plain-hf's (first repeat) token for token; at the first
    difference the target's two best logits are compared there, since verifying k tokens in one
@@ -26,6 +29,7 @@ same hooks, whatever the method.
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -37,7 +41,9 @@ from transformers.utils import logging as hf_logging
 
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
+from specdec.bench.floor import PassMeter, WeightPass
 from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_times
+from specdec.bench.peers import peer_runners
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
 from specdec.bench.runners import (
@@ -50,9 +56,12 @@ from specdec.bench.runners import (
     compare_labels,
     compared_runners,
     drafter_label,
+    form_label,
+    form_runners,
     scheduled_runners,
     select_runners,
 )
+from specdec.drafters.model import drafter_in
 from specdec.loading import load_model, load_tokenizer
 
 _STEP_TIME_STEPS = 16  # timed single-token forwards per model for the cost ratio c
@@ -94,6 +103,8 @@ class BenchRun:
     target_step_s: float  # median single-token cached forward of the target
     drafter_step_s: float | None  # the same for the drafter model (None when not loaded)
     compared_step_s: dict[str, float] = field(default_factory=dict)  # the same per compared drafter label
+    target_pass: WeightPass | None = None  # one pass over the target's linear weights (specdec.bench.floor)
+    drafter_pass: WeightPass | None = None  # the same for the drafter model, in its form (None when not loaded)
 
 
 def _stop_token_ids(target: PreTrainedModel) -> list[int]:
@@ -250,6 +261,8 @@ def _blocks(config: BenchConfig, runners: list[Runner]) -> list[Block]:
     blocks = []
     for temperature in config.temperature:
         for runner in runners:
+            if temperature != 0.0 and getattr(runner, "greedy_only", False):  # a peer: greedy only
+                continue
             for gamma in config.gamma if runner.uses_gamma else (None,):
                 setting = Setting(
                     temperature=temperature,
@@ -282,7 +295,9 @@ def run_benchmark(
 ) -> BenchRun:
     """Run every selected method on the same prompts; return all records and measurements."""
     labels = compare_labels(config.compare)
-    runners = select_runners(config.methods, registry) + compared_runners(labels) + scheduled_runners(config.schedules)
+    selected = select_runners(config.methods, registry)
+    runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels)
+               + scheduled_runners(config.schedules) + peer_runners(config.peers))
     with _quiet_transformers():
         return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
 
@@ -290,13 +305,25 @@ def run_benchmark(
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
-    drafter = None
-    if any(r.needs_drafter_model and drafter_label(r) is None for r in runners):
-        drafter = load_model(config.drafter, device=target.device, dtype=target.dtype)
-    compared = {label: load_model(path, device=target.device, dtype=target.dtype) for label, path in compare.items()}
+    form, *others = config.drafter_dtype
+    loaded = None
+    if any(r.needs_drafter_model and drafter_label(r) not in compare for r in runners):
+        loaded = load_model(config.drafter, device=target.device, dtype=target.dtype)
+    # every drafter model in its form before any run, so the meters and step times see the model that drafts
+    drafter = drafter_in(loaded, form) if loaded is not None and any(
+        r.needs_drafter_model and drafter_label(r) is None for r in runners) else None
+    compared = {label: drafter_in(load_model(path, device=target.device, dtype=target.dtype), form)
+                for label, path in compare.items()}
+    forms = dict.fromkeys(compare, form)
+    for other in dict.fromkeys(others):
+        if loaded is not None and any(drafter_label(r) == form_label(other) for r in runners):
+            compared[form_label(other)] = drafter_in(loaded, other)
+            compare[form_label(other)] = f"{config.drafter} ({other})"
+            forms[form_label(other)] = other
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
-    models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared)
+    models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,
+                         forms=forms, form=form, source=loaded)
     clock = Clock(target.device)
 
     blocks = _blocks(config, runners)
@@ -317,19 +344,33 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         for block in blocks:
             if block.error is None:
                 harness.measure_memory(block)
-        # step times after the warm-up (a fresh process's first forwards can be many times slower)
+        # step times after the warm-up (a fresh process's first forwards can be many times slower), sampled
+        # again with the floor after each prompt (or block): their medians, over the same spells as the methods
         drafters = [m for m in (drafter, *compared.values()) if m is not None]
         context = prompts[0].input_ids[None].to(target.device)  # [1, T]
-        target_step, *steps = step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)
-        drafter_step = steps.pop(0) if drafter is not None else None
-        compared_step = dict(zip(compared, steps, strict=True))
+        samples = [step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)]
+        floors = [PassMeter(m, clock) for m in (target, drafter) if m is not None]
+
+        def sample() -> None:
+            for floor in floors:
+                floor.sample()
+            with torch.inference_mode():
+                samples.append(step_times([target, *drafters], context, _STEP_TIME_STEPS // 2, clock))
+
         if config.order == "prompt":
             for index in range(len(prompts)):
                 harness.timed_prompt(blocks, index, config.repeats, task)
+                sample()
         else:
             for repeat in range(config.repeats):
                 for block in blocks:
                     harness.timed_pass(block, repeat, task)
+                    sample()
+        target_step, *steps = [statistics.median(column) for column in zip(*samples, strict=True)]
+        drafter_step = steps.pop(0) if drafter is not None else None
+        compared_step = dict(zip(compared, steps, strict=True))
+        target_pass, *rest = [floor.reading() for floor in floors]
+        drafter_pass = rest[0] if rest else None
     compare_greedy(blocks, target, prompts)
 
     environment = capture_environment(
@@ -346,4 +387,6 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         target_step_s=target_step,
         drafter_step_s=drafter_step,
         compared_step_s=compared_step,
+        target_pass=target_pass,
+        drafter_pass=drafter_pass,
     )

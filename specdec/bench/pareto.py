@@ -45,7 +45,7 @@ from specdec.bench.config import BenchConfig
 from specdec.bench.prompts import load_prompts
 from specdec.bench.records import write_summary
 from specdec.config import ScheduleConfig, SpecConfig
-from specdec.drafters import ModelDrafter
+from specdec.drafters import ModelDrafter, drafter_in
 from specdec.drafters.base import Proposal
 from specdec.heads.evaluate import Calibration, calibration, plot_calibration
 from specdec.heads.model import draft_estimates, load_head
@@ -165,7 +165,8 @@ def run_pareto_bench(config: BenchConfig, log: Callable[[str], None] = print) ->
     """Run the sweep; return the figures (see the module docstring)."""
     target = load_model(config.target, device=config.device, dtype=config.dtype)
     tokenizer = load_tokenizer(config.tokenizer or config.target)
-    drafter = ModelDrafter(load_model(config.drafter, device=target.device, dtype=target.dtype))
+    drafter = ModelDrafter(drafter_in(load_model(config.drafter, device=target.device, dtype=target.dtype),
+                                      config.drafter_dtype[0]))
     handle = make_target(target)
     drafter.align(handle)
     eos = target.generation_config.eos_token_id

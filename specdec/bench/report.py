@@ -2,7 +2,8 @@
 
 ``build_report`` turns a run into rows, goal checks and the gamma sweep; ``print_report`` shows
 the main table (one row per method and setting), the environment, the goals of issue 5, the
-sweep (LMFlow's "speedup in time / in target forwards") and any failure or greedy mismatch;
+sweep (LMFlow's "speedup in time / in target forwards"), the floor (each method's time per token
+beside one pass over the target's weights) and any failure or greedy mismatch;
 ``write_outputs`` writes records.jsonl, summary.json (the same content as plain JSON) and the plots.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from specdec.bench.floor import floor_rows
 from specdec.bench.harness import BenchRun
 from specdec.bench.plots import write_plots
 from specdec.bench.records import write_records
@@ -132,6 +134,44 @@ def sweep_table(cells: list[SweepCell]) -> Table:
     return table
 
 
+def floor_table(run: BenchRun) -> Table | None:
+    """Greedy time per token of each method beside one pass over the target's weights (and the fastest exact
+    plain engine); None when the run has no weight pass."""
+    if run.target_pass is None:
+        return None
+    floor = run.target_pass
+    table = Table(title=f"the floor: one pass over the target's weights {floor.seconds * 1e3:.2f} ms "
+                        f"({floor.bytes / 2**20:.0f} MiB, {floor.gb_per_s:.1f} GB/s)", title_justify="left")
+    for name in ("method", "ms/token", "× weight pass", "× fastest exact plain", "greedy exact"):
+        table.add_column(name, justify="left" if name == "method" else "right")
+    table.add_row("target: one cached forward (step)", f"{run.target_step_s * 1e3:.2f}",
+                  f"{run.target_step_s / floor.seconds:.2f}×", "–", "–", style="dim")
+    for row in floor_rows(run.blocks, floor):
+        table.add_row(row.method + (" (speculative)" if row.speculative else ""), f"{row.ms_per_token:.2f}",
+                      f"{row.over_weight_pass:.2f}×", _f(row.over_fastest, ".2f", "×"), "yes" if row.exact else "no",
+                      style=None if row.exact else "red")
+    if run.drafter_pass is not None and run.drafter_step_s is not None:
+        table.add_row(f"drafter: one pass over its weights ({run.drafter_pass.bytes / 2**20:.1f} MiB)",
+                      f"{run.drafter_pass.seconds * 1e3:.2f}", "–", "–", "–", style="dim")
+        table.add_row("drafter: one cached forward (step)", f"{run.drafter_step_s * 1e3:.2f}",
+                      f"{run.drafter_step_s / run.drafter_pass.seconds:.2f}× its own", "–", "–", style="dim")
+    return table
+
+
+def floor_dict(run: BenchRun) -> dict | None:
+    """summary.json's "floor": the weight passes, the steps over them, and the rows of ``floor_table``."""
+    if run.target_pass is None:
+        return None
+    drafter = run.drafter_pass
+    return {
+        "target_pass": asdict(run.target_pass),
+        "target_step_over_pass": run.target_step_s / run.target_pass.seconds,
+        "drafter_pass": asdict(drafter) if drafter else None,
+        "drafter_step_over_pass": run.drafter_step_s / drafter.seconds if drafter and run.drafter_step_s else None,
+        "rows": [asdict(r) for r in floor_rows(run.blocks, run.target_pass)],
+    }
+
+
 def print_report(report: BenchReport, console: Console) -> None:
     """Print everything a reader needs, tables first."""
     run, rows, checks, cells = report.run, report.rows, report.goals, report.sweep
@@ -153,6 +193,9 @@ def print_report(report: BenchReport, console: Console) -> None:
         console.print(goals_table(checks))
     if len({c.gamma for c in cells}) > 1:
         console.print(sweep_table(cells))
+    floor = floor_table(run)
+    if floor is not None:
+        console.print(floor)
     for r in rows:
         if r.error:
             gamma = f" γ={r.gamma}" if r.gamma is not None else ""
@@ -171,6 +214,7 @@ def summary_dict(report: BenchReport) -> dict:
         "target_step_s": run.target_step_s,
         "drafter_step_s": run.drafter_step_s,
         "compared_step_s": run.compared_step_s,
+        "floor": floor_dict(run),
         "rows": [asdict(r) for r in rows],
         "goals": [asdict(c) for c in checks],
         "gamma_sweep": [asdict(c) for c in cells],

@@ -46,7 +46,7 @@ from transformers import PreTrainedModel
 import specdec
 from specdec.bench.measure import ForwardMeter
 from specdec.config import LOOKUP, DrafterConfig
-from specdec.drafters import Drafter, make_drafter
+from specdec.drafters import Drafter, drafter_in, make_drafter
 from specdec.drafters.hybrid import LOOKUP_NGRAM
 from specdec.stats import GenerationStats
 from specdec.target import make_target
@@ -77,11 +77,23 @@ class BenchModels:
     drafter: PreTrainedModel | None  # None when no selected method needs a drafter model
     stop_token_ids: list[int]  # the target's end-of-sequence ids, passed to every method
     compared: dict[str, PreTrainedModel] = field(default_factory=dict)  # label -> drafter of spec@label
+    forms: dict[str, str] = field(default_factory=dict)  # label -> the form its drafter is in (drafter_dtype)
+    form: str = "auto"  # the form the drafter is in (specdec.drafters.model.drafter_in)
+    source: PreTrainedModel | None = None  # the drafter as loaded: behind lookup, auto may keep this form
 
     def drafter_for(self, runner: Runner) -> PreTrainedModel | None:
         """The drafter model a runner drafts with: its compared drafter, else the drafter."""
         label = drafter_label(runner)
-        return self.compared[label] if label is not None else self.drafter
+        if label is not None:
+            return self.compared[label]
+        if self.source is not None and getattr(runner, "kind", None) == "lookup+model":  # auto's rule behind lookup
+            return drafter_in(self.source, self.form, lookup=True)
+        return self.drafter
+
+    def form_for(self, runner: Runner) -> str:
+        """The form of the drafter model a runner drafts with (what make_drafter is asked for: no conversion)."""
+        label = drafter_label(runner)
+        return self.forms.get(label, "auto") if label is not None else self.form
 
 
 def drafter_label(runner: Runner) -> str | None:
@@ -257,7 +269,8 @@ class Speculative:
         """The drafter of this method, from the one factory (the loaded drafter model stands for its name)."""
         name = {"model": "model", "ngram": "ngram", "lookup+model": f"{LOOKUP}model"}[self.kind]
         target = make_target(models.target)
-        return make_drafter(DrafterConfig(name), target, loader=lambda _: models.drafter_for(self))
+        return make_drafter(DrafterConfig(name, dtype=models.form_for(self)), target,
+                            loader=lambda _: models.drafter_for(self))
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
         assert setting.gamma is not None
@@ -386,6 +399,19 @@ def compare_labels(paths: tuple[str, ...]) -> list[str]:
 def compared_runners(labels: list[str]) -> list[Runner]:
     """``spec@<label>`` for each compared drafter: ``spec``'s method with that drafter model."""
     return [Speculative(f"spec@{label}", "model", drafter_label=label) for label in labels]
+
+
+def form_label(form: str) -> str:
+    """The compared-drafter label of the run's drafter model in another form (``--drafter-dtype``)."""
+    return f"drafter:{form}"
+
+
+def form_runners(forms: tuple[str, ...], selected: list[Runner]) -> list[Runner]:
+    """``spec:FORM`` and ``spec-lookup:FORM`` for each form after the first, for those of spec and
+    spec-lookup that are selected: the same methods with the drafter model in that form."""
+    kinds = {r.name: r.kind for r in selected if isinstance(r, Speculative) and r.name in ("spec", "spec-lookup")}
+    return [Speculative(f"{name}:{form}", kind, drafter_label=form_label(form))
+            for form in dict.fromkeys(forms[1:]) for name, kind in kinds.items()]
 
 
 def scheduled_runners(schedules: tuple[str, ...]) -> list[Runner]:

@@ -14,7 +14,9 @@
   ``BlockDrafter``; "block" names the shipped block drafter for the target's kind
   (``code-block-drafter``, or ``translate-block-drafter`` for an encoder-decoder target) and
   "block:PATH" a block drafter folder (so "lookup+block" is prompt lookup
-  first, the block drafter otherwise).
+  first, the block drafter otherwise). A loaded model runs in the form ``DrafterConfig.dtype`` names
+  (``drafter_in``: by default int8 on CPU for a model drafting alone, as loaded behind lookup); a model
+  passed in runs as it is.
 
 New drafters register with ``register_drafter`` (by name) or ``register_model_drafter`` (by the
 kind of model they wrap).
@@ -32,7 +34,7 @@ from specdec.drafters import block_model  # noqa: F401  (registers the block dra
 from specdec.drafters.base import Drafter, FollowingDrafter, NoDrafter, Proposal, StopRule
 from specdec.drafters.block import BlockDrafter, is_block_drafter
 from specdec.drafters.hybrid import LookupDrafter
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.model import ModelDrafter, drafter_in
 from specdec.drafters.ngram import NgramDrafter
 
 # name -> factory taking no arguments: the model-free drafters a name selects
@@ -121,7 +123,7 @@ def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | N
         def loader(path: str) -> PreTrainedModel:
             return load_model(path, device=target.device, dtype=target.model.dtype)
 
-    model = loader(name)
+    model = drafter_in(loader(name), drafter.dtype, lookup=drafter.lookup)
     if block and not is_block_drafter(model):
         raise ValueError(f"drafter {drafter.model!r}: {name} holds a {type(model).__name__}, not a block drafter "
                          "(train one with specdec train block-drafter)")
@@ -145,6 +147,7 @@ __all__ = [
     "NoDrafter",
     "Proposal",
     "StopRule",
+    "drafter_in",
     "make_drafter",
     "model_drafter",
     "register_drafter",

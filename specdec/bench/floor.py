@@ -1,0 +1,144 @@
+"""The weight-streaming floor: one pass over a model's weights, measured on this machine.
+
+A single-token decoding step reads every weight of the model's linear layers once (one matrix-vector
+product each); at batch 1 that read is what the step cannot go below with these kernels. A model's
+floor here is the median time of that pass alone: each linear layer once (a tied head included; the
+input embedding, a one-row gather, left out) applied to a one-token input as the model runs it
+(``module(x)``: ``F.linear``, transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to
+back, with nothing else: no attention, norms, cache or Python around them. A step's time over its
+floor is what the engine adds; an engine below it has faster kernels than torch's here. The bench
+samples the pass after each prompt (``PassMeter``) and takes the median, so on a busy machine the
+floor and the methods are timed over the same spells.
+
+``floor_rows`` sets beside it, per method of a run: the median time per generated token (each
+prompt's median over repeats, then the median over prompts; for plain decoding, its step), its
+ratio to the target's weight pass and to the fastest exact plain engine of the run (plain-hf, our
+plain loop, the peers: those whose greedy outputs all equal plain-hf's).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from specdec.bench.measure import Clock
+
+PASSES = 20  # timed passes per model (after two untimed)
+
+
+@dataclass(frozen=True)
+class WeightPass:
+    """One pass over a model's linear weights."""
+
+    seconds: float  # median over passes
+    bytes: int  # weight bytes read by one pass
+    layers: int  # linear layers applied
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """A layer's 2-D weight (an int8 layer's packed one), or None when it has none."""
+    weight = getattr(module, "weight", None)
+    if callable(weight) and not isinstance(weight, torch.Tensor):  # a dynamically quantised linear layer
+        weight = weight()
+    return weight if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+
+
+def linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]]:
+    """(layer, input width) of every linear layer of ``model``, each once: ``nn.Linear``, an int8
+    quantised linear, transformers' ``Conv1D`` (GPT-2: weight [in, out])."""
+    layers = []
+    for module in model.modules():
+        weight = _weight(module)
+        if weight is None:
+            continue
+        if isinstance(module, torch.nn.Linear) or type(module).__module__.startswith("torch.ao.nn.quantized"):
+            layers.append((module, int(module.in_features)))
+        elif type(module).__name__ == "Conv1D":
+            layers.append((module, int(weight.shape[0])))
+    return layers
+
+
+@torch.inference_mode()
+def weight_pass(model: torch.nn.Module, passes: int = PASSES, clock: Clock | None = None) -> WeightPass:
+    """Median time of one pass over ``model``'s linear weights with a one-token input (see the module doc)."""
+    layers = linear_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no linear layers to time")
+    clock = clock or Clock(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    inputs = {width: torch.randn(1, 1, width, dtype=dtype, device=device) for _, width in layers}
+    times = []
+    for i in range(passes + 2):
+        start = clock.now()
+        for module, width in layers:
+            module(inputs[width])
+        if i >= 2:
+            times.append(clock.now() - start)
+    read = sum(w.numel() * w.element_size() for w in (_weight(m) for m, _ in layers) if w is not None)
+    return WeightPass(seconds=statistics.median(times), bytes=read, layers=len(layers))
+
+
+class PassMeter:
+    """Weight passes of one model sampled through a run (a few after each prompt or block), so the floor
+    is measured over the same spells of a shared machine as the methods it is set against."""
+
+    def __init__(self, model: torch.nn.Module, clock: Clock | None = None, passes: int = 5) -> None:
+        self.model, self.clock, self.passes = model, clock, passes
+        self.readings: list[WeightPass] = []
+
+    def sample(self) -> None:
+        self.readings.append(weight_pass(self.model, self.passes, self.clock))
+
+    def reading(self) -> WeightPass:
+        """The median of the samples (one sample taken now if there is none)."""
+        if not self.readings:
+            self.sample()
+        first = self.readings[0]
+        return WeightPass(statistics.median(r.seconds for r in self.readings), first.bytes, first.layers)
+
+
+@dataclass(frozen=True)
+class FloorRow:
+    """One method's time per token beside the floor."""
+
+    method: str
+    speculative: bool  # drafts and verifies (its time per token is not one step)
+    exact: bool  # every greedy output equals plain-hf's
+    ms_per_token: float  # median over prompts of each prompt's median over repeats
+    over_weight_pass: float  # ms_per_token / the target's weight pass
+    over_fastest: float | None  # ms_per_token / the fastest exact plain engine's (None when there is none)
+
+
+def ms_per_token(records) -> float | None:
+    """Median over prompts of each prompt's median (over repeats) wall time per generated token, in ms."""
+    by_prompt: dict[str, list[float]] = {}
+    for r in records:
+        if r.generated_length:
+            by_prompt.setdefault(r.prompt_id, []).append(r.wall_time_s / r.generated_length)
+    return 1e3 * statistics.median(statistics.median(v) for v in by_prompt.values()) if by_prompt else None
+
+
+def floor_rows(blocks, target_pass: WeightPass) -> list[FloorRow]:
+    """Per greedy block with records: its ms per token over the weight pass and over the fastest exact plain engine."""
+    measured = []
+    for block in blocks:
+        if not block.setting.greedy or not block.records:
+            continue
+        ms = ms_per_token(block.records)
+        if ms is None:
+            continue
+        exact = not block.mismatches and block.compared == len({r.prompt_id for r in block.records})
+        gamma = f" γ={block.setting.gamma}" if block.setting.gamma is not None else ""
+        measured.append((block.runner.name + gamma, bool(block.runner.speculative), exact, ms))
+    plain = [ms for _, speculative, exact, ms in measured if exact and not speculative]
+    fastest = min(plain) if plain else None
+    floor = 1e3 * target_pass.seconds
+    return [FloorRow(name, speculative, exact, ms, ms / floor, ms / fastest if fastest else None)
+            for name, speculative, exact, ms in measured]

@@ -1,0 +1,175 @@
+"""The bench against the floor and the peers (issue 28, item 6), on tiny random-weight models.
+
+1. ``weight_pass`` applies every linear layer once per pass (counted by hooks: nn.Linear, GPT-2's
+   Conv1D, an int8 drafter's quantised layers) and counts exactly their weight bytes.
+2. ``floor_rows``: each method's ms per token is the median over prompts of its per-prompt median,
+   divided by the weight pass and by the fastest exact plain engine; a method whose output differs
+   is not exact and is not the fastest.
+3. Peers: a registered peer runs as a method (greedy only), checked against generate like ours; a
+   peer that is unknown or not installed is refused before anything loads, naming what to install;
+   CTranslate2, where installed, converts the tiny target and gives generate's tokens (else its
+   refusal is what is tested).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_tiny
+from tiny_models import save_tiny_pair
+
+from specdec.bench import BenchConfig, build_report, run_benchmark
+from specdec.bench.cli import main
+from specdec.bench.floor import PassMeter, floor_rows, linear_layers, weight_pass
+from specdec.bench.peers import PEERS, Peer, check_peers
+from specdec.bench.report import floor_table, summary_dict
+from specdec.drafters.model import drafter_in, int8_available
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("floor")
+    tiny = save_tiny_pair(root)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(["def add(a, b):", "for i in range(10):", "class Point:"])))
+    return tiny, prompts
+
+
+def _config(pair, **overrides) -> BenchConfig:
+    tiny, prompts = pair
+    base = BenchConfig(target=str(tiny.target), drafter=str(tiny.drafter), prompts=str(prompts), num_prompts=3,
+                       max_new_tokens=8, repeats=2, warmup=1, device="cpu", progress=False, gamma=(3,),
+                       methods=("plain-hf", "plain", "spec"))
+    return replace(base, **overrides)
+
+
+def _counted_pass(model: torch.nn.Module, passes: int) -> tuple[int, int]:
+    """(calls of the layers linear_layers finds during weight_pass, those layers)."""
+    layers = [m for m, _ in linear_layers(model)]
+    calls = []
+    handles = [m.register_forward_hook(lambda *_: calls.append(1)) for m in layers]
+    try:
+        weight_pass(model, passes=passes)
+    finally:
+        for h in handles:
+            h.remove()
+    return len(calls), len(layers)
+
+
+@pytest.mark.parametrize("arch, per_layer", [("llama", 7), ("gpt2", 4)])
+def test_weight_pass_reads_every_linear_weight_once(arch: str, per_layer: int) -> None:
+    model = build_tiny(arch, seed=0, layers=2)
+    calls, layers = _counted_pass(model, passes=3)
+    assert layers == 2 * per_layer + 1  # every block's projections and the head
+    assert calls == layers * (3 + 2)  # each once per pass, two untimed passes first
+    reading = weight_pass(model, passes=3)
+    head = model.get_output_embeddings().weight
+    projections = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n
+                   and "embed" not in n and "lm_head" not in n]
+    assert reading.bytes == 4 * (head.numel() + sum(p.numel() for p in projections))
+    assert reading.layers == layers and reading.seconds > 0 and reading.gb_per_s > 0
+    meter = PassMeter(model, passes=2)
+    assert meter.reading().bytes == reading.bytes and len(meter.readings) == 1  # one sample when none was taken
+    meter.sample()
+    meter.sample()
+    assert meter.reading().seconds == statistics.median(r.seconds for r in meter.readings)
+
+
+@pytest.mark.skipif(not int8_available(), reason="this torch build has no int8 CPU kernels")
+def test_weight_pass_of_an_int8_drafter_reads_its_int8_weights() -> None:
+    model = build_tiny("llama", seed=0, layers=1)
+    int8 = drafter_in(model, "int8")
+    calls, layers = _counted_pass(int8, passes=2)
+    assert layers == 8 and calls == 8 * 4
+    assert weight_pass(int8, passes=2).bytes * 4 == weight_pass(model, passes=2).bytes  # 1 byte a weight, not 4
+
+
+class _HFGreedy:
+    """A peer engine built on the model's own generate (the plumbing without a third-party engine)."""
+
+    def __init__(self, target, threads: int, edit=lambda tokens: tokens) -> None:
+        self.target, self.edit = target, edit
+        self.threads = threads
+
+    def generate(self, ids, max_new_tokens, stop):
+        out = self.target.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                                   eos_token_id=list(stop) or None, pad_token_id=0,
+                                   attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        return self.edit(out[0, len(ids):].tolist())
+
+
+@pytest.fixture
+def fake_peers(monkeypatch):
+    monkeypatch.setitem(PEERS, "same", Peer("same", "torch", "torch", "generate again", _HFGreedy))
+    monkeypatch.setitem(PEERS, "off", Peer("off", "torch", "torch", "generate, last token changed",
+                                           lambda t, n: _HFGreedy(t, n, lambda x: x[:-1] + [(x[-1] + 1) % 50])))
+    monkeypatch.setitem(PEERS, "absent", Peer("absent", "specdec_no_such_engine", "no-such-engine", "missing",
+                                              _HFGreedy))
+
+
+def test_floor_rows_and_peers_in_a_run(pair, fake_peers) -> None:
+    report = build_report(run_benchmark(_config(pair, peers=("same", "off"), temperature=(0.0, 1.0))))
+    run = report.run
+    assert run.target_pass is not None and run.drafter_pass is not None
+    blocks = {(b.runner.name, b.setting.temperature): b for b in run.blocks}
+    assert ("same", 1.0) not in blocks and ("same", 0.0) in blocks  # peers run greedy only
+    rows = {r.method: r for r in report.rows if r.temperature == 0.0}
+    assert rows["same"].greedy_equal == rows["same"].greedy_total == 3
+    assert rows["off"].greedy_equal == 0  # the check catches a peer that differs
+    floor = {r.method: r for r in floor_rows(run.blocks, run.target_pass)}
+    assert set(floor) == {"plain-hf", "plain", "spec γ=3", "same", "off"}
+    for name, block in (("plain", blocks[("plain", 0.0)]), ("same", blocks[("same", 0.0)])):
+        per_prompt = {}
+        for r in block.records:
+            per_prompt.setdefault(r.prompt_id, []).append(r.wall_time_s / r.generated_length)
+        expected = 1e3 * statistics.median(statistics.median(v) for v in per_prompt.values())
+        assert floor[name].ms_per_token == pytest.approx(expected)
+        assert floor[name].over_weight_pass == pytest.approx(expected / (1e3 * run.target_pass.seconds))
+    assert floor["spec γ=3"].speculative and not floor["plain"].speculative
+    assert not floor["off"].exact and floor["same"].exact
+    fastest = min(r.ms_per_token for r in floor.values() if r.exact and not r.speculative)
+    assert min(r.over_fastest for r in floor.values() if r.exact and not r.speculative) == pytest.approx(1.0)
+    assert floor["off"].over_fastest == pytest.approx(floor["off"].ms_per_token / fastest)
+    summary = summary_dict(report)["floor"]
+    assert summary["target_pass"]["bytes"] == run.target_pass.bytes
+    assert {r["method"] for r in summary["rows"]} == set(floor)
+    assert floor_table(run) is not None and not report.ok  # "off" differs
+
+
+def test_a_peer_not_installed_or_unknown_is_refused_before_loading(pair, fake_peers, tmp_path: Path, capsys) -> None:
+    with pytest.raises(ValueError, match=r"peer 'absent' needs the package no-such-engine, which is not installed: "
+                                         r"pip install no-such-engine \(or pip install 'specdec\[peers\]'\)"):
+        check_peers(["absent"])
+    with pytest.raises(ValueError, match="unknown peer 'vllm': choose from "):
+        check_peers(["vllm"])
+    missing = _config(pair, target=str(tmp_path / "no-model"), peers=("absent",))
+    with pytest.raises(ValueError, match="peer 'absent' needs"):  # before the missing target is loaded
+        run_benchmark(missing)
+    assert main(["--target", str(tmp_path / "no-model"), "--peers", "absent", "--no-progress"]) == 2
+    assert "peer 'absent' needs the package no-such-engine" in capsys.readouterr().err
+
+
+def test_ctranslate2_gives_generates_tokens_or_is_refused(pair) -> None:
+    config = _config(pair, methods=("plain-hf",), peers=("ctranslate2",), repeats=1)
+    if importlib.util.find_spec("ctranslate2") is None:
+        with pytest.raises(ValueError, match="pip install ctranslate2"):
+            run_benchmark(config)
+        return
+    report = build_report(run_benchmark(config))
+    row = next(r for r in report.rows if r.method == "ctranslate2")
+    assert row.error is None and row.greedy_equal == row.greedy_total == 3
