@@ -7,7 +7,9 @@ user's prompts from HELD_OUT_PACKAGES only (split by package, so no prompt's fil
 
     python benchmarks/own-model/make_target.py --out /work/scratch/own-goal/target --minutes 22
 
-Writes OUT (config.json, model.safetensors, the tokenizer files) and OUT/train_log.txt.
+Writes OUT (config.json, model.safetensors, the tokenizer files) and OUT/train_log.txt. ``--init-from
+DIR`` continues a model saved by an earlier run (its tokenizer, the same corpus and split; a fresh
+optimizer and schedule), logging to OUT/train_log_continued.txt.
 """
 
 from __future__ import annotations
@@ -66,12 +68,13 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--corpus-mb", type=float, default=12.0, help="training text kept (MB)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-from", default=None, help="continue the model and tokenizer saved in this folder")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = (out / "train_log.txt").open("w")
+    log = (out / ("train_log_continued.txt" if args.init_from else "train_log.txt")).open("w")
 
     def say(msg: str) -> None:
         print(msg, flush=True)
@@ -90,14 +93,17 @@ def main() -> None:
     say(f"corpus: {len(texts)} files of {len(TRAIN_PACKAGES)} packages, {size / 1e6:.1f} MB")
 
     t0 = time.time()
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(texts, vocab_size=args.vocab, min_frequency=2, special_tokens=[EOS])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=EOS, eos_token=EOS,
-                                  unk_token=EOS, pad_token=EOS, model_max_length=512)
+    if args.init_from:
+        tok = PreTrainedTokenizerFast.from_pretrained(args.init_from)
+    else:
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator(texts, vocab_size=args.vocab, min_frequency=2, special_tokens=[EOS])
+        tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=EOS, eos_token=EOS,
+                                      unk_token=EOS, pad_token=EOS, model_max_length=512)
     tok.save_pretrained(out)
     eos_id = tok.convert_tokens_to_ids(EOS)
     ids: list[int] = []
-    for enc in bpe.encode_batch(texts):
+    for enc in tok.backend_tokenizer.encode_batch(texts):
         ids.extend(enc.ids)
         ids.append(eos_id)
     data = torch.tensor(ids, dtype=torch.long)
@@ -109,7 +115,7 @@ def main() -> None:
     config = GPT2Config(vocab_size=len(tok), n_positions=512, n_embd=args.width, n_layer=args.layers,
                         n_head=args.heads, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel.from_pretrained(args.init_from) if args.init_from else GPT2LMHeadModel(config)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"model: GPT-2, {args.layers} layers, width {args.width}, {args.heads} heads, {n_params / 1e6:.2f}M params")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
