@@ -15,8 +15,9 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
   ``attention_layers`` naming local or sliding layers, then ``sliding_window``, ``window_size``, a
   decoder-only ``attention_window``). The window is a mask over cache slots, so ``RaggedCache``
   keeps such a model's rows right-aligned (no dead slot inside a row's window): batches are exact.
-- ``attention_chunk``: chunked attention (``attention_chunk_size``) cuts at absolute positions, which
-  a batch's left padding shifts: such a model decodes one prompt at a time (a second row is refused).
+- ``attention_chunk``: chunked attention (``attention_chunk_size``) cuts at positions that transformers'
+  chunked mask counts from a row's left padding: a dead slot inside a row would shift them, so
+  ``RaggedCache`` keeps such rows right-aligned as it does for a window: batches are exact.
 - ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
   forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
   at its first prefill (``seq2seq.check_cached_path``).
@@ -89,8 +90,7 @@ def local_window(config: PretrainedConfig) -> int | None:
 
 
 def attention_chunk(config: PretrainedConfig) -> int | None:
-    """The decoder's attention chunk size (Llama 4: tokens attend within fixed chunks of absolute positions),
-    or None."""
+    """The decoder's attention chunk size (Llama 4: tokens attend within fixed chunks of positions), or None."""
     text = config.get_text_config(decoder=True)
     chunk = getattr(text, "attention_chunk_size", None)
     types = getattr(text, "layer_types", None)

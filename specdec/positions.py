@@ -17,6 +17,9 @@ forward (holes or not, so a batch of one and a batch of many take the same path)
   number positions from ``padding_idx + 1`` and give the pad token its own zero row
   (``make_positions`` / ``create_position_ids_from_input_ids``), at ``position + padding_idx + 1``,
   a pad token at ``padding_idx`` — as their single steps do.
+- A module that computes its vectors from ``position_ids`` shared by the whole batch (Pegasus-X's
+  sinusoids, ``embed_positions(inputs_embeds, past_length, position_ids)``): a forward hook calls it
+  again for each row with that row's positions.
 - T5's relative position bias: the first self-attention layer's ``compute_bias`` computed from
   the per-row positions of queries and keys ([B, heads, q, k], which broadcasts where T5 adds it).
 
@@ -60,6 +63,8 @@ class Positions:
         table = getattr(decoder, "embed_positions", None)
         if table is not None and self._table(table) is not None:
             table.register_forward_hook(self._embedding_hook)
+        elif table is not None and "position_ids" in inspect.signature(table.forward).parameters:
+            table.register_forward_hook(self._computed_hook)
         elif decoder is not None and (attention := self._relative_attention(decoder)) is not None:
             self._override_bias(attention)
             self.needs_keys = True
@@ -109,6 +114,15 @@ class Positions:
         else:
             index = self.query + int(getattr(module, "offset", 0))  # [B, n]
         return table[index].to(output.dtype)  # [B, n, H]
+
+    def _computed_hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        """A module that computes its vectors from ``position_ids`` [n, 1] shared by the batch (Pegasus-X's
+        sinusoids): called again for each row with that row's positions."""
+        if self.query is None:
+            return output
+        rows = [module.forward(output[b : b + 1], 0, self.query[b, :, None])
+                for b in range(self.query.shape[0])]  # each [1, n, H]
+        return torch.cat(rows).to(output.dtype)  # [B, n, H]
 
     @contextmanager
     def applied(self, kwargs: dict, query: torch.Tensor, slots: torch.Tensor | None, width: int) -> Iterator[None]:

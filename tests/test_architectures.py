@@ -7,15 +7,17 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   on its head: it agrees often, not always), each row equal to ``generate`` of that prompt alone:
   RoBERTa-family decoders (which need ``position_ids`` from the first token), BART-family
   decoder-only classes (positions from the cache length, overridden per row), an MoE encoder-decoder
-  (``router_logits`` in its encoder output), DeepSeek-V3's latent attention (values narrower than
-  keys) through compaction and rows joining.
-- Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers), prompts
-  longer than the window: exact alone and in ragged batches (rows re-packed before a dead slot enters a window).
+  (``router_logits`` in its encoder output), Pegasus-X (sinusoids computed from shared ``position_ids``,
+  recomputed per row), DeepSeek-V3's latent attention (values narrower than keys) through compaction
+  and rows joining; DeepSeek-V3.2's sparse attention (fed one token at a time, as generate feeds it) alone.
+- Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers) and
+  Llama 4's attention chunks, prompts longer than the window: exact alone and in ragged batches (rows
+  re-packed before a dead slot enters a window or chunk).
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, RWKV,
   XLM) or no cache (OpenAI GPT), hybrid cache layers holding recurrent state (Falcon-H1), a cached
   path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
-  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of
-  chunked attention (Llama 4) or of a decoder a dead slot changes (Pegasus-X). The self-check is
+  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of sparse
+  attention (DeepSeek-V3.2: a dead slot before a row changes which tied keys it picks). The self-check is
   skipped for known-good families (the shipped Llama's start-up makes no extra forward).
 """
 
@@ -55,6 +57,12 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                            "n_routed_experts": 4, "n_group": 1, "topk_group": 1,
                                            "num_experts_per_tok": 2, "moe_intermediate_size": 16,
                                            "first_k_dense_replace": 1}),
+    "deepseek_v32": ("deepseek_v32", False, {**DECODER, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16,
+                                             "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+                                             "head_dim": 8, "n_routed_experts": 4, "n_group": 1, "topk_group": 1,
+                                             "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                             "first_k_dense_replace": 1, "index_topk": 8, "index_head_dim": 16,
+                                             "index_n_heads": 2}),
     "switch_transformers": ("switch_transformers", True, {
         "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
         "num_experts": 4, "expert_capacity": 64, "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1,
@@ -82,7 +90,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
 }
-EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100"]
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x"]
 LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
 NEW = 14  # new tokens per prompt
 
@@ -181,11 +189,12 @@ def test_latent_attention_through_compaction_and_joining_rows(monkeypatch):
     assert compactions, "the batch never compacted: the test lost its point"
 
 
-@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2"])
+@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2", "llama4_text"])
 def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
     """A 6-token window (GPT-Neo's local layers: a mask over cache slots on plain layers; Mistral's and
-    Gemma-2's sliding layers), prompts up to 23 tokens: rows that accept different numbers of drafts
-    are re-packed before their dead slots would enter a window, and each equals generate alone."""
+    Gemma-2's sliding layers) or Llama 4's 4-token attention chunks (cut at positions counted from a row's
+    left padding), prompts up to 23 tokens: rows that accept different numbers of drafts are re-packed
+    before their dead slots would enter a window or chunk, and each equals generate alone."""
     target = build(name)
     inner = []
     original = RaggedCache.compact
@@ -198,16 +207,34 @@ def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
     assert any(inner), "no row ever had a dead slot inside its window: the test lost its point"
 
 
-def test_chunked_attention_exact_alone_and_batches_refused_by_name():
-    """Llama 4's chunks are cut at absolute positions, which left padding shifts: one prompt is exact, a
-    second row is refused before decoding, naming the class and why."""
-    target = build("llama4_text")
-    prompt = prompts()[2]
-    assert specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=NEW, gamma=4,
-                                        stop_token_ids=[]).tokens == generate(target, prompt)
-    with pytest.raises(ValueError, match=r"Llama4ForCausalLM has chunked attention \(chunks of 4 tokens cut at "
-                                         r"absolute positions.*use batch_size=1"):
-        specdec.speculative_generate(target, "ngram", [prompt, prompt], max_new_tokens=4, stop_token_ids=[])
+def test_sparse_attention_fed_as_generate_feeds_it_alone_and_batches_refused_by_name(monkeypatch):
+    """DeepSeek-V3.2's indexer picks each query's top 8 keys among scores full of exact ties (ReLU zeros): a
+    multi-token cached forward picks other keys than single steps, so specdec feeds it one token at a time
+    after the prefill, as generate does. One prompt equals generate with a drafter that is the target itself
+    (every draft accepted: each verification is multi-token) and with a noisy one; fed multi-token, the
+    same decoding differs. A dead slot before a row changes its picks too (the model's own left-padded forward
+    differs from the row alone), so a second row is refused, naming the class and why."""
+    target = build("deepseek_v32")
+    rows = [p for p in prompts() if len(p) < 20]
+    references = [generate(target, p) for p in rows]
+    for prompt, reference in zip(rows, references):
+        for drafter in (copy.deepcopy(target), noisy_copy(target)):
+            for gamma in (1, 4):
+                assert specdec.speculative_generate(target, drafter, prompt, max_new_tokens=NEW, gamma=gamma,
+                                                    stop_token_ids=[]).tokens == reference
+    with pytest.raises(ValueError, match=r"DeepseekV32ForCausalLM's sparse attention picks its top-k keys among "
+                                         r"exactly tied scores .*use batch_size=1"):
+        specdec.speculative_generate(target, "ngram", rows[:2], max_new_tokens=4, stop_token_ids=[])
+    init = RaggedCache.__init__
+
+    def multi_token(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.one_at_a_time = False
+
+    monkeypatch.setattr(RaggedCache, "__init__", multi_token)
+    outputs = [specdec.speculative_generate(target, copy.deepcopy(target), p, max_new_tokens=NEW, gamma=4,
+                                            stop_token_ids=[]).tokens for p in rows]
+    assert outputs != references, "multi-token forwards agree here: the test lost its point"
 
 
 def test_a_hybrid_whose_layers_hold_keys_and_recurrent_state_is_exact():
@@ -254,18 +281,6 @@ def test_cached_path_that_fails_inside_transformers_is_refused_by_name():
     with pytest.raises(ValueError, match=r"ProphetNetForConditionalGeneration's cached forward fails where specdec "
                                          r"uses it .*AssertionError"):
         specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
-
-
-def test_batches_refused_when_a_dead_slot_changes_the_row():
-    """Pegasus-X's decoder computes sinusoidal positions from the cache length with no table to override:
-    one source is exact, a batch is refused by the self-check behind a dead slot, naming the class."""
-    target = build("pegasus_x")
-    source = prompts()[2]
-    assert specdec.speculative_generate(target, "ngram", source, max_new_tokens=NEW, gamma=4,
-                                        stop_token_ids=[]).tokens == generate(target, source)
-    with pytest.raises(ValueError, match=r"PegasusXForConditionalGeneration decodes a row behind a dead slot .* "
-                                         r"use batch_size=1"):
-        specdec.speculative_generate(target, "ngram", prompts(), max_new_tokens=4, stop_token_ids=[])
 
 
 def counted(model) -> list:
