@@ -304,12 +304,22 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="subprocesses at once (1 or 2 on a shared machine)")
     parser.add_argument("--timeout", type=float, default=420, help="seconds per model type")
     parser.add_argument("--json", type=Path, help="write every result here")
+    parser.add_argument("--resume", action="store_true", help="keep the results already in --json, run the rest")
+    parser.add_argument("--first", default="", help="comma-separated model types to run before the others "
+                                                    "(the others alternate decoder-only and encoder-decoder)")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(run_one(args.one, args.seq2seq)), flush=True)
         return
     pairs = model_types(args.only.split(",") if args.only else None)
-    results: list[dict] = []
+    results: list[dict] = json.loads(args.json.read_text()) if args.resume and args.json.exists() else []
+    done = {(r["model_type"], r["kind"] == "encoder-decoder") for r in results}
+    first = args.first.split(",") if args.first else []
+    decoders = [p for p in pairs if not p[1] and p[0] not in first]
+    seq2seq = [p for p in pairs if p[1] and p[0] not in first]
+    mixed = [p for i in range(max(len(decoders), len(seq2seq)))
+             for p in (decoders[i:i + 1] + seq2seq[i:i + 1])]
+    pairs = [p for p in [p for p in pairs if p[0] in first] + mixed if p not in done]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(in_subprocess, t, s, args.timeout) for t, s in pairs]
         for future in futures:
