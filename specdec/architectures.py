@@ -8,6 +8,9 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
   ``mems``, XLM's ``cache`` dict, Reformer's ``past_buckets_states``, Mamba's ``cache_params``: any
   forward without ``past_key_values``) would decode wrong tokens, so it is refused, naming its class
   and where its state lives (or that it has no KV cache at all).
+- ``family_refusal``: a family whose own ``generate`` output depends on how tokens are fed (Moshi:
+  a declared window its attention ignores, which only ``generate``'s self-trimming cache applies):
+  refused by name with that reason (``FEED_DEPENDENT``).
 - ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
   and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
   a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
@@ -39,6 +42,14 @@ STATE_ARGUMENTS: dict[str, str] = {
     "cache_params": "its recurrent state (`cache_params`)",  # Mamba, Falcon-Mamba
 }
 
+# model_type -> why a family's own generate cannot be reproduced by any verification (refused by name)
+FEED_DEPENDENT: dict[str, str] = {
+    "moshi": "declares a sliding_window that its attention never applies (its mask is fully causal); generate's "
+             "cache trims itself to that window, so generate's output depends on how many tokens each forward "
+             "takes (a long prompt's one prefill sees it all, each later step only the window) and no multi-token "
+             "verification can reproduce it",
+}
+
 # model_type of families whose cached path specdec's tests check against generate (no self-check needed)
 KNOWN_GOOD: frozenset[str] = frozenset({"llama", "marian", "gpt2", "qwen2", "gpt_neox", "bart", "t5"})
 
@@ -58,6 +69,14 @@ def state_refusal(model: PreTrainedModel) -> str | None:
                 f"new tokens and rolls its cache back after a rejected draft. {fix}")
     return (f"{name} keeps {where} outside a transformers Cache: specdec feeds only the new tokens and rolls the "
             f"cache back after a rejected draft, so it would decode wrong tokens. {fix}")
+
+
+def family_refusal(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s family cannot be decoded exactly (``FEED_DEPENDENT``), or None."""
+    reason = FEED_DEPENDENT.get(getattr(model.config, "model_type", ""))
+    if reason is None:
+        return None
+    return f"{type(model).__name__} {reason}. Decode it with generate() instead"
 
 
 def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:

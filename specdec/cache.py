@@ -62,7 +62,7 @@ from transformers.cache_utils import (
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
-from specdec.architectures import attention_chunk, layer_refusal, local_window, state_refusal
+from specdec.architectures import attention_chunk, family_refusal, layer_refusal, local_window, state_refusal
 from specdec.positions import positions_for
 from specdec.selfcheck import verdict_of
 
@@ -78,6 +78,8 @@ class RaggedCache:
                  cache: DynamicCache | None = None) -> None:
         self.model = model
         if not self.recurrent and (reason := state_refusal(model)) is not None:
+            raise TypeError(reason)
+        if (reason := family_refusal(model)) is not None:
             raise TypeError(reason)
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         if not self.recurrent and (reason := layer_refusal(model, self.cache.layers)) is not None:

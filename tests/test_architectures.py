@@ -14,7 +14,7 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   Llama 4's attention chunks, prompts longer than the window: exact alone and in ragged batches (rows
   re-packed before a dead slot enters a window or chunk).
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, RWKV,
-  XLM) or no cache (OpenAI GPT), hybrid cache layers holding recurrent state (Falcon-H1), a cached
+  XLM) or no cache (OpenAI GPT), a generate that depends on how tokens are fed (Moshi), hybrid cache layers holding recurrent state (Falcon-H1), a cached
   path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
   causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of sparse
   attention (DeepSeek-V3.2: a dead slot before a row changes which tied keys it picks). The self-check is
@@ -63,6 +63,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                              "num_experts_per_tok": 2, "moe_intermediate_size": 16,
                                              "first_k_dense_replace": 1, "index_topk": 8, "index_head_dim": 16,
                                              "index_n_heads": 2}),
+    "moshi": ("moshi", False, {**DECODER, "sliding_window": 6}),
     "switch_transformers": ("switch_transformers", True, {
         "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
         "num_experts": 4, "expert_capacity": 64, "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1,
@@ -265,6 +266,21 @@ def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
                 specdec.speculative_generate(build_tiny("llama"), target, [3, 4, 5], max_new_tokens=3)
             else:
                 specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=3)
+
+
+def test_a_family_whose_generate_depends_on_how_tokens_are_fed_is_refused_by_name():
+    """Moshi declares a 6-token window its attention never applies; generate's cache trims itself to it, so
+    generate's greedy output differs from the model's own one-pass greedy decoding: refused, naming the class."""
+    target = build("moshi")
+    prompt = prompts()[2]
+    sequence = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW):
+            sequence.append(int(target(input_ids=torch.tensor([sequence]), use_cache=False).logits[0, -1].argmax()))
+    assert generate(target, prompt) != sequence[len(prompt):], "generate equals the one-pass decoding: no point"
+    with pytest.raises(TypeError, match=r"MoshiForCausalLM declares a sliding_window that its attention never "
+                                        r"applies .* Decode it with generate\(\) instead"):
+        specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=4, stop_token_ids=[])
 
 
 def test_cached_path_that_disagrees_is_refused_at_prefill():
