@@ -154,6 +154,17 @@ def test_greedy_equals_generate_single_and_batched(name):
     assert accepted > 0
 
 
+def test_decoder_starts_with_bos_when_no_start_token_is_declared():
+    """A stock SwitchTransformers config declares no decoder_start_token_id: generate starts the decoder with
+    bos_token_id, and so does specdec (it refused the model before)."""
+    target = build("switch_transformers")
+    target.config.decoder_start_token_id = target.generation_config.decoder_start_token_id = None
+    source = prompts()[3]
+    reference = generate(target, source)
+    assert specdec.speculative_generate(target, "ngram", source, max_new_tokens=NEW, gamma=4,
+                                        stop_token_ids=[]).tokens == reference
+
+
 def test_roberta_gets_positions_from_zero_as_generate_gives_them():
     """Without position_ids a RoBERTa decoder counts from padding_idx + 1: the model's forward alone
     differs from generate's first token, so the positions specdec passes are what make it exact."""
