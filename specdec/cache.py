@@ -28,9 +28,9 @@ table overridden), holes or not. The attention mask is passed only once a slot i
 rows never differ (one prompt) is cropped exactly, never has holes, and runs as ``generate`` runs it.
 
 Local attention windows (``architectures.local_window``: GPT-Neo's local layers, Mistral's and
-Gemma's sliding layers, ...) and attention chunks (``architectures.attention_chunk``: Llama 4's chunks,
-cut at positions counted from a row's left padding) are masks over cache slots, so a dead slot inside a row's window would
-shrink its window. Such a model's cache keeps plain layers (the window stays the model's own mask over
+Gemma's sliding layers, ...) and attention chunks (``architectures.attention_chunk``: Llama 4's
+chunks, cut at positions counted from a row's left padding) are masks over cache slots, so a dead
+slot inside a row's window would shrink its window (or shift its chunks). Such a model's cache keeps plain layers (the window stays the model's own mask over
 all slots; no layer trims itself), and before each forward the rows are re-packed (``compact``) if a
 dead slot sits after a row's first live slot: each row's live slots are then contiguous at the right
 end, and its window holds exactly its latest tokens. Left padding before a row is harmless.
