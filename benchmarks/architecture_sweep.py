@@ -74,8 +74,15 @@ LAYER_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decod
 INIT = {"initializer_range": 0.2, "init_std": 0.2}
 
 # model type -> settings for types whose fields depend on each other beyond the generic rule
-OVERRIDES: dict[str, dict] = {
+OVERRIDES: dict[str, dict] = {  # hybrids: one recurrent and one attention layer (the defaults' periods skip it)
     "mamba2": {"hidden_size": 64, "num_heads": 8, "head_dim": 16, "n_groups": 1, "chunk_size": 16},
+    "bamba": {"attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 8,
+              "mamba_n_groups": 1, "mamba_chunk_size": 16},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+              "mamba_d_state": 8, "mamba_dt_rank": 4},
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "attention_hidden_size": 128,
+               "attention_head_dim": 32, "num_key_value_heads": 4, "mamba_headdim": 16, "n_mamba_heads": 8,
+               "mamba_d_state": 8},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2},
 }
 
