@@ -20,8 +20,8 @@ forward (holes or not, so a batch of one and a batch of many take the same path)
 - A module that computes its vectors from ``position_ids`` shared by the whole batch (Pegasus-X's
   sinusoids, ``embed_positions(inputs_embeds, past_length, position_ids)``): a forward hook calls it
   again for each row with that row's positions.
-- T5's relative position bias: the first self-attention layer's ``compute_bias`` computed from
-  the per-row positions of queries and keys ([B, heads, q, k], which broadcasts where T5 adds it).
+- T5's relative position bias: the ``compute_bias`` of the self-attention layers that hold one (T5:
+  the first; UMT5: each) computed from the per-row positions of queries and keys ([B, heads, q, k], which broadcasts where T5 adds it).
 
 A model with none of these computes positions its own way: it is decoded without holes only
 (``supported`` False; batches of one prompt).
@@ -65,8 +65,9 @@ class Positions:
             table.register_forward_hook(self._embedding_hook)
         elif table is not None and "position_ids" in inspect.signature(table.forward).parameters:
             table.register_forward_hook(self._computed_hook)
-        elif decoder is not None and (attention := self._relative_attention(decoder)) is not None:
-            self._override_bias(attention)
+        elif decoder is not None and (attentions := self._relative_attention(decoder)):
+            for attention in attentions:
+                self._override_bias(attention)
             self.needs_keys = True
         else:  # positions of its own (from the mask, like ALiBi, or none): the self-check tells whether holes shift them
             self.supported = False
@@ -80,12 +81,10 @@ class Positions:
         return table if isinstance(table, torch.Tensor) and table.dim() == 2 else None
 
     @staticmethod
-    def _relative_attention(decoder: nn.Module) -> nn.Module | None:
-        """T5's first decoder self-attention, which holds the relative position bias."""
-        for module in decoder.modules():
-            if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias"):
-                return module
-        return None
+    def _relative_attention(decoder: nn.Module) -> list[nn.Module]:
+        """The decoder's self-attentions that hold a relative position bias (T5: the first; UMT5: every one)."""
+        return [module for module in decoder.modules()
+                if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias")]
 
     def _override_bias(self, attention: nn.Module) -> None:
         original = attention.compute_bias
@@ -94,9 +93,12 @@ class Positions:
             if self.query is None:
                 return original(query_length, key_length, device=device, past_seen_tokens=past_seen_tokens)
             relative = self.keys[:, None, :] - self.query[:, :, None]  # [B, q, k]
-            buckets = attention._relative_position_bucket(
-                relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
-                max_distance=attention.relative_attention_max_distance)
+            if list(inspect.signature(attention._relative_position_bucket).parameters) == ["relative_position"]:
+                buckets = attention._relative_position_bucket(relative)  # UMT5: its settings read from the module
+            else:
+                buckets = attention._relative_position_bucket(
+                    relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
+                    max_distance=attention.relative_attention_max_distance)
             return attention.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, heads, q, k]
 
         attention.compute_bias = compute_bias

@@ -7,9 +7,10 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   on its head: it agrees often, not always), each row equal to ``generate`` of that prompt alone:
   RoBERTa-family decoders (which need ``position_ids`` from the first token), BART-family
   decoder-only classes (positions from the cache length, overridden per row), an MoE encoder-decoder
-  (``router_logits`` in its encoder output), Pegasus-X (sinusoids computed from shared ``position_ids``,
-  recomputed per row), DeepSeek-V3's latent attention (values narrower than keys) through compaction
-  and rows joining; DeepSeek-V3.2's sparse attention (fed one token at a time, as generate feeds it) alone.
+  (``router_logits`` in its encoder output), UMT5 (a relative position bias in every layer),
+  Pegasus-X (sinusoids computed from shared ``position_ids``, recomputed per row), DeepSeek-V3's
+  latent attention (values narrower than keys) through compaction and rows joining; DeepSeek-V3.2's
+  sparse attention (fed one token at a time, as generate feeds it) alone.
 - Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers) and
   Llama 4's attention chunks, prompts longer than the window: exact alone and in ragged batches (rows
   re-packed before a dead slot enters a window or chunk).
@@ -69,6 +70,8 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
         "num_experts": 4, "expert_capacity": 64, "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1,
         "decoder_start_token_id": 0, "initializer_factor": 3.0}),
     "m2m_100": ("m2m_100", True, BART),
+    "umt5": ("umt5", True, {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2,
+                            "num_heads": 4, "decoder_start_token_id": 0, "initializer_factor": 3.0}),
     "pegasus_x": ("pegasus_x", True, {**BART, "block_size": 4, "num_global_tokens": 2}),
     "prophetnet": ("prophetnet", True, {"hidden_size": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
                                         "num_encoder_layers": 2, "num_decoder_layers": 2, "ngram": 2,
@@ -91,7 +94,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
 }
-EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x"]
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5"]
 LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
 NEW = 14  # new tokens per prompt
 
