@@ -6,7 +6,9 @@ alone. Families read positions in three ways, and ``Positions`` gives them in th
 forward (holes or not, so a batch of one and a batch of many take the same path):
 
 - ``position_ids``: a decoder-only model whose forward takes them gets them as an argument, as
-  ``generate`` passes them (``attention_mask.cumsum(-1) - 1``). RoBERTa-family decoders need this
+  ``generate`` passes them (``attention_mask.cumsum(-1) - 1``); an encoder-decoder model whose
+  decoder reads them as ``decoder_position_ids`` (T5Gemma 2; EncoderDecoderModel through its
+  ``**kwargs``) gets them so, where the rules below find nothing to override. RoBERTa-family decoders need this
   even for one prompt: without it they count from ``padding_idx + 1``.
 - A decoder that computes positions from the cache length (BART, mBART, Marian, Pegasus,
   Blenderbot, PLBart, MVP, BigBird-Pegasus, TrOCR, M2M-100, NLLB-MoE, FSMT, decoder-only or
@@ -54,6 +56,8 @@ class Positions:
         self.needs_keys = False
         self.supported = True
         self.loose = False  # position_ids offered in **kwargs beside the mask, for a model that may read them
+        encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.keyword = "decoder_position_ids" if encoder_decoder else "position_ids"  # the argument's name
         if self.argument:
             return
         try:
@@ -69,9 +73,11 @@ class Positions:
             for attention in attentions:
                 self._override_bias(attention)
             self.needs_keys = True
+        elif encoder_decoder and "decoder_position_ids" in inspect.signature(model.forward).parameters:
+            self.argument = True  # T5Gemma 2: its decoder reads them
         else:  # positions of its own (from the mask, like ALiBi, or none): the self-check tells whether holes shift them
             self.supported = False
-            self.loose = any(p.kind is inspect.Parameter.VAR_KEYWORD
+            self.loose = any(p.kind is inspect.Parameter.VAR_KEYWORD  # EncoderDecoderModel: decoder_* to its decoder
                              for p in inspect.signature(model.forward).parameters.values())
 
     @staticmethod
@@ -131,7 +137,7 @@ class Positions:
         """Within the block, a forward with ``kwargs`` gives the new tokens the positions ``query`` [B, n];
         ``slots`` [B, S + n] (live slots and real new tokens; None: all ``width`` = S + n are) gives the keys'."""
         if self.argument or (self.loose and slots is not None):
-            kwargs["position_ids"] = query
+            kwargs[self.keyword] = query
             yield
             return
         self.query = query

@@ -30,7 +30,14 @@ import functools
 import pytest
 import torch
 from conftest import build_tiny, build_toy, hf_greedy
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BertConfig,
+    EncoderDecoderConfig,
+    EncoderDecoderModel,
+)
 
 import specdec
 from specdec.cache import RaggedCache
@@ -166,6 +173,24 @@ def test_decoder_starts_with_bos_when_no_start_token_is_declared():
     reference = generate(target, source)
     assert specdec.speculative_generate(target, "ngram", source, max_new_tokens=NEW, gamma=4,
                                         stop_token_ids=[]).tokens == reference
+
+
+def test_encoder_decoder_model_gets_decoder_positions_through_its_kwargs():
+    """EncoderDecoderModel (BERT to BERT) has no position table specdec can override: its decoder reads
+    ``decoder_position_ids``, routed through its ``**kwargs``; single and batched equal generate (the batch
+    was refused before)."""
+    bert = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 256, "initializer_range": 0.3, "pad_token_id": 0}
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(**bert), BertConfig(**bert, is_decoder=True, add_cross_attention=True),
+        decoder_start_token_id=1, pad_token_id=0)
+    torch.manual_seed(0)
+    target = EncoderDecoderModel(config=config).eval()
+    target.generation_config.decoder_start_token_id, target.generation_config.pad_token_id = 1, 0
+    rows = prompts()
+    references = [generate(target, p) for p in rows]
+    for gamma in (1, 4):
+        assert_exact(target, "ngram", rows, references, gamma, f"EncoderDecoderModel gamma {gamma}")
 
 
 def test_roberta_gets_positions_from_zero_as_generate_gives_them():
