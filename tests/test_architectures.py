@@ -7,7 +7,8 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   on its head: it agrees often, not always), each row equal to ``generate`` of that prompt alone:
   RoBERTa-family decoders (which need ``position_ids`` from the first token), BART-family
   decoder-only classes (positions from the cache length, overridden per row), an MoE encoder-decoder
-  (``router_logits`` in its encoder output), UMT5 (a relative position bias in every layer),
+  (``router_logits`` in its encoder output), UMT5 (a relative position bias in every layer), MPT
+  (ALiBi over cache slots: rows re-packed before a dead slot sits inside one),
   Pegasus-X (sinusoids computed from shared ``position_ids``, recomputed per row), DeepSeek-V3's
   latent attention (values narrower than keys) through compaction and rows joining; DeepSeek-V3.2's
   sparse attention (fed one token at a time, as generate feeds it) alone.
@@ -71,6 +72,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                              "num_experts_per_tok": 2, "moe_intermediate_size": 16,
                                              "first_k_dense_replace": 1, "index_topk": 8, "index_head_dim": 16,
                                              "index_n_heads": 2}),
+    "mpt": ("mpt", False, {"d_model": 32, "n_heads": 4, "n_layers": 2, "max_seq_len": 256, "expansion_ratio": 2}),
     "moshi": ("moshi", False, {**DECODER, "sliding_window": 6}),
     "switch_transformers": ("switch_transformers", True, {
         "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
@@ -101,7 +103,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
 }
-EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5"]
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5", "mpt"]
 LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
 NEW = 14  # new tokens per prompt
 
