@@ -137,7 +137,8 @@ class RaggedCache:
         holes = self.holes or valid is not None
         if holes:
             self._check_rows()
-        if (self.window is not None or not self.positions.supported) and self.holes and self._inner_holes():
+        own_positions = not self.positions.supported and not self.recurrent  # attention over slots, positions its own
+        if (self.window is not None or own_positions) and self.holes and self._inner_holes():
             self.compact()  # a window, or positions of the model's own (MPT's ALiBi), count slots: no dead slot inside
         real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
         positions = self.live[:, None] + real.long().cumsum(1) - 1  # [B, n] live tokens before each
