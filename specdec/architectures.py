@@ -8,6 +8,9 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
   ``mems``, XLM's ``cache`` dict, Reformer's ``past_buckets_states``, Mamba's ``cache_params``: any
   forward without ``past_key_values``) would decode wrong tokens, so it is refused, naming its class
   and where its state lives (or that it has no KV cache at all).
+- ``family_refusal``: a family whose own ``generate`` output depends on how tokens are fed (Moshi:
+  a declared window its attention ignores, which only ``generate``'s self-trimming cache applies):
+  refused by name with that reason (``FEED_DEPENDENT``).
 - ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
   and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
   a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
@@ -15,8 +18,9 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
   ``attention_layers`` naming local or sliding layers, then ``sliding_window``, ``window_size``, a
   decoder-only ``attention_window``). The window is a mask over cache slots, so ``RaggedCache``
   keeps such a model's rows right-aligned (no dead slot inside a row's window): batches are exact.
-- ``attention_chunk``: chunked attention (``attention_chunk_size``) cuts at absolute positions, which
-  a batch's left padding shifts: such a model decodes one prompt at a time (a second row is refused).
+- ``attention_chunk``: chunked attention (``attention_chunk_size``) cuts at positions that transformers'
+  chunked mask counts from a row's left padding: a dead slot inside a row would shift them, so
+  ``RaggedCache`` keeps such rows right-aligned as it does for a window: batches are exact.
 - ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
   forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
   at its first prefill (``seq2seq.check_cached_path``).
@@ -38,6 +42,14 @@ STATE_ARGUMENTS: dict[str, str] = {
     "cache_params": "its recurrent state (`cache_params`)",  # Mamba, Falcon-Mamba
 }
 
+# model_type -> why a family's own generate cannot be reproduced by any verification (refused by name)
+FEED_DEPENDENT: dict[str, str] = {
+    "moshi": "declares a sliding_window that its attention never applies (its mask is fully causal); generate's "
+             "cache trims itself to that window, so generate's output depends on how many tokens each forward "
+             "takes (a long prompt's one prefill sees it all, each later step only the window) and no multi-token "
+             "verification can reproduce it",
+}
+
 # model_type of families whose cached path specdec's tests check against generate (no self-check needed)
 KNOWN_GOOD: frozenset[str] = frozenset({"llama", "marian", "gpt2", "qwen2", "gpt_neox", "bart", "t5"})
 
@@ -57,6 +69,14 @@ def state_refusal(model: PreTrainedModel) -> str | None:
                 f"new tokens and rolls its cache back after a rejected draft. {fix}")
     return (f"{name} keeps {where} outside a transformers Cache: specdec feeds only the new tokens and rolls the "
             f"cache back after a rejected draft, so it would decode wrong tokens. {fix}")
+
+
+def family_refusal(model: PreTrainedModel) -> str | None:
+    """Why ``model``'s family cannot be decoded exactly (``FEED_DEPENDENT``), or None."""
+    reason = FEED_DEPENDENT.get(getattr(model.config, "model_type", ""))
+    if reason is None:
+        return None
+    return f"{type(model).__name__} {reason}. Decode it with generate() instead"
 
 
 def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:
@@ -89,8 +109,7 @@ def local_window(config: PretrainedConfig) -> int | None:
 
 
 def attention_chunk(config: PretrainedConfig) -> int | None:
-    """The decoder's attention chunk size (Llama 4: tokens attend within fixed chunks of absolute positions),
-    or None."""
+    """The decoder's attention chunk size (Llama 4: tokens attend within fixed chunks of positions), or None."""
     text = config.get_text_config(decoder=True)
     chunk = getattr(text, "attention_chunk_size", None)
     types = getattr(text, "layer_types", None)

@@ -28,15 +28,21 @@ table overridden), holes or not. The attention mask is passed only once a slot i
 rows never differ (one prompt) is cropped exactly, never has holes, and runs as ``generate`` runs it.
 
 Local attention windows (``architectures.local_window``: GPT-Neo's local layers, Mistral's and
-Gemma's sliding layers, ...) are masks over cache slots, so a dead slot inside a row's window would
-shrink its window. Such a model's cache keeps plain layers (the window stays the model's own mask over
+Gemma's sliding layers, ...) and attention chunks (``architectures.attention_chunk``: Llama 4's
+chunks, cut at positions counted from a row's left padding) are masks over cache slots, so a dead
+slot inside a row's window would shrink its window (or shift its chunks). Such a model's cache keeps plain layers (the window stays the model's own mask over
 all slots; no layer trims itself), and before each forward the rows are re-packed (``compact``) if a
 dead slot sits after a row's first live slot: each row's live slots are then contiguous at the right
 end, and its window holds exactly its latest tokens. Left padding before a row is harmless.
 
+Sparse attention (DeepSeek-V3.2, GLM-MoE-DSA, HY-V4: an indexer picks each query's top-k keys among
+scores full of exact ties, broken by place) is fed one token at a time after the prefill, as
+``generate`` feeds it: a multi-token cached forward can pick other keys.
+
 Refused up front, naming the model (``architectures``, ``selfcheck``): state kept outside the cache,
-cache layers holding recurrent state, and a second row for a model with chunked attention (its chunks
-are cut at absolute positions), or whose positions cannot be given per row.
+cache layers holding recurrent state, and a second row for a model whose positions cannot be given
+per row or with sparse attention (a dead slot before a row changes which tied keys it picks; the
+model's own batched forward differs from the row alone too).
 
 Recurrent / linear-attention layers cannot be cropped: a ``RaggedCache`` refuses them up front and
 ``specdec.recurrent.RecurrentCache`` (a subclass) checkpoints and replays their state instead; this
@@ -54,9 +60,9 @@ from transformers.cache_utils import (
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
 )
-from transformers.modeling_outputs import ModelOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
-from specdec.architectures import attention_chunk, layer_refusal, local_window, state_refusal
+from specdec.architectures import attention_chunk, family_refusal, layer_refusal, local_window, state_refusal
 from specdec.positions import positions_for
 from specdec.selfcheck import verdict_of
 
@@ -73,12 +79,16 @@ class RaggedCache:
         self.model = model
         if not self.recurrent and (reason := state_refusal(model)) is not None:
             raise TypeError(reason)
+        if (reason := family_refusal(model)) is not None:
+            raise TypeError(reason)
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         if not self.recurrent and (reason := layer_refusal(model, self.cache.layers)) is not None:
             raise TypeError(reason)
         sliding = [layer.sliding_window for layer in self.cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
         self.chunk = attention_chunk(model.config)  # chunked attention's chunk size; None = not chunked
-        self.window = None if self.chunk else local_window(model.config) or min(sliding, default=None)
+        # the span a dead slot must not enter: a local window, or an attention chunk (cut at live-token positions
+        # counted from the left padding, as transformers' chunked mask counts them: only holes inside a row shift it)
+        self.window = local_window(model.config) or self.chunk or min(sliding, default=None)
         if self.window is not None and cache is None and not self.recurrent:
             self.cache = DynamicCache()  # plain layers: the window is the model's mask over every slot, none trimmed
         for layer in self.cache.layers:
@@ -97,6 +107,10 @@ class RaggedCache:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 layer.activate_past_recording()
         self._sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
+        # sparse attention's indexer picks its top-k keys among scores full of exact ties (ReLU zeros), broken by
+        # place: a multi-token cached forward can pick other keys than generate's single steps, so it is fed as
+        # generate feeds it (one token at a time after the prefill), and a second row is refused
+        self.one_at_a_time = any(isinstance(layer, DynamicIndexedLayer) for layer in self.cache.layers)
         self.positions = positions_for(model)
         self.refuse_rows = True  # refuse rows the model cannot decode exactly (the self-check turns it off)
         self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots
@@ -117,11 +131,15 @@ class RaggedCache:
 
         Returns the model's output: logits of the last ``logits_to_keep`` positions [B, keep, V]
         (plus whatever ``kwargs`` ask for, e.g. hidden states)."""
+        if self.one_at_a_time and input_ids.shape[1] > 1 and self.slots:  # as generate feeds it, after the prefill
+            return joined([self.forward(input_ids[:, j:j + 1], None if valid is None else valid[:, j:j + 1], 1,
+                                        **kwargs) for j in range(input_ids.shape[1])], logits_to_keep)
         holes = self.holes or valid is not None
         if holes:
             self._check_rows()
-        if self.window is not None and self.holes and self._inner_holes():
-            self.compact()  # a window counts slots: no dead slot may sit inside a row's window
+        own_positions = not self.positions.supported and not self.recurrent  # attention over slots, positions its own
+        if (self.window is not None or own_positions) and self.holes and self._inner_holes():
+            self.compact()  # a window, or positions of the model's own (MPT's ALiBi), count slots: no dead slot inside
         real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
         positions = self.live[:, None] + real.long().cumsum(1) - 1  # [B, n] live tokens before each
         if valid is not None:
@@ -139,13 +157,11 @@ class RaggedCache:
             return
         name = type(self.model).__name__
         verdict = verdict_of(self.model)
-        if self.chunk is not None:
-            raise ValueError(f"{name} has chunked attention (chunks of {self.chunk} tokens cut at absolute "
-                             "positions, which the left padding of a batch's shorter rows would shift): specdec "
+        if self.one_at_a_time:
+            raise ValueError(f"{name}'s sparse attention picks its top-k keys among exactly tied scores by their place "
+                             "in the cache, so a row behind a dead slot (a shorter row's left padding) attends to other "
+                             "keys than the row alone (transformers' own batched forward differs from it too): specdec "
                              "decodes it one prompt at a time only: use batch_size=1")
-        if any(isinstance(layer, DynamicIndexedLayer) for layer in self.cache.layers):
-            raise ValueError(f"{name}'s cache keeps sparse-attention indexer keys beside its keys and values, which "
-                             "specdec does not re-pack for rows of different lengths: use batch_size=1")
         if self._sliding:
             raise ValueError(f"{name}'s cache has sliding-window layers that trim themselves, which specdec cannot "
                              "re-pack for rows of different lengths: use batch_size=1")
@@ -278,3 +294,12 @@ class RaggedCache:
     def stored_length(self) -> int:
         """Slots read from the cache tensors themselves (for tests of the invariant)."""
         return self.cache.get_seq_length()
+
+
+def joined(outputs: list[ModelOutput], logits_to_keep: int) -> ModelOutput:
+    """The outputs of single-column forwards as one output: the last ``logits_to_keep`` logits [B, keep, V]."""
+    keep = outputs[-logits_to_keep:] if logits_to_keep else outputs
+    hidden = None
+    if outputs[0].get("hidden_states") is not None:
+        hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*(out.hidden_states for out in outputs)))
+    return CausalLMOutputWithPast(logits=torch.cat([out.logits for out in keep], dim=1), hidden_states=hidden)

@@ -6,7 +6,9 @@ alone. Families read positions in three ways, and ``Positions`` gives them in th
 forward (holes or not, so a batch of one and a batch of many take the same path):
 
 - ``position_ids``: a decoder-only model whose forward takes them gets them as an argument, as
-  ``generate`` passes them (``attention_mask.cumsum(-1) - 1``). RoBERTa-family decoders need this
+  ``generate`` passes them (``attention_mask.cumsum(-1) - 1``); an encoder-decoder model whose
+  decoder reads them as ``decoder_position_ids`` (T5Gemma 2; EncoderDecoderModel through its
+  ``**kwargs``) gets them so, where the rules below find nothing to override. RoBERTa-family decoders need this
   even for one prompt: without it they count from ``padding_idx + 1``.
 - A decoder that computes positions from the cache length (BART, mBART, Marian, Pegasus,
   Blenderbot, PLBart, MVP, BigBird-Pegasus, TrOCR, M2M-100, NLLB-MoE, FSMT, decoder-only or
@@ -17,8 +19,11 @@ forward (holes or not, so a batch of one and a batch of many take the same path)
   number positions from ``padding_idx + 1`` and give the pad token its own zero row
   (``make_positions`` / ``create_position_ids_from_input_ids``), at ``position + padding_idx + 1``,
   a pad token at ``padding_idx`` — as their single steps do.
-- T5's relative position bias: the first self-attention layer's ``compute_bias`` computed from
-  the per-row positions of queries and keys ([B, heads, q, k], which broadcasts where T5 adds it).
+- A module that computes its vectors from ``position_ids`` shared by the whole batch (Pegasus-X's
+  sinusoids, ``embed_positions(inputs_embeds, past_length, position_ids)``): a forward hook calls it
+  again for each row with that row's positions.
+- T5's relative position bias: the ``compute_bias`` of the self-attention layers that hold one (T5:
+  the first; UMT5: each) computed from the per-row positions of queries and keys ([B, heads, q, k], which broadcasts where T5 adds it).
 
 A model with none of these computes positions its own way: it is decoded without holes only
 (``supported`` False; batches of one prompt).
@@ -51,6 +56,8 @@ class Positions:
         self.needs_keys = False
         self.supported = True
         self.loose = False  # position_ids offered in **kwargs beside the mask, for a model that may read them
+        encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        self.keyword = "decoder_position_ids" if encoder_decoder else "position_ids"  # the argument's name
         if self.argument:
             return
         try:
@@ -60,12 +67,17 @@ class Positions:
         table = getattr(decoder, "embed_positions", None)
         if table is not None and self._table(table) is not None:
             table.register_forward_hook(self._embedding_hook)
-        elif decoder is not None and (attention := self._relative_attention(decoder)) is not None:
-            self._override_bias(attention)
+        elif table is not None and "position_ids" in inspect.signature(table.forward).parameters:
+            table.register_forward_hook(self._computed_hook)
+        elif decoder is not None and (attentions := self._relative_attention(decoder)):
+            for attention in attentions:
+                self._override_bias(attention)
             self.needs_keys = True
+        elif encoder_decoder and "decoder_position_ids" in inspect.signature(model.forward).parameters:
+            self.argument = True  # T5Gemma 2: its decoder reads them
         else:  # positions of its own (from the mask, like ALiBi, or none): the self-check tells whether holes shift them
             self.supported = False
-            self.loose = any(p.kind is inspect.Parameter.VAR_KEYWORD
+            self.loose = any(p.kind is inspect.Parameter.VAR_KEYWORD  # EncoderDecoderModel: decoder_* to its decoder
                              for p in inspect.signature(model.forward).parameters.values())
 
     @staticmethod
@@ -75,12 +87,10 @@ class Positions:
         return table if isinstance(table, torch.Tensor) and table.dim() == 2 else None
 
     @staticmethod
-    def _relative_attention(decoder: nn.Module) -> nn.Module | None:
-        """T5's first decoder self-attention, which holds the relative position bias."""
-        for module in decoder.modules():
-            if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias"):
-                return module
-        return None
+    def _relative_attention(decoder: nn.Module) -> list[nn.Module]:
+        """The decoder's self-attentions that hold a relative position bias (T5: the first; UMT5: every one)."""
+        return [module for module in decoder.modules()
+                if getattr(module, "has_relative_attention_bias", False) and hasattr(module, "compute_bias")]
 
     def _override_bias(self, attention: nn.Module) -> None:
         original = attention.compute_bias
@@ -89,9 +99,12 @@ class Positions:
             if self.query is None:
                 return original(query_length, key_length, device=device, past_seen_tokens=past_seen_tokens)
             relative = self.keys[:, None, :] - self.query[:, :, None]  # [B, q, k]
-            buckets = attention._relative_position_bucket(
-                relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
-                max_distance=attention.relative_attention_max_distance)
+            if list(inspect.signature(attention._relative_position_bucket).parameters) == ["relative_position"]:
+                buckets = attention._relative_position_bucket(relative)  # UMT5: its settings read from the module
+            else:
+                buckets = attention._relative_position_bucket(
+                    relative, bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
+                    max_distance=attention.relative_attention_max_distance)
             return attention.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, heads, q, k]
 
         attention.compute_bias = compute_bias
@@ -110,12 +123,21 @@ class Positions:
             index = self.query + int(getattr(module, "offset", 0))  # [B, n]
         return table[index].to(output.dtype)  # [B, n, H]
 
+    def _computed_hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        """A module that computes its vectors from ``position_ids`` [n, 1] shared by the batch (Pegasus-X's
+        sinusoids): called again for each row with that row's positions."""
+        if self.query is None:
+            return output
+        rows = [module.forward(output[b : b + 1], 0, self.query[b, :, None])
+                for b in range(self.query.shape[0])]  # each [1, n, H]
+        return torch.cat(rows).to(output.dtype)  # [B, n, H]
+
     @contextmanager
     def applied(self, kwargs: dict, query: torch.Tensor, slots: torch.Tensor | None, width: int) -> Iterator[None]:
         """Within the block, a forward with ``kwargs`` gives the new tokens the positions ``query`` [B, n];
         ``slots`` [B, S + n] (live slots and real new tokens; None: all ``width`` = S + n are) gives the keys'."""
         if self.argument or (self.loose and slots is not None):
-            kwargs["position_ids"] = query
+            kwargs[self.keyword] = query
             yield
             return
         self.query = query

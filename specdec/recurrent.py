@@ -44,7 +44,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
-from specdec.cache import RaggedCache
+from specdec.cache import RaggedCache, joined
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
 EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
@@ -211,7 +211,7 @@ class RecurrentCache(RaggedCache):
                                                1, **kwargs))
             if padded is not None:
                 restore(self.cache, before.states if isinstance(before, Checkpoint) else before, padded)
-        return _joined(outputs, logits_to_keep)
+        return joined(outputs, logits_to_keep)
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
@@ -349,15 +349,6 @@ def _stacked(first: States, rows: int, second: States, other_rows: int) -> State
         b = b if b is not None else a.new_zeros(other_rows, *a.shape[1:])
         states[key] = torch.cat([a, b])
     return states
-
-
-def _joined(outputs: list[ModelOutput], logits_to_keep: int) -> ModelOutput:
-    """The outputs of single-column forwards as one output: the last ``logits_to_keep`` logits [B, keep, V]."""
-    keep = outputs[-logits_to_keep:] if logits_to_keep else outputs
-    hidden = None
-    if outputs[0].get("hidden_states") is not None:
-        hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*(out.hidden_states for out in outputs)))
-    return CausalLMOutputWithPast(logits=torch.cat([out.logits for out in keep], dim=1), hidden_states=hidden)
 
 
 def _scattered(parts: list[tuple[torch.Tensor, ModelOutput]], rows: int, n: int, logits_to_keep: int) -> ModelOutput:

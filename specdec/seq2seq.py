@@ -42,12 +42,14 @@ def is_encoder_decoder(model: PreTrainedModel) -> bool:
 
 
 def decoder_start_id(model: PreTrainedModel) -> int:
-    """The token every decoder sequence starts with (generation config first, as ``generate`` reads it)."""
-    for config in (getattr(model, "generation_config", None), model.config):
-        start = getattr(config, "decoder_start_token_id", None)
-        if start is not None:
-            return int(start)
-    raise ValueError(f"{type(model).__name__} declares no decoder_start_token_id: set it in its config")
+    """The token every decoder sequence starts with, as ``generate`` picks it: ``decoder_start_token_id``, else
+    ``bos_token_id`` (generation config first, then the model's config)."""
+    for name in ("decoder_start_token_id", "bos_token_id"):
+        for config in (getattr(model, "generation_config", None), model.config):
+            start = getattr(config, name, None)
+            if start is not None:
+                return int(start)
+    raise ValueError(f"{type(model).__name__} declares no decoder_start_token_id (nor bos_token_id): set it in its config")
 
 
 def source_limit(model: PreTrainedModel) -> int | None:

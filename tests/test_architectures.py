@@ -7,15 +7,19 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   on its head: it agrees often, not always), each row equal to ``generate`` of that prompt alone:
   RoBERTa-family decoders (which need ``position_ids`` from the first token), BART-family
   decoder-only classes (positions from the cache length, overridden per row), an MoE encoder-decoder
-  (``router_logits`` in its encoder output), DeepSeek-V3's latent attention (values narrower than
-  keys) through compaction and rows joining.
-- Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers), prompts
-  longer than the window: exact alone and in ragged batches (rows re-packed before a dead slot enters a window).
+  (``router_logits`` in its encoder output), UMT5 (a relative position bias in every layer), MPT
+  (ALiBi over cache slots: rows re-packed before a dead slot sits inside one),
+  Pegasus-X (sinusoids computed from shared ``position_ids``, recomputed per row), DeepSeek-V3's
+  latent attention (values narrower than keys) through compaction and rows joining; DeepSeek-V3.2's
+  sparse attention (fed one token at a time, as generate feeds it) alone.
+- Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers) and
+  Llama 4's attention chunks, prompts longer than the window: exact alone and in ragged batches (rows
+  re-packed before a dead slot enters a window or chunk).
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, RWKV,
-  XLM) or no cache (OpenAI GPT), hybrid cache layers holding recurrent state (Falcon-H1), a cached
+  XLM) or no cache (OpenAI GPT), a generate that depends on how tokens are fed (Moshi), hybrid cache layers holding recurrent state (Falcon-H1), a cached
   path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
-  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of
-  chunked attention (Llama 4) or of a decoder a dead slot changes (Pegasus-X). The self-check is
+  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of sparse
+  attention (DeepSeek-V3.2: a dead slot before a row changes which tied keys it picks). The self-check is
   skipped for known-good families (the shipped Llama's start-up makes no extra forward).
 """
 
@@ -27,7 +31,14 @@ import functools
 import pytest
 import torch
 from conftest import build_tiny, build_toy, hf_greedy
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BertConfig,
+    EncoderDecoderConfig,
+    EncoderDecoderModel,
+)
 
 import specdec
 from specdec.cache import RaggedCache
@@ -55,11 +66,21 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                            "n_routed_experts": 4, "n_group": 1, "topk_group": 1,
                                            "num_experts_per_tok": 2, "moe_intermediate_size": 16,
                                            "first_k_dense_replace": 1}),
+    "deepseek_v32": ("deepseek_v32", False, {**DECODER, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16,
+                                             "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+                                             "head_dim": 8, "n_routed_experts": 4, "n_group": 1, "topk_group": 1,
+                                             "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                                             "first_k_dense_replace": 1, "index_topk": 8, "index_head_dim": 16,
+                                             "index_n_heads": 2}),
+    "mpt": ("mpt", False, {"d_model": 32, "n_heads": 4, "n_layers": 2, "max_seq_len": 256, "expansion_ratio": 2}),
+    "moshi": ("moshi", False, {**DECODER, "sliding_window": 6}),
     "switch_transformers": ("switch_transformers", True, {
         "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
         "num_experts": 4, "expert_capacity": 64, "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1,
         "decoder_start_token_id": 0, "initializer_factor": 3.0}),
     "m2m_100": ("m2m_100", True, BART),
+    "umt5": ("umt5", True, {"d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2,
+                            "num_heads": 4, "decoder_start_token_id": 0, "initializer_factor": 3.0}),
     "pegasus_x": ("pegasus_x", True, {**BART, "block_size": 4, "num_global_tokens": 2}),
     "prophetnet": ("prophetnet", True, {"hidden_size": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
                                         "num_encoder_layers": 2, "num_decoder_layers": 2, "ngram": 2,
@@ -82,7 +103,7 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
 }
-EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100"]
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5", "mpt"]
 LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
 NEW = 14  # new tokens per prompt
 
@@ -145,6 +166,35 @@ def test_greedy_equals_generate_single_and_batched(name):
     assert accepted > 0
 
 
+def test_decoder_starts_with_bos_when_no_start_token_is_declared():
+    """A stock SwitchTransformers config declares no decoder_start_token_id: generate starts the decoder with
+    bos_token_id, and so does specdec (it refused the model before)."""
+    target = build("switch_transformers")
+    target.config.decoder_start_token_id = target.generation_config.decoder_start_token_id = None
+    source = prompts()[3]
+    reference = generate(target, source)
+    assert specdec.speculative_generate(target, "ngram", source, max_new_tokens=NEW, gamma=4,
+                                        stop_token_ids=[]).tokens == reference
+
+
+def test_encoder_decoder_model_gets_decoder_positions_through_its_kwargs():
+    """EncoderDecoderModel (BERT to BERT) has no position table specdec can override: its decoder reads
+    ``decoder_position_ids``, routed through its ``**kwargs``; single and batched equal generate (the batch
+    was refused before)."""
+    bert = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 256, "initializer_range": 0.3, "pad_token_id": 0}
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(**bert), BertConfig(**bert, is_decoder=True, add_cross_attention=True),
+        decoder_start_token_id=1, pad_token_id=0)
+    torch.manual_seed(0)
+    target = EncoderDecoderModel(config=config).eval()
+    target.generation_config.decoder_start_token_id, target.generation_config.pad_token_id = 1, 0
+    rows = prompts()
+    references = [generate(target, p) for p in rows]
+    for gamma in (1, 4):
+        assert_exact(target, "ngram", rows, references, gamma, f"EncoderDecoderModel gamma {gamma}")
+
+
 def test_roberta_gets_positions_from_zero_as_generate_gives_them():
     """Without position_ids a RoBERTa decoder counts from padding_idx + 1: the model's forward alone
     differs from generate's first token, so the positions specdec passes are what make it exact."""
@@ -181,11 +231,12 @@ def test_latent_attention_through_compaction_and_joining_rows(monkeypatch):
     assert compactions, "the batch never compacted: the test lost its point"
 
 
-@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2"])
+@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2", "llama4_text"])
 def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
     """A 6-token window (GPT-Neo's local layers: a mask over cache slots on plain layers; Mistral's and
-    Gemma-2's sliding layers), prompts up to 23 tokens: rows that accept different numbers of drafts
-    are re-packed before their dead slots would enter a window, and each equals generate alone."""
+    Gemma-2's sliding layers) or Llama 4's 4-token attention chunks (cut at positions counted from a row's
+    left padding), prompts up to 23 tokens: rows that accept different numbers of drafts are re-packed
+    before their dead slots would enter a window or chunk, and each equals generate alone."""
     target = build(name)
     inner = []
     original = RaggedCache.compact
@@ -198,16 +249,34 @@ def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
     assert any(inner), "no row ever had a dead slot inside its window: the test lost its point"
 
 
-def test_chunked_attention_exact_alone_and_batches_refused_by_name():
-    """Llama 4's chunks are cut at absolute positions, which left padding shifts: one prompt is exact, a
-    second row is refused before decoding, naming the class and why."""
-    target = build("llama4_text")
-    prompt = prompts()[2]
-    assert specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=NEW, gamma=4,
-                                        stop_token_ids=[]).tokens == generate(target, prompt)
-    with pytest.raises(ValueError, match=r"Llama4ForCausalLM has chunked attention \(chunks of 4 tokens cut at "
-                                         r"absolute positions.*use batch_size=1"):
-        specdec.speculative_generate(target, "ngram", [prompt, prompt], max_new_tokens=4, stop_token_ids=[])
+def test_sparse_attention_fed_as_generate_feeds_it_alone_and_batches_refused_by_name(monkeypatch):
+    """DeepSeek-V3.2's indexer picks each query's top 8 keys among scores full of exact ties (ReLU zeros): a
+    multi-token cached forward picks other keys than single steps, so specdec feeds it one token at a time
+    after the prefill, as generate does. One prompt equals generate with a drafter that is the target itself
+    (every draft accepted: each verification is multi-token) and with a noisy one; fed multi-token, the
+    same decoding differs. A dead slot before a row changes its picks too (the model's own left-padded forward
+    differs from the row alone), so a second row is refused, naming the class and why."""
+    target = build("deepseek_v32")
+    rows = [p for p in prompts() if len(p) < 20]
+    references = [generate(target, p) for p in rows]
+    for prompt, reference in zip(rows, references):
+        for drafter in (copy.deepcopy(target), noisy_copy(target)):
+            for gamma in (1, 4):
+                assert specdec.speculative_generate(target, drafter, prompt, max_new_tokens=NEW, gamma=gamma,
+                                                    stop_token_ids=[]).tokens == reference
+    with pytest.raises(ValueError, match=r"DeepseekV32ForCausalLM's sparse attention picks its top-k keys among "
+                                         r"exactly tied scores .*use batch_size=1"):
+        specdec.speculative_generate(target, "ngram", rows[:2], max_new_tokens=4, stop_token_ids=[])
+    init = RaggedCache.__init__
+
+    def multi_token(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.one_at_a_time = False
+
+    monkeypatch.setattr(RaggedCache, "__init__", multi_token)
+    outputs = [specdec.speculative_generate(target, copy.deepcopy(target), p, max_new_tokens=NEW, gamma=4,
+                                            stop_token_ids=[]).tokens for p in rows]
+    assert outputs != references, "multi-token forwards agree here: the test lost its point"
 
 
 def test_a_hybrid_whose_layers_hold_keys_and_recurrent_state_is_exact():
@@ -240,6 +309,21 @@ def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
                 specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=3)
 
 
+def test_a_family_whose_generate_depends_on_how_tokens_are_fed_is_refused_by_name():
+    """Moshi declares a 6-token window its attention never applies; generate's cache trims itself to it, so
+    generate's greedy output differs from the model's own one-pass greedy decoding: refused, naming the class."""
+    target = build("moshi")
+    prompt = prompts()[2]
+    sequence = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW):
+            sequence.append(int(target(input_ids=torch.tensor([sequence]), use_cache=False).logits[0, -1].argmax()))
+    assert generate(target, prompt) != sequence[len(prompt):], "generate equals the one-pass decoding: no point"
+    with pytest.raises(TypeError, match=r"MoshiForCausalLM declares a sliding_window that its attention never "
+                                        r"applies .* Decode it with generate\(\) instead"):
+        specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=4, stop_token_ids=[])
+
+
 def test_cached_path_that_disagrees_is_refused_at_prefill():
     """FSMT's cached decoder drops its causal mask: its cached forward differs from its one-pass forward."""
     target = build("fsmt")
@@ -254,18 +338,6 @@ def test_cached_path_that_fails_inside_transformers_is_refused_by_name():
     with pytest.raises(ValueError, match=r"ProphetNetForConditionalGeneration's cached forward fails where specdec "
                                          r"uses it .*AssertionError"):
         specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
-
-
-def test_batches_refused_when_a_dead_slot_changes_the_row():
-    """Pegasus-X's decoder computes sinusoidal positions from the cache length with no table to override:
-    one source is exact, a batch is refused by the self-check behind a dead slot, naming the class."""
-    target = build("pegasus_x")
-    source = prompts()[2]
-    assert specdec.speculative_generate(target, "ngram", source, max_new_tokens=NEW, gamma=4,
-                                        stop_token_ids=[]).tokens == generate(target, source)
-    with pytest.raises(ValueError, match=r"PegasusXForConditionalGeneration decodes a row behind a dead slot .* "
-                                         r"use batch_size=1"):
-        specdec.speculative_generate(target, "ngram", prompts(), max_new_tokens=4, stop_token_ids=[])
 
 
 def counted(model) -> list:
