@@ -62,7 +62,14 @@ from transformers.cache_utils import (
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
-from specdec.architectures import attention_chunk, family_refusal, layer_refusal, local_window, state_refusal
+from specdec.architectures import (
+    attention_chunk,
+    batch_refusal,
+    family_refusal,
+    layer_refusal,
+    local_window,
+    state_refusal,
+)
 from specdec.positions import positions_for
 from specdec.selfcheck import verdict_of
 
@@ -167,6 +174,8 @@ class RaggedCache:
                              "re-pack for rows of different lengths: use batch_size=1")
         if verdict is not None and verdict.batched:
             raise ValueError(verdict.batched)
+        if (reason := batch_refusal(self.model)) is not None:
+            raise ValueError(reason)
         if verdict is None and not self.positions.supported:
             raise ValueError(f"{name} computes positions from cache slots in a way specdec cannot correct for "
                              "rows of different lengths: use batch_size=1")
