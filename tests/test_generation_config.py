@@ -304,7 +304,7 @@ def test_no_processor_means_no_extra_work(pairs, monkeypatch):
 
 def test_cli_reports_the_settings_and_ignores_the_config_when_asked(tmp_path):
     """``specdec generate``: a target whose generation_config.json sets a repetition penalty and sampling
-    decodes with them (the API's tokens), says so in --json and the summary; --ignore-generation-config
+    decodes with them (the API's tokens, its drafter in the form the CLI picks), says so in --json and the summary; --ignore-generation-config
     decodes raw."""
     import json
     import os
@@ -337,7 +337,8 @@ def test_cli_reports_the_settings_and_ignores_the_config_when_asked(tmp_path):
     target, drafter = specdec.load_model(paths["target"]), specdec.load_model(paths["drafter"])
     ids = tokenizer("def add(a, b):").input_ids
     out, _ = run("--json")
-    api = specdec.speculative_generate(target, drafter, ids, max_new_tokens=16, seed=3)
+    # the drafter in the form the CLI's --drafter-dtype auto picks for it (sampled draws depend on q's form)
+    api = specdec.speculative_generate(target, specdec.drafter_in(drafter), ids, max_new_tokens=16, seed=3)
     assert out["tokens"] == api.tokens
     assert (out["temperature"], out["top_k"], out["top_p"]) == (1.0, 20, 1.0)
     assert out["generation"]["sources"] == {"temperature": TRANSFORMERS_DEFAULT, "top_k": GENERATION_CONFIG,
