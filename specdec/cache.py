@@ -76,6 +76,12 @@ from specdec.selfcheck import verdict_of
 COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be worth re-packing
 
 
+def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The slots ``index`` [B, S'] of each row of keys or values ``t`` [B, H, S, D] -> [B, H, S', D] (values
+    may be narrower than keys, latent attention: each gathered with its own shape)."""
+    return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
+
+
 class RaggedCache:
     """One model's KV cache for a batch of rows of different lengths."""
 
@@ -225,9 +231,8 @@ class RaggedCache:
 
     def _gather(self, index: torch.Tensor) -> None:
         """Rebuild every row's slots from ``index`` [B, S'] (slot numbers of the old layout)."""
-        for layer in self._layers():  # values may be narrower than keys (latent attention): each its own shape
-            layer.keys, layer.values = (t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
-                                        for t in (layer.keys, layer.values))  # [B, H, S', D]
+        for layer in self._layers():
+            layer.keys, layer.values = gather_slots(layer.keys, index), gather_slots(layer.values, index)
         self.mask = self.mask.gather(1, index)
 
     def compact(self) -> None:

@@ -53,7 +53,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specdec.architectures import attention_chunk, local_window
-from specdec.cache import RaggedCache
+from specdec.cache import RaggedCache, gather_slots
 from specdec.config import COMPILE_MODES, ModelConfig
 from specdec.loading import context_limit, input_device
 from specdec.positions import positions_for
@@ -412,9 +412,7 @@ class StaticRaggedCache:
         index = order[:, :width]  # [B, W]
         for layer in self._layers():
             for t in (layer.keys, layer.values):
-                rows = t[: self.rows]
-                gathered = rows.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
-                rows[:, :, :width].copy_(gathered)
+                t[: self.rows, :, :width].copy_(gather_slots(t[: self.rows], index))
         packed = self.mask.gather(1, index)  # [B, W]
         self.slots_live[:, :] = False
         self.slots_live[: self.rows, :width] = packed
