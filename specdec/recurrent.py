@@ -48,7 +48,6 @@ from specdec.cache import RaggedCache, joined
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
 EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
-_EXACT: dict[int, bool] = {}  # id(model) -> multi_token_exact(model)
 
 
 def is_recurrent(model: PreTrainedModel) -> bool:
@@ -69,9 +68,9 @@ def cache_keyword(model: PreTrainedModel) -> str:
 def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     """Whether one forward of ``tokens`` tokens after a cached state gives the logits of single steps
     (checked once per model on a few seeded random tokens; cached)."""
-    key = id(model)
-    if key in _EXACT and getattr(model, "_specdec_multi_token_exact", None) is _EXACT[key]:
-        return _EXACT[key]
+    known = getattr(model, "_specdec_multi_token_exact", None)
+    if known is not None:
+        return known
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
@@ -91,7 +90,6 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
         outputs.append(torch.cat(logits, dim=1).float())  # [1, tokens, V]
     scale = max(1.0, float(outputs[1].abs().max()))
     exact = float((outputs[0] - outputs[1]).abs().max()) <= EXACT_TOL * scale
-    _EXACT[key] = exact
     model._specdec_multi_token_exact = exact
     return exact
 
