@@ -225,3 +225,13 @@ def llama_drafter(llama_target) -> PreTrainedModel:
 def llama_wild_drafter() -> PreTrainedModel:
     """A drafter with independent random weights: it disagrees with the target almost always."""
     return build_tiny("llama", seed=1, layers=1, hidden=16)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny models
+    gain nothing from two, and two threads on a shared, busy CPU spin against each other (runs 20-40x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -39,14 +39,7 @@ from specdec.loading import load_model
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: tiny models gain nothing from two, and two threads on a shared, busy CPU
-    spin against each other (runs 20-40x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

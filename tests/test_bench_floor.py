@@ -31,13 +31,7 @@ from specdec.bench.peers import PEERS, Peer, check_peers
 from specdec.bench.report import floor_table, summary_dict
 from specdec.drafters.model import drafter_in, int8_available
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -37,12 +37,7 @@ needs_int8 = pytest.mark.skipif(not int8_available(), reason="this torch build h
 CODE = ["def parse_args(argv):\n    ", "class Stack:\n    def push(self, item):\n        ", "import os\n\n\ndef walk("]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @needs_int8
