@@ -37,12 +37,15 @@ from typing import Self
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrainedModel
 
 from specdec.config import ScheduleConfig
-from specdec.loading import load_model, resolve_model_path
+from specdec.loading import load_model
 from specdec.train.checkpoint import saved_config
-from specdec.train.outputs import check_records, fingerprint, read_records, target_tokenizer, valid_path
+from specdec.train.outputs import (
+    target_data,
+    valid_path,
+)
 from specdec.train.parallel import DataParallel
 from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume, run_steps
 
@@ -318,22 +321,13 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     device, log = parallel.device, parallel.log(log)
     out = Path(out_dir)
     cfg = _resumed_config(cfg, out)
-    tokenizer = target_tokenizer(cfg.target)
-    config = AutoConfig.from_pretrained(str(resolve_model_path(cfg.target)))
-    drafter_config(config, cfg.layers, cfg.hidden, cfg.init)  # refuses a bad shape before any work
-    print_ = fingerprint(config, tokenizer)
-    if not Path(cfg.data).is_file():
-        raise ValueError(f"no data at {cfg.data}: write it with `specdec data outputs --target {cfg.target} ...`")
-    records = read_records(cfg.data)
-    check_records(records, cfg.data, print_)
-    if not records:
-        raise ValueError(f"{cfg.data} holds no record: write some with `specdec data outputs`")
+    own = target_data(cfg.target, cfg.data)  # refuses a missing file, another target's data, before any work
+    drafter_config(own.config, cfg.layers, cfg.hidden, cfg.init)  # refuses a bad shape before any work
+    tokenizer, print_, records, valid_records = own.tokenizer, own.fingerprint, own.records, own.valid
     if cfg.records is None:
         cfg = replace(cfg, records=len(records))  # pin the data: the file may grow while this run lives
     if cfg.records > len(records):
         raise ValueError(f"{cfg.data} holds {len(records)} records, fewer than the {cfg.records} this run started with")
-    valid_records = read_records(valid_path(cfg.data))
-    check_records(valid_records, valid_path(cfg.data), print_)
     target = load_model(cfg.target, device=device, dtype=torch.float32)
     train_data = examples(records[: cfg.records], target, cfg.seq_len)
     valid_data = examples(valid_records, target, cfg.seq_len)[: cfg.eval_records]
