@@ -59,7 +59,7 @@ from specdec.events import (
     PhaseClock,
     RoundSummary,
 )
-from specdec.processors import DraftSampler, GenerationSettings, Processing, apply, resolve
+from specdec.processors import DraftSampler, GenerationSettings, Processing, apply, resolve, round_rows
 from specdec.sampling import Sampler, make_generator
 from specdec.schedules import Crossover, Schedule, make_schedule
 from specdec.stats import (
@@ -286,7 +286,8 @@ class Decoder:
         """One round for every row: propose -> verify -> accept -> commit."""
         self.clock.new_round()
         caps = self._caps()  # [B]
-        rows = [(r.request.ids + r.tokens, r.request.processors) for r in self.rows] if self.processing else []
+        rows = round_rows([(r.request.ids + r.tokens if r.request.processors else [], r.request.processors)
+                           for r in self.rows], self.device) if self.processing else []
         with self.events.phase(PROPOSE):
             plan = self.schedule.plan(len(self.rows), self.device)
             limit = torch.minimum(plan.limit, caps)  # [B]

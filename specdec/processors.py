@@ -36,6 +36,7 @@ are the very ``LogitsProcessor`` objects ``generate`` would build, in its order,
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from dataclasses import dataclass, field
 
@@ -145,13 +146,13 @@ class Processing:
     user: LogitsProcessorList = field(default_factory=LogitsProcessorList)
 
     def for_row(self, ids: list[int], max_new_tokens: int, source: list[int] | None = None,
-                device: torch.device | str = "cpu") -> LogitsProcessorList | None:
+                device: torch.device | str = "cpu") -> RowProcessors | None:
         """The processors of a row whose committed sequence starts with ``ids`` (the prompt; an
         encoder-decoder's decoder start) and whose encoder reads ``source``; None when none is in force."""
         if self.model is None:
             return None
-        return _build(self.model, self.config, len(ids), max_new_tokens, source if source is not None else ids,
-                      self.user, device)
+        return RowProcessors(_build(self.model, self.config, len(ids), max_new_tokens,
+                                    source if source is not None else ids, self.user, device))
 
 
 def _build(model: PreTrainedModel, config: GenerationConfig, length: int, max_new_tokens: int,
@@ -259,38 +260,61 @@ def resolve(model: PreTrainedModel, *, temperature: float | None = None, top_k: 
     return Processing(settings, model, prepared, user)
 
 
-def apply(logits: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,
-          rows: list[tuple[list[int], LogitsProcessorList | None]]) -> torch.Tensor:
+class RowProcessors(LogitsProcessorList):
+    """One row's processors, called in order exactly as ``LogitsProcessorList`` calls them with no extra
+    arguments, less its ``inspect.signature`` of every processor at every call (it cost more than a
+    repetition penalty itself): checked once here, where a processor whose ``__call__`` needs more than
+    (input_ids, scores) is refused, as the list would refuse it at its first call."""
+
+    def __init__(self, processors: LogitsProcessorList) -> None:
+        super().__init__(processors)
+        for processor in self:
+            parameters = list(inspect.signature(processor.__call__).parameters)
+            if len(parameters) > 2:
+                raise ValueError(f"logits processor {type(processor).__name__} needs {parameters[2:]} besides "
+                                 "(input_ids, scores), which speculative decoding cannot pass at each verified "
+                                 "position: leave it out")
+        # every processor reads only the set of prefix tokens and ignores ids >= V (see SET_ONLY)
+        self.set_only = all(type(p) in SET_ONLY and getattr(p, "prompt_ignore_length", None) is None for p in self)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        for processor in self:
+            scores = processor(input_ids, scores)
+        return scores
+
+
+Rows = list[tuple[torch.Tensor | None, RowProcessors | None]]  # per row: (committed tokens [C], processors) or (None, None)
+
+
+def round_rows(rows: list[tuple[list[int], LogitsProcessorList | None]], device: torch.device | str) -> Rows:
+    """A round's rows for ``apply`` and ``DraftSampler``: each row with processors gets its committed tokens
+    as a tensor [C], built once and shared by the drafter's positions and the verification (a list not
+    made by ``Processing.for_row`` is wrapped in ``RowProcessors``)."""
+    return [(torch.tensor(ids, dtype=torch.long, device=device),
+             p if isinstance(p, RowProcessors) else RowProcessors(p)) if p else (None, None) for ids, p in rows]
+
+
+def apply(logits: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, rows: Rows) -> torch.Tensor:
     """Processed float32 scores of a verify: ``logits`` [B, m, V] of ``tokens`` [B, m] (row b's first
     ``lengths[b]`` real: its newest committed token, then its drafts). ``rows[b]``: (row b's committed
-    tokens, its processors or None). Position j of row b is processed with the prefix committed + the
-    row's first j drafts, exactly the ``input_ids`` ``generate`` would hold there."""
+    tokens [C], its processors), or None's. Position j of row b is processed with the prefix committed +
+    the row's first j drafts, exactly the ``input_ids`` ``generate`` would hold there."""
     out = logits.to(torch.float32, copy=True)  # [B, m, V]
     counts = lengths.tolist()
     for b, (committed, processors) in enumerate(rows):
         if not processors:
             continue
-        n = counts[b]
-        prefix = torch.tensor(committed, dtype=torch.long, device=tokens.device)
-        prefix = torch.cat([prefix, tokens[b, 1:n]])[None]  # [1, C + n - 1]
-        start = len(committed)
-        if _set_only(processors):  # all positions at once: position j's prefix, then ids V (ignored)
+        n, start = counts[b], committed.shape[0]
+        prefix = torch.cat([committed, tokens[b, 1:n]])  # [C + n - 1]
+        if processors.set_only:  # all positions at once, as rows: position j's prefix, then ids V (ignored)
             ends = start + torch.arange(n, device=tokens.device)  # [n]
-            columns = torch.arange(prefix.shape[1], device=tokens.device)  # [C + n - 1]
+            columns = torch.arange(prefix.shape[0], device=tokens.device)  # [C + n - 1]
             padded = prefix.expand(n, -1).masked_fill(columns[None, :] >= ends[:, None], out.shape[-1])
             out[b, :n] = processors(padded, out[b, :n])  # [n, V]
             continue
         for j in range(n):
-            out[b, j] = processors(prefix[:, :start + j], out[b, j:j + 1])[0]
+            out[b, j] = processors(prefix[None, :start + j], out[b, j:j + 1])[0]
     return out
-
-
-def _set_only(processors: LogitsProcessorList) -> bool:
-    """Whether every processor reads only the set of prefix tokens and ignores ids >= V (see SET_ONLY)."""
-    return all(type(p) in SET_ONLY and getattr(p, "prompt_ignore_length", None) is None for p in processors)
-
-
-Rows = list[tuple[list[int], LogitsProcessorList | None]]  # per row: (committed tokens, its processors or None)
 
 
 @dataclass
@@ -298,24 +322,31 @@ class DraftSampler(Sampler):
     """The round's ``Sampler`` as the drafter sees it when processors are in force: each call of ``draft``
     drafts the next position of every row, after applying the row's processors to its logits [B, V] with
     the prefix committed + the tokens drafted before it this round (drafters call ``draft`` once per
-    position, in order). q is the processed distribution the token was drawn from."""
+    position, in order). q is the processed distribution the token was drawn from. Rows that no longer
+    draft (``rows`` False) are not processed: their tokens are padding."""
 
     rows: Rows = field(default_factory=list)
-    drafted: list[torch.Tensor] = field(default_factory=list)  # [B] per position drafted so far
+    prefixes: list[torch.Tensor | None] = field(default_factory=list)  # per row: [1, C + i] after i drafts
+    last: torch.Tensor | None = None  # [B] the tokens of the previous call
 
     @classmethod
     def wrap(cls, sampler: Sampler, rows: Rows) -> DraftSampler:
-        return cls(sampler.configs, sampler.generators, rows)
+        return cls(sampler.configs, sampler.generators, rows, [None if c is None else c[None] for c, _ in rows])
 
     def draft(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = logits.to(torch.float32, copy=True)  # [B, V]
-        before = torch.stack(self.drafted, dim=1) if self.drafted else None  # [B, i]
+        drafting = [True] * len(self.rows) if rows is None or len(self.rows) == 1 else rows.tolist()
         for b, (committed, processors) in enumerate(self.rows):
-            if processors:
-                prefix = torch.tensor(committed, dtype=torch.long, device=logits.device)[None]  # [1, C]
-                if before is not None:
-                    prefix = torch.cat([prefix, before[b:b + 1]], dim=1)  # [1, C + i]
-                out[b] = processors(prefix, out[b:b + 1])[0]
+            if processors is None:
+                continue
+            if self.last is not None:
+                self.prefixes[b] = torch.cat([self.prefixes[b], self.last[b:b + 1, None]], dim=1)  # [1, C + i]
+            if not drafting[b]:
+                continue
+            if len(self.rows) == 1:
+                out = processors(self.prefixes[b], out)
+            else:
+                out[b] = processors(self.prefixes[b], out[b:b + 1])[0]
         token, q = super().draft(out, rows)
-        self.drafted.append(token)
+        self.last = token
         return token, q
