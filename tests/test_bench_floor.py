@@ -252,3 +252,6 @@ def test_llamacpp_gives_generates_tokens_or_is_refused(pair) -> None:
         assert rows[name].error is None and rows[name].greedy_total == 3, name  # converted, loaded, compared
     for name in ("llamacpp-f32", "llamacpp-f32-lookup"):  # float32 as ours: the same tokens
         assert rows[name].greedy_equal == 3, name
+    for block in report.run.blocks:  # rounds counted as the engine's forwards: one a token unless it drafts
+        for r in block.records if block.runner.name.startswith("llamacpp") else ():
+            assert (r.rounds <= r.generated_length) if block.runner.speculative else (r.rounds == r.generated_length)

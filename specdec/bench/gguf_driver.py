@@ -9,7 +9,7 @@ The converter recognises a BPE tokenizer's pre-tokenizer only by the hash of its
 text, from a list of published models; a tokenizer trained here (byte-level BPE with GPT-2's
 pre-tokenizer, see ``specdec.data.tokenizer``) is in no list, so the converter refuses it. Where the
 hash is unknown and ``tokenizer.json`` declares exactly GPT-2's pre-tokenization (a ByteLevel
-pre-tokenizer with its regex, no normalizer), it is registered as ``gpt2``; any other tokenizer is
+pre-tokenizer with its regex, no normalizer), it is registered as ``gpt-2``, as GPT-2's is; any other tokenizer is
 still refused with the converter's own message.
 """
 
@@ -51,8 +51,8 @@ def main(argv: list[str]) -> None:
             if not gpt2_pre_tokenizer(Path(self.dir_model)):
                 raise
             print("specdec: pre-tokenizer not in the converter's list; tokenizer.json declares GPT-2's: "
-                  "registered as gpt2", file=sys.stderr)
-            return "gpt2"
+                  "registered as gpt-2", file=sys.stderr)
+            return "gpt-2"  # the name the converter gives GPT-2's own tokenizer (openai-community/gpt2)
 
     base.TextModel.get_vocab_base_pre = get_vocab_base_pre
     sys.argv = [str(script), str(model), "--outfile", out, "--outtype", outtype]

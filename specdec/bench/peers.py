@@ -49,7 +49,8 @@ from specdec.loading import load_tokenizer
 
 
 class PeerEngine(Protocol):
-    """A loaded peer: greedy decoding of one prompt."""
+    """A loaded peer: greedy decoding of one prompt. An engine that can tell sets ``rounds``: the
+    forwards its last ``generate`` ran (a speculative engine's rounds); otherwise one per token is assumed."""
 
     def generate(self, ids: list[int], max_new_tokens: int, stop: Sequence[int]) -> list[int]:
         """Greedy new tokens after ``ids``: at most ``max_new_tokens``, ending at (and with) a token of ``stop``."""
@@ -164,16 +165,26 @@ class LlamaCppEngine:
     """llama.cpp's ``Llama`` on the target converted to GGUF, greedy, optionally with its prompt lookup."""
 
     def __init__(self, target: PreTrainedModel, threads: int, outtype: str, lookup: bool) -> None:
-        from llama_cpp import Llama, LlamaPromptLookupDecoding
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         folder = getattr(target, "name_or_path", "") or ""
         draft = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=LOOKUP_TOKENS) if lookup else None
         context = getattr(target.config, "max_position_embeddings", None) or 2048
         self.llm = Llama(model_path=str(gguf_file(folder, outtype)), n_ctx=context, n_threads=threads,
                          n_threads_batch=threads, draft_model=draft, verbose=False)
+        self.rounds = 0  # the target's forwards (Llama.eval calls) in the last generate
+        forward = self.llm.eval
+
+        def counted(tokens: Sequence[int]) -> None:
+            self.rounds += 1
+            forward(tokens)
+
+        self.llm.eval = counted  # generate calls self.eval once per forward: prefill, then each step or round
 
     def generate(self, ids: list[int], max_new_tokens: int, stop: Sequence[int]) -> list[int]:
         self.llm.reset()  # from an empty cache, as every other method starts
+        self.rounds = 0
         tokens: list[int] = []
         for token in self.llm.generate(list(ids), temp=0.0, top_k=1, repeat_penalty=1.0):  # greedy
             tokens.append(int(token))
@@ -250,7 +261,8 @@ class PeerRunner:
         if self.engine is None:
             self.engine = self.peer.build(models.target, torch.get_num_threads())
         tokens = self.engine.generate(input_ids.tolist(), setting.max_new_tokens, models.stop_token_ids)
-        return RunOutput(tokens=tokens, rounds=len(tokens), target_time_s=0.0, drafter_time_s=0.0)
+        rounds = getattr(self.engine, "rounds", None) or len(tokens)
+        return RunOutput(tokens=tokens, rounds=rounds, target_time_s=0.0, drafter_time_s=0.0)
 
 
 def peer_runners(names: Sequence[str]) -> list[PeerRunner]:
