@@ -12,7 +12,8 @@
 4. llama.cpp: ``--peers llamacpp`` runs its four configurations (f32, q8_0, each with and without
    its prompt lookup, the lookups speculative), refused with every missing package named; the GGUF
    driver lets through exactly GPT-2's pre-tokenizer; where llama-cpp-python is installed its f32
-   configurations give generate's tokens on the tiny target (else its refusal is what is tested).
+   configurations give generate's tokens on the tiny target (else its refusal is what is tested); a
+   lossy peer (q8_0: other weights) that differs is counted and reported without failing the run.
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def fake_peers(monkeypatch):
     monkeypatch.setitem(PEERS, "same", Peer("same", "torch", "torch", "generate again", _HFGreedy))
     monkeypatch.setitem(PEERS, "off", Peer("off", "torch", "torch", "generate, last token changed",
                                            lambda t, n: _HFGreedy(t, n, lambda x: x[:-1] + [(x[-1] + 1) % 50])))
+    monkeypatch.setitem(PEERS, "lossy", Peer("lossy", "torch", "torch", "other weights, last token changed",
+                                             lambda t, n: _HFGreedy(t, n, lambda x: x[:-1] + [(x[-1] + 1) % 50]),
+                                             lossy=True))
     monkeypatch.setitem(PEERS, "absent", Peer("absent", "specdec_no_such_engine", "no-such-engine", "missing",
                                               _HFGreedy))
 
@@ -158,6 +162,14 @@ def test_floor_rows_and_peers_in_a_run(pair, fake_peers) -> None:
     assert floor_table(run) is not None and not report.ok  # "off" differs
 
 
+def test_a_lossy_peer_that_differs_is_reported_not_failed(pair, fake_peers) -> None:
+    report = build_report(run_benchmark(_config(pair, methods=("plain-hf",), peers=("lossy",), repeats=1)))
+    row = next(r for r in report.rows if r.method == "lossy")
+    assert row.greedy_equal == 0 and row.greedy_total == 3  # the difference is counted
+    assert not next(r for r in floor_rows(report.run.blocks, report.run.target_pass) if r.method == "lossy").exact
+    assert report.ok  # but does not fail the run, as the "off" peer (not lossy) does above
+
+
 def test_a_peer_not_installed_or_unknown_is_refused_before_loading(pair, fake_peers, tmp_path: Path, capsys) -> None:
     with pytest.raises(ValueError, match=r"peer 'absent' needs the package no-such-engine, which is not installed: "
                                          r"pip install no-such-engine \(or pip install 'specdec\[peers\]'\)"):
@@ -189,7 +201,7 @@ def test_llamacpp_runs_its_four_configurations(pair, monkeypatch) -> None:
         peer = PEERS[name]
         assert peer.module == "llama_cpp" and peer.package == "llama-cpp-python"
         assert {p for _, p in peer.needs} == {"gguf", "sentencepiece"}
-        assert peer.speculative == name.endswith("-lookup")
+        assert peer.speculative == name.endswith("-lookup") and peer.lossy == ("q8_0" in name)
     for name in members:  # the same plumbing with generate as the engine
         monkeypatch.setitem(PEERS, name, replace(PEERS[name], module="torch", needs=(), build=_HFGreedy))
     assert [r.name for r in peer_runners(["llamacpp", "llamacpp-f32"])] == list(members)  # each once

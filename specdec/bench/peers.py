@@ -16,14 +16,15 @@ Registered (``PEERS``, ``register_peer``):
   target converted to GGUF by llama.cpp's own converter (``convert_hf_to_gguf.py``, run in its own
   process by ``gguf_driver``, which lets through a tokenizer whose pre-tokenizer is GPT-2's) into a
   temporary folder at the first run, once per precision: ``llamacpp-f32`` (``--outtype f32``) and
-  ``llamacpp-q8_0`` (``--outtype q8_0``: 8-bit weights, so not bound to give our tokens; the check
-  says), each also with llama-cpp-python's prompt lookup as its draft model (``-lookup``: the
-  ``LlamaPromptLookupDecoding`` draft, n-grams of up to 2 tokens, ``LOOKUP_TOKENS`` drafted, verified
-  by the target in one batch: speculative). ``n_threads`` and ``n_threads_batch`` are torch's thread
-  count; each prompt is decoded from an empty cache (no prefix kept from the previous run). The
-  converter ships only in llama-cpp-python's source distribution: it is taken from the folder
-  ``SPECDEC_LLAMA_CPP`` names (a llama.cpp checkout), else from ``~/.cache/specdec``, where it is
-  unpacked at the first use from the sdist of the installed version (``pip download``).
+  ``llamacpp-q8_0`` (``--outtype q8_0``: 8-bit weights, so not bound to give our tokens: ``lossy``,
+  the check says and a difference does not fail the run), each also with llama-cpp-python's prompt
+  lookup as its draft model (``-lookup``: the ``LlamaPromptLookupDecoding`` draft, n-grams of up to
+  2 tokens, ``LOOKUP_TOKENS`` drafted, verified by the target in one batch: speculative).
+  ``n_threads`` and ``n_threads_batch`` are torch's thread count; each prompt is decoded from an
+  empty cache (no prefix kept from the previous run). The converter ships only in llama-cpp-python's
+  source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a llama.cpp
+  checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
+  the installed version (``pip download``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Peer:
     description: str  # one line for --list
     build: Callable[[PreTrainedModel, int], PeerEngine]  # (the target as loaded, torch threads) -> engine
     speculative: bool = False  # drafts and verifies (not a plain engine for the floor)
+    lossy: bool = False  # runs other weights than the target's (q8_0): a differing output is reported, not a failure
     needs: tuple[tuple[str, str], ...] = ()  # further (module, package) pairs it imports (a converter's)
 
 
@@ -214,7 +216,7 @@ for _outtype in ("f32", "q8_0"):
         register_peer(Peer(
             f"llamacpp-{_outtype}" + ("-lookup" if _lookup else ""), "llama_cpp", "llama-cpp-python",
             f"llama.cpp (llama-cpp-python), GGUF {_outtype}" + (", its prompt lookup drafting" if _lookup else ""),
-            _llama_cpp(_outtype, _lookup), speculative=_lookup, needs=_CONVERTER_NEEDS))
+            _llama_cpp(_outtype, _lookup), speculative=_lookup, lossy=_outtype != "f32", needs=_CONVERTER_NEEDS))
 PEER_GROUPS["llamacpp"] = tuple(name for name in PEERS if name.startswith("llamacpp-"))
 
 
@@ -253,6 +255,7 @@ class PeerRunner:
         self.name = peer.name
         self.description = f"peer: {peer.description}"
         self.speculative = peer.speculative
+        self.lossy = peer.lossy
         self.engine: PeerEngine | None = None
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
