@@ -232,9 +232,9 @@ def check_peers(names: Sequence[str]) -> None:
         for member in members:
             if member not in PEERS:
                 raise ValueError(f"unknown peer {member!r}: choose from {', '.join(sorted([*PEERS, *PEER_GROUPS]))}")
-        peer = PEERS[members[0]]
-        missing = [package for module, package in ((peer.module, peer.package), *peer.needs)
-                   if importlib.util.find_spec(module) is None]
+        wanted = [pair for member in members for pair in ((PEERS[member].module, PEERS[member].package),
+                                                           *PEERS[member].needs)]
+        missing = [package for module, package in dict.fromkeys(wanted) if importlib.util.find_spec(module) is None]
         if missing:
             what = f"the package {missing[0]}" if len(missing) == 1 else f"the packages {', '.join(missing)}"
             raise ValueError(f"peer {name!r} needs {what}, which {'is' if len(missing) == 1 else 'are'} not "
