@@ -267,3 +267,13 @@ def test_llamacpp_gives_generates_tokens_or_is_refused(pair) -> None:
     for block in report.run.blocks:  # rounds counted as the engine's forwards: one a token unless it drafts
         for r in block.records if block.runner.name.startswith("llamacpp") else ():
             assert (r.rounds <= r.generated_length) if block.runner.speculative else (r.rounds == r.generated_length)
+    from specdec.bench.peers import LlamaCppEngine
+    from specdec.loading import load_model
+
+    target = load_model(str(pair[0].target), device="cpu")
+    engine = LlamaCppEngine(target, 1, "f32", lookup=True)
+    ids = torch.randint(3, target.config.vocab_size, (600,), generator=torch.Generator().manual_seed(0)).tolist()
+    tokens = engine.generate(ids, 12, [])  # past llama-cpp-python's 512-row batch: its logits kept for all
+    assert tokens == _HFGreedy(target, 1).generate(ids, 12, [])
+    with pytest.raises(ValueError, match="exceed the llama.cpp peer's context of .* --max-new-tokens"):
+        engine.generate(ids, engine.context, [])

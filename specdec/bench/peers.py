@@ -20,8 +20,8 @@ Registered (``PEERS``, ``register_peer``):
   the check says and a difference does not fail the run), each also with llama-cpp-python's prompt
   lookup as its draft model (``-lookup``: the ``LlamaPromptLookupDecoding`` draft, n-grams of up to
   2 tokens, ``LOOKUP_TOKENS`` drafted, verified by the target in one batch: speculative).
-  ``n_threads`` and ``n_threads_batch`` are torch's thread count; each prompt is decoded from an
-  empty cache (no prefix kept from the previous run). The converter ships only in llama-cpp-python's
+  ``n_threads`` and ``n_threads_batch`` are torch's thread count, ``n_ctx`` the target's positions
+  (at most ``CONTEXT``); each prompt is decoded from an empty cache (no prefix kept from the previous run). The converter ships only in llama-cpp-python's
   source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a llama.cpp
   checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
   the installed version (``pip download``).
@@ -97,6 +97,7 @@ class CTranslate2Engine:
 
 LLAMA_CPP_SOURCE_ENV = "SPECDEC_LLAMA_CPP"  # a llama.cpp source folder holding convert_hf_to_gguf.py
 LOOKUP_TOKENS = 10  # tokens LlamaPromptLookupDecoding drafts a round (its own default)
+CONTEXT = 4096  # llama.cpp's context (n_ctx) at most: the target's positions where fewer
 _CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # what the converter runs on
 
 
@@ -172,9 +173,11 @@ class LlamaCppEngine:
 
         folder = getattr(target, "name_or_path", "") or ""
         draft = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=LOOKUP_TOKENS) if lookup else None
-        context = getattr(target.config, "max_position_embeddings", None) or 2048
-        self.llm = Llama(model_path=str(gguf_file(folder, outtype)), n_ctx=context, n_threads=threads,
-                         n_threads_batch=threads, draft_model=draft, verbose=False)
+        self.context = min(getattr(target.config, "max_position_embeddings", None) or CONTEXT, CONTEXT)
+        # logits_all with a draft: llama-cpp-python then keeps every position's logits (it forces that
+        # itself, but sizes its buffer by the flag given: n_batch rows, too few past n_batch tokens)
+        self.llm = Llama(model_path=str(gguf_file(folder, outtype)), n_ctx=self.context, n_threads=threads,
+                         n_threads_batch=threads, draft_model=draft, logits_all=lookup, verbose=False)
         self.rounds = 0  # the target's forwards (Llama.eval calls) in the last generate
         forward = self.llm.eval
 
@@ -185,6 +188,9 @@ class LlamaCppEngine:
         self.llm.eval = counted  # generate calls self.eval once per forward: prefill, then each step or round
 
     def generate(self, ids: list[int], max_new_tokens: int, stop: Sequence[int]) -> list[int]:
+        if len(ids) + max_new_tokens > self.context:
+            raise ValueError(f"a prompt of {len(ids)} tokens and {max_new_tokens} new ones exceed the llama.cpp "
+                             f"peer's context of {self.context} tokens: use shorter prompts or --max-new-tokens")
         self.llm.reset()  # from an empty cache, as every other method starts
         self.rounds = 0
         tokens: list[int] = []
