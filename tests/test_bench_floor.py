@@ -9,6 +9,11 @@
    peer that is unknown or not installed is refused before anything loads, naming what to install;
    CTranslate2, where installed, converts the tiny target and gives generate's tokens (else its
    refusal is what is tested).
+4. llama.cpp: ``--peers llamacpp`` runs its four configurations (f32, q8_0, each with and without
+   its prompt lookup, the lookups speculative), refused with every missing package named; the GGUF
+   driver lets through exactly GPT-2's pre-tokenizer; where llama-cpp-python is installed its f32
+   configurations give generate's tokens on the tiny target (else its refusal is what is tested); a
+   lossy peer (q8_0: other weights) that differs is counted and reported without failing the run.
 """
 
 from __future__ import annotations
@@ -27,7 +32,16 @@ from tiny_models import save_tiny_pair
 from specdec.bench import BenchConfig, build_report, run_benchmark
 from specdec.bench.cli import main
 from specdec.bench.floor import PassMeter, floor_rows, linear_layers, weight_pass
-from specdec.bench.peers import PEERS, Peer, check_peers
+from specdec.bench.gguf_driver import gpt2_pre_tokenizer
+from specdec.bench.peers import (
+    LLAMA_CPP_SOURCE_ENV,
+    PEER_GROUPS,
+    PEERS,
+    Peer,
+    check_peers,
+    llama_cpp_source,
+    peer_runners,
+)
 from specdec.bench.report import floor_table, summary_dict
 from specdec.drafters.model import drafter_in, int8_available
 
@@ -112,6 +126,9 @@ def fake_peers(monkeypatch):
     monkeypatch.setitem(PEERS, "same", Peer("same", "torch", "torch", "generate again", _HFGreedy))
     monkeypatch.setitem(PEERS, "off", Peer("off", "torch", "torch", "generate, last token changed",
                                            lambda t, n: _HFGreedy(t, n, lambda x: x[:-1] + [(x[-1] + 1) % 50])))
+    monkeypatch.setitem(PEERS, "lossy", Peer("lossy", "torch", "torch", "other weights, last token changed",
+                                             lambda t, n: _HFGreedy(t, n, lambda x: x[:-1] + [(x[-1] + 1) % 50]),
+                                             lossy=True))
     monkeypatch.setitem(PEERS, "absent", Peer("absent", "specdec_no_such_engine", "no-such-engine", "missing",
                                               _HFGreedy))
 
@@ -145,6 +162,14 @@ def test_floor_rows_and_peers_in_a_run(pair, fake_peers) -> None:
     assert floor_table(run) is not None and not report.ok  # "off" differs
 
 
+def test_a_lossy_peer_that_differs_is_reported_not_failed(pair, fake_peers) -> None:
+    report = build_report(run_benchmark(_config(pair, methods=("plain-hf",), peers=("lossy",), repeats=1)))
+    row = next(r for r in report.rows if r.method == "lossy")
+    assert row.greedy_equal == 0 and row.greedy_total == 3  # the difference is counted
+    assert not next(r for r in floor_rows(report.run.blocks, report.run.target_pass) if r.method == "lossy").exact
+    assert report.ok  # but does not fail the run, as the "off" peer (not lossy) does above
+
+
 def test_a_peer_not_installed_or_unknown_is_refused_before_loading(pair, fake_peers, tmp_path: Path, capsys) -> None:
     with pytest.raises(ValueError, match=r"peer 'absent' needs the package no-such-engine, which is not installed: "
                                          r"pip install no-such-engine \(or pip install 'specdec\[peers\]'\)"):
@@ -167,3 +192,88 @@ def test_ctranslate2_gives_generates_tokens_or_is_refused(pair) -> None:
     report = build_report(run_benchmark(config))
     row = next(r for r in report.rows if r.method == "ctranslate2")
     assert row.error is None and row.greedy_equal == row.greedy_total == 3
+
+
+def test_llamacpp_runs_its_four_configurations(pair, monkeypatch) -> None:
+    members = PEER_GROUPS["llamacpp"]
+    assert set(members) == {"llamacpp-f32", "llamacpp-q8_0", "llamacpp-f32-lookup", "llamacpp-q8_0-lookup"}
+    for name in members:  # the registered ones: llama_cpp and the converter's packages, lookup speculative
+        peer = PEERS[name]
+        assert peer.module == "llama_cpp" and peer.package == "llama-cpp-python"
+        assert {p for _, p in peer.needs} == {"gguf", "sentencepiece"}
+        assert peer.speculative == name.endswith("-lookup") and peer.lossy == ("q8_0" in name)
+    for name in members:  # the same plumbing with generate as the engine
+        monkeypatch.setitem(PEERS, name, replace(PEERS[name], module="torch", needs=(), build=_HFGreedy))
+    assert [r.name for r in peer_runners(["llamacpp", "llamacpp-f32"])] == list(members)  # each once
+    report = build_report(run_benchmark(_config(pair, methods=("plain-hf", "plain"), peers=("llamacpp",))))
+    rows = {r.method: r for r in report.rows}
+    for name in members:
+        assert rows[name].error is None and rows[name].greedy_equal == rows[name].greedy_total == 3
+    floor = {r.method: r for r in floor_rows(report.run.blocks, report.run.target_pass)}
+    assert {name: floor[name].speculative for name in members} == {name: name.endswith("-lookup") for name in members}
+    plain = [r.ms_per_token for r in floor.values() if not r.speculative]
+    assert min(r.over_fastest for r in floor.values() if not r.speculative) == pytest.approx(1.0)
+    lookup = floor["llamacpp-f32-lookup"]
+    assert lookup.over_fastest == pytest.approx(lookup.ms_per_token / min(plain))  # against plain engines only
+
+
+def test_a_peer_names_every_package_it_misses(monkeypatch) -> None:
+    monkeypatch.setitem(PEERS, "conv", Peer("conv", "torch", "torch", "a converter missing", _HFGreedy,
+                                            needs=(("specdec_no_such_a", "no-such-a"),)))
+    monkeypatch.setitem(PEERS, "both", Peer("both", "specdec_no_such_engine", "no-such-engine", "both missing",
+                                            _HFGreedy, needs=(("torch", "torch"), ("specdec_no_such_b", "no-such-b"))))
+    with pytest.raises(ValueError, match=r"peer 'conv' needs the package no-such-a, which is not installed: "
+                                         r"pip install no-such-a \(or"):
+        check_peers(["conv"])
+    with pytest.raises(ValueError, match=r"peer 'both' needs the packages no-such-engine, no-such-b, which are not "
+                                         r"installed: pip install no-such-engine no-such-b \(or"):
+        check_peers(["both"])
+
+
+def test_the_gguf_driver_lets_through_gpt2s_pre_tokenizer_only(pair, tmp_path: Path) -> None:
+    tiny, _ = pair
+    assert gpt2_pre_tokenizer(tiny.target)  # our trainer's byte-level BPE: GPT-2's pre-tokenization
+    spec = json.loads((tiny.target / "tokenizer.json").read_text())
+    for name, edit in [("normalizer", {"normalizer": {"type": "NFC"}}),
+                       ("metaspace", {"pre_tokenizer": {"type": "Metaspace", "replacement": "▁"}}),
+                       ("prefix", {"pre_tokenizer": {**spec["pre_tokenizer"], "add_prefix_space": True}}),
+                       ("no-regex", {"pre_tokenizer": {**spec["pre_tokenizer"], "use_regex": False}})]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps({**spec, **edit}))
+        assert not gpt2_pre_tokenizer(tmp_path / name), name
+    assert not gpt2_pre_tokenizer(tmp_path)  # no tokenizer.json
+
+
+def test_llama_cpp_source_from_the_environment(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(LLAMA_CPP_SOURCE_ENV, str(tmp_path))
+    with pytest.raises(ValueError, match=f"{LLAMA_CPP_SOURCE_ENV}=.* has no convert_hf_to_gguf.py"):
+        llama_cpp_source()
+    (tmp_path / "convert_hf_to_gguf.py").write_text("")
+    assert llama_cpp_source() == tmp_path
+
+
+def test_llamacpp_gives_generates_tokens_or_is_refused(pair) -> None:
+    config = _config(pair, methods=("plain-hf",), peers=("llamacpp",), repeats=1)
+    if any(importlib.util.find_spec(m) is None for m in ("llama_cpp", "gguf", "sentencepiece")):
+        with pytest.raises(ValueError, match=r"peer 'llamacpp' needs .*pip install .*\(or pip install 'specdec\[peers\]'\)"):
+            run_benchmark(config)
+        return
+    report = build_report(run_benchmark(config))
+    rows = {r.method: r for r in report.rows}
+    for name in PEER_GROUPS["llamacpp"]:
+        assert rows[name].error is None and rows[name].greedy_total == 3, name  # converted, loaded, compared
+    for name in ("llamacpp-f32", "llamacpp-f32-lookup"):  # float32 as ours: the same tokens
+        assert rows[name].greedy_equal == 3, name
+    for block in report.run.blocks:  # rounds counted as the engine's forwards: one a token unless it drafts
+        for r in block.records if block.runner.name.startswith("llamacpp") else ():
+            assert (r.rounds <= r.generated_length) if block.runner.speculative else (r.rounds == r.generated_length)
+    from specdec.bench.peers import LlamaCppEngine
+    from specdec.loading import load_model
+
+    target = load_model(str(pair[0].target), device="cpu")
+    engine = LlamaCppEngine(target, 1, "f32", lookup=True)
+    ids = torch.randint(3, target.config.vocab_size, (600,), generator=torch.Generator().manual_seed(0)).tolist()
+    tokens = engine.generate(ids, 12, [])  # past llama-cpp-python's 512-row batch: its logits kept for all
+    assert tokens == _HFGreedy(target, 1).generate(ids, 12, [])
+    with pytest.raises(ValueError, match="exceed the llama.cpp peer's context of .* --max-new-tokens"):
+        engine.generate(ids, engine.context, [])

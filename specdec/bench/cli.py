@@ -21,7 +21,7 @@ from rich.console import Console
 from specdec.arguments import field_comments
 from specdec.bench.config import BenchConfig, quick
 from specdec.bench.harness import run_benchmark
-from specdec.bench.peers import check_peers
+from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers
 from specdec.bench.report import build_report, print_report, write_outputs
 from specdec.bench.runners import RUNNERS
 from specdec.threads import use_threads
@@ -90,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for name, runner in RUNNERS.items():
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
+        for name, peer in PEERS.items():
+            console.print(f"{name:<20} (--peers {name}): {peer.description}")
+        for name, members in PEER_GROUPS.items():
+            console.print(f"{name:<20} (--peers {name}): {', '.join(members)}")
         return 0
     config = config_from_args(args)
     check_peers(config.peers)  # an unknown or missing peer is refused before anything reads a model

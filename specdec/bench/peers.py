@@ -1,4 +1,4 @@
-"""Other engines beside ours (`specdec bench --peers ctranslate2`): the same model, prompts and machine.
+"""Other engines beside ours (`specdec bench --peers ctranslate2 llamacpp`): the same model, prompts and machine.
 
 A peer is an engine a user could pick instead of specdec to decode the target: it runs as one more
 method of the comparison (a ``Runner``), greedy only, timed in the same interleaved order with the
@@ -12,14 +12,34 @@ Registered (``PEERS``, ``register_peer``):
   transformers converter into a temporary folder at the first run (untimed, in the warm-up); its
   ``intra_threads`` is torch's thread count. Its converters read the model as transformers loads it;
   a model it cannot convert fails that method alone, with the converter's message.
+- ``llamacpp`` (a group: the four below), through llama-cpp-python: llama.cpp's ``Llama`` on the
+  target converted to GGUF by llama.cpp's own converter (``convert_hf_to_gguf.py``, run in its own
+  process by ``gguf_driver``, which lets through a tokenizer whose pre-tokenizer is GPT-2's) into a
+  temporary folder at the first run, once per precision: ``llamacpp-f32`` (``--outtype f32``) and
+  ``llamacpp-q8_0`` (``--outtype q8_0``: 8-bit weights, so not bound to give our tokens: ``lossy``,
+  the check says and a difference does not fail the run), each also with llama-cpp-python's prompt
+  lookup as its draft model (``-lookup``: the ``LlamaPromptLookupDecoding`` draft, n-grams of up to
+  2 tokens, ``LOOKUP_TOKENS`` drafted, verified by the target in one batch: speculative).
+  ``n_threads`` and ``n_threads_batch`` are torch's thread count, ``n_ctx`` the target's positions
+  (at most ``CONTEXT``); each prompt is decoded from an empty cache (no prefix kept from the previous run). The converter ships only in llama-cpp-python's
+  source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a llama.cpp
+  checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
+  the installed version (``pip download``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -30,7 +50,8 @@ from specdec.loading import load_tokenizer
 
 
 class PeerEngine(Protocol):
-    """A loaded peer: greedy decoding of one prompt."""
+    """A loaded peer: greedy decoding of one prompt. An engine that can tell sets ``rounds``: the
+    forwards its last ``generate`` ran (a speculative engine's rounds); otherwise one per token is assumed."""
 
     def generate(self, ids: list[int], max_new_tokens: int, stop: Sequence[int]) -> list[int]:
         """Greedy new tokens after ``ids``: at most ``max_new_tokens``, ending at (and with) a token of ``stop``."""
@@ -46,6 +67,9 @@ class Peer:
     package: str  # what pip installs
     description: str  # one line for --list
     build: Callable[[PreTrainedModel, int], PeerEngine]  # (the target as loaded, torch threads) -> engine
+    speculative: bool = False  # drafts and verifies (not a plain engine for the floor)
+    lossy: bool = False  # runs other weights than the target's (q8_0): a differing output is reported, not a failure
+    needs: tuple[tuple[str, str], ...] = ()  # further (module, package) pairs it imports (a converter's)
 
 
 class CTranslate2Engine:
@@ -71,7 +95,118 @@ class CTranslate2Engine:
         return list(result[0].sequences_ids[0])
 
 
+LLAMA_CPP_SOURCE_ENV = "SPECDEC_LLAMA_CPP"  # a llama.cpp source folder holding convert_hf_to_gguf.py
+LOOKUP_TOKENS = 10  # tokens LlamaPromptLookupDecoding drafts a round (its own default)
+CONTEXT = 4096  # llama.cpp's context (n_ctx) at most: the target's positions where fewer
+_CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # what the converter runs on
+
+
+def llama_cpp_source() -> Path:
+    """A llama.cpp source folder with its converter: ``$SPECDEC_LLAMA_CPP``, else the installed
+    llama-cpp-python's own sdist (its vendored llama.cpp), unpacked once into ~/.cache/specdec."""
+    given = os.environ.get(LLAMA_CPP_SOURCE_ENV)
+    if given:
+        if not (Path(given) / "convert_hf_to_gguf.py").is_file():
+            raise ValueError(f"{LLAMA_CPP_SOURCE_ENV}={given} has no convert_hf_to_gguf.py: "
+                             "point it at a llama.cpp source folder, or unset it")
+        return Path(given)
+    version = importlib.metadata.version("llama-cpp-python")
+    folder = Path.home() / ".cache" / "specdec" / f"llama-cpp-python-{version}" / "llama.cpp"
+    if (folder / "convert_hf_to_gguf.py").is_file():
+        return folder
+    print(f"specdec: fetching llama.cpp's converter (the llama-cpp-python {version} sdist) into {folder.parent}",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="specdec-llama-cpp-sdist-") as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   f"llama-cpp-python=={version}", "-d", tmp]
+        done = subprocess.run(command, check=False, capture_output=True, text=True)
+        archives = sorted(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if done.returncode != 0 or not archives:
+            raise RuntimeError(f"could not fetch llama.cpp's converter ({' '.join(command[2:])} failed: "
+                               f"{done.stderr.strip()[-300:]}); set {LLAMA_CPP_SOURCE_ENV} to a llama.cpp "
+                               "source folder instead")
+        with tarfile.open(archives[0]) as archive:
+            members = []
+            for member in archive.getmembers():
+                head, sep, inner = member.name.partition("/vendor/llama.cpp/")
+                if sep and "/" not in head and inner.startswith(_CONVERTER_PARTS):
+                    member.name = inner
+                    members.append(member)
+            staging = folder.with_name(f"llama.cpp.{os.getpid()}")
+            staging.mkdir(parents=True, exist_ok=True)
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python >= 3.10.12
+            archive.extractall(staging, members=members, **safe)
+        try:
+            staging.rename(folder)  # whole or not at all: a cut-off fetch leaves no half-folder to trust
+        except OSError:
+            if not (folder / "convert_hf_to_gguf.py").is_file():
+                raise
+            shutil.rmtree(staging)  # another process unpacked it first
+    return folder
+
+
+_GGUF: dict[tuple[str, str], tuple[tempfile.TemporaryDirectory, Path]] = {}  # (folder, outtype) -> its file
+
+
+def gguf_file(folder: str, outtype: str) -> Path:
+    """The target folder converted to GGUF (``outtype`` f32 or q8_0), once per process, in a temporary folder."""
+    key = (str(Path(folder).resolve()), outtype)
+    if key not in _GGUF:
+        tmp = tempfile.TemporaryDirectory(prefix="specdec-gguf-")  # removed at exit
+        out = Path(tmp.name) / f"model-{outtype}.gguf"
+        driver = Path(__file__).with_name("gguf_driver.py")
+        done = subprocess.run([sys.executable, str(driver), str(llama_cpp_source()), key[0], str(out), outtype],
+                              check=False, capture_output=True, text=True)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"llama.cpp's converter failed on {folder} ({outtype}): "
+                               f"{done.stderr.strip()[-800:]}")
+        _GGUF[key] = (tmp, out)
+    return _GGUF[key][1]
+
+
+class LlamaCppEngine:
+    """llama.cpp's ``Llama`` on the target converted to GGUF, greedy, optionally with its prompt lookup."""
+
+    def __init__(self, target: PreTrainedModel, threads: int, outtype: str, lookup: bool) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        folder = getattr(target, "name_or_path", "") or ""
+        draft = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=LOOKUP_TOKENS) if lookup else None
+        self.context = min(getattr(target.config, "max_position_embeddings", None) or CONTEXT, CONTEXT)
+        # logits_all with a draft: llama-cpp-python then keeps every position's logits (it forces that
+        # itself, but sizes its buffer by the flag given: n_batch rows, too few past n_batch tokens)
+        self.llm = Llama(model_path=str(gguf_file(folder, outtype)), n_ctx=self.context, n_threads=threads,
+                         n_threads_batch=threads, draft_model=draft, logits_all=lookup, verbose=False)
+        self.rounds = 0  # the target's forwards (Llama.eval calls) in the last generate
+        forward = self.llm.eval
+
+        def counted(tokens: Sequence[int]) -> None:
+            self.rounds += 1
+            forward(tokens)
+
+        self.llm.eval = counted  # generate calls self.eval once per forward: prefill, then each step or round
+
+    def generate(self, ids: list[int], max_new_tokens: int, stop: Sequence[int]) -> list[int]:
+        if len(ids) + max_new_tokens > self.context:
+            raise ValueError(f"a prompt of {len(ids)} tokens and {max_new_tokens} new ones exceed the llama.cpp "
+                             f"peer's context of {self.context} tokens: use shorter prompts or --max-new-tokens")
+        self.llm.reset()  # from an empty cache, as every other method starts
+        self.rounds = 0
+        tokens: list[int] = []
+        for token in self.llm.generate(list(ids), temp=0.0, top_k=1, repeat_penalty=1.0):  # greedy
+            tokens.append(int(token))
+            if token in stop or len(tokens) >= max_new_tokens:
+                break
+        return tokens
+
+
+def _llama_cpp(outtype: str, lookup: bool) -> Callable[[PreTrainedModel, int], PeerEngine]:
+    return lambda target, threads: LlamaCppEngine(target, threads, outtype, lookup)
+
+
 PEERS: dict[str, Peer] = {}
+PEER_GROUPS: dict[str, tuple[str, ...]] = {}  # a name --peers takes for several peers
 
 
 def register_peer(peer: Peer) -> None:
@@ -81,24 +216,43 @@ def register_peer(peer: Peer) -> None:
 
 register_peer(Peer("ctranslate2", "ctranslate2", "ctranslate2", "CTranslate2's Generator, float32 (greedy)",
                    CTranslate2Engine))
+_CONVERTER_NEEDS = (("gguf", "gguf"), ("sentencepiece", "sentencepiece"))  # what convert_hf_to_gguf imports
+for _outtype in ("f32", "q8_0"):
+    for _lookup in (False, True):
+        register_peer(Peer(
+            f"llamacpp-{_outtype}" + ("-lookup" if _lookup else ""), "llama_cpp", "llama-cpp-python",
+            f"llama.cpp (llama-cpp-python), GGUF {_outtype}" + (", its prompt lookup drafting" if _lookup else ""),
+            _llama_cpp(_outtype, _lookup), speculative=_lookup, lossy=_outtype != "f32", needs=_CONVERTER_NEEDS))
+PEER_GROUPS["llamacpp"] = tuple(name for name in PEERS if name.startswith("llamacpp-"))
+
+
+def expand_peers(names: Sequence[str]) -> list[str]:
+    """The peers named, groups replaced by their members, each once, in order."""
+    return list(dict.fromkeys(member for name in names for member in PEER_GROUPS.get(name, (name,))))
 
 
 def check_peers(names: Sequence[str]) -> None:
-    """Refuse an unknown peer, or one whose package is not installed, saying what to do."""
+    """Refuse an unknown peer, or one whose packages are not installed, saying what to do."""
     for name in names:
-        if name not in PEERS:
-            raise ValueError(f"unknown peer {name!r}: choose from {', '.join(sorted(PEERS))}")
-        peer = PEERS[name]
-        if importlib.util.find_spec(peer.module) is None:
-            raise ValueError(f"peer {name!r} needs the package {peer.package}, which is not installed: "
-                             f"pip install {peer.package} (or pip install 'specdec[peers]'), or leave it out of --peers")
+        members = PEER_GROUPS.get(name, (name,))
+        for member in members:
+            if member not in PEERS:
+                raise ValueError(f"unknown peer {member!r}: choose from {', '.join(sorted([*PEERS, *PEER_GROUPS]))}")
+        wanted = [pair for member in members for pair in ((PEERS[member].module, PEERS[member].package),
+                                                           *PEERS[member].needs)]
+        missing = [package for module, package in dict.fromkeys(wanted) if importlib.util.find_spec(module) is None]
+        if missing:
+            what = f"the package {missing[0]}" if len(missing) == 1 else f"the packages {', '.join(missing)}"
+            raise ValueError(f"peer {name!r} needs {what}, which {'is' if len(missing) == 1 else 'are'} not "
+                             f"installed: pip install {' '.join(missing)} (or pip install 'specdec[peers]'), "
+                             "or leave it out of --peers")
 
 
 class PeerRunner:
     """A peer engine as a bench method: greedy, no drafter, built at its first run (the warm-up)."""
 
     group = "peers"
-    uses_gamma = speculative = needs_drafter_model = False
+    uses_gamma = needs_drafter_model = False
     greedy_only = True  # the harness runs it at temperature 0 only
     cost = DrafterCost.NONE
 
@@ -106,6 +260,8 @@ class PeerRunner:
         self.peer = peer
         self.name = peer.name
         self.description = f"peer: {peer.description}"
+        self.speculative = peer.speculative
+        self.lossy = peer.lossy
         self.engine: PeerEngine | None = None
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
@@ -114,10 +270,11 @@ class PeerRunner:
         if self.engine is None:
             self.engine = self.peer.build(models.target, torch.get_num_threads())
         tokens = self.engine.generate(input_ids.tolist(), setting.max_new_tokens, models.stop_token_ids)
-        return RunOutput(tokens=tokens, rounds=len(tokens), target_time_s=0.0, drafter_time_s=0.0)
+        rounds = getattr(self.engine, "rounds", None) or len(tokens)
+        return RunOutput(tokens=tokens, rounds=rounds, target_time_s=0.0, drafter_time_s=0.0)
 
 
 def peer_runners(names: Sequence[str]) -> list[PeerRunner]:
-    """A runner per peer named (checked first: known and installed)."""
+    """A runner per peer named, groups expanded (checked first: known and installed)."""
     check_peers(names)
-    return [PeerRunner(PEERS[name]) for name in dict.fromkeys(names)]
+    return [PeerRunner(PEERS[name]) for name in expand_peers(names)]
