@@ -12,6 +12,7 @@ missing file, a flag that does not apply) is one line on stderr, exit status 2, 
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -128,16 +129,23 @@ def _drafter(target_dir, data_file, out) -> str:
 
 
 HEAD_FLAGS = ["--max-steps", "6", "--batch-size", "64", "--warmup-steps", "1", "--eval-every", "3", "--save-every",
-              "3", "--measure-prompts", "3", "--measure-tokens", str(NEW)]
+              "3", "--measure-prompts", "3", "--measure-tokens", str(NEW), "--measure-repeats", "2",
+              "--tune-thresholds", "0.5", "1", "--tune-max-draft", "2", "3", "--tune-tokens", str(NEW),
+              "--tune-repeats", "1"]
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys):
-    """data -> drafter -> `specdec train head --target --drafter --data` -> a head for that pair with which
-    `--schedule ada` decodes the held-out prompts exactly; measured against plain decoding and the constant
-    gamma, the figures are in training.json and the card."""
-    from specdec.config import ScheduleConfig
+    """data -> drafter -> `specdec train head --target --drafter --data` -> a head for that pair, ada's threshold
+    and MAX tuned on the first held-out prompts and stored with it, so that `--schedule ada --head` uses them
+    by default (flags override) and decodes the held-out prompts exactly; measured on the other held-out
+    prompts against plain decoding and every constant gamma of the grid, the figures in training.json and
+    the card."""
+    from specdec.arguments import add_decoding_arguments, config_from
+    from specdec.config import ScheduleConfig, SpecConfig
+    from specdec.drafters.model import ModelDrafter
     from specdec.heads import load_head
+    from specdec.schedules import Ada, make_schedule
 
     target_dir, data_file = data[arch]
     drafter_dir = _drafter(target_dir, data_file, tmp_path / "drafter")
@@ -149,26 +157,53 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     head = load_head(final, hidden_size=16)
     assert head.config.hidden_size == 16
     held = read_records(valid_path(data_file))
-    assert (run / "data").is_dir() and (run / "valid-data").is_dir()
-    target, drafter = specdec.load_model(str(target_dir)), specdec.load_model(drafter_dir)
-    prompts = [r["prompt_ids"] for r in held]
-    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=NEW)
-    ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW,
-                                       schedule=ScheduleConfig("ada", head=str(final), stop_threshold=0.5))
-    assert [r.tokens for r in ada] == [r.tokens for r in plain]
-    assert [r.tokens for r in plain] == [_hf_greedy(target, p) for p in prompts]
-    assert sum(r.stats.drafted for r in ada) > 0
+    assert len(held) >= 4 and (run / "data").is_dir() and (run / "valid-data").is_dir()
     record = json.loads((final / "training.json").read_text())
     figures = record["figures"]
-    assert figures["ada"]["schedule"] == "ada" and figures["constant"]["schedule"] == "constant"
-    for kind in ("ada", "constant"):
-        assert figures[kind]["greedy_equal"] == figures[kind]["prompts"] == min(3, len(held))
+    tuning = figures["tuning"]
+    # tuned on the first half of the held-out prompts, every (threshold, MAX) of the grid, then stored
+    assert tuning["prompts"] == len(held) // 2
+    assert [(r["threshold"], r["max_draft"]) for r in tuning["grid"]] == [(0.5, 2), (1.0, 2), (0.5, 3), (1.0, 3)]
+    assert all(r["greedy_equal"] == tuning["prompts"] for r in tuning["grid"])
+    best = max(tuning["grid"], key=lambda r: r["spec_tokens_per_s"])
+    assert tuning["chosen"] == {"threshold": best["threshold"], "max_draft": best["max_draft"]}
+    assert (head.config.threshold, head.config.max_draft) == (best["threshold"], best["max_draft"])
+    # `--schedule ada --head DIR` takes them by default (no --bound on the command line); flags override them
+    parser = argparse.ArgumentParser()
+    add_decoding_arguments(parser)
+    default = config_from(parser.parse_args(["--schedule", "ada", "--head", str(final)]), ScheduleConfig)
+    drafter = specdec.load_model(drafter_dir)
+    schedule = make_schedule(SpecConfig(), default, ModelDrafter(drafter))
+    assert isinstance(schedule, Ada) and (schedule.threshold, schedule.high) == (best["threshold"], best["max_draft"])
+    given = config_from(parser.parse_args(["--schedule", "ada", "--head", str(final), "--stop-threshold", "0.25",
+                                           "--bound", "1", "5"]), ScheduleConfig)
+    schedule = make_schedule(SpecConfig(), given, ModelDrafter(drafter))
+    assert (schedule.threshold, schedule.high) == (0.25, 5)
+    # decoding with the tuned defaults is exact: equal to plain decoding and to transformers' generate
+    target = specdec.load_model(str(target_dir))
+    prompts = [r["prompt_ids"] for r in held]
+    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=NEW)
+    for config in (default, ScheduleConfig("ada", head=str(final), stop_threshold=0.5)):
+        ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW, schedule=config)
+        assert [r.tokens for r in ada] == [r.tokens for r in plain]
+        assert sum(r.stats.drafted for r in ada) > 0
+    ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW, schedule=default)
+    assert max(r.drafted for a in ada for r in a.stats.records) <= best["max_draft"]
+    assert [r.tokens for r in plain] == [_hf_greedy(target, p) for p in prompts]
+    # measured on the other held-out prompts: ada (tuned) and every constant gamma of the grid
+    measured = min(3, len(held) - tuning["prompts"])
+    assert set(figures["constants"]) == {"constant 2", "constant 3"}
+    assert figures["ada"]["schedule"] == "ada" and figures["ada"]["repeats"] == 2
+    for f in (figures["ada"], *figures["constants"].values()):
+        assert f["greedy_equal"] == f["prompts"] == measured and len(f["spec_tokens_per_s_runs"]) == 2
+    assert figures["best_constant"] == max(figures["constants"].values(), key=lambda f: f["spec_tokens_per_s"])["gamma"]
     assert record["target_fingerprint"] == held[0]["target"] and record["drafter"] == drafter_dir
     card = (final / "README.md").read_text()
     assert f"| acceptance rate α | {figures['ada']['greedy_alpha']:.3f} |" in card
-    assert f"{figures['ada_over_constant']:.2f}x the constant γ's speed" in card
-    assert ("does not pay over the constant" in card) == (figures["ada_over_constant"] < 1)
-    assert f"speedup {figures['ada']['speedup']:.2f}x" in printed
+    assert f"stop threshold **{best['threshold']:g}**, MAX **{best['max_draft']}**" in card
+    assert f"**{figures['ada_over_best_constant']:.2f}x** the speed of the best constant γ" in card
+    assert ("does not pay over the best constant" in card) == (figures["ada_over_best_constant"] < 1)
+    assert f"speedup {figures['ada']['speedup']:.2f}x" in printed and "<- chosen" in printed
 
 
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):
