@@ -18,7 +18,7 @@ import json
 import pytest
 import torch
 from test_own_model import NEW, _data, _hf_greedy, _run, targets  # noqa: F401 (targets: the fixture)
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import specdec
 from specdec.cli import main
@@ -134,7 +134,7 @@ HEAD_FLAGS = ["--max-steps", "6", "--batch-size", "64", "--warmup-steps", "1", "
               "--tune-repeats", "1"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "marian"])
 def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys):
     """data -> drafter -> `specdec train head --target --drafter --data` -> a head for that pair, ada's threshold
     and MAX tuned on the first held-out prompts and stored with it, so that `--schedule ada --head` uses them
@@ -157,7 +157,7 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     head = load_head(final, hidden_size=16)
     assert head.config.hidden_size == 16
     held = read_records(valid_path(data_file))
-    assert len(held) >= 4 and (run / "data").is_dir() and (run / "valid-data").is_dir()
+    assert len(held) >= 2 and (run / "data").is_dir() and (run / "valid-data").is_dir()
     record = json.loads((final / "training.json").read_text())
     figures = record["figures"]
     tuning = figures["tuning"]
@@ -206,6 +206,30 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     assert f"speedup {figures['ada']['speedup']:.2f}x" in printed and "<- chosen" in printed
 
 
+def test_head_data_of_an_encoder_decoder_pair_reads_what_decoding_reads(data, tmp_path):
+    """The head's data for a Marian pair: the target's teacher-forced argmax is its own greedy output (the
+    records'), the padded batch equals each record alone (sources of other lengths are masked), and a drafter
+    equal to the target has every greedy draft accepted."""
+    from specdec.heads.data import Record, examples_of_batch, response_states, teacher_forced_logits
+
+    target_dir, data_file = data["marian"]
+    target = specdec.load_model(str(target_dir))
+    drafter = specdec.load_model(_drafter(target_dir, data_file, tmp_path / "drafter"))
+    records = [Record(i, r["prompt_ids"], r["ids"][: len(r["ids"]) - i % 3])  # decoder texts of other lengths too
+               for i, r in enumerate(read_records(data_file)[:6])]
+    assert len({len(r.prompt) for r in records}) > 1 and len({len(r.response) for r in records}) > 1
+    for r, p in zip(records, teacher_forced_logits(target, records)):
+        assert p.argmax(-1).tolist() == r.response
+    for r, q in zip(records, teacher_forced_logits(drafter, records)):
+        torch.testing.assert_close(q, teacher_forced_logits(drafter, [r])[0], rtol=1e-4, atol=1e-4)
+    inputs = [torch.tensor(r.response) for r in records]
+    for r, z, h in zip(records, inputs, response_states(drafter, [r.prompt for r in records], inputs)):
+        assert h.shape == (len(r.response) + 1, 16)
+        torch.testing.assert_close(h, response_states(drafter, [r.prompt], [z])[0], rtol=1e-4, atol=1e-4)
+    same = examples_of_batch(target, target, records, ("greedy",), 0.15, 0, "response")
+    assert len(same["label"]) == sum(len(r.response) for r in records) and bool((same["label"] == 1).all())
+
+
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):
     """`specdec train head --data` stopped at a step, then run again, ends with the head of one uninterrupted run."""
     from safetensors.torch import load_file
@@ -248,8 +272,13 @@ def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, c
                                 str(tmp_path / "missing.jsonl"))
     assert "does not exist" in _run(capsys, *train, "--target", str(llama), "--drafter", str(tmp_path / "missing"),
                                     "--data", str(llama_data))
-    assert "encoder-decoder" in _run(capsys, *train, "--target", str(marian), "--drafter", str(marian), "--data",
-                                     str(marian_data))
+    causal = tmp_path / "causal-marian-vocabulary"  # a decoder-only drafter of the Marian target's vocabulary
+    tok = AutoTokenizer.from_pretrained(marian)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2)).save_pretrained(causal)
+    tok.save_pretrained(causal)
+    assert "must read what the target reads" in _run(capsys, *train, "--target", str(marian), "--drafter",
+                                                     str(causal), "--data", str(marian_data))
     assert "replaces --outputs" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
                                         str(llama_data), "--outputs", str(llama_data))
     assert not out.exists()

@@ -3,8 +3,8 @@
     specdec train head --outputs runs/code-target-outputs.jsonl --valid-outputs runs/valid-outputs.jsonl \
         --out runs/acceptance-head            # data in runs/acceptance-head/data, head in .../final
     specdec train head --target MODEL --drafter DRAFTER --data runs/outputs.jsonl --out runs/my-head
-                        # any decoder-only pair, on `specdec data outputs`; ada's threshold and MAX tuned on
-                        # half the held-out prompts, then measured on the rest (specdec/heads/own.py)
+                        # any pair (decoder-only or encoder-decoder), on `specdec data outputs`; ada's threshold
+                        # and MAX tuned on half the held-out prompts, measured on the rest (specdec/heads/own.py)
     torchrun --nproc_per_node 2 -m specdec train head ...   # the same, data parallel (or accelerate launch)
     specdec train head-eval --head runs/acceptance-head/final --valid-outputs runs/valid-outputs.jsonl \
         --out runs/acceptance-head/eval       # calibration plot, Brier, stop-rule simulation
@@ -151,7 +151,7 @@ def register(sub) -> None:
     head.add_argument("--out", required=True, help="run folder: checkpoint/ (resume), final/ (the head)")
     head.add_argument("--outputs", help="the target's continuations of train prompts (`specdec train outputs`)")
     head.add_argument("--valid-outputs", help="the same for validation prompts (validation loss)")
-    head.add_argument("--data", help="a `specdec data outputs` file of --target (any decoder-only pair: replaces "
+    head.add_argument("--data", help="a `specdec data outputs` file of --target (any pair: replaces "
                                      "--outputs and --valid-outputs; the head is measured at the end), or a head "
                                      "data folder to build or read (default: OUT/data)")
     head.add_argument("--valid-data", help="validation head data folder (default: OUT/valid-data)")

@@ -1,10 +1,10 @@
 """The acceptance head for a user's pair: ``specdec train head --target PATH --drafter PATH --data OUT.jsonl``.
 
 Contract: ``check_pair(target, drafter, data)`` refuses, before anything is written, a data file
-written for another target (the records' fingerprint, ``specdec.train.outputs.target_data``), an
-encoder-decoder target (the head's data, ``specdec.heads.data``, is built with causal LMs), and a
+written for another target (the records' fingerprint, ``specdec.train.outputs.target_data``) and a
 drafter of another vocabulary (``specdec.drafters.model.check_vocabularies``, the rule decoding
-applies); it returns the checked data. The head is then built and trained as the shipped one
+applies); it returns the checked data. The pair is decoder-only or encoder-decoder (``specdec.heads.data``
+reads a record's prompt as the source of an encoder-decoder pair). The head is then built and trained as the shipped one
 (``build_head_data`` on ``data``, validation on its ``.valid.jsonl``; ``train_head``). At the end
 ``measure_head(...)`` splits the held-out prompts in two (``split_held_out``). On the first part it tunes
 ``--schedule ada`` as SpecDec++ tunes its stop threshold on held-out data (``tune_head``): every
@@ -35,13 +35,18 @@ def check_pair(target: str, drafter: str, data: str | Path) -> TargetData:
     """The records of ``data`` (a ``specdec data outputs`` file of ``target``), once the pair is checked."""
     from specdec.drafters.model import check_vocabularies
     from specdec.loading import load_model
+    from specdec.seq2seq import decoder_start_id, is_encoder_decoder
     from specdec.train.outputs import target_data
 
     own = target_data(target, data)
-    if getattr(own.config, "is_encoder_decoder", False):
-        raise ValueError(f"{target} is an encoder-decoder model: `specdec train head` builds its data with "
-                         "decoder-only (causal LM) pairs; use --schedule constant or confidence with this target")
-    check_vocabularies(load_model(target, dtype="fp32"), load_model(drafter, dtype="fp32"), fix=FIX)
+    target_model, drafter_model = load_model(target, dtype="fp32"), load_model(drafter, dtype="fp32")
+    check_vocabularies(target_model, drafter_model, fix=FIX)
+    kinds = [is_encoder_decoder(m) for m in (target_model, drafter_model)]
+    if kinds[0] != kinds[1] or (kinds[0] and decoder_start_id(target_model) != decoder_start_id(drafter_model)):
+        what = {True: "an encoder-decoder", False: "a decoder-only"}
+        raise ValueError(f"the drafter {drafter} is {what[kinds[1]]} model and the target {what[kinds[0]]} one"
+                         + ("" if kinds[0] != kinds[1] else ", but their decoders start with other tokens")
+                         + f": the drafter must read what the target reads; {FIX}")
     return own
 
 
