@@ -230,6 +230,18 @@ def test_head_data_of_an_encoder_decoder_pair_reads_what_decoding_reads(data, tm
     assert len(same["label"]) == sum(len(r.response) for r in records) and bool((same["label"] == 1).all())
 
 
+def test_held_out_prompts_split_into_tuning_and_measurement():
+    """The prompts that tune ada are never the ones measured; too few held out: nothing tunes."""
+    from specdec.heads.own import split_held_out
+
+    held = [{"id": str(i)} for i in range(7)]
+    assert split_held_out(held, None) == (held[:3], held[3:])
+    assert split_held_out(held, 5) == (held[:5], held[5:])
+    assert split_held_out(held, 50) == (held[:6], held[6:])  # one is always left to measure
+    assert split_held_out(held, 0) == ([], held)
+    assert split_held_out(held[:1], None) == ([], held[:1])
+
+
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):
     """`specdec train head --data` stopped at a step, then run again, ends with the head of one uninterrupted run."""
     from safetensors.torch import load_file
@@ -281,4 +293,8 @@ def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, c
                                                      str(causal), "--data", str(marian_data))
     assert "replaces --outputs" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
                                         str(llama_data), "--outputs", str(llama_data))
+    pair = ["--target", str(llama), "--drafter", str(gpt2), "--data", str(llama_data)]
+    assert "tune_thresholds must be one or more numbers in (0, 1]" in _run(capsys, *train, *pair, "--tune-thresholds",
+                                                                          "0.5", "1.5")
+    assert "tune_max_draft must be one or more ints >= 1" in _run(capsys, *train, *pair, "--tune-max-draft", "0")
     assert not out.exists()
