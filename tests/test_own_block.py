@@ -165,7 +165,13 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     assert tuning["prompts"] == len(held) // 2
     assert [(r["threshold"], r["max_draft"]) for r in tuning["grid"]] == [(0.5, 2), (1.0, 2), (0.5, 3), (1.0, 3)]
     assert all(r["greedy_equal"] == tuning["prompts"] for r in tuning["grid"])
-    best = max(tuning["grid"], key=lambda r: r["spec_tokens_per_s"])
+    costs = tuning["costs"]  # fitted to the grid's timings; each setting's rounds, drafts and head calls priced
+    assert all(c >= 0 for c in costs.values()) and sum(costs.values()) > 0
+    for r in tuning["grid"]:
+        head_calls = 0 if r["threshold"] == 1 else r["drafted"] - r["rounds"]
+        seconds = costs["rounds"] * r["rounds"] + costs["drafted"] * r["drafted"] + costs["head_calls"] * head_calls
+        assert r["modelled_tokens_per_s"] == pytest.approx(r["new_tokens"] / seconds, abs=0.06)
+    best = max(tuning["grid"], key=lambda r: (r["modelled_tokens_per_s"], r["spec_tokens_per_s"]))
     assert tuning["chosen"] == {"threshold": best["threshold"], "max_draft": best["max_draft"]}
     assert (head.config.threshold, head.config.max_draft) == (best["threshold"], best["max_draft"])
     # `--schedule ada --head DIR` takes them by default (no --bound on the command line); flags override them
@@ -240,6 +246,26 @@ def test_held_out_prompts_split_into_tuning_and_measurement():
     assert split_held_out(held, 50) == (held[:6], held[6:])  # one is always left to measure
     assert split_held_out(held, 0) == ([], held)
     assert split_held_out(held[:1], None) == ([], held[:1])
+
+
+def test_tuning_cost_model_recovers_known_costs():
+    """``fit_costs`` on timings made from known costs (a round, a drafted token, a head call) gives them back; a
+    cost the timings would make negative is left out (0) rather than fitted below zero."""
+    from specdec.heads.own import fit_costs
+
+    grid = [(t, m, rounds, drafted) for t, m, rounds, drafted in
+            [(0.5, 2, 40, 70), (1.0, 2, 40, 80), (0.5, 4, 30, 80), (1.0, 4, 28, 112), (0.7, 8, 26, 90), (1.0, 8, 25, 200)]]
+    rows = []
+    for t, m, rounds, drafted in grid:
+        head_calls = 0 if t == 1 else drafted - rounds
+        seconds = 0.1 * rounds + 0.01 * drafted + 0.002 * head_calls
+        rows.append({"threshold": t, "max_draft": m, "rounds": rounds, "drafted": drafted,
+                     "seconds_runs": [seconds, seconds]})
+    assert fit_costs(rows) == pytest.approx({"rounds": 0.1, "drafted": 0.01, "head_calls": 0.002})
+    for r in rows:  # head calls that make decoding faster: not a cost, left out
+        r["seconds_runs"] = [0.1 * r["rounds"] + 0.01 * r["drafted"] - (0.0 if r["threshold"] == 1 else 0.5)] * 2
+    costs = fit_costs(rows)
+    assert costs["head_calls"] == 0 and costs["rounds"] > 0 and costs["drafted"] >= 0
 
 
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):

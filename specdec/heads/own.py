@@ -8,8 +8,9 @@ reads a record's prompt as the source of an encoder-decoder pair). The head is t
 (``build_head_data`` on ``data``, validation on its ``.valid.jsonl``; ``train_head``). At the end
 ``measure_head(...)`` splits the held-out prompts in two (``split_held_out``). On the first part it tunes
 ``--schedule ada`` as SpecDec++ tunes its stop threshold on held-out data (``tune_head``): every
-(threshold, MAX) of a small grid decodes those prompts, interleaved per prompt, and the fastest by median
-measured tokens/s wins; its threshold and MAX are stored in the head's config.json, the defaults of
+(threshold, MAX) of a small grid decodes those prompts, interleaved per prompt, and the fastest wins by a
+cost model fitted to all those timings (``fit_costs``: seconds per round, per drafted token, per head call;
+each setting's counts are exact in greedy decoding); its threshold and MAX are stored in the head's config.json, the defaults of
 ``--schedule ada --head DIR`` (``--stop-threshold`` and ``--bound`` override them). The grid holds threshold
 1, which never stops a round: ada with MAX m is then the constant γ m, so a head that predicts no better
 than a constant is tuned into the best constant γ rather than left slower than it. On the other part it
@@ -21,10 +22,13 @@ passes, each against plain decoding of the target; the figures are printed, adde
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import torch
 
 from specdec.train.outputs import TargetData
 
@@ -84,11 +88,46 @@ def split_held_out(valid: list[dict], tune_prompts: int | None) -> tuple[list[di
     return valid[:k], valid[k:]
 
 
+COSTS = ("rounds", "drafted", "head_calls")  # what a round's time is modelled from (``fit_costs``)
+
+
+def _counts(row: dict) -> list[float]:
+    """A tuning row's rounds, drafted tokens and head calls (the head runs at each drafted position after a
+    round's first, unless the threshold is 1) over one pass."""
+    return [row["rounds"], row["drafted"], 0.0 if row["threshold"] >= 1 else row["drafted"] - row["rounds"]]
+
+
+def fit_costs(rows: list[dict]) -> dict[str, float]:
+    """Seconds per round, per drafted token (its drafter step and its share of verification) and per head call,
+    fitted to every (setting, pass) of the tuning grid by non-negative least squares (every subset of the
+    three costs solved, the best fit with no negative cost kept): one cost model from all the timings,
+    steadier than any single setting's measurement on a busy machine."""
+    x = torch.tensor([_counts(r) for r in rows for _ in r["seconds_runs"]], dtype=torch.float64)  # [M, 3]
+    y = torch.tensor([t for r in rows for t in r["seconds_runs"]], dtype=torch.float64)  # [M]
+    best: tuple[float, list[float]] | None = None
+    for keep in [c for n in (3, 2, 1) for c in itertools.combinations(range(3), n)]:
+        sub = x[:, list(keep)]
+        if torch.linalg.matrix_rank(sub) < len(keep):
+            continue
+        coef = torch.linalg.lstsq(sub, y[:, None]).solution[:, 0]
+        if (coef < 0).any():
+            continue
+        residual = float(((sub @ coef - y) ** 2).sum())
+        if best is None or residual < best[0]:
+            full = [0.0] * 3
+            for i, c in zip(keep, coef.tolist()):
+                full[i] = c
+            best = (residual, full)
+    return dict(zip(COSTS, best[1] if best is not None else [0.0] * 3))
+
+
 def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneConfig,
               log: Callable[[str], None] = print) -> dict:
     """Decode the tuning ``records`` with ada at every (threshold, MAX) of ``cfg``'s grid, interleaved per
-    prompt, ``cfg.tune_repeats`` passes; the fastest by median measured tokens/s is chosen (threshold 1 with
-    MAX m is the constant γ m, so a head that does not pay is tuned into that). Returns the grid and the choice."""
+    prompt, ``cfg.tune_repeats`` passes. The choice: the highest modelled tokens/s, each setting's rounds,
+    drafts and head calls (deterministic in greedy decoding) priced by ``fit_costs`` over all the grid's
+    timings (threshold 1 with MAX m is the constant γ m, so a head that does not pay is tuned into that).
+    Returns the grid (measured and modelled speeds), the fitted costs and the choice."""
     from specdec.config import ScheduleConfig
     from specdec.train.drafter import measure_schedules
 
@@ -102,15 +141,21 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
                                 lambda _message: None, repeats=cfg.tune_repeats)
     rows = [{"threshold": t, "max_draft": m, **{k: figures[name][k] for k in (
         "spec_tokens_per_s", "spec_tokens_per_s_runs", "speedup", "greedy_alpha", "greedy_tau", "drafted_per_round",
-        "greedy_equal")}} for name, (t, m) in grid.items()]
-    best = max(rows, key=lambda r: r["spec_tokens_per_s"])
+        "greedy_equal", "rounds", "drafted", "new_tokens", "seconds_runs")}} for name, (t, m) in grid.items()]
+    costs = fit_costs(rows)
+    for r in rows:
+        seconds = sum(c * costs[k] for c, k in zip(_counts(r), COSTS))
+        r["modelled_tokens_per_s"] = round(r["new_tokens"] / seconds, 1) if seconds > 0 else 0.0
+    best = max(rows, key=lambda r: (r["modelled_tokens_per_s"], r["spec_tokens_per_s"]))
+    log(f"  fitted costs: {costs['rounds'] * 1e3:.1f} ms a round, {costs['drafted'] * 1e3:.1f} ms a drafted token, "
+        f"{costs['head_calls'] * 1e3:.2f} ms a head call")
     for r in rows:
         log(f"  threshold {r['threshold']:<4g} MAX {r['max_draft']:<2d} {r['spec_tokens_per_s']:7.1f} tokens/s "
-            f"({r['speedup']:.2f}x plain), tau {r['greedy_tau']:.2f}, drafted {r['drafted_per_round']:.2f}/round"
-            + ("  <- chosen" if r is best else ""))
+            f"measured, {r['modelled_tokens_per_s']:7.1f} modelled ({r['speedup']:.2f}x plain), tau "
+            f"{r['greedy_tau']:.2f}, drafted {r['drafted_per_round']:.2f}/round" + ("  <- chosen" if r is best else ""))
     return {"prompts": len(records), "tokens": cfg.tune_tokens, "repeats": cfg.tune_repeats,
-            "rule": "the highest median measured tokens/s", "grid": rows,
-            "chosen": {"threshold": best["threshold"], "max_draft": best["max_draft"]}}
+            "rule": "the highest modelled tokens/s (costs fitted to every measured time of the grid)",
+            "costs": costs, "grid": rows, "chosen": {"threshold": best["threshold"], "max_draft": best["max_draft"]}}
 
 
 def store_tuned(head: Path, threshold: float, max_draft: int) -> None:
@@ -182,15 +227,20 @@ def head_card(target: str, drafter: str, data: str, own: TargetData, training: d
         tuning = figures["tuning"]
         if tuning:
             chosen = tuning["chosen"]
+            costs = tuning["costs"]
             lines += [(f"Tuned on {tuning['prompts']} held-out prompts ({tuning['tokens']} new tokens, greedy, "
-                       f"{tuning['repeats']} interleaved passes, the fastest by median measured tokens/s): stop "
+                       f"{tuning['repeats']} interleaved passes; the fastest by a cost model fitted to all the grid's "
+                       f"timings: {costs['rounds'] * 1e3:.1f} ms a round, {costs['drafted'] * 1e3:.1f} ms a drafted "
+                       f"token, {costs['head_calls'] * 1e3:.2f} ms a head call): stop "
                        f"threshold **{chosen['threshold']:g}**, MAX **{chosen['max_draft']}** drafted per round, "
                        "stored in `config.json` (`threshold`, `max_draft`) as `--schedule ada`'s defaults"
                        + (" (threshold 1: the head never stops a round, so ada drafts the constant γ MAX: the head "
                           "did not pay on these prompts)." if chosen["threshold"] >= 1 else ".")), "",
-                      "| threshold | MAX | tokens/s | × plain | τ | drafted/round |", "|---|---|---|---|---|---|"]
-            lines += [f"| {r['threshold']:g} | {r['max_draft']} | {r['spec_tokens_per_s']:.1f} | {r['speedup']:.2f} "
-                      f"| {r['greedy_tau']:.2f} | {r['drafted_per_round']:.2f} |" for r in tuning["grid"]]
+                      "| threshold | MAX | tokens/s measured | modelled | × plain | τ | drafted/round |",
+                      "|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['threshold']:g} | {r['max_draft']} | {r['spec_tokens_per_s']:.1f} | "
+                      f"{r['modelled_tokens_per_s']:.1f} | {r['speedup']:.2f} | {r['greedy_tau']:.2f} | "
+                      f"{r['drafted_per_round']:.2f} |" for r in tuning["grid"]]
             lines.append("")
         else:
             lines += [("Not tuned (fewer than 2 held-out prompts, or `--tune-prompts 0`): the stored defaults are "

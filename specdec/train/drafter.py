@@ -460,6 +460,7 @@ def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records
     for name in names:  # warm-up
         run(name, chosen[0], 4)
     rates: dict[str, list[float]] = {name: [] for name in names}  # per pass: tokens/s
+    spent: dict[str, list[float]] = {name: [] for name in names}  # per pass: seconds
     results: dict[str, list] = {name: [] for name in names}  # the first pass's results
     for repeat in range(repeats):
         seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
@@ -473,6 +474,7 @@ def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records
                     results[name].append(result)
         for name in names:
             rates[name].append(tokens[name] / seconds[name])
+            spent[name].append(seconds[name])
     plain = results["plain"]
     plain_rate = statistics.median(rates["plain"])
     out = {}
@@ -490,6 +492,8 @@ def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records
             "spec_tokens_per_s": round(statistics.median(rates[name]), 1),
             "spec_tokens_per_s_runs": [round(r, 1) for r in rates[name]],
             "greedy_equal": sum(a.tokens == b.tokens for a, b in zip(plain, spec)),
+            "rounds": sum(r.stats.rounds for r in spec), "drafted": drafted,  # a pass's (greedy: every pass's)
+            "new_tokens": sum(len(r.tokens) for r in spec), "seconds_runs": [round(t, 4) for t in spent[name]],
         }
         figures["speedup"] = round(figures["spec_tokens_per_s"] / figures["plain_tokens_per_s"], 3)
         how = f"gamma {figures['gamma']}" if schedule is None else f"schedule {schedule.schedule}"
