@@ -117,12 +117,15 @@ def add_config_arguments(
             flags.append(f"--{f.name}")
         flags.extend(aliases.get(f.name, ()))
         help_text = "; ".join(filter(None, (comments.get(f.name, ""), notes.get(f.name)))).replace("%", "%%")
-        if typing.get_origin(hints[f.name]) is tuple:  # a fixed number of values, e.g. --bound MIN MAX
-            args = typing.get_args(hints[f.name])
+        fixed = next((h for h in (hints[f.name], *typing.get_args(hints[f.name])) if typing.get_origin(h) is tuple),
+                     None)  # tuple[...] or tuple[...] | None
+        if fixed is not None:  # a fixed number of values, e.g. --bound MIN MAX
+            args = typing.get_args(fixed)
+            shown = "see above" if f.default is None else " ".join(map(str, f.default))
             group.add_argument(
                 *flags, dest=f.name, type=args[0], nargs=len(args), default=f.default,
                 metavar=tuple(n.upper() for n in ("min", "max")) if len(args) == 2 else None,
-                help=f"{help_text} (default: {' '.join(map(str, f.default))})",
+                help=f"{help_text} (default: {shown})",
             )
             continue
         kind = _scalar_type(hints[f.name])

@@ -70,6 +70,7 @@ class SpecConfig:
 
 
 SCHEDULE_NAMES = ("constant", "heuristic", "confidence", "ada")  # see specdec.schedules
+DEFAULT_BOUND = (1, 16)  # ScheduleConfig.bound when it is not given (ada: MAX from its head when the head has one)
 
 
 @dataclass(frozen=True)
@@ -77,19 +78,25 @@ class ScheduleConfig:
     """How many tokens each row drafts per round (see specdec.schedules); constant drafts gamma."""
 
     schedule: str = "constant"  # constant (gamma every round), heuristic (transformers': +2 after a fully accepted round, -1 otherwise), confidence (stop below a drafter-probability threshold), ada (SpecDec++'s acceptance head)
-    stop_threshold: float | None = None  # ada: stop once P(some draft is rejected) > X; confidence: stop when a draft's probability < X; None = the default (ada: the head's, confidence: 0.4)
-    bound: tuple[int, int] = (1, 16)  # MIN MAX tokens drafted per round by heuristic, confidence and ada
+    stop_threshold: float | None = None  # ada: stop once P(some draft is rejected) > X (1 = never: MAX every round); confidence: stop when a draft's probability < X; None = the default (ada: the head's, confidence: 0.4)
+    bound: tuple[int, int] | None = None  # MIN MAX tokens drafted per round by heuristic, confidence and ada; None = 1 16 (ada: 1 and the head's tuned MAX)
     head: str | None = None  # the acceptance head's folder (ada); None = acceptance_head/ beside the drafter model
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULE_NAMES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULE_NAMES)}, got {self.schedule!r}")
         if self.stop_threshold is not None and (
-                not isinstance(self.stop_threshold, (int, float)) or not 0 < self.stop_threshold < 1):
-            raise ValueError(f"stop_threshold must be in (0, 1), got {self.stop_threshold!r}")
-        if (not isinstance(self.bound, tuple) or len(self.bound) != 2 or not all(_is_int(b) for b in self.bound)
+                not isinstance(self.stop_threshold, (int, float)) or not 0 < self.stop_threshold <= 1):
+            raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold!r}")
+        if self.bound is not None and (not isinstance(self.bound, tuple) or len(self.bound) != 2 or not all(_is_int(b) for b in self.bound)
                 or self.bound[0] < 1 or self.bound[0] > self.bound[1]):
             raise ValueError(f"bound must be MIN MAX with 1 <= MIN <= MAX, got {self.bound!r}")
+
+    def bound_or(self, most: int | None = None) -> tuple[int, int]:
+        """``bound``, or when it is not given: ``DEFAULT_BOUND`` with ``most`` (a head's tuned MAX) as MAX."""
+        if self.bound is not None:
+            return self.bound
+        return (DEFAULT_BOUND[0], DEFAULT_BOUND[1] if most is None else most)
 
 
 @dataclass(frozen=True)

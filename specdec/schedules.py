@@ -15,7 +15,9 @@ Every decision is per row. Drafted lengths stay within ``ScheduleConfig.bound`` 
   does, written here without scikit-learn).
 - ``ada`` (SpecDec++, Huang et al. 2024): a trained acceptance head reads the drafter's hidden
   state at each drafted position and predicts P(accept); a row stops when
-  1 - prod_j a_j > threshold, with a_1 := 1 (the first token is always drafted).
+  1 - prod_j a_j > threshold, with a_1 := 1 (the first token is always drafted). The threshold and
+  MAX default to the ones stored with the head (``specdec train head`` tunes them on held-out
+  prompts); threshold 1 never stops a row (MAX every round, the head unused: the constant gamma MAX).
 - ``Crossover`` wraps any of them for ``speculate="auto"``: the first rounds at each batch size
   (bucketed to powers of two) alternate between drafting as the inner schedule says and not drafting
   at all (plain decoding through the same loop), timed by the loop's events; from then on that batch
@@ -225,8 +227,10 @@ class Ada(Bounded, Schedule):
         self.low, self.high = bound
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
-        stop = _AdaStop(self.accept, self.threshold, self.low, rows, device)
-        return DraftPlan(torch.full((rows,), self.high, dtype=torch.long, device=device), stop)
+        limit = torch.full((rows,), self.high, dtype=torch.long, device=device)
+        if self.threshold >= 1:  # 1 - prod a_j never exceeds 1: no row would stop, so the head need not run
+            return DraftPlan(limit)
+        return DraftPlan(limit, _AdaStop(self.accept, self.threshold, self.low, rows, device))
 
 
 def batch_bucket(rows: int) -> int:
@@ -318,15 +322,15 @@ def _ada(spec: SpecConfig, config: ScheduleConfig, drafter: Drafter) -> Schedule
 
     head = load_head(Path(path), drafter.hidden_size)
     threshold = config.stop_threshold if config.stop_threshold is not None else head.default_threshold
-    return Ada(head.accept_probability, threshold, config.bound)
+    return Ada(head.accept_probability, threshold, config.bound_or(head.config.max_draft))
 
 
 # name -> (spec, config, drafter) -> Schedule
 SCHEDULES: dict[str, Callable[[SpecConfig, ScheduleConfig, Drafter], Schedule]] = {
     "constant": lambda spec, config, drafter: Constant(spec.gamma),
-    "heuristic": lambda spec, config, drafter: Heuristic(spec.gamma, config.bound),
+    "heuristic": lambda spec, config, drafter: Heuristic(spec.gamma, config.bound_or()),
     "confidence": lambda spec, config, drafter: Confidence(
-        CONFIDENCE_START if config.stop_threshold is None else config.stop_threshold, config.bound),
+        CONFIDENCE_START if config.stop_threshold is None else config.stop_threshold, config.bound_or()),
     "ada": _ada,
 }
 

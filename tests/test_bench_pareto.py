@@ -120,5 +120,5 @@ def test_sweep_settings_are_checked():
         BenchConfig(pareto=True, pareto_bound=(4,))
     with pytest.raises(ValueError, match="pareto_gamma must be one or more ints >= 1"):
         BenchConfig(pareto=True, pareto_gamma=(0, 2))
-    with pytest.raises(ValueError, match=r"stop_threshold must be in \(0, 1\)"):
-        BenchConfig(pareto=True, pareto_ada=(0.5, 1.0))
+    with pytest.raises(ValueError, match=r"stop_threshold must be in \(0, 1\]"):
+        BenchConfig(pareto=True, pareto_ada=(0.5, 1.5))

@@ -67,7 +67,8 @@ SHORTENED: dict[str, list[str]] = {
                               "--measure-tokens", "4"],
     "specdec train head --target path/to/your-model --drafter runs/my-drafter/final --data runs/my-outputs.jsonl "
     "--out runs/my-head": ["--max-steps", "2", "--batch-size", "64", "--warmup-steps", "1", "--measure-prompts", "1",
-                           "--measure-tokens", "4"],
+                           "--measure-tokens", "4", "--measure-repeats", "1", "--tune-thresholds", "0.5", "1",
+                           "--tune-max-draft", "2", "--tune-tokens", "4", "--tune-repeats", "1"],
     "OMP_NUM_THREADS=1 specdec bench --task translate --data data/gettext-de --num-prompts 120 --seed 19 "
     "--max-new-tokens 64 --repeats 3": BENCH_SHORT,
 }

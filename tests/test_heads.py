@@ -408,8 +408,8 @@ def test_draft_lengths_equal_the_loop(rows, threshold, lo, extra):
 
 
 def test_rule_errors_name_the_problem():
-    with pytest.raises(ValueError, match=r"stop_threshold must be in \(0, 1\)"):
-        draft_lengths(torch.ones(1, 4), 1.0, (1, 4))
+    with pytest.raises(ValueError, match=r"stop_threshold must be in \(0, 1\]"):
+        draft_lengths(torch.ones(1, 4), 1.5, (1, 4))
     with pytest.raises(ValueError, match="1 <= MIN <= MAX"):
         draft_lengths(torch.ones(1, 4), 0.5, (0, 4))
     with pytest.raises(ValueError, match="1 <= MIN <= MAX"):

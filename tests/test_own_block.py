@@ -12,12 +12,13 @@ missing file, a flag that does not apply) is one line on stderr, exit status 2, 
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 import torch
 from test_own_model import NEW, _data, _hf_greedy, _run, targets  # noqa: F401 (targets: the fixture)
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import specdec
 from specdec.cli import main
@@ -128,16 +129,23 @@ def _drafter(target_dir, data_file, out) -> str:
 
 
 HEAD_FLAGS = ["--max-steps", "6", "--batch-size", "64", "--warmup-steps", "1", "--eval-every", "3", "--save-every",
-              "3", "--measure-prompts", "3", "--measure-tokens", str(NEW)]
+              "3", "--measure-prompts", "3", "--measure-tokens", str(NEW), "--measure-repeats", "2",
+              "--tune-thresholds", "0.5", "1", "--tune-max-draft", "2", "3", "--tune-tokens", str(NEW),
+              "--tune-repeats", "1"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "marian"])
 def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys):
-    """data -> drafter -> `specdec train head --target --drafter --data` -> a head for that pair with which
-    `--schedule ada` decodes the held-out prompts exactly; measured against plain decoding and the constant
-    gamma, the figures are in training.json and the card."""
-    from specdec.config import ScheduleConfig
+    """data -> drafter -> `specdec train head --target --drafter --data` -> a head for that pair, ada's threshold
+    and MAX tuned on the first held-out prompts and stored with it, so that `--schedule ada --head` uses them
+    by default (flags override) and decodes the held-out prompts exactly; measured on the other held-out
+    prompts against plain decoding and every constant gamma of the grid, the figures in training.json and
+    the card."""
+    from specdec.arguments import add_decoding_arguments, config_from
+    from specdec.config import ScheduleConfig, SpecConfig
+    from specdec.drafters.model import ModelDrafter
     from specdec.heads import load_head
+    from specdec.schedules import Ada, make_schedule
 
     target_dir, data_file = data[arch]
     drafter_dir = _drafter(target_dir, data_file, tmp_path / "drafter")
@@ -149,26 +157,115 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     head = load_head(final, hidden_size=16)
     assert head.config.hidden_size == 16
     held = read_records(valid_path(data_file))
-    assert (run / "data").is_dir() and (run / "valid-data").is_dir()
-    target, drafter = specdec.load_model(str(target_dir)), specdec.load_model(drafter_dir)
-    prompts = [r["prompt_ids"] for r in held]
-    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=NEW)
-    ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW,
-                                       schedule=ScheduleConfig("ada", head=str(final), stop_threshold=0.5))
-    assert [r.tokens for r in ada] == [r.tokens for r in plain]
-    assert [r.tokens for r in plain] == [_hf_greedy(target, p) for p in prompts]
-    assert sum(r.stats.drafted for r in ada) > 0
+    assert len(held) >= 2 and (run / "data").is_dir() and (run / "valid-data").is_dir()
     record = json.loads((final / "training.json").read_text())
     figures = record["figures"]
-    assert figures["ada"]["schedule"] == "ada" and figures["constant"]["schedule"] == "constant"
-    for kind in ("ada", "constant"):
-        assert figures[kind]["greedy_equal"] == figures[kind]["prompts"] == min(3, len(held))
+    tuning = figures["tuning"]
+    # tuned on the first half of the held-out prompts, every (threshold, MAX) of the grid, then stored
+    assert tuning["prompts"] == len(held) // 2
+    assert [(r["threshold"], r["max_draft"]) for r in tuning["grid"]] == [(0.5, 2), (1.0, 2), (0.5, 3), (1.0, 3)]
+    assert all(r["greedy_equal"] == tuning["prompts"] for r in tuning["grid"])
+    costs = tuning["costs"]  # fitted to the grid's timings; each setting's rounds, drafts and head calls priced
+    assert all(c >= 0 for c in costs.values()) and sum(costs.values()) > 0
+    for r in tuning["grid"]:
+        head_calls = 0 if r["threshold"] == 1 else r["drafted"] - r["rounds"]
+        seconds = costs["rounds"] * r["rounds"] + costs["drafted"] * r["drafted"] + costs["head_calls"] * head_calls
+        assert r["modelled_tokens_per_s"] == pytest.approx(r["new_tokens"] / seconds, abs=0.06)
+    best = max(tuning["grid"], key=lambda r: (r["modelled_tokens_per_s"], r["spec_tokens_per_s"]))
+    assert tuning["chosen"] == {"threshold": best["threshold"], "max_draft": best["max_draft"]}
+    assert (head.config.threshold, head.config.max_draft) == (best["threshold"], best["max_draft"])
+    # `--schedule ada --head DIR` takes them by default (no --bound on the command line); flags override them
+    parser = argparse.ArgumentParser()
+    add_decoding_arguments(parser)
+    default = config_from(parser.parse_args(["--schedule", "ada", "--head", str(final)]), ScheduleConfig)
+    drafter = specdec.load_model(drafter_dir)
+    schedule = make_schedule(SpecConfig(), default, ModelDrafter(drafter))
+    assert isinstance(schedule, Ada) and (schedule.threshold, schedule.high) == (best["threshold"], best["max_draft"])
+    given = config_from(parser.parse_args(["--schedule", "ada", "--head", str(final), "--stop-threshold", "0.25",
+                                           "--bound", "1", "5"]), ScheduleConfig)
+    schedule = make_schedule(SpecConfig(), given, ModelDrafter(drafter))
+    assert (schedule.threshold, schedule.high) == (0.25, 5)
+    # decoding with the tuned defaults is exact: equal to plain decoding and to transformers' generate
+    target = specdec.load_model(str(target_dir))
+    prompts = [r["prompt_ids"] for r in held]
+    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=NEW)
+    for config in (default, ScheduleConfig("ada", head=str(final), stop_threshold=0.5)):
+        ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW, schedule=config)
+        assert [r.tokens for r in ada] == [r.tokens for r in plain]
+        assert sum(r.stats.drafted for r in ada) > 0
+    ada = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=NEW, schedule=default)
+    assert max(r.drafted for a in ada for r in a.stats.records) <= best["max_draft"]
+    assert [r.tokens for r in plain] == [_hf_greedy(target, p) for p in prompts]
+    # measured on the other held-out prompts: ada (tuned) and every constant gamma of the grid
+    measured = min(3, len(held) - tuning["prompts"])
+    assert set(figures["constants"]) == {"constant 2", "constant 3"}
+    assert figures["ada"]["schedule"] == "ada" and figures["ada"]["repeats"] == 2
+    for f in (figures["ada"], *figures["constants"].values()):
+        assert f["greedy_equal"] == f["prompts"] == measured and len(f["spec_tokens_per_s_runs"]) == 2
+    assert figures["best_constant"] == max(figures["constants"].values(), key=lambda f: f["spec_tokens_per_s"])["gamma"]
     assert record["target_fingerprint"] == held[0]["target"] and record["drafter"] == drafter_dir
     card = (final / "README.md").read_text()
     assert f"| acceptance rate α | {figures['ada']['greedy_alpha']:.3f} |" in card
-    assert f"{figures['ada_over_constant']:.2f}x the constant γ's speed" in card
-    assert ("does not pay over the constant" in card) == (figures["ada_over_constant"] < 1)
-    assert f"speedup {figures['ada']['speedup']:.2f}x" in printed
+    assert f"stop threshold **{best['threshold']:g}**, MAX **{best['max_draft']}**" in card
+    assert f"**{figures['ada_over_best_constant']:.2f}x** the speed of the best constant γ" in card
+    assert ("does not pay over the best constant" in card) == (figures["ada_over_best_constant"] < 1)
+    assert f"speedup {figures['ada']['speedup']:.2f}x" in printed and "<- chosen" in printed
+
+
+def test_head_data_of_an_encoder_decoder_pair_reads_what_decoding_reads(data, tmp_path):
+    """The head's data for a Marian pair: the target's teacher-forced argmax is its own greedy output (the
+    records'), the padded batch equals each record alone (sources of other lengths are masked), and a drafter
+    equal to the target has every greedy draft accepted."""
+    from specdec.heads.data import Record, examples_of_batch, response_states, teacher_forced_logits
+
+    target_dir, data_file = data["marian"]
+    target = specdec.load_model(str(target_dir))
+    drafter = specdec.load_model(_drafter(target_dir, data_file, tmp_path / "drafter"))
+    records = [Record(i, r["prompt_ids"], r["ids"][: len(r["ids"]) - i % 3])  # decoder texts of other lengths too
+               for i, r in enumerate(read_records(data_file)[:6])]
+    assert len({len(r.prompt) for r in records}) > 1 and len({len(r.response) for r in records}) > 1
+    for r, p in zip(records, teacher_forced_logits(target, records)):
+        assert p.argmax(-1).tolist() == r.response
+    for r, q in zip(records, teacher_forced_logits(drafter, records)):
+        torch.testing.assert_close(q, teacher_forced_logits(drafter, [r])[0], rtol=1e-4, atol=1e-4)
+    inputs = [torch.tensor(r.response) for r in records]
+    for r, z, h in zip(records, inputs, response_states(drafter, [r.prompt for r in records], inputs)):
+        assert h.shape == (len(r.response) + 1, 16)
+        torch.testing.assert_close(h, response_states(drafter, [r.prompt], [z])[0], rtol=1e-4, atol=1e-4)
+    same = examples_of_batch(target, target, records, ("greedy",), 0.15, 0, "response")
+    assert len(same["label"]) == sum(len(r.response) for r in records) and bool((same["label"] == 1).all())
+
+
+def test_held_out_prompts_split_into_tuning_and_measurement():
+    """The prompts that tune ada are never the ones measured; too few held out: nothing tunes."""
+    from specdec.heads.own import split_held_out
+
+    held = [{"id": str(i)} for i in range(7)]
+    assert split_held_out(held, None) == (held[:3], held[3:])
+    assert split_held_out(held, 5) == (held[:5], held[5:])
+    assert split_held_out(held, 50) == (held[:6], held[6:])  # one is always left to measure
+    assert split_held_out(held, 0) == ([], held)
+    assert split_held_out(held[:1], None) == ([], held[:1])
+
+
+def test_tuning_cost_model_recovers_known_costs():
+    """``fit_costs`` on timings made from known costs (a round, a drafted token, a head call) gives them back; a
+    cost the timings would make negative is left out (0) rather than fitted below zero."""
+    from specdec.heads.own import fit_costs
+
+    grid = [(t, m, rounds, drafted) for t, m, rounds, drafted in
+            [(0.5, 2, 40, 70), (1.0, 2, 40, 80), (0.5, 4, 30, 80), (1.0, 4, 28, 112), (0.7, 8, 26, 90), (1.0, 8, 25, 200)]]
+    rows = []
+    for t, m, rounds, drafted in grid:
+        head_calls = 0 if t == 1 else drafted - rounds
+        seconds = 0.1 * rounds + 0.01 * drafted + 0.002 * head_calls
+        rows.append({"threshold": t, "max_draft": m, "rounds": rounds, "drafted": drafted,
+                     "seconds_runs": [seconds, seconds]})
+    assert fit_costs(rows) == pytest.approx({"rounds": 0.1, "drafted": 0.01, "head_calls": 0.002})
+    for r in rows:  # head calls that make decoding faster: not a cost, left out
+        r["seconds_runs"] = [0.1 * r["rounds"] + 0.01 * r["drafted"] - (0.0 if r["threshold"] == 1 else 0.5)] * 2
+    costs = fit_costs(rows)
+    assert costs["head_calls"] == 0 and costs["rounds"] > 0 and costs["drafted"] >= 0
 
 
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):
@@ -213,8 +310,17 @@ def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, c
                                 str(tmp_path / "missing.jsonl"))
     assert "does not exist" in _run(capsys, *train, "--target", str(llama), "--drafter", str(tmp_path / "missing"),
                                     "--data", str(llama_data))
-    assert "encoder-decoder" in _run(capsys, *train, "--target", str(marian), "--drafter", str(marian), "--data",
-                                     str(marian_data))
+    causal = tmp_path / "causal-marian-vocabulary"  # a decoder-only drafter of the Marian target's vocabulary
+    tok = AutoTokenizer.from_pretrained(marian)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2)).save_pretrained(causal)
+    tok.save_pretrained(causal)
+    assert "must read what the target reads" in _run(capsys, *train, "--target", str(marian), "--drafter",
+                                                     str(causal), "--data", str(marian_data))
     assert "replaces --outputs" in _run(capsys, *train, "--target", str(llama), "--drafter", str(gpt2), "--data",
                                         str(llama_data), "--outputs", str(llama_data))
+    pair = ["--target", str(llama), "--drafter", str(gpt2), "--data", str(llama_data)]
+    assert "tune_thresholds must be one or more numbers in (0, 1]" in _run(capsys, *train, *pair, "--tune-thresholds",
+                                                                          "0.5", "1.5")
+    assert "tune_max_draft must be one or more ints >= 1" in _run(capsys, *train, *pair, "--tune-max-draft", "0")
     assert not out.exists()

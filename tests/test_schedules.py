@@ -6,7 +6,8 @@
 - the confidence stop and transformers' ROC retuning (against a brute-force search of thresholds);
 - SpecDec++'s stop rule: the running product, the first token always drafted, the bounds;
 - the records say how long each draft was and why it ended;
-- bad input: threshold outside (0, 1), bounds, ada without hidden states or head.
+- ada at threshold 1 is the constant gamma MAX (no stop rule, the head never asked);
+- bad input: threshold outside (0, 1], bounds, ada without hidden states or head.
 """
 
 from __future__ import annotations
@@ -143,6 +144,24 @@ def test_ada_drafts_within_its_bounds_and_stops_on_the_head(pair):
     assert res.stats.records[0].drafted == 9 and res.stats.records[0].ended == "bound"
 
 
+def test_ada_at_threshold_one_is_the_constant_gamma_max(pair):
+    """1 - prod a_j never exceeds 1: ada at threshold 1 drafts MAX every round as the constant gamma MAX does,
+    without asking the head (no stop rule, so no hidden states either)."""
+    target, drafter = pair
+
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the head was asked at threshold 1")
+
+    assert Ada(head, 1.0, (1, 3)).plan(2, "cpu").stop is None
+    ada = specdec.speculative_generate(target, drafter, PROMPTS, max_new_tokens=20, stop_token_ids=[],
+                                       schedule=Ada(head, 1.0, (1, 3)))
+    constant = specdec.speculative_generate(target, drafter, PROMPTS, max_new_tokens=20, stop_token_ids=[], gamma=3)
+    for a, c in zip(ada, constant):
+        assert a.tokens == c.tokens
+        assert [(r.drafted, r.accepted) for r in a.stats.records] == [(r.drafted, r.accepted) for r in c.stats.records]
+    assert {a.stats.records[0].drafted for a in ada} == {3}
+
+
 def test_crossover_measures_both_modes_then_keeps_one():
     from specdec.events import RoundSummary
     from specdec.schedules import Constant
@@ -181,8 +200,8 @@ def test_crossover_measures_again_and_follows_a_change():
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"stop_threshold": 0.0}, r"stop_threshold must be in \(0, 1\)"),
-    ({"stop_threshold": 1.5}, r"stop_threshold must be in \(0, 1\)"),
+    ({"stop_threshold": 0.0}, r"stop_threshold must be in \(0, 1\]"),
+    ({"stop_threshold": 1.5}, r"stop_threshold must be in \(0, 1\]"),
     ({"bound": (0, 4)}, "bound must be MIN MAX with 1 <= MIN <= MAX"),
     ({"bound": (5, 4)}, "bound must be MIN MAX with 1 <= MIN <= MAX"),
     ({"schedule": "eager"}, "schedule must be one of constant, heuristic, confidence, ada"),

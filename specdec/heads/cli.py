@@ -3,13 +3,14 @@
     specdec train head --outputs runs/code-target-outputs.jsonl --valid-outputs runs/valid-outputs.jsonl \
         --out runs/acceptance-head            # data in runs/acceptance-head/data, head in .../final
     specdec train head --target MODEL --drafter DRAFTER --data runs/outputs.jsonl --out runs/my-head
-                        # any decoder-only pair, on `specdec data outputs`; measured at the end (specdec/heads/own.py)
+                        # any pair (decoder-only or encoder-decoder), on `specdec data outputs`; ada's threshold
+                        # and MAX tuned on half the held-out prompts, measured on the rest (specdec/heads/own.py)
     torchrun --nproc_per_node 2 -m specdec train head ...   # the same, data parallel (or accelerate launch)
     specdec train head-eval --head runs/acceptance-head/final --valid-outputs runs/valid-outputs.jsonl \
         --out runs/acceptance-head/eval       # calibration plot, Brier, stop-rule simulation
 
 Run ``head`` again with the same ``--out`` to resume (data shards, then training). Flags are the
-fields of ``HeadDataConfig`` and ``HeadTrainConfig``, with their defaults and comments.
+fields of ``HeadDataConfig``, ``HeadTrainConfig`` and ``HeadTuneConfig``, with their defaults and comments.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import typing
 from pathlib import Path
 
 from specdec.heads.data import LABEL_KINDS, HeadDataConfig
+from specdec.heads.own import HeadTuneConfig
 from specdec.heads.train import HeadTrainConfig
 
 _SET_BY_CLI = {"outputs", "data", "valid", "labels"}  # fields the command fills from its own flags
@@ -36,13 +38,16 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, skip: set[str]) -> N
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
+        many = typing.get_origin(hints[f.name]) is tuple  # tuple[X, ...]: one or more values
         kind = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
-        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=f.default,
+        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default,
+                           type=kind, nargs="+" if many else None,
                            help=comments.get(f.name, "").replace("%", "%%") + " (default: %(default)s)")
 
 
 def _fields(args: argparse.Namespace, cls: type, **extra) -> dict:
-    return {**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}, **extra}
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return {**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}, **extra}
 
 
 def _cmd_head(args: argparse.Namespace) -> int:
@@ -61,6 +66,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
         if args.outputs or args.valid_outputs or args.valid_data:
             raise ValueError("--data FILE (a `specdec data outputs` file) replaces --outputs, --valid-outputs and "
                              "--valid-data: its held-out share is read from beside it")
+        tune = HeadTuneConfig(**_fields(args, HeadTuneConfig))  # its checks before any work
         own = check_pair(args.target, args.drafter, args.data)  # refuses another target's data or vocabulary
         args.outputs, args.data = args.data, None
         args.valid_outputs = str(valid_path(args.outputs)) if own.valid else None
@@ -88,8 +94,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
     if rank == 0 and final is not None and own is not None:
         from specdec.heads.own import finish
 
-        finish(final, args.target, args.drafter, args.outputs, own, not args.no_measure, args.measure_prompts,
-               args.measure_tokens)
+        finish(final, args.target, args.drafter, args.outputs, own, not args.no_measure, tune)
     if rank == 0:
         print(f"final head: {final}" if final else "stopped early; run the same command to resume")
     return 0
@@ -146,7 +151,7 @@ def register(sub) -> None:
     head.add_argument("--out", required=True, help="run folder: checkpoint/ (resume), final/ (the head)")
     head.add_argument("--outputs", help="the target's continuations of train prompts (`specdec train outputs`)")
     head.add_argument("--valid-outputs", help="the same for validation prompts (validation loss)")
-    head.add_argument("--data", help="a `specdec data outputs` file of --target (any decoder-only pair: replaces "
+    head.add_argument("--data", help="a `specdec data outputs` file of --target (any pair: replaces "
                                      "--outputs and --valid-outputs; the head is measured at the end), or a head "
                                      "data folder to build or read (default: OUT/data)")
     head.add_argument("--valid-data", help="validation head data folder (default: OUT/valid-data)")
@@ -158,12 +163,10 @@ def register(sub) -> None:
     head.add_argument("--stop-at-step", type=int, default=None, help="checkpoint and stop at this step")
     head.add_argument("--data-only", action="store_true", help="build the data folders and stop")
     head.add_argument("--no-measure", action="store_true",
-                      help="with --data FILE: skip the held-out speed measurement at the end")
-    head.add_argument("--measure-prompts", type=int, default=20, help="held-out prompts measured (default: %(default)s)")
-    head.add_argument("--measure-tokens", type=int, default=64,
-                      help="new tokens per measured prompt (default: %(default)s)")
+                      help="with --data FILE: skip ada's tuning and the held-out speed measurement at the end")
     _add_fields(head, HeadDataConfig, _SET_BY_CLI | {"seed"})
     _add_fields(head, HeadTrainConfig, _SET_BY_CLI)
+    _add_fields(head, HeadTuneConfig, set())
     head.set_defaults(func=_cmd_head)
 
     ev = sub.add_parser("head-eval", help="calibration and stop-rule simulation of an acceptance head on "

@@ -32,6 +32,10 @@ context IS the target's text, so these states are the ones the head meets. On va
 this head stops better than the mixed one (the card's figures). Both fit the one stop rule of
 ``specdec.schedules.Ada`` (product of the values behind drafts 2..i, the first draft always made).
 
+An encoder-decoder pair (Marian, BART, T5, ...) is handled the same way: the record's prompt is the source
+both encoders read, the decoders read the start token (as ``generate`` starts) and then the response or
+``z``, and the drafter's states are its decoder's last layer (what ``Proposal.hidden`` carries for it).
+
 Shard tensors: ``hidden`` [N, H] float16, ``label`` [N] float32, ``kind`` [N] uint8 (index into
 ``LABEL_KINDS``), ``record`` [N] int32 (line of the outputs file), ``position`` [N] int16 (j - 1).
 """
@@ -139,10 +143,33 @@ def _right_padded(seqs: list[list[int]], pad: int = 0) -> torch.Tensor:
     return torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long)
 
 
+def _encoder_decoder(model) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def _seq2seq_forward(model, sources: list[list[int]], decoder: list[list[int]], hidden: bool):
+    """An encoder-decoder model on right-padded ``sources`` (masked) and ``decoder`` inputs, each starting with
+    the decoder start token (``generate``'s); the decoder is causal, so its padding needs no mask."""
+    from specdec.seq2seq import decoder_start_id
+
+    pad = model.config.pad_token_id or 0
+    source = _right_padded(sources, pad).to(model.device)  # [B, S]
+    mask = _right_padded([[1] * len(x) for x in sources], 0).to(model.device)  # [B, S]
+    start = decoder_start_id(model)
+    ids = _right_padded([[start, *d] for d in decoder], pad).to(model.device)  # [B, 1 + T]
+    return model(input_ids=source, attention_mask=mask, decoder_input_ids=ids, use_cache=False,
+                 output_hidden_states=hidden)
+
+
 @torch.no_grad()
 def teacher_forced_logits(model, records: list[Record]) -> list[torch.Tensor]:
-    """Per record, the model's next-token logits at its response positions on ``prompt + response``:
+    """Per record, the model's next-token logits at its response positions on ``prompt + response`` (an
+    encoder-decoder model: the prompt is its source, the decoder reads the start token + response):
     element j of record r is the distribution of ``response[j]``. A list of [n_r, V] float32."""
+    if _encoder_decoder(model):
+        logits = _seq2seq_forward(model, [r.prompt for r in records], [r.response for r in records],
+                                  hidden=False).logits.float()  # [B, 1 + T, V]
+        return [logits[b, : len(r.response)].cpu() for b, r in enumerate(records)]
     ids = _right_padded([r.prompt + r.response for r in records]).to(model.device)  # [B, T]
     logits = model(input_ids=ids, use_cache=False).logits.float()  # [B, T, V]
     return [logits[b, len(r.prompt) - 1 : len(r.prompt) + len(r.response) - 1].cpu()
@@ -153,7 +180,12 @@ def teacher_forced_logits(model, records: list[Record]) -> list[torch.Tensor]:
 def response_states(drafter, prompts: list[list[int]], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The drafter's last-layer hidden states on ``prompt + inputs``, from the prompt's last position
     on: a list of [n_r + 1, H]; row 0 is the state at the prompt's last token, row j >= 1 the state
-    at ``inputs[j - 1]`` (each state's logits give the token after it)."""
+    at ``inputs[j - 1]`` (each state's logits give the token after it). An encoder-decoder drafter reads
+    the prompt as its source and its decoder's states are taken: row 0 at the start token."""
+    if _encoder_decoder(drafter):
+        out = _seq2seq_forward(drafter, prompts, [z.tolist() for z in inputs], hidden=True)
+        last = out.decoder_hidden_states[-1].float()  # [B, 1 + T, H]
+        return [last[b, : len(z) + 1].cpu() for b, z in enumerate(inputs)]
     seqs = [p + z.tolist() for p, z in zip(prompts, inputs)]
     ids = _right_padded(seqs).to(drafter.device)  # [B, T]
     out = drafter(input_ids=ids, use_cache=False, output_hidden_states=True, logits_to_keep=1)
@@ -267,7 +299,9 @@ def build_head_data(cfg: HeadDataConfig, out_dir: str | Path, device: str | None
     target = load_model(cfg.target, device=device, dtype="fp32")
     drafter = load_model(cfg.drafter, device=device, dtype="fp32")
     limit = min(x for x in (context_limit(target), context_limit(drafter), 1 << 30) if x is not None)
-    long = [r.index for r in records if len(r.prompt) + len(r.response) > limit]
+    seq2seq = _encoder_decoder(target)  # its source and its decoder's text (start + response) each within the limit
+    long = [r.index for r in records
+            if (max(len(r.prompt), len(r.response) + 1) if seq2seq else len(r.prompt) + len(r.response)) > limit]
     if long:
         raise ValueError(f"{len(long)} records are longer than the models' context ({limit}), e.g. line {long[0]}")
     if rank == 0:

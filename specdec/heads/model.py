@@ -3,7 +3,8 @@
 Contract: ``AcceptanceHead(HeadConfig(hidden_size=H))`` maps the drafter's last-layer hidden states
 ``[..., H]`` to two logits ``[..., 2]`` (index 0 = rejected, 1 = accepted); ``accept_probability``
 gives the softmax's accept column ``[...]`` (what ``specdec.schedules.Ada`` calls with ``[B, H]``),
-``default_threshold`` the stop threshold stored with it (``--stop-threshold`` overrides it).
+``default_threshold`` the stop threshold stored with it (``--stop-threshold`` overrides it) and
+``config.max_draft`` ada's MAX (``--bound`` overrides it).
 ``load_head(path, hidden_size)`` loads a head folder and checks it fits the drafter. The network is ``num_blocks`` residual blocks
 ``x + SiLU(Linear(x))``, each with its own weights, then ``Linear(H, 2)``. (SpecDec++'s released code
 builds ``[ResBlock(h)] * n``, which repeats ONE block object n times, so its "n layers" share one
@@ -49,15 +50,18 @@ class HeadConfig:
     labels: str = "greedy+sampling"  # the verification its labels came from: greedy, sampling or both
     drafter: str | None = None  # the drafter whose hidden states it was trained on (a note, not checked)
     inputs: str = "mixed"  # the data's inputs (specdec.heads.data): "mixed" (SpecDec++) or "response"
-    threshold: float = 0.5  # ada's stop threshold when --stop-threshold is not given (chosen on validation rounds)
+    threshold: float = 0.5  # ada's stop threshold when --stop-threshold is not given (tuned on held-out prompts; 1 = never stop)
+    max_draft: int | None = None  # ada's MAX drafted per round when --bound is not given (tuned with it); None = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.hidden_size, int) or self.hidden_size < 1:
             raise ValueError(f"hidden_size must be an int >= 1, got {self.hidden_size!r}")
         if not isinstance(self.num_blocks, int) or self.num_blocks < 0:
             raise ValueError(f"num_blocks must be an int >= 0, got {self.num_blocks!r}")
-        if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold < 1.0:
-            raise ValueError(f"threshold must be in (0, 1), got {self.threshold!r}")
+        if not isinstance(self.threshold, (int, float)) or not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
+        if self.max_draft is not None and (not isinstance(self.max_draft, int) or self.max_draft < 1):
+            raise ValueError(f"max_draft must be an int >= 1 or None, got {self.max_draft!r}")
 
 
 class ResidualBlock(nn.Module):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -435,50 +436,69 @@ def measure_pair(target: PreTrainedModel, drafter: PreTrainedModel, records: Seq
 
 def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records: Sequence[dict], prompts: int,
                       max_new_tokens: int, schedules: dict[str, ScheduleConfig | None],
-                      log: Callable[[str], None] = print, gamma: int = 4) -> dict[str, dict]:
-    """Per schedule (name -> config, None: the constant ``gamma``), greedy α, τ and speedup over plain decoding
-    of the target on the first ``prompts`` held-out prompts, batch 1, outputs compared. After one warm-up of
-    each, every prompt is decoded by every method in turn, each call timed: the methods meet the same load
-    (a shared machine drifts), so their speeds compare with each other and with the one plain run."""
+                      log: Callable[[str], None] = print, gamma: int = 4, gammas: dict[str, int] | None = None,
+                      repeats: int = 1) -> dict[str, dict]:
+    """Per schedule (name -> config, None: the constant γ: ``gammas[name]``, else ``gamma``), greedy α, τ and
+    speedup over plain decoding of the target on the first ``prompts`` held-out prompts, batch 1, outputs
+    compared. After one warm-up of each, every prompt is decoded by every method in turn, each call timed: the
+    methods meet the same load (a shared machine drifts), so their speeds compare with each other and with the
+    plain runs. ``repeats`` passes over the prompts: each pass gives every method a speed (its tokens over its
+    seconds), and the figures are the medians over passes (``spec_tokens_per_s_runs``: each pass's)."""
     from specdec.decode import autoregressive_generate, speculative_generate
 
     chosen = [r["prompt_ids"] for r in records][:prompts]
     drafter.eval()
+    gammas = gammas or {}
 
     def run(name: str, ids: list[int], tokens: int):
         if name == "plain":
             return autoregressive_generate(target, ids, max_new_tokens=tokens)
-        return speculative_generate(target, drafter, ids, max_new_tokens=tokens, gamma=gamma, schedule=schedules[name])
+        return speculative_generate(target, drafter, ids, max_new_tokens=tokens, gamma=gammas.get(name, gamma),
+                                    schedule=schedules[name])
 
     names = ["plain", *schedules]
     for name in names:  # warm-up
         run(name, chosen[0], 4)
-    seconds = dict.fromkeys(names, 0.0)
-    results: dict[str, list] = {name: [] for name in names}
-    for ids in chosen:
+    rates: dict[str, list[float]] = {name: [] for name in names}  # per pass: tokens/s
+    spent: dict[str, list[float]] = {name: [] for name in names}  # per pass: seconds
+    results: dict[str, list] = {name: [] for name in names}  # the first pass's results
+    for repeat in range(repeats):
+        seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+        for ids in chosen:
+            for name in names:
+                started = time.perf_counter()
+                result = run(name, ids, max_new_tokens)
+                seconds[name] += time.perf_counter() - started
+                tokens[name] += len(result.tokens)
+                if repeat == 0:
+                    results[name].append(result)
         for name in names:
-            started = time.perf_counter()
-            results[name].append(run(name, ids, max_new_tokens))
-            seconds[name] += time.perf_counter() - started
+            rates[name].append(tokens[name] / seconds[name])
+            spent[name].append(seconds[name])
     plain = results["plain"]
-    plain_rate = sum(len(r.tokens) for r in plain) / seconds["plain"]
+    plain_rate = statistics.median(rates["plain"])
     out = {}
     for name, schedule in schedules.items():
         spec = results[name]
         drafted = sum(r.stats.drafted for r in spec)
         figures = {
-            "prompts": len(chosen), "max_new_tokens": max_new_tokens, "gamma": gamma,
+            "prompts": len(chosen), "max_new_tokens": max_new_tokens, "gamma": gammas.get(name, gamma),
             "schedule": "constant" if schedule is None else schedule.schedule, "threads": torch.get_num_threads(),
-            "device": str(next(target.parameters()).device),
+            "device": str(next(target.parameters()).device), "repeats": repeats,
             "greedy_alpha": round(sum(r.stats.accepted for r in spec) / drafted, 4) if drafted else 0.0,
             "greedy_tau": round(sum(r.stats.new_tokens for r in spec) / max(1, sum(r.stats.rounds for r in spec)), 3),
+            "drafted_per_round": round(drafted / max(1, sum(r.stats.rounds for r in spec)), 3),
             "plain_tokens_per_s": round(plain_rate, 1),
-            "spec_tokens_per_s": round(sum(len(r.tokens) for r in spec) / seconds[name], 1),
+            "spec_tokens_per_s": round(statistics.median(rates[name]), 1),
+            "spec_tokens_per_s_runs": [round(r, 1) for r in rates[name]],
             "greedy_equal": sum(a.tokens == b.tokens for a, b in zip(plain, spec)),
+            "rounds": sum(r.stats.rounds for r in spec), "drafted": drafted,  # a pass's (greedy: every pass's)
+            "new_tokens": sum(len(r.tokens) for r in spec), "seconds_runs": [round(t, 4) for t in spent[name]],
         }
         figures["speedup"] = round(figures["spec_tokens_per_s"] / figures["plain_tokens_per_s"], 3)
-        how = f"gamma {gamma}" if schedule is None else f"schedule {schedule.schedule}"
-        log(f"held-out figures ({figures['prompts']} prompts, {max_new_tokens} new tokens, {how}, greedy): "
+        how = f"gamma {figures['gamma']}" if schedule is None else f"schedule {schedule.schedule}"
+        log(f"held-out figures ({figures['prompts']} prompts, {max_new_tokens} new tokens, {how}, greedy"
+            + (f", median of {repeats} passes" if repeats > 1 else "") + "): "
             f"alpha {figures['greedy_alpha']:.3f}, tau {figures['greedy_tau']:.2f}, speedup {figures['speedup']:.2f}x "
             f"over plain decoding, outputs equal {figures['greedy_equal']}/{figures['prompts']}"
             + ("" if figures["speedup"] >= 1 else " - this drafter does not pay on this machine"))
