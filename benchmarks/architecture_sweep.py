@@ -6,8 +6,12 @@ a timeout, so a hang or a crash stops only that model):
 
 1. Build it tiny from its default config: every width, layer count, head count, expert count,
    vocabulary and window shrunk by one generic rule over the config's fields (sub-configs too;
-   per-layer lists cut to one layer of each kind), random weights, seed 0. A handful of types
-   whose fields depend on each other get their small settings from ``OVERRIDES``.
+   per-layer lists and ``per_layer_config`` cut to one layer of each kind), random weights, seed 0.
+   Relations of the default kept: head dimensions equal in it stay equal (``HEAD_DIMS``), a field it
+   leaves None though the model reads it gets its usual meaning (``NONE_MEANS``). Types whose fields
+   depend on each other beyond that, or whose default config transformers cannot build (a field its
+   model reads that the config never sets), get their settings from ``OVERRIDES`` (by model type,
+   a composite's sub-configs by theirs).
 2. Its own greedy ``generate`` (its generation config, ``eos`` off so every row runs the full
    length) of each prompt alone, prompts of 1, 5, 12, 23, 30 tokens, 12 new tokens: the reference. A model that
    cannot be built or whose own ``generate`` fails is *skipped* (by transformers), with the error.
