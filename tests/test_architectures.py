@@ -119,6 +119,10 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
         "shared_experts_intermediate_size": 16, "index_topk": 8, "index_head_dim": 16, "index_n_heads": 2,
         "sliding_window": 8, "layer_types": ["indexed_attention", "sliding_attention"],
         "mlp_layer_types": ["dense", "sparse"], "per_layer_config": {}}),
+    "recurrent_gemma": ("recurrent_gemma", False, {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8,
+                                                   "lru_width": 32, "block_types": ["recurrent", "attention"],
+                                                   "attention_window_size": 16}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
 }
 EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5", "mpt"]
@@ -351,6 +355,18 @@ def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
                 specdec.speculative_generate(build_tiny("llama"), target, [3, 4, 5], max_new_tokens=3)
             else:
                 specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=3)
+
+
+def test_recurrent_state_kept_on_the_modules_is_refused_by_name():
+    """RecurrentGemma's cache has a linear-attention layer, but its forward keeps the state on its own modules
+    and leaves that layer empty: nothing can checkpoint or roll it back, so it is refused (as a target and as a
+    drafter), naming the class and where the state lives (the self-check had refused it only as disagreeing)."""
+    target = build("recurrent_gemma")
+    reason = r"RecurrentGemmaForCausalLM keeps its recurrent state outside the transformers Cache .* lives on its modules"
+    with pytest.raises(ValueError, match=reason):
+        specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
+    with pytest.raises((TypeError, ValueError), match=reason):
+        specdec.speculative_generate(build_tiny("llama"), build("recurrent_gemma"), [3, 4, 5], max_new_tokens=3)
 
 
 def test_roformer_exact_alone_and_its_batches_refused_by_name():
