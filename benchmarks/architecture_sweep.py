@@ -6,8 +6,12 @@ a timeout, so a hang or a crash stops only that model):
 
 1. Build it tiny from its default config: every width, layer count, head count, expert count,
    vocabulary and window shrunk by one generic rule over the config's fields (sub-configs too;
-   per-layer lists cut to one layer of each kind), random weights, seed 0. A handful of types
-   whose fields depend on each other get their small settings from ``OVERRIDES``.
+   per-layer lists and ``per_layer_config`` cut to one layer of each kind), random weights, seed 0.
+   Relations of the default kept: head dimensions equal in it stay equal (``HEAD_DIMS``), a field it
+   leaves None though the model reads it gets its usual meaning (``NONE_MEANS``). Types whose fields
+   depend on each other beyond that, or whose default config transformers cannot build (a field its
+   model reads that the config never sets), get their settings from ``OVERRIDES`` (by model type,
+   a composite's sub-configs by theirs).
 2. Its own greedy ``generate`` (its generation config, ``eos`` off so every row runs the full
    length) of each prompt alone, prompts of 1, 5, 12, 23, 30 tokens, 12 new tokens: the reference. A model that
    cannot be built or whose own ``generate`` fails is *skipped* (by transformers), with the error.
@@ -36,6 +40,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,6 +74,21 @@ SMALL = {
     "sliding_window": 8, "window_size": 8, "attention_window": 8, "attention_chunk_size": 8, "local_window_size": 8,
     "state_size": 8, "ssm_state_size": 8, "mamba_d_state": 8, "d_state": 8,
     "num_global_tokens": 2, "block_size": 4,
+    "rotary_dim": 8, "moe_k": 2, "num_expert_group": 1, "embedding_dim": 64, "attention_hidden_size": 64,
+    "hidden_size_per_layer_input": 16, "zero_expert_num": 2, "expert_ffn_hidden_size": 64, "num_blocks": 2,
+    "adapter_in_dim": 64, "adapter_input_size": 64, "adapter_out_dim": 64,
+    "mamba_d_ssm": 64, "mamba_n_heads": 8, "mamba_d_head": 8, "mamba_chunk_size": 16,
+}
+# head dimensions equal in a default config stay equal once shrunk (the smallest small value): latent attention's
+# rotary part is its head_dim (DeepSeek-V3: head_dim = qk_rope_head_dim), its values as wide as its unrotated keys
+HEAD_DIMS = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+# field -> its usual meaning where a default config leaves it None though the model reads it (its default does not build)
+NONE_MEANS: dict[str, Callable[[dict], object]] = {
+    "head_dim": lambda d: d["hidden_size"] // d["num_attention_heads"],
+    "num_key_value_heads": lambda d: d["num_attention_heads"],
+    "n_routed_experts": lambda d: SMALL["n_routed_experts"],
+    "num_experts_per_tok": lambda d: SMALL["num_experts_per_tok"] if d.get("n_routed_experts") else None,
+    "n_shared_experts": lambda d: SMALL["n_shared_experts"] if d.get("n_routed_experts") else None,
 }
 LAYER_FIELDS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "decoder_layers", "num_decoder_layers")
 INIT = {"initializer_range": 0.2, "init_std": 0.2}
@@ -84,7 +104,49 @@ OVERRIDES: dict[str, dict] = {  # hybrids: one recurrent and one attention layer
                "attention_head_dim": 32, "num_key_value_heads": 4, "mamba_headdim": 16, "n_mamba_heads": 8,
                "mamba_d_state": 8},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2},
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"], "attention_hidden_size": 128, "attention_head_dim": 32, "num_key_value_heads": 4, "n_mamba_heads": 2,
+              "mamba_dt_rank": 8},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 64, "num_key_value_heads": 4},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], "num_hidden_layers": 2,
+                         "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_chunk_size": 16},
+    "xlstm": {"qk_dim_factor": 1.0},  # its config rounds qk dims up to 64, its layers do not: equal at width 64 only
+    "reformer": {"axial_pos_shape": [16, 32], "axial_pos_embds_dim": [32, 32], "attention_head_size": 16,
+                 "local_attn_chunk_length": 8, "lsh_attn_chunk_length": 8, "feed_forward_size": 128, "num_buckets": 4},
+    "hrm_text": {"num_layers_per_stack": None, "num_hidden_layers": 1, "H_cycles": 1, "L_cycles": 1},
+    "xmod": {"default_language": "en_XX"},
+    "musicgen_decoder": {"num_codebooks": 1}, "musicgen_melody_decoder": {"num_codebooks": 1},  # one token stream
+    # KV sharing: the last layers read the cache of the last earlier layer of their kind (one of each kind shared)
+    "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2, "activation_sparsity_pattern": [0.0] * 4,
+                     "intermediate_size": [128] * 4,
+                     "layer_types": ["sliding_attention", "full_attention"] * 2},  # its default config names no language: its forward refuses to run
+    # defaults that do not build in transformers (fields left None, or read where the config never writes them)
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},  # read by its attention, None by default
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                       "indexer_compress_ratio": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16},
 }
+
+
+# model type -> the sub-config its causal-LM class is built from (its default config is a composite the class
+# does not take)
+CAUSAL_FROM_SUB = {"musicgen": "decoder", "musicgen_melody": "decoder"}
+
+
+def merged(data: dict, override: dict) -> dict:
+    """``data`` with ``override``'s fields set (a sub-config's dict merged field by field)."""
+    out = dict(data)
+    for key, value in override.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict) and key != "rope_parameters"
+        out[key] = merged(out[key], value) if both else value
+    return out
+
+
+def overridden(data: dict) -> dict:
+    """``data`` with the ``OVERRIDES`` of its model type and of its sub-configs' (a composite's text config)."""
+    out = {key: overridden(value) if isinstance(value, dict) and "model_type" in value else value
+           for key, value in data.items()}
+    return merged(out, OVERRIDES.get(out.get("model_type"), {}))
 
 
 def shrink(data: dict, fields_seen: list[str]) -> dict:
@@ -92,7 +154,7 @@ def shrink(data: dict, fields_seen: list[str]) -> dict:
     out = dict(data)
     layers_before = next((data[f] for f in LAYER_FIELDS if isinstance(data.get(f), int)), None)
     keep: list[int] | None = None
-    types = data.get("layer_types")
+    types = next((data[k] for k in ("layer_types", "layers_block_type") if isinstance(data.get(k), list)), None)
     if isinstance(types, list) and types and layers_before and len(types) == layers_before:
         kinds: list = []
         keep = []
@@ -109,7 +171,7 @@ def shrink(data: dict, fields_seen: list[str]) -> dict:
             fields_seen.append(key)
         elif key in SMALL and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             out[key] = [min(v, SMALL[key]) for v in value]
-        elif key.endswith("vocab_size") and isinstance(value, int) and value > VOCAB:
+        elif "vocab_size" in key and isinstance(value, int) and value > VOCAB:  # vocab_size_per_layer_input too
             out[key] = VOCAB
         elif key in INIT and isinstance(value, float):
             out[key] = INIT[key]
@@ -122,9 +184,28 @@ def shrink(data: dict, fields_seen: list[str]) -> dict:
                 out[f] = len(keep)
     elif layers_before:
         new = next(out[f] for f in LAYER_FIELDS if isinstance(out.get(f), int))
+        keep = list(range(new))
         for key, value in data.items():
             if isinstance(value, list) and len(value) == layers_before and key not in SMALL:
                 out[key] = value[:new]
+    if isinstance(data.get("per_layer_config"), dict) and keep is not None:  # per-layer overrides of the kept layers
+        out["per_layer_config"] = {str(keep.index(int(i))): shrink(fields, fields_seen)
+                                   for i, fields in data["per_layer_config"].items() if int(i) in keep}
+    for key, means in NONE_MEANS.items():  # a None the model cannot build with: its usual meaning
+        if key in data and data[key] is None:
+            try:
+                out[key] = means(out)
+            except (KeyError, TypeError, ZeroDivisionError):
+                pass
+    dims = [f for f in HEAD_DIMS if isinstance(data.get(f), int)]
+    for f in dims:  # head dimensions equal by default stay equal
+        out[f] = min(out[g] for g in dims if data[g] == data[f])
+    if all(isinstance(data.get(f), int) for f in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) \
+            and data["qk_head_dim"] == data["qk_nope_head_dim"] + data["qk_rope_head_dim"]:
+        out["qk_head_dim"] = out["qk_nope_head_dim"] + out["qk_rope_head_dim"]
+    if all(isinstance(data.get(f), int) for f in ("d_head", "d_model", "n_head")) \
+            and data["d_head"] == data["d_model"] // data["n_head"]:  # XLNet checks it
+        out["d_head"] = out["d_model"] // out["n_head"]
     for key, value in list(out.items()):  # token ids inside the shrunk vocabulary
         if key.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= VOCAB:
             out[key] = VOCAB - 1 - sum(map(ord, key)) % 16
@@ -138,21 +219,34 @@ def shrink(data: dict, fields_seen: list[str]) -> dict:
     return out
 
 
-def build(model_type: str, encoder_decoder: bool):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+def tiny_config(model_type: str, encoder_decoder: bool):
+    """``model_type``'s default config shrunk (``shrink``, then its ``OVERRIDES``)."""
+    from transformers import AutoConfig
 
     default = AutoConfig.for_model(model_type)
-    seen: list[str] = []
-    data = shrink(default.to_dict(), seen)
-    data.update(OVERRIDES.get(model_type, {}))
+    if model_type in CAUSAL_FROM_SUB and not encoder_decoder:
+        default = getattr(default, CAUSAL_FROM_SUB[model_type])
+    data = overridden(shrink(default.to_dict(), []))
     data.pop("transformers_version", None)
     if not encoder_decoder and "is_decoder" in data:
         data["is_decoder"] = True  # BERT-family causal LMs (a user decoding with one sets it; else it attends both ways)
-    config = type(default).from_dict(data)
+    return type(default).from_dict(data)
+
+
+def build(model_type: str, encoder_decoder: bool):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    config = tiny_config(model_type, encoder_decoder)
     torch.manual_seed(0)
     auto = AutoModelForSeq2SeqLM if encoder_decoder else AutoModelForCausalLM
-    model = auto.from_config(config).eval()
+    if model_type in CAUSAL_FROM_SUB and not encoder_decoder:  # the class itself (Auto maps the composite only)
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        model = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])(config).eval()
+    else:
+        model = auto.from_config(config).eval()
     gc = model.generation_config
     gc.pad_token_id = 0
     return model

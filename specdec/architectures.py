@@ -31,7 +31,7 @@ from __future__ import annotations
 import inspect
 
 from transformers import PretrainedConfig, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin
 
 # forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
 STATE_ARGUMENTS: dict[str, str] = {
@@ -107,6 +107,8 @@ def family_refusal(model: PreTrainedModel) -> str | None:
 def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:
     """Why ``model``'s cache ``layers`` cannot be rolled back (recurrent state), or None."""
     for layer in layers:
+        if isinstance(layer, DummyLayer):
+            continue  # stores nothing (a layer reading an earlier layer's keys, Gemma-3n's KV sharing; no attention)
         if isinstance(layer, LinearAttentionCacheLayerMixin) or not isinstance(layer, DynamicLayer):
             return (f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, which hold recurrent "
                     "(or linear-attention) state that an attention cache cannot roll back after a rejected draft; "

@@ -103,7 +103,10 @@ class RaggedCache:
         # counted from the left padding, as transformers' chunked mask counts them: only holes inside a row shift it)
         self.window = local_window(model.config) or self.chunk or min(sliding, default=None)
         if self.window is not None and cache is None and not self.recurrent:
-            self.cache = DynamicCache()  # plain layers: the window is the model's mask over every slot, none trimmed
+            # plain layers: the window is the model's mask over every slot, none trimmed (layers of other kinds,
+            # sparse attention's indexed layers, kept)
+            self.cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
+                                 for layer in self.cache.layers]
         for layer in self.cache.layers:
             if isinstance(layer, DummyLayer):
                 continue  # a layer without attention: nothing stored

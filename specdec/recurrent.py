@@ -28,6 +28,9 @@ back as usual) checkpoints the state instead:
   ``batch_select_indices`` for these layers); a new row's state is zeros, which every supported
   model treats as no state.
 
+A model whose forward leaves its cache's state layers empty keeps its state elsewhere (RecurrentGemma: on its
+modules), which nothing can roll back: refused by name at its first forward.
+
 A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
 keys handled as any attention layer's and its state checkpointed; one holding sliding-window keys
 and recurrent state is refused by name. Hybrids get explicit positions in every forward (Bamba
@@ -214,10 +217,17 @@ class RecurrentCache(RaggedCache):
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
         if self.attention and self.keyword == "past_key_values":  # positions by the one rule (Bamba needs them)
-            return super()._call(input_ids, attention_mask, position_ids, logits_to_keep, kwargs)
-        # no attention layer: no positions, and padding is handled here, not by the model's mask
-        return self.model(input_ids=input_ids, **{self.keyword: self.cache}, use_cache=True,
-                          logits_to_keep=logits_to_keep, **kwargs)
+            out = super()._call(input_ids, attention_mask, position_ids, logits_to_keep, kwargs)
+        else:  # no attention layer: no positions, and padding is handled here, not by the model's mask
+            out = self.model(input_ids=input_ids, **{self.keyword: self.cache}, use_cache=True,
+                             logits_to_keep=logits_to_keep, **kwargs)
+        if not read_states(self.cache):  # the forward wrote no state into the cache: it keeps it elsewhere
+            state = ", ".join(sorted({type(layer).__name__ for layer in _state_layers(self.cache)}))
+            raise TypeError(f"{type(self.model).__name__} keeps its recurrent state outside the transformers Cache (its "
+                            f"{state} layers stay empty after a forward: the state lives on its modules), so specdec "
+                            "cannot checkpoint it or roll it back after a rejected draft. Decode it with generate() "
+                            "instead")
+        return out
 
     def _grouped(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int,
                  kwargs: dict) -> ModelOutput:

@@ -12,6 +12,8 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   Pegasus-X (sinusoids computed from shared ``position_ids``, recomputed per row), DeepSeek-V3's
   latent attention (values narrower than keys) through compaction and rows joining; DeepSeek-V3.2's
   sparse attention (fed one token at a time, as generate feeds it) alone.
+- Gemma-3n's KV-shared layers (DummyLayer cache entries, storing nothing): exact, single and batched; a
+  window beside sparse attention (Dots3-Note) keeps its indexed cache layers: prompts alone exact.
 - Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers) and
   Llama 4's attention chunks, prompts longer than the window: exact alone and in ragged batches (rows
   re-packed before a dead slot enters a window or chunk).
@@ -105,6 +107,22 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
     "xlm": ("xlm", False, {"emb_dim": 32, "n_layers": 2, "n_heads": 4, "max_position_embeddings": 256}),
     "falcon_h1": ("falcon_h1", False, {**DECODER, "mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_d_head": 8,
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
+    "gemma3n_text": ("gemma3n_text", False, {**DECODER, "head_dim": 8, "num_hidden_layers": 4, "num_kv_shared_layers": 2,
+                                             "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                             "sliding_window": 6, "intermediate_size": [64] * 4,
+                                             "activation_sparsity_pattern": [0.0] * 4, "laurel_rank": 8,
+                                             "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 8}),
+    "dots3_note_text": ("dots3_note_text", False, {
+        **DECODER, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8, "v_head_dim": 8, "head_dim": 16, "n_routed_experts": 4, "n_shared_experts": 1,
+        "n_group": 1, "topk_group": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "shared_experts_intermediate_size": 16, "index_topk": 8, "index_head_dim": 16, "index_n_heads": 2,
+        "sliding_window": 8, "layer_types": ["indexed_attention", "sliding_attention"],
+        "mlp_layer_types": ["dense", "sparse"], "per_layer_config": {}}),
+    "recurrent_gemma": ("recurrent_gemma", False, {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                                   "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8,
+                                                   "lru_width": 32, "block_types": ["recurrent", "attention"],
+                                                   "attention_window_size": 16}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
 }
 EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5", "mpt"]
@@ -297,6 +315,32 @@ def test_a_hybrid_whose_layers_hold_keys_and_recurrent_state_is_exact():
         assert [r.tokens for r in results] == [generate(target, p) for p in rows]
 
 
+def test_kv_shared_layers_are_not_taken_for_recurrent_state():
+    """Gemma-3n's last layers read the keys of an earlier layer of their kind (its cache holds a DummyLayer for
+    each): they store nothing, so nothing is refused; one prompt and a ragged batch (prompts longer than the
+    6-token window) equal generate (it was refused as holding recurrent state)."""
+    target = build("gemma3n_text")
+    assert target.config.num_kv_shared_layers == 2
+    rows = prompts()
+    references = [generate(target, p) for p in rows]
+    for gamma in (1, 4):
+        assert_exact(target, noisy_copy(target), rows, references, gamma, f"gemma3n_text gamma {gamma}")
+
+
+def test_a_window_beside_sparse_attention_keeps_its_indexed_cache_layers():
+    """Dots3-Note has sliding-window and sparse-attention (indexed) layers: the window's plain cache layers used
+    to replace every layer, so the indexer found no indexed layer and its cached forward failed inside
+    transformers. Now only the sliding layers are made plain; prompts alone equal generate."""
+    target = build("dots3_note_text")
+    cache = make_target(target).cache.cache
+    assert [type(layer).__name__ for layer in cache.layers] == ["DynamicIndexedLayer", "DynamicLayer"]
+    for prompt in prompts()[:2]:  # 1 and 7 tokens (the self-check reads 9)
+        reference = generate(target, prompt)
+        for gamma in (1, 4):
+            assert specdec.speculative_generate(target, noisy_copy(target), prompt, max_new_tokens=NEW, gamma=gamma,
+                                                stop_token_ids=[]).tokens == reference
+
+
 @pytest.mark.parametrize(("name", "reason"), [
     ("xlnet", r"XLNetLMHeadModel keeps its memory \(`mems`\) outside a transformers Cache"),
     ("rwkv", r"RwkvForCausalLM keeps its recurrent state \(the `state` argument\) outside a transformers Cache"),
@@ -311,6 +355,18 @@ def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
                 specdec.speculative_generate(build_tiny("llama"), target, [3, 4, 5], max_new_tokens=3)
             else:
                 specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=3)
+
+
+def test_recurrent_state_kept_on_the_modules_is_refused_by_name():
+    """RecurrentGemma's cache has a linear-attention layer, but its forward keeps the state on its own modules
+    and leaves that layer empty: nothing can checkpoint or roll it back, so it is refused (as a target and as a
+    drafter), naming the class and where the state lives (the self-check had refused it only as disagreeing)."""
+    target = build("recurrent_gemma")
+    reason = r"RecurrentGemmaForCausalLM keeps its recurrent state outside the transformers Cache .* lives on its modules"
+    with pytest.raises(ValueError, match=reason):
+        specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
+    with pytest.raises((TypeError, ValueError), match=reason):
+        specdec.speculative_generate(build_tiny("llama"), build("recurrent_gemma"), [3, 4, 5], max_new_tokens=3)
 
 
 def test_roformer_exact_alone_and_its_batches_refused_by_name():
