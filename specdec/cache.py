@@ -143,7 +143,7 @@ class RaggedCache:
         self._sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
         # sparse attention's indexer picks its top-k keys among scores full of exact ties (ReLU zeros), broken by
         # place: a multi-token cached forward can pick other keys than generate's single steps, so it is fed as
-        # generate feeds it (one token at a time after the prefill), and a second row is refused
+        # generate feeds it (one token at a time after the prefill), and its rows are kept apart (`apart`)
         self.one_at_a_time = any(isinstance(layer, DynamicIndexedLayer) for layer in self.cache.layers)
         self.mask_4d = getattr(model.config, "model_type", "") in MISREAD_2D_MASKS  # GIT: the mask given as 4D
         # a decoder that builds no mask for one token (LED): such a step beside dead slots goes in as two tokens

@@ -9,7 +9,9 @@ number of tokens per row; prompt lookup, which costs no forward, may copy up to 
 bonus token) -> **commit** (both models roll each row back to its committed sequence; stops apply;
 listeners hear of it). Rows accept different numbers of tokens (ragged); a row that finishes leaves
 the batch at once and costs nothing more; waiting prompts join at the next round boundary (a
-``Decoder`` fed from a queue is how a server batches continuously).
+``Decoder`` fed from a queue is how a server batches continuously). A model whose rows cannot share a
+forward (``Target.rows_apart``, ``Drafter.rows_apart``: sparse attention, RoFormer, ...) is never refused
+at batch > 1: the batch then holds one row at a time, each prompt decoded as it is alone, said once.
 
 Contracts:
 - Greedy output of every row equals the target's own greedy decoding of that prompt alone (up to
