@@ -164,13 +164,14 @@ def generate(model, prompt: list[int], new: int = NEW) -> list[int]:
 
 
 def assert_exact(target, drafter, rows: list[list[int]], references: list[list[int]], gamma: int, label: str) -> list:
-    """One prompt alone, then all of ``rows`` in batches of 3: every row equals its reference."""
+    """One prompt alone, then all of ``rows`` in batches of 3, decoded together: every row equals its reference."""
     one = specdec.speculative_generate(target, drafter, rows[2], max_new_tokens=NEW, gamma=gamma, stop_token_ids=[])
     assert one.tokens == references[2], f"{label}: single prompt"
     batch = specdec.speculative_generate(target, drafter, rows, max_new_tokens=NEW, gamma=gamma, stop_token_ids=[],
                                          batch_size=3)
     for i, (result, reference) in enumerate(zip(batch, references)):
         assert result.tokens == reference, f"{label}: row {i} of the batch (prompt length {LENGTHS[i]})"
+    assert batch[0].batch.max_rows == 3, f"{label}: rows not decoded together: {batch[0].batch.apart}"
     return batch
 
 
