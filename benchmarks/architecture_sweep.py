@@ -20,7 +20,8 @@ a timeout, so a hang or a crash stops only that model):
    with noise on its output head (same vocabulary, agrees often, not always: drafts are both
    accepted and rejected).
 
-Each model is classified: ``exact`` (every output equal), ``mismatch`` (which run, which prompt),
+Each model is classified: ``exact`` (every output equal; ``apart``: why the batch's rows decoded one at a time,
+if they did), ``mismatch`` (which run, which prompt),
 ``crash`` (an exception from inside specdec, with its traceback's last frames), ``refused`` (specdec
 refused the model, with its message), ``refused-batch`` (exact alone, the batch refused), or
 ``skipped`` (transformers cannot build it tiny or its own generate fails: why). A divergence where
@@ -355,6 +356,8 @@ def run_one(model_type: str, encoder_decoder: bool) -> dict:
         stage = "batch"
         outs = specdec.speculative_generate(model, drafter, prompts, max_new_tokens=NEW, gamma=BATCH_GAMMA,
                                             stop_token_ids=[], batch_size=3)
+        if outs[0].batch is not None and outs[0].batch.apart:  # exact, but its rows decoded one at a time
+            result["apart"] = outs[0].batch.apart
         for i, out in enumerate(outs):
             if (why := compare(f"ragged batch, gamma {BATCH_GAMMA}", i, out.tokens)) is not None:
                 return {**result, "status": "mismatch", "why": why}
@@ -426,8 +429,9 @@ def main() -> None:
         for future in futures:
             r = future.result()
             results.append(r)
+            why = r.get("why") or r.get("apart") or ""
             print(f"{r['kind']:16} {r['model_type']:28} {r['status']:14} {r.get('seconds', 0):6.1f}s  "
-                  f"{(r.get('why') or '').splitlines()[0][:150] if r.get('why') else ''}", flush=True)
+                  f"{why.splitlines()[0][:150] if why else ''}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
     print()

@@ -21,6 +21,13 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
 - ``attention_chunk``: chunked attention (``attention_chunk_size``) cuts at positions that transformers'
   chunked mask counts from a row's left padding: a dead slot inside a row would shift them, so
   ``RaggedCache`` keeps such rows right-aligned as it does for a window: batches are exact.
+- ``MASKLESS_SINGLE_STEPS`` (LED: its decoder builds no mask for a one-token forward) and
+  ``MISREAD_2D_MASKS`` (GIT: its cached text-only forward widens a 2D mask by image tokens it does not
+  hold): the cache feeds such a step beside dead slots as two tokens, a dead copy first, or gives the
+  mask as 4D: batches are exact.
+- ``ROWS_APART``: families whose rows of different lengths cannot share a forward (RoFormer: rotary
+  positions from the cache's slot count, baked into the cached keys): the round loop decodes their
+  rows one at a time (``specdec.decode.Decoder``), each as it decodes alone.
 - ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
   forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
   at its first prefill (``seq2seq.check_cached_path``).
@@ -50,21 +57,31 @@ FEED_DEPENDENT: dict[str, str] = {
              "verification can reproduce it",
 }
 
-# model_type -> why its rows of a ragged batch are refused: found differing by the architecture sweep
-# (benchmarks/architecture_sweep.py) though the self-check passes; the cause is not yet known
-UNEXPLAINED_IN_BATCHES: dict[str, str] = {
-    "roformer": "decoded a 1-token row beside longer ones differently from the row alone in the architecture "
-                "sweep (benchmarks/architecture_sweep.py, gamma 4; its rotary positions come from the cache length, "
-                "not from position_ids), though its self-check passes",
+# model_type -> why rows of different lengths cannot share its forwards (each row is then decoded alone)
+ROWS_APART: dict[str, str] = {
+    "roformer": "its rotary positions are the cache's slot count, baked into each key as it is cached, so a row whose "
+                "slots move (left padding as rows join, re-packing) or hold dead slots between live ones (another "
+                "row's rejected drafts) sees its keys at the wrong distances",
 }
 
 
-def batch_refusal(model: PreTrainedModel) -> str | None:
-    """Why rows of ``model`` cannot share a batch (``UNEXPLAINED_IN_BATCHES``), or None."""
-    reason = UNEXPLAINED_IN_BATCHES.get(getattr(model.config, "model_type", ""))
-    if reason is None:
-        return None
-    return f"{type(model).__name__} {reason}: specdec decodes it one prompt at a time only: use batch_size=1"
+def family_rows_apart(model: PreTrainedModel) -> str | None:
+    """Why rows of ``model`` cannot share a forward (``ROWS_APART``), or None."""
+    return ROWS_APART.get(getattr(model.config, "model_type", ""))
+
+
+# model_type -> why a one-token forward would attend to dead slots: such a forward with dead slots in the cache is
+# fed as two tokens, a dead copy first (its mask is then built; the dead slot is re-packed away like any other)
+MASKLESS_SINGLE_STEPS: dict[str, str] = {
+    "led": "its decoder builds no attention mask for a one-token forward",
+}
+
+
+# model_type -> why a 2D attention mask would be misread: such a model gets the 4D mask itself (causal, dead slots
+# masked), which transformers passes through unchanged
+MISREAD_2D_MASKS: dict[str, str] = {
+    "git": "its cached text-only forward widens a 2D mask by image tokens it does not hold, shifting it",
+}
 
 
 # model_type -> the cache class of its own that its forward demands (refused by name: not rolled back yet)

@@ -37,12 +37,18 @@ end, and its window holds exactly its latest tokens. Left padding before a row i
 
 Sparse attention (DeepSeek-V3.2, GLM-MoE-DSA, HY-V4: an indexer picks each query's top-k keys among
 scores full of exact ties, broken by place) is fed one token at a time after the prefill, as
-``generate`` feeds it: a multi-token cached forward can pick other keys.
+``generate`` feeds it: a multi-token cached forward can pick other keys. A decoder that builds no mask
+for a one-token forward (LED: ``architectures.MASKLESS_SINGLE_STEPS``) gets such a forward, when the cache
+has dead slots, as two tokens, a dead copy first, so that its mask is built.
 
-Refused up front, naming the model (``architectures``, ``selfcheck``): state kept outside the cache,
-cache layers holding recurrent state, and a second row for a model whose positions cannot be given
-per row or with sparse attention (a dead slot before a row changes which tied keys it picks; the
-model's own batched forward differs from the row alone too).
+Refused up front, naming the model (``architectures``, ``selfcheck``): state kept outside the cache and
+cache layers holding recurrent state. Rows that cannot share a forward (``apart``: sparse attention, where
+a dead slot before a row changes which tied keys it picks; RoFormer's slot-count rotary positions; what the
+self-check finds wrong beside dead slots) are given one at a time by the round loop
+(``specdec.decode.Decoder``); a second row given to this cache directly is refused, naming the model.
+
+A hybrid's self-trimming sliding-window layers (LFM3) are replaced by plain ones, the window applied by the
+model's mask as for any windowed model (above).
 
 Recurrent / linear-attention layers cannot be cropped: a ``RaggedCache`` refuses them up front and
 ``specdec.recurrent.RecurrentCache`` (a subclass) checkpoints and replays their state instead; this
@@ -63,9 +69,11 @@ from transformers.cache_utils import (
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from specdec.architectures import (
+    MASKLESS_SINGLE_STEPS,
+    MISREAD_2D_MASKS,
     attention_chunk,
-    batch_refusal,
     family_refusal,
+    family_rows_apart,
     layer_refusal,
     local_window,
     state_refusal,
@@ -80,6 +88,16 @@ def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The slots ``index`` [B, S'] of each row of keys or values ``t`` [B, H, S, D] -> [B, H, S', D] (values
     may be narrower than keys, latent attention: each gathered with its own shape)."""
     return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
+
+
+def causal_mask(valid: torch.Tensor, queries: int, dtype: torch.dtype) -> torch.Tensor:
+    """The 4D additive mask [B, 1, q, S] of a forward over the last ``queries`` of S slots: each query sees the
+    ``valid`` [B, S] slots up to its own; 0 where attended, the dtype's most negative value elsewhere."""
+    slots = valid.shape[1]
+    index = torch.arange(slots, device=valid.device)
+    allowed = valid[:, None, :] & (index[None, :] <= index[slots - queries:, None])[None]  # [B, q, S]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 class RaggedCache:
@@ -102,10 +120,10 @@ class RaggedCache:
         # the span a dead slot must not enter: a local window, or an attention chunk (cut at live-token positions
         # counted from the left padding, as transformers' chunked mask counts them: only holes inside a row shift it)
         self.window = local_window(model.config) or self.chunk or min(sliding, default=None)
-        if self.window is not None and cache is None and not self.recurrent:
-            # plain layers: the window is the model's mask over every slot, none trimmed (layers of other kinds,
-            # sparse attention's indexed layers, kept)
-            self.cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
+        if self.window is not None and cache is None:
+            # plain layers: the window is the model's mask over every slot, none trimmed (layers of other kinds kept:
+            # sparse attention's indexed layers, a hybrid's (LFM3's) recurrent ones, sliding subclasses with state)
+            self.cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer
                                  for layer in self.cache.layers]
         for layer in self.cache.layers:
             if isinstance(layer, DummyLayer):
@@ -125,8 +143,11 @@ class RaggedCache:
         self._sliding = any(isinstance(layer, DynamicSlidingWindowLayer) for layer in self.cache.layers)
         # sparse attention's indexer picks its top-k keys among scores full of exact ties (ReLU zeros), broken by
         # place: a multi-token cached forward can pick other keys than generate's single steps, so it is fed as
-        # generate feeds it (one token at a time after the prefill), and a second row is refused
+        # generate feeds it (one token at a time after the prefill), and its rows are kept apart (`apart`)
         self.one_at_a_time = any(isinstance(layer, DynamicIndexedLayer) for layer in self.cache.layers)
+        self.mask_4d = getattr(model.config, "model_type", "") in MISREAD_2D_MASKS  # GIT: the mask given as 4D
+        # a decoder that builds no mask for one token (LED): such a step beside dead slots goes in as two tokens
+        self.two_token_steps = getattr(model.config, "model_type", "") in MASKLESS_SINGLE_STEPS
         self.positions = positions_for(model)
         self.refuse_rows = True  # refuse rows the model cannot decode exactly (the self-check turns it off)
         self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots
@@ -151,6 +172,14 @@ class RaggedCache:
             return joined([self.forward(input_ids[:, j:j + 1], None if valid is None else valid[:, j:j + 1], 1,
                                         **kwargs) for j in range(input_ids.shape[1])], logits_to_keep)
         holes = self.holes or valid is not None
+        if self.two_token_steps and holes and input_ids.shape[1] == 1:  # a dead copy first: the mask is then built
+            real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            out = self.forward(input_ids.repeat(1, 2), torch.cat([torch.zeros_like(real), real], dim=1),
+                               logits_to_keep, **kwargs)
+            for name in ("hidden_states", "decoder_hidden_states"):  # the real token's only, as asked
+                if out.get(name) is not None:
+                    out[name] = tuple(h[:, -1:] for h in out[name])
+            return out
         if holes:
             self._check_rows()
         own_positions = not self.positions.supported and not self.recurrent  # attention over slots, positions its own
@@ -168,26 +197,30 @@ class RaggedCache:
         return out
 
     def _check_rows(self) -> None:
-        """Refuse a second row, or rows of different lengths, for a model that cannot decode them exactly."""
-        if not self.refuse_rows:
-            return
-        name = type(self.model).__name__
+        """Refuse a second row, or rows of different lengths, for a model whose rows cannot share a forward (the
+        round loop decodes such a model's rows one at a time: ``specdec.decode.Decoder``, so only a caller driving
+        this cache itself gets here)."""
+        if self.refuse_rows and (reason := self.apart()) is not None:
+            raise ValueError(f"{type(self.model).__name__} decodes rows one at a time: {reason}. Give this cache one "
+                             "row (specdec's decoder does so itself)")
+
+    def apart(self) -> str | None:
+        """Why rows of different lengths cannot share this model's forwards (a row behind dead slots would not
+        decode as it does alone), or None. The self-check's verdict counts once it has run (first prefill)."""
         verdict = verdict_of(self.model)
         if self.one_at_a_time:
-            raise ValueError(f"{name}'s sparse attention picks its top-k keys among exactly tied scores by their place "
-                             "in the cache, so a row behind a dead slot (a shorter row's left padding) attends to other "
-                             "keys than the row alone (transformers' own batched forward differs from it too): specdec "
-                             "decodes it one prompt at a time only: use batch_size=1")
+            return ("its sparse attention picks its top-k keys among exactly tied scores by their place in the cache, "
+                    "so a row behind a dead slot (a shorter row's left padding) attends to other keys than the row "
+                    "alone (transformers' own batched forward differs from it too)")
         if self._sliding:
-            raise ValueError(f"{name}'s cache has sliding-window layers that trim themselves, which specdec cannot "
-                             "re-pack for rows of different lengths: use batch_size=1")
+            return "its cache has sliding-window layers that trim themselves, which specdec cannot re-pack per row"
+        if (reason := family_rows_apart(self.model)) is not None:
+            return reason
         if verdict is not None and verdict.batched:
-            raise ValueError(verdict.batched)
-        if (reason := batch_refusal(self.model)) is not None:
-            raise ValueError(reason)
+            return verdict.batched
         if verdict is None and not self.positions.supported:
-            raise ValueError(f"{name} computes positions from cache slots in a way specdec cannot correct for "
-                             "rows of different lengths: use batch_size=1")
+            return "it computes positions from cache slots in a way specdec cannot correct per row"
+        return None
 
     def _inner_holes(self) -> bool:
         """Whether some row has a dead slot after its first live one (not only left padding)."""
@@ -197,7 +230,8 @@ class RaggedCache:
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
         """The model's forward on new tokens at ``positions`` [B, n] (``attention_mask`` None: no holes)."""
         if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask.long()
+            kwargs["attention_mask"] = (causal_mask(attention_mask, input_ids.shape[1], self.model.dtype) if self.mask_4d
+                                        else attention_mask.long())
         with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
             return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                               logits_to_keep=logits_to_keep, **kwargs)

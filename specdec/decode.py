@@ -9,7 +9,9 @@ number of tokens per row; prompt lookup, which costs no forward, may copy up to 
 bonus token) -> **commit** (both models roll each row back to its committed sequence; stops apply;
 listeners hear of it). Rows accept different numbers of tokens (ragged); a row that finishes leaves
 the batch at once and costs nothing more; waiting prompts join at the next round boundary (a
-``Decoder`` fed from a queue is how a server batches continuously).
+``Decoder`` fed from a queue is how a server batches continuously). A model whose rows cannot share a
+forward (``Target.rows_apart``, ``Drafter.rows_apart``: sparse attention, RoFormer, ...) is never refused
+at batch > 1: the batch then holds one row at a time, each prompt decoded as it is alone, said once.
 
 Contracts:
 - Greedy output of every row equals the target's own greedy decoding of that prompt alone (up to
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -181,6 +184,8 @@ class Decoder:
         self.processing = False  # whether a row has logits processors
         self.stats = BatchStats()
         self.started = time.perf_counter()
+        self.apart: str | None = None  # why rows cannot share a forward (each then decodes alone), once known
+        self._apart_known = batch_size == 1  # batch size 1: rows never share a forward anyway
 
     # ---------------------------------------------------------------------------- rows in and out
 
@@ -202,10 +207,29 @@ class Decoder:
     def busy(self) -> bool:
         return bool(self.waiting or self.rows)
 
+    def rows_apart(self, prompts: PromptBatch | None = None) -> str | None:
+        """Why the models' rows cannot share a forward (the batch then holds one row at a time), or None. Learnt
+        from ``prompts`` (a server's probe at start), else once two rows are in sight (the first row serves the
+        models' self-checks, which raise what refuses even one row); said once, by name."""
+        if not self._apart_known and (prompts is not None or len(self.rows) + len(self.waiting) > 1):
+            if prompts is None:
+                request = (self.rows or list(self.waiting))[0].request
+                prompts = PromptBatch.from_lists([request.ids], self.device,
+                                                 None if request.source is None else [request.source])
+            self.apart = self.target.rows_apart(prompts) or self.drafter.rows_apart(prompts)
+            if self.apart is not None:
+                warnings.warn(f"{self.apart}. Each prompt decodes alone, in turn (a batch of {self.batch_size} "
+                              "holds one row)", stacklevel=2)
+            self._apart_known = True
+            self.stats.apart = self.apart or ""
+        return self.apart
+
     def _join(self) -> list[Row]:
-        """Prefill waiting rows into the batch (up to batch_size); rows with no room finish at once."""
+        """Prefill waiting rows into the batch (up to batch_size, or one row at a time for models whose rows
+        cannot share a forward: ``rows_apart``); rows with no room finish at once."""
         joining, finished = [], []
-        while self.waiting and len(self.rows) + len(joining) < self.batch_size:
+        capacity = 1 if self.rows_apart() else self.batch_size
+        while self.waiting and len(self.rows) + len(joining) < capacity:
             row = self.waiting.popleft()
             (finished if row.done or row.room(self.target.context_limit) == 0 else joining).append(row)
         if joining:

@@ -11,8 +11,9 @@ gives them):
 
 - alone: one pass over all but the last 7 tokens (the prefill), one 5-token forward (a verify at
   gamma 4), two single steps. A disagreement refuses the model, naming it and where it disagreed.
-- batched: the same behind one dead slot (as a shorter row of a batch sits behind left padding).
-  A disagreement refuses a second row (``RaggedCache``: batch_size=1), naming the model.
+- batched: the same behind one dead slot (as a shorter row of a batch sits behind left padding) and
+  with one after the prefill (as another row's kept draft beside this row's rejected one). A
+  disagreement keeps the model's rows apart: the round loop decodes them one at a time, saying why.
 
 "Disagrees": the log-probabilities differ by more than rounding, ``TOLERANCE`` of the dtype times the
 largest logit. Families in ``architectures.KNOWN_GOOD`` (the shipped Llama and Marian among them)
@@ -48,7 +49,7 @@ class Verdict:
     """The self-check's findings for one model ("" where its cached path agrees)."""
 
     alone: str  # why a single row would not be decoded exactly
-    batched: str  # why a row behind dead slots (a batch's shorter rows) would not be
+    batched: str  # why a row with dead slots (a batch's shorter or rejecting rows) would not be
 
 
 def checked_as(model: PreTrainedModel) -> PreTrainedModel:
@@ -131,9 +132,12 @@ def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | 
     padded = torch.cat([torch.zeros_like(seq[:, :1]), seq[:, :first]], dim=1)  # [1, 1 + first]: a dead slot first
     real = torch.ones_like(padded, dtype=torch.bool)
     real[:, 0] = False
-    found = gap(behind, behind.forward(padded, real, logits_to_keep=first).logits)
+    prefill = behind.forward(padded, real, logits_to_keep=first).logits
+    if not behind.recurrent:  # a dead slot inside the row (a recurrent state would run over it: only keep() mends it)
+        behind.forward(seq[:, :1], torch.zeros_like(seq[:, :1], dtype=torch.bool))
+    found = gap(behind, prefill)
     if float(found.max()) > tolerance:
-        return Verdict("", f"{name} decodes a row behind a dead slot (a shorter row of a batch, behind left padding) "
-                           f"differently from the row alone (log-probabilities differ by {float(found.max()):.2g}): "
-                           "specdec decodes it one prompt at a time only: use batch_size=1")
+        return Verdict("", "a row behind a dead slot and with one inside it (a shorter row's left padding, a draft "
+                           "another row kept and it rejected) decodes differently from the row alone in specdec's "
+                           f"self-check (log-probabilities differ by {float(found.max()):.2g})")
     return Verdict("", "")

@@ -157,6 +157,16 @@ def cache_for(model: PreTrainedModel, rows: int, device: torch.device | str) -> 
     return RecurrentCache(model, rows, device) if is_recurrent(model) else RaggedCache(model, rows, device)
 
 
+def rows_apart(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
+               ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> str | None:
+    """"MODEL decodes rows one at a time: why" when rows of different lengths cannot share ``model``'s forwards
+    (``RaggedCache.apart``), else None; the self-check runs first (once per model, on ``prompts``' first row),
+    raising what refuses even one row."""
+    check_cached_path(model, prompts, device, cache_for, ids)
+    reason = cache_for(model, 0, device).apart()
+    return None if reason is None else f"{type(model).__name__} decodes rows one at a time: {reason}"
+
+
 def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
                     ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[RaggedCache, int]:
     """A cache of ``model`` for the new rows ``prompts``: each row's source encoded once (an encoder-decoder

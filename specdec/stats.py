@@ -138,6 +138,7 @@ class BatchStats:
     commit_time_s: float = 0.0  # rolling caches back, stops, statistics, callbacks
     lossless: bool = True  # every row's rule reproduces the target exactly
     auto: list[AutoChoice] = field(default_factory=list)  # speculate="auto": per batch-size bucket (else empty)
+    apart: str = ""  # why the rows decoded one at a time, by model class ("": rows shared forwards)
 
     @property
     def mean_rows(self) -> float:

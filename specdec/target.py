@@ -33,7 +33,7 @@ from specdec.batch import PromptBatch
 from specdec.compiled import decoding_cache
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
-from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache, source_limit
+from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache, rows_apart, source_limit
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,11 @@ class Target(ABC):
     @abstractmethod
     def prefill(self, prompts: PromptBatch) -> int:
         """Add the rows of ``prompts``; return the forward passes spent."""
+
+    def rows_apart(self, prompts: PromptBatch) -> str | None:
+        """Why rows of different lengths cannot share the target's forwards (then each decodes alone), or None;
+        ``prompts`` (one row will do) serves the model's self-check. May raise what refuses even one row."""
+        return None
 
     @abstractmethod
     def verify(self, tokens: torch.Tensor, lengths: torch.Tensor, hidden: bool = False) -> Scores:
@@ -118,6 +123,9 @@ class ModelTarget(Target):
         new, calls = prefilled_cache(self.model, prompts, self.device)
         self.cache.merge(new)
         return calls
+
+    def rows_apart(self, prompts: PromptBatch) -> str | None:
+        return rows_apart(self.model, prompts, self.device)
 
     def verify(self, tokens: torch.Tensor, lengths: torch.Tensor, hidden: bool = False) -> Scores:
         width = tokens.shape[1]

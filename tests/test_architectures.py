@@ -9,24 +9,32 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   decoder-only classes (positions from the cache length, overridden per row), an MoE encoder-decoder
   (``router_logits`` in its encoder output), UMT5 (a relative position bias in every layer), MPT
   (ALiBi over cache slots: rows re-packed before a dead slot sits inside one),
-  Pegasus-X (sinusoids computed from shared ``position_ids``, recomputed per row), DeepSeek-V3's
+  Pegasus-X (sinusoids computed from shared ``position_ids``, recomputed per row), LED (whose decoder builds
+  no mask for a one-token step: such steps beside dead slots go in as two tokens), GIT (whose cached
+  text-only forward widens a 2D mask by image tokens: it gets the 4D mask), DeepSeek-V3's
   latent attention (values narrower than keys) through compaction and rows joining; DeepSeek-V3.2's
   sparse attention (fed one token at a time, as generate feeds it) alone.
 - Gemma-3n's KV-shared layers (DummyLayer cache entries, storing nothing): exact, single and batched; a
   window beside sparse attention (Dots3-Note) keeps its indexed cache layers: prompts alone exact.
 - Local attention windows (GPT-Neo's ``attention_layers``, Mistral's and Gemma-2's sliding layers) and
-  Llama 4's attention chunks, prompts longer than the window: exact alone and in ragged batches (rows
-  re-packed before a dead slot enters a window or chunk).
+  Llama 4's attention chunks, and LFM3 (a hybrid whose self-trimming sliding layers the cache replaces by
+  plain ones), prompts longer than the window: exact alone and in ragged batches (rows re-packed before a
+  dead slot enters a window or chunk).
+- Rows that cannot share a forward, decoded one at a time in a ragged batch (each equal to generate, in the
+  batch's order, said once by class and reason): sparse attention (DeepSeek-V3.2), RoFormer (rotary
+  positions from the slot count, baked into cached keys; seeded sampling equal to each prompt alone; the
+  self-check finds it by itself); the serving engine likewise, saying so at start; a cache driven directly
+  with two such rows refuses them by name.
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, RWKV,
   XLM) or no cache (OpenAI GPT), a generate that depends on how tokens are fed (Moshi), hybrid cache layers holding recurrent state (Falcon-H1), a cached
   path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
-  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet); batches of sparse
-  attention (DeepSeek-V3.2: a dead slot before a row changes which tied keys it picks). The self-check is
+  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet). The self-check is
   skipped for known-good families (the shipped Llama's start-up makes no extra forward).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 
@@ -44,6 +52,7 @@ from transformers import (
 )
 
 import specdec
+from specdec import architectures
 from specdec.cache import RaggedCache
 from specdec.selfcheck import Verdict, verdict_of
 from specdec.target import make_target
@@ -124,8 +133,16 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                                    "lru_width": 32, "block_types": ["recurrent", "attention"],
                                                    "attention_window_size": 16}),
     "fsmt": ("fsmt", True, {**BART, "src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB, "langs": ["en", "de"]}),
+    "lfm3": ("lfm3", False, {**DECODER, "num_hidden_layers": 3, "head_dim": 8, "sliding_window": 6,
+                             "layer_types": ["conv", "sliding_attention", "full_attention"]}),
+    "led": ("led", True, {**{k: v for k, v in BART.items() if k != "max_position_embeddings"}, "attention_window": 8,
+                          "max_encoder_position_embeddings": 256, "max_decoder_position_embeddings": 256}),
+    "git": ("git", False, {**{k: v for k, v in DECODER.items() if k != "num_key_value_heads"},
+                           "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                             "num_attention_heads": 4, "image_size": 32, "patch_size": 16}}),
 }
-EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5", "mpt"]
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5", "mpt",
+         "led", "git"]
 LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
 NEW = 14  # new tokens per prompt
 
@@ -165,13 +182,14 @@ def generate(model, prompt: list[int], new: int = NEW) -> list[int]:
 
 
 def assert_exact(target, drafter, rows: list[list[int]], references: list[list[int]], gamma: int, label: str) -> list:
-    """One prompt alone, then all of ``rows`` in batches of 3: every row equals its reference."""
+    """One prompt alone, then all of ``rows`` in batches of 3, decoded together: every row equals its reference."""
     one = specdec.speculative_generate(target, drafter, rows[2], max_new_tokens=NEW, gamma=gamma, stop_token_ids=[])
     assert one.tokens == references[2], f"{label}: single prompt"
     batch = specdec.speculative_generate(target, drafter, rows, max_new_tokens=NEW, gamma=gamma, stop_token_ids=[],
                                          batch_size=3)
     for i, (result, reference) in enumerate(zip(batch, references)):
         assert result.tokens == reference, f"{label}: row {i} of the batch (prompt length {LENGTHS[i]})"
+    assert batch[0].batch.max_rows == 3, f"{label}: rows not decoded together: {batch[0].batch.apart}"
     return batch
 
 
@@ -253,10 +271,11 @@ def test_latent_attention_through_compaction_and_joining_rows(monkeypatch):
     assert compactions, "the batch never compacted: the test lost its point"
 
 
-@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2", "llama4_text"])
+@pytest.mark.parametrize("name", ["gpt_neo", "mistral", "gemma2", "llama4_text", "lfm3"])
 def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
     """A 6-token window (GPT-Neo's local layers: a mask over cache slots on plain layers; Mistral's and
-    Gemma-2's sliding layers) or Llama 4's 4-token attention chunks (cut at positions counted from a row's
+    Gemma-2's sliding layers; LFM3's, a hybrid whose sliding layers trimmed themselves until the cache gave it
+    plain ones: its batches were refused) or Llama 4's 4-token attention chunks (cut at positions counted from a row's
     left padding), prompts up to 23 tokens: rows that accept different numbers of drafts are re-packed
     before their dead slots would enter a window or chunk, and each equals generate alone."""
     target = build(name)
@@ -271,13 +290,13 @@ def test_local_window_exact_alone_and_in_ragged_batches(name, monkeypatch):
     assert any(inner), "no row ever had a dead slot inside its window: the test lost its point"
 
 
-def test_sparse_attention_fed_as_generate_feeds_it_alone_and_batches_refused_by_name(monkeypatch):
+def test_sparse_attention_fed_as_generate_feeds_it_alone_and_batches_row_by_row(monkeypatch):
     """DeepSeek-V3.2's indexer picks each query's top 8 keys among scores full of exact ties (ReLU zeros): a
     multi-token cached forward picks other keys than single steps, so specdec feeds it one token at a time
     after the prefill, as generate does. One prompt equals generate with a drafter that is the target itself
     (every draft accepted: each verification is multi-token) and with a noisy one; fed multi-token, the
     same decoding differs. A dead slot before a row changes its picks too (the model's own left-padded forward
-    differs from the row alone), so a second row is refused, naming the class and why."""
+    differs from the row alone), so a batch decodes its rows one at a time, saying so by class and reason."""
     target = build("deepseek_v32")
     rows = [p for p in prompts() if len(p) < 20]
     references = [generate(target, p) for p in rows]
@@ -286,9 +305,8 @@ def test_sparse_attention_fed_as_generate_feeds_it_alone_and_batches_refused_by_
             for gamma in (1, 4):
                 assert specdec.speculative_generate(target, drafter, prompt, max_new_tokens=NEW, gamma=gamma,
                                                     stop_token_ids=[]).tokens == reference
-    with pytest.raises(ValueError, match=r"DeepseekV32ForCausalLM's sparse attention picks its top-k keys among "
-                                         r"exactly tied scores .*use batch_size=1"):
-        specdec.speculative_generate(target, "ngram", rows[:2], max_new_tokens=4, stop_token_ids=[])
+    assert_row_by_row(target, noisy_copy(target), rows[:3], references[:3],
+                      r"DeepseekV32ForCausalLM decodes rows one at a time: its sparse attention picks its top-k keys")
     init = RaggedCache.__init__
 
     def multi_token(self, *args, **kwargs):
@@ -369,18 +387,105 @@ def test_recurrent_state_kept_on_the_modules_is_refused_by_name():
         specdec.speculative_generate(build_tiny("llama"), build("recurrent_gemma"), [3, 4, 5], max_new_tokens=3)
 
 
-def test_roformer_exact_alone_and_its_batches_refused_by_name():
-    """RoFormer differed from the row alone in a ragged batch of the architecture sweep (its self-check
-    passes; the cause is not found): each prompt alone equals generate, a batch is refused naming the class."""
+def assert_row_by_row(target, drafter, rows: list[list[int]], references: list[list[int]], reason: str,
+                      gamma: int = 4) -> list:
+    """A ragged batch (batch_size 3) of a model whose rows cannot share a forward: decoded one row at a time,
+    said once by a warning matching ``reason``; each row equals its reference, in the batch's order."""
+    with pytest.warns(UserWarning, match=reason):
+        batch = specdec.speculative_generate(target, drafter, rows, max_new_tokens=NEW, gamma=gamma,
+                                             stop_token_ids=[], batch_size=3)
+    assert [r.tokens for r in batch] == references
+    assert batch[0].batch.max_rows == 1 and batch[0].batch.rows == len(rows)
+    assert batch[0].batch.apart.startswith(f"{type(target).__name__} decodes rows one at a time: ")
+    return batch
+
+
+def test_roformer_rows_decode_one_at_a_time_exact_greedy_and_seeded(monkeypatch):
+    """RoFormer's rotary positions are the cache's slot count, baked into each key as it is cached: a row
+    beside others (left padding, dead slots between its live ones, re-packing) sees its keys at the wrong
+    distances. Shared forwards differ from generate; a batch decodes its rows one at a time (each equal to
+    generate, seeded sampling equal to each prompt alone with its own seed). The self-check's row with a dead
+    slot inside finds it by itself (without the family's entry) on a prompt of distinct tokens (a 1-token
+    prompt, repeated, attends to equal values whatever the distances: it cannot tell)."""
     target = build("roformer")
     rows = prompts()
-    for prompt in rows:
+    references = [generate(target, p) for p in rows]
+    for prompt, reference in zip(rows, references):
         for gamma in (1, 4):
             assert specdec.speculative_generate(target, noisy_copy(target), prompt, max_new_tokens=NEW, gamma=gamma,
-                                                stop_token_ids=[]).tokens == generate(target, prompt)
-    with pytest.raises(ValueError, match=r"RoFormerForCausalLM decoded a 1-token row beside longer ones .*use "
-                                         r"batch_size=1"):
-        specdec.speculative_generate(target, "ngram", rows[:2], max_new_tokens=4, stop_token_ids=[], batch_size=2)
+                                                stop_token_ids=[]).tokens == reference
+    assert_row_by_row(target, noisy_copy(target), rows, references,
+                      r"RoFormerForCausalLM decodes rows one at a time: its rotary positions are the cache's slot count")
+    sampled = {"max_new_tokens": NEW, "temperature": 1.0, "seed": 5, "stop_token_ids": []}
+    with pytest.warns(UserWarning, match="decodes rows one at a time"):
+        batch = specdec.speculative_generate(target, noisy_copy(target), rows[:3], batch_size=3, **sampled)
+    alone = [specdec.speculative_generate(target, noisy_copy(target), p, **{**sampled, "seed": 5 + i}).tokens
+             for i, p in enumerate(rows[:3])]
+    assert [r.tokens for r in batch] == alone
+    monkeypatch.setattr(architectures, "ROWS_APART", {})
+    fresh = build("roformer")
+    with pytest.warns(UserWarning, match=r"RoFormerForCausalLM decodes rows one at a time: a row behind a dead slot "
+                                         r"and with one inside it .* decodes differently"):
+        specdec.speculative_generate(fresh, "ngram", rows[1:3], max_new_tokens=2, stop_token_ids=[], batch_size=2)
+    monkeypatch.setattr(RaggedCache, "apart", lambda self: None)  # rows forced to share forwards
+    shared = specdec.speculative_generate(build("roformer"), noisy_copy(target), rows, max_new_tokens=NEW, gamma=4,
+                                          stop_token_ids=[], batch_size=3)
+    assert [r.tokens for r in shared] != references, "shared forwards agree here: the test lost its point"
+
+
+def test_a_cache_driven_directly_still_refuses_rows_that_cannot_share_a_forward():
+    """Only the round loop decodes such rows one at a time: a RaggedCache given two rows of DeepSeek-V3.2
+    (sparse attention) refuses them, naming the class and the reason."""
+    target = build("deepseek_v32")
+    cache = RaggedCache(target, 0)
+    for prompt in prompts()[1:3]:
+        one = RaggedCache(target, 1)
+        one.forward(torch.tensor([prompt]))
+        if cache.rows:
+            with pytest.raises(ValueError, match=r"DeepseekV32ForCausalLM decodes rows one at a time: its sparse "
+                                                 r"attention .* Give this cache one row"):
+                cache.merge(one)
+        else:
+            cache.merge(one)
+
+
+def test_the_server_engine_serves_rows_apart_one_at_a_time_and_says_so_at_start():
+    """The serving engine over RoFormer with batch size 3: the probe at start names the class and the reason;
+    three requests at once are each served exactly (one row at a time: the others wait)."""
+    from specdec.config import SamplingConfig
+    from specdec.decode import prompt_request
+    from specdec.drafters import make_drafter
+    from specdec.schedules import make_schedule
+    from specdec.serve.engine import Engine, Failed, Finished
+    from specdec.serve.server import probe
+
+    target_model = build("roformer")
+    target = make_target(target_model)
+    drafter = make_drafter(noisy_copy(target_model), target, None)
+    engine = Engine(target, drafter, make_schedule(specdec.SpecConfig(gamma=4)), batch_size=3)
+    with pytest.warns(UserWarning, match="RoFormerForCausalLM decodes rows one at a time"):
+        assert engine.decoder.rows_apart(probe(target)).startswith("RoFormerForCausalLM decodes rows one at a time")
+    rows = prompts()[:3]
+    requests = [prompt_request(target, p, NEW, SamplingConfig(), frozenset()) for p in rows]
+
+    async def serve() -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        jobs = [engine.submit(r, loop) for r in requests]
+        out = []
+        for job in jobs:
+            while not isinstance(item := await job.next(), (Finished, Failed)):
+                pass
+            assert isinstance(item, Finished), item
+            out.append(item.result.tokens)
+        assert engine.decoder.stats.max_rows == 1  # (read before stop(), which starts a fresh decoder)
+        return out
+
+    engine.start()
+    try:
+        served = asyncio.run(serve())
+    finally:
+        engine.stop()
+    assert served == [generate(target_model, p) for p in rows]
 
 
 def test_a_family_whose_generate_depends_on_how_tokens_are_fed_is_refused_by_name():

@@ -136,6 +136,11 @@ class Drafter(ABC):
     def prefill(self, prompts: PromptBatch) -> int:
         """Add the rows of ``prompts`` after the current ones; return the forward passes spent."""
 
+    def rows_apart(self, prompts: PromptBatch) -> str | None:
+        """Why rows of different lengths cannot share the drafter's forwards (then each decodes alone), or None
+        (a drafter without a model: always None); ``prompts`` serves its model's self-check."""
+        return None
+
     @abstractmethod
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
         """Draft up to ``limit[b]`` tokens for each row ``b`` (``limit`` [B] long)."""

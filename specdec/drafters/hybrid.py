@@ -83,6 +83,9 @@ class LookupDrafter(FollowingDrafter):
         self.fallback.align(target, tokenizer)
         return self
 
+    def rows_apart(self, prompts: PromptBatch) -> str | None:
+        return self.fallback.rows_apart(prompts)
+
     def prefill(self, prompts: PromptBatch) -> int:
         """Index the new rows for lookup and prefill them in the fallback drafter."""
         self.lookup.prefill(prompts)

@@ -63,7 +63,7 @@ from specdec.drafters.base import (
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
-from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache
+from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache, rows_apart
 
 # Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
 # share of the target's (padding to a multiple of 64 or 128 adds far less on real vocabularies).
@@ -282,6 +282,9 @@ class CachedDrafter(FollowingDrafter):
         self.pending += [[row[-1]] for row in prompts.rows()]
         self._drafts += [[] for _ in range(prompts.size)]
         return calls
+
+    def rows_apart(self, prompts: PromptBatch) -> str | None:
+        return rows_apart(self.model, prompts, self.device, self._ids)
 
     def select(self, rows: torch.Tensor) -> None:
         index = rows.tolist()

@@ -17,6 +17,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from specdec.batch import PromptBatch
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.console import Session
 from specdec.drafters import NoDrafter
@@ -27,12 +28,20 @@ from specdec.serve.app import ServedModel, create_app
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine
 from specdec.serve.metrics import ServerMetrics
-from specdec.target import make_target
+from specdec.target import Target, make_target
 
 
 def model_id(target: str) -> str:
     """The id clients name a target by: its shipped name, or its folder's name."""
     return target if target in SHIPPED_MODELS else Path(target).expanduser().resolve().name
+
+
+def probe(target: Target) -> PromptBatch:
+    """A short prompt to self-check the models on at start (any tokens exercise their cached path)."""
+    ids = [i % target.vocab_size for i in range(1, 10)]
+    if target.encoder_decoder:
+        return PromptBatch.from_lists([[target.decoder_start]], target.device, [ids])
+    return PromptBatch.from_lists([ids], target.device)
 
 
 def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig, verify: VerifyConfig, *,
@@ -49,10 +58,12 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     engine = Engine(target, drafter, make_schedule(spec, schedule, drafter), batch_size=spec.batch_size,
                     tokenizer=tokenizer, verify=verify, metrics=metrics.for_model(served_id),
                     speculate=spec.speculate)
+    # a model whose rows cannot share a forward serves one request at a time (the others wait): said at start
+    apart = engine.decoder.rows_apart(probe(target)) if spec.batch_size > 1 else None
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
                    "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
                    "device": str(target.device), **session.threads.to_dict(),
-                   "compile": "; ".join(compiled) or models.compile}
+                   "compile": "; ".join(compiled) or models.compile, "rows_apart": apart or ""}
     # the target's generation config applies to every request as in generate (repetition penalty, forced tokens...)
     processing = resolve(target.model, ignore_generation_config=sampling.ignore_generation_config, device=target.device)
     description["processors"] = list(processing.settings.processors)
