@@ -133,7 +133,9 @@ def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | 
     real = torch.ones_like(padded, dtype=torch.bool)
     real[:, 0] = False
     prefill = behind.forward(padded, real, logits_to_keep=first).logits
-    if not behind.recurrent:  # a dead slot inside the row (a recurrent state would run over it: only keep() mends it)
+    # a dead slot inside the row (a recurrent state would run over it: only keep() mends it; sparse attention's
+    # rows never share a forward, and compaction would not move its indexer's keys)
+    if not behind.recurrent and not behind.one_at_a_time:
         behind.forward(seq[:, :1], torch.zeros_like(seq[:, :1], dtype=torch.bool))
     found = gap(behind, prefill)
     if float(found.max()) > tolerance:
