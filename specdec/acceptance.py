@@ -71,6 +71,8 @@ def accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
 def exact_match(proposal: Proposal, logits: torch.Tensor, sampler: Sampler, config: VerifyConfig) -> Verdict:
     """Greedy verification; q and the sampler are unused (argmax needs no softmax)."""
     k = proposal.tokens.shape[1]
+    if k == 0:  # nothing drafted (plain decoding): the target's argmax
+        return Verdict(proposal.lengths, logits[:, 0].argmax(dim=-1))
     best = logits.argmax(dim=-1)  # [B, k+1]
     # the run of matches, cut at the row's length (a padding position may match by chance)
     n = torch.minimum(accepted_prefix(proposal.tokens == best[:, :k]), proposal.lengths)  # [B]
