@@ -71,8 +71,11 @@ def accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
 def exact_match(proposal: Proposal, logits: torch.Tensor, sampler: Sampler, config: VerifyConfig) -> Verdict:
     """Greedy verification; q and the sampler are unused (argmax needs no softmax)."""
     k = proposal.tokens.shape[1]
+    if k == 0:  # nothing drafted (plain decoding): the target's argmax
+        return Verdict(proposal.lengths, logits[:, 0].argmax(dim=-1))
     best = logits.argmax(dim=-1)  # [B, k+1]
-    n = accepted_prefix((proposal.tokens == best[:, :k]) & _positions(proposal))  # [B]
+    # the run of matches, cut at the row's length (a padding position may match by chance)
+    n = torch.minimum(accepted_prefix(proposal.tokens == best[:, :k]), proposal.lengths)  # [B]
     return Verdict(n, best.gather(1, n[:, None]).squeeze(1))
 
 
@@ -168,10 +171,14 @@ class Verifier:
         if config.rule is not None:
             named_rule(config.rule)
         self.config = config
+        self._known: tuple[list[SamplingConfig], list[Rule]] | None = None  # the last rows' configs and rules
 
     def rules(self, sampler: Sampler) -> list[Rule]:
-        """The rule of each row (raises if a row's temperature does not fit the configured rule)."""
-        return [rule_for(self.config, c.greedy) for c in sampler.configs]
+        """The rule of each row (raises if a row's temperature does not fit the configured rule); the last
+        answer again while the rows' configs are the same list (a batch's sampler, round after round)."""
+        if self._known is None or self._known[0] is not sampler.configs:
+            self._known = (sampler.configs, [rule_for(self.config, c.greedy) for c in sampler.configs])
+        return self._known[1]
 
     def lossless(self, sampling: SamplingConfig) -> bool:
         """Whether a row sampled with ``sampling`` gets exactly the target's output (raises if the rule

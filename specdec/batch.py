@@ -19,11 +19,8 @@ import torch
 def left_padded(rows: Sequence[Sequence[int]], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of ids -> (ids [B, T] left-padded with 0, lengths [B])."""
     width = max((len(r) for r in rows), default=0)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-    return ids.to(device), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+    ids = torch.tensor([[0] * (width - len(r)) + list(r) for r in rows], dtype=torch.long, device=device)
+    return ids if rows else ids.view(0, 0), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
 
 
 def left_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
@@ -34,10 +31,8 @@ def left_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
 def right_padded(rows: Sequence[Sequence[int]], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of ids -> (ids [B, T] right-padded with 0, lengths [B])."""
     width = max((len(r) for r in rows), default=0)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return ids.to(device), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+    ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+    return ids if rows else ids.view(0, 0), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
 
 
 @dataclass(frozen=True)

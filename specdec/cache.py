@@ -150,17 +150,33 @@ class RaggedCache:
         self.two_token_steps = getattr(model.config, "model_type", "") in MASKLESS_SINGLE_STEPS
         self.positions = positions_for(model)
         self.refuse_rows = True  # refuse rows the model cannot decode exactly (the self-check turns it off)
-        self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots
+        self.mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] live slots (see ``mask``)
         self.live = torch.zeros(rows, dtype=torch.long, device=device)  # [B] live tokens per row
         self.holes = False  # whether any slot is dead (then the model needs the mask and positions)
 
     @property
+    def mask(self) -> torch.Tensor:
+        """[B, S] bool, the live slots. While no slot is dead it is not kept (every forward would rebuild a
+        tensor of ones) but made when read."""
+        if self._mask is None:
+            self._mask = torch.ones(self._shape, dtype=torch.bool, device=self._device)
+        return self._mask
+
+    @mask.setter
+    def mask(self, value: torch.Tensor) -> None:
+        self._mask, self._shape, self._device = value, tuple(value.shape), value.device
+
+    def _all_live(self, rows: int, slots: int) -> None:
+        """Every one of ``slots`` slots of the ``rows`` rows is live (the mask made only when read)."""
+        self._mask, self._shape = None, (rows, slots)
+
+    @property
     def rows(self) -> int:
-        return self.mask.shape[0]
+        return self._shape[0]
 
     @property
     def slots(self) -> int:
-        return self.mask.shape[1]
+        return self._shape[1]
 
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 1,
                 **kwargs: object) -> ModelOutput:
@@ -185,14 +201,23 @@ class RaggedCache:
         own_positions = not self.positions.supported and not self.recurrent  # attention over slots, positions its own
         if (self.window is not None or own_positions) and self.holes and self._inner_holes():
             self.compact()  # a window, or positions of the model's own (MPT's ALiBi), count slots: no dead slot inside
-        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
-        positions = self.live[:, None] + real.long().cumsum(1) - 1  # [B, n] live tokens before each
-        if valid is not None:
-            positions = positions.clamp_min(0)
-        mask = torch.cat([self.mask, real], dim=1) if holes else None  # [B, S + n]
-        out = self._call(input_ids, mask, positions, logits_to_keep, kwargs)
-        self.mask = torch.cat([self.mask, real], dim=1)
-        self.live = self.live + real.sum(dim=1)
+        rows, n = input_ids.shape
+        if holes:
+            real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
+            positions = self.live[:, None] + real.long().cumsum(1) - 1  # [B, n] live tokens before each
+            if valid is not None:
+                positions = positions.clamp_min(0)
+            mask = torch.cat([self.mask, real], dim=1)  # [B, S + n]
+            out = self._call(input_ids, mask, positions, logits_to_keep, kwargs)
+            self.mask = mask
+            self.live = self.live + real.sum(dim=1)
+        else:  # no dead slot, before or among the new tokens: every row has all S slots live, and keeps them
+            positions = torch.arange(self.slots, self.slots + n, device=input_ids.device).expand(rows, n)  # [B, n]
+            if rows > 1:
+                positions = positions.contiguous()  # a model may reshape them
+            out = self._call(input_ids, None, positions, logits_to_keep, kwargs)
+            self._all_live(rows, self.slots + n)
+            self.live = self.live + n
         self.holes = holes
         return out
 
@@ -232,6 +257,10 @@ class RaggedCache:
         if attention_mask is not None:
             kwargs["attention_mask"] = (causal_mask(attention_mask, input_ids.shape[1], self.model.dtype) if self.mask_4d
                                         else attention_mask.long())
+        if self.positions.argument:  # the forward takes them (as Positions.applied would give them): no context
+            kwargs[self.positions.keyword] = positions
+            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                              logits_to_keep=logits_to_keep, **kwargs)
         with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
             return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                               logits_to_keep=logits_to_keep, **kwargs)
@@ -259,7 +288,10 @@ class RaggedCache:
         if drop or self._sliding:  # sliding layers also shrink back to their window on crop(0)
             for layer in self._layers():  # a hybrid layer's keys only: its recurrent state is not cropped here
                 (DynamicLayer.crop if isinstance(layer, LinearAttentionCacheLayerMixin) else type(layer).crop)(layer, -drop)
-        self.mask = self.mask[:, : self.slots - drop]
+        if self._mask is None:
+            self._all_live(self.rows, self.slots - drop)
+        else:
+            self.mask = self._mask[:, : self.slots - drop]
 
     def _layers(self) -> list[DynamicLayer]:
         """The initialised attention layers (a layer is uninitialised until its first token)."""

@@ -269,29 +269,35 @@ class Decoder:
             self._resample()
         return finished
 
-    def _caps(self) -> torch.Tensor:
-        """[B] the most drafts each row can take this round: the room left, minus the verified token,
-        within the drafter's context; rows with no room left are marked done."""
+    def _caps(self) -> list[int]:
+        """The most drafts each row can take this round (per row, on the host): the room left, minus the
+        verified token, within the drafter's context; rows with no room left are marked done."""
         caps = []
         for row in self.rows:
             cap = row.room(self.target.context_limit) - 1
             if self.drafter.context_limit is not None:
                 cap = min(cap, self.drafter.context_limit - len(row.request.ids) - len(row.tokens) + 1)
             caps.append(max(0, cap))
-        return torch.tensor(caps, dtype=torch.long, device=self.device)
+        return caps
 
-    def _admitted(self, proposal: Proposal, limit: torch.Tensor, caps: torch.Tensor) -> Proposal:
-        """The drafts a round verifies: within each row's limit (or the drafter's free tokens), cut to its cap."""
-        allowed = limit.clamp_min(self.drafter.free_tokens)  # [B]
-        if proposal.lengths.shape != limit.shape or bool((proposal.lengths > allowed).any()):
-            if proposal.lengths.shape != limit.shape:
-                raise ValueError(f"the drafter proposed for {tuple(proposal.lengths.shape)} rows, not {len(self.rows)}")
-            i = int((proposal.lengths > allowed).nonzero()[0])
-            raise ValueError(f"the drafter proposed {int(proposal.lengths[i])} tokens for prompt "
-                             f"{self.rows[i].request.index} when asked for at most {int(allowed[i])}")
-        if proposal.k and not bool(((proposal.tokens >= 0) & (proposal.tokens < self.target.vocab_size)).all()):
-            raise ValueError(f"the drafter proposed token ids outside the target's vocabulary [0, {self.target.vocab_size})")
-        return proposal.cut(caps)
+    def _admitted(self, proposal: Proposal, limits: list[int], caps: list[int]) -> Proposal:
+        """The drafts a round verifies: within each row's limit (or the drafter's free tokens), cut to its cap
+        (``limits`` and ``caps`` per row; checked on the host, from the drafts as lists)."""
+        if tuple(proposal.lengths.shape) != (len(limits),):
+            raise ValueError(f"the drafter proposed for {tuple(proposal.lengths.shape)} rows, not {len(self.rows)}")
+        drafts = proposal.drafts()  # as lists: known to most drafters, else one read of the tensors
+        free = self.drafter.free_tokens
+        for i, (draft, n) in enumerate(zip(drafts, limits)):
+            if len(draft) > max(n, free):
+                raise ValueError(f"the drafter proposed {len(draft)} tokens for prompt "
+                                 f"{self.rows[i].request.index} when asked for at most {max(n, free)}")
+        vocab = self.target.vocab_size
+        if any(t < 0 or t >= vocab for draft in drafts for t in draft):
+            raise ValueError(f"the drafter proposed token ids outside the target's vocabulary [0, {vocab})")
+        longest = max((len(d) for d in drafts), default=0)
+        if longest < proposal.k or any(len(d) > cap for d, cap in zip(drafts, caps)):
+            return proposal.cut(torch.tensor(caps, dtype=torch.long, device=self.device))
+        return proposal
 
     # -------------------------------------------------------------------------------------- rounds
 
@@ -309,14 +315,15 @@ class Decoder:
     def _round(self) -> None:
         """One round for every row: propose -> verify -> accept -> commit."""
         self.clock.new_round()
-        caps = self._caps()  # [B]
+        caps = self._caps()  # per row
         rows = round_rows([(r.request.ids + r.tokens if r.request.processors else [], r.request.processors)
                            for r in self.rows], self.device) if self.processing else []
         with self.events.phase(PROPOSE):
             plan = self.schedule.plan(len(self.rows), self.device)
-            limit = torch.minimum(plan.limit, caps)  # [B]
+            limits = [min(n, cap) for n, cap in zip(plan.limit.tolist(), caps)]
+            limit = torch.tensor(limits, dtype=torch.long, device=self.device)  # [B]
             sampler = DraftSampler.wrap(self.sampler, rows) if self.processing else self.sampler
-            proposal = self._admitted(self.drafter.propose(limit, sampler, plan.stop), limit, caps)
+            proposal = self._admitted(self.drafter.propose(limit, sampler, plan.stop), limits, caps)
         with self.events.phase(VERIFY):
             candidates = torch.cat([self.last[:, None], proposal.tokens], dim=1)  # [B, k+1]
             scores = self.target.verify(candidates, proposal.lengths + 1)  # logits [B, k+1, V]
@@ -330,14 +337,14 @@ class Decoder:
             self.drafter.commit(verdict.accepted, verdict.next_token)
             self.schedule.update(proposal, verdict)
             self.last = verdict.next_token
-            committed = self._commit_rows(proposal, verdict)
-        self.events.round_ended(RoundSummary(len(self.rows), int(proposal.lengths.sum()), committed,
-                                             self.clock.round_seconds))
+            drafted, committed = self._commit_rows(proposal, verdict)
+        self.events.round_ended(RoundSummary(len(self.rows), drafted, committed, self.clock.round_seconds))
 
-    def _commit_rows(self, proposal: Proposal, verdict: Verdict) -> int:
-        """Append each row's accepted drafts and next token (up to its stops); record; tell listeners."""
-        drafts, lengths = proposal.drafts(), proposal.lengths.tolist()
-        accepted, next_tokens = verdict.accepted.tolist(), verdict.next_token.tolist()
+    def _commit_rows(self, proposal: Proposal, verdict: Verdict) -> tuple[int, int]:
+        """Append each row's accepted drafts and next token (up to its stops); record; tell listeners. Returns
+        the tokens drafted and committed, all rows."""
+        drafts = proposal.drafts()
+        lengths, accepted, next_tokens = torch.stack([proposal.lengths, verdict.accepted, verdict.next_token]).tolist()
         ended = proposal.ended or ("",) * len(self.rows)
         committed = 0
         for row, draft, drafted, n, nxt, why in zip(self.rows, drafts, lengths, accepted, next_tokens, ended):
@@ -359,7 +366,7 @@ class Decoder:
         s.new_tokens += committed
         s.target_calls += 1
         s.drafter_calls += proposal.calls
-        return committed
+        return sum(lengths), committed
 
     def run(self) -> None:
         """Step until every submitted request is done."""

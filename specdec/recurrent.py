@@ -57,8 +57,12 @@ def is_recurrent(model: PreTrainedModel) -> bool:
     """Whether ``model``'s cache (built from its config) has recurrent / linear-attention layers."""
     if getattr(model.config, "is_encoder_decoder", False):
         return False
-    cache = DynamicCache(config=model.config)
-    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+    known = model.__dict__.get("_specdec_recurrent")  # (its config, the answer): asked at every cache made
+    if known is None or known[0] is not model.config:
+        cache = DynamicCache(config=model.config)
+        known = (model.config, any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers))
+        model.__dict__["_specdec_recurrent"] = known
+    return known[1]
 
 
 def cache_keyword(model: PreTrainedModel) -> str:

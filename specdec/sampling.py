@@ -166,10 +166,11 @@ class Sampler:
 def check_finite(logits: torch.Tensor, who: str, valid: torch.Tensor | None = None) -> None:
     """Raise ValueError if ``logits`` [..., V] hold NaN or inf where ``valid`` [...] (None: everywhere) says
     the position is real (one host sync)."""
-    finite = torch.isfinite(logits).all(dim=-1)
-    if valid is not None:
-        finite = finite | ~valid
-    if not bool(finite.all()):
+    if valid is None:
+        finite = torch.isfinite(logits).all()
+    else:
+        finite = (torch.isfinite(logits).all(dim=-1) | ~valid).all()
+    if not bool(finite):
         raise ValueError(
             f"the {who} produced NaN/inf logits: its weights or inputs are broken, or its dtype overflows "
             "(try dtype='fp32' or 'bf16' instead of 'fp16')"

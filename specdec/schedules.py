@@ -80,13 +80,16 @@ class Constant(Schedule):
 
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
+        self._plan: tuple[int, torch.device | str, DraftPlan] | None = None  # the last plan, the same each round
 
     @property
     def most(self) -> int:
         return self.gamma
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
-        return DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long, device=device))
+        if self._plan is None or self._plan[:2] != (rows, device):
+            self._plan = (rows, device, DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long, device=device)))
+        return self._plan[2]
 
 
 class Bounded:

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from specdec.batch import right_padded
+
 if TYPE_CHECKING:
     from specdec.batch import PromptBatch
     from specdec.sampling import Sampler
@@ -67,7 +69,7 @@ class Proposal:
     def empty(cls, rows: int, device: torch.device | str, ended: str = ENDED_NONE) -> Proposal:
         """No drafts for any row."""
         return cls(torch.zeros(rows, 0, dtype=torch.long, device=device),
-                   torch.zeros(rows, dtype=torch.long, device=device), ended=(ended,) * rows)
+                   torch.zeros(rows, dtype=torch.long, device=device), ended=(ended,) * rows).knowing([[] for _ in range(rows)])
 
     def select(self, rows: torch.Tensor) -> Proposal:
         """The proposal of the rows ``rows`` [B']."""
@@ -82,9 +84,25 @@ class Proposal:
         trim = (lambda t: None if t is None else t[:, :width])
         return replace(self, tokens=self.tokens[:, :width], lengths=lengths, q=trim(self.q), hidden=trim(self.hidden))
 
+    @classmethod
+    def from_lists(cls, drafts: list[list[int]], device: torch.device | str, **fields: object) -> Proposal:
+        """The proposal of each row's ``drafts`` (right-padded), which ``drafts()`` then returns without reading
+        the tensors back."""
+        return cls(*right_padded(drafts, device), **fields).knowing(drafts)
+
+    def knowing(self, drafts: list[list[int]]) -> Proposal:
+        """This proposal, with each row's drafts (as the tensors hold them) already known on the host."""
+        object.__setattr__(self, "_lists", drafts)
+        return self
+
     def drafts(self) -> list[list[int]]:
-        """Each row's drafts as a list (the edge where Python state, like prompt lookup's, reads them)."""
-        return [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
+        """Each row's drafts as a list (the edge where Python state, like prompt lookup's, reads them); read
+        from the tensors once per proposal (one host sync), then kept: treat the lists as read-only."""
+        lists = self.__dict__.get("_lists")
+        if lists is None:
+            lists = [row[:n] for row, n in zip(self.tokens.tolist(), self.lengths.tolist())]
+            object.__setattr__(self, "_lists", lists)
+        return lists
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,9 @@ from specdec.sampling import Sampler
 LOOKUP_NGRAM = NgramConfig(min_ngram=2, max_ngram=3, num_tokens=12)  # chosen on validation prompts (above)
 
 
-def _merged(lookup: Proposal, fallback: Proposal, use_lookup: torch.Tensor) -> Proposal:
-    """Row b's drafts from ``lookup`` where ``use_lookup[b]``, else from ``fallback``; q one-hot for lookup rows."""
+def _merged(lookup: Proposal, fallback: Proposal, use_lookup: torch.Tensor, use: list[bool]) -> Proposal:
+    """Row b's drafts from ``lookup`` where ``use_lookup[b]`` (``use``: the same on the host), else from
+    ``fallback``; q one-hot for lookup rows."""
     width = max(lookup.k, fallback.k)
     pad = (lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1])))
     tokens = torch.where(use_lookup[:, None], pad(lookup.tokens), pad(fallback.tokens))  # [B, k]
@@ -54,8 +55,9 @@ def _merged(lookup: Proposal, fallback: Proposal, use_lookup: torch.Tensor) -> P
         hidden = torch.nn.functional.pad(fallback.hidden, (0, 0, 0, width - fallback.k))  # [B, k, H]
     ended = ()
     if lookup.ended and fallback.ended:
-        ended = tuple(a if use else b for a, b, use in zip(lookup.ended, fallback.ended, use_lookup.tolist()))
-    return Proposal(tokens, lengths, q, hidden, calls=fallback.calls, ended=ended)
+        ended = tuple(a if mine else b for a, b, mine in zip(lookup.ended, fallback.ended, use))
+    drafts = [a if mine else b for a, b, mine in zip(lookup.drafts(), fallback.drafts(), use)]
+    return Proposal(tokens, lengths, q, hidden, calls=fallback.calls, ended=ended).knowing(drafts)
 
 
 class LookupDrafter(FollowingDrafter):
@@ -95,13 +97,16 @@ class LookupDrafter(FollowingDrafter):
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
         """Lookup's continuation for rows that have one, the fallback's drafts for the others."""
         found = self.lookup.propose(limit, sampler)
-        use_lookup = found.lengths > 0  # [B]
-        need = (~use_lookup) & (limit > 0)  # [B] rows the fallback drafts for
-        if bool(need.any()):
-            drafted = self.fallback.propose(torch.where(need, limit, 0), sampler, stop)
-            proposal = _merged(found, drafted, use_lookup)
-        else:
+        use = [bool(d) for d in found.drafts()]  # lookup's drafts are host lists: no sync
+        need = [not mine and n > 0 for mine, n in zip(use, limit.tolist())]  # rows the fallback drafts for
+        if not any(need):
             proposal = found
+        elif not any(use):  # no row copies: the fallback's proposal as it is
+            proposal = self.fallback.propose(limit, sampler, stop)  # rows with limit 0 draft nothing there
+        else:
+            use_lookup = found.lengths > 0  # [B]
+            drafted = self.fallback.propose(torch.where(~use_lookup & (limit > 0), limit, 0), sampler, stop)
+            proposal = _merged(found, drafted, use_lookup, use)
         self._drafts = proposal.drafts()
         return proposal
 

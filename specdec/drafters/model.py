@@ -84,13 +84,34 @@ def _folder_vocab(folder: str) -> tuple[tuple[int, str], ...] | None:
     return tuple(sorted((i, t) for t, i in tokenizer.get_vocab().items()))
 
 
+def _folder(model: PreTrainedModel) -> str | None:
+    """The folder a model was loaded from, or None."""
+    folder = getattr(model, "name_or_path", "") or ""
+    return folder if folder and Path(folder).is_dir() else None
+
+
 def _vocab(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> dict[int, str] | None:
     """id -> token of ``tokenizer``, else of the tokenizer in the model's folder, else None."""
     if tokenizer is not None and hasattr(tokenizer, "get_vocab"):
         return {i: t for t, i in tokenizer.get_vocab().items()}
-    folder = getattr(model, "name_or_path", "") or ""
-    pairs = _folder_vocab(folder) if folder and Path(folder).is_dir() else None
+    folder = _folder(model)
+    pairs = _folder_vocab(folder) if folder is not None else None
     return dict(pairs) if pairs is not None else None
+
+
+def _difference(mine: dict[int, str] | None, theirs: dict[int, str] | None) -> tuple[int, str, str] | None:
+    """The lowest id both vocabularies hold with different tokens: (id, mine, theirs); None if none (or unknown)."""
+    if mine is None or theirs is None:
+        return None
+    return next(((i, mine[i], theirs[i]) for i in sorted(mine.keys() & theirs.keys()) if mine[i] != theirs[i]), None)
+
+
+@lru_cache(maxsize=16)
+def _folders_difference(target: str | None, drafter: str | None) -> tuple[int, str, str] | None:
+    """``_difference`` of the tokenizers stored in two model folders (kept: a drafter is checked once per
+    pair of folders, not at every call)."""
+    pairs = [_folder_vocab(folder) if folder is not None else None for folder in (target, drafter)]
+    return _difference(*(dict(p) if p is not None else None for p in pairs))
 
 
 def _bos_id(model: PreTrainedModel) -> object:
@@ -122,12 +143,14 @@ def check_vocabularies(
             f"{who} vocabulary ({v_drafter} tokens) differs from the target's ({v_target}) by more than "
             f"padding (at most {PADDING_FRACTION:.1%} of the target's): {fix}"
         )
-    mine, theirs = _vocab(target, tokenizer), _vocab(drafter)
-    if mine is not None and theirs is not None:
-        for i in sorted(mine.keys() & theirs.keys()):
-            if mine[i] != theirs[i]:
-                raise ValueError(f"the {who}'s tokenizer differs from the target's: id {i} is {theirs[i]!r} for "
-                                 f"the {who} and {mine[i]!r} for the target: {fix}")
+    if tokenizer is not None and hasattr(tokenizer, "get_vocab"):
+        difference = _difference(_vocab(target, tokenizer), _vocab(drafter))
+    else:
+        difference = _folders_difference(_folder(target), _folder(drafter))
+    if difference is not None:
+        i, mine, theirs = difference
+        raise ValueError(f"the {who}'s tokenizer differs from the target's: id {i} is {theirs!r} for "
+                         f"the {who} and {mine!r} for the target: {fix}")
     t_bos, d_bos = _bos_id(target), _bos_id(drafter)
     if t_bos is not None and d_bos is not None and t_bos != d_bos:
         warnings.warn(f"{who} and target declare different bos_token_id ({d_bos} vs {t_bos}); the prompt "
@@ -299,7 +322,7 @@ class ModelDrafter(CachedDrafter):
     returns_hidden = True
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
-        self.model = model.eval()
+        self.model = model.eval() if model.training else model  # eval() walks every module: once
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)
@@ -349,7 +372,8 @@ class ModelDrafter(CachedDrafter):
         """Draft ``max(limit)`` positions for the batch: that many forwards, the first also catching up on
         the pending tokens; row b's proposal ends at ``limit[b]`` or where ``stop`` stops it."""
         rows = len(self.pending)
-        steps = int(limit.max()) if rows else 0
+        limits = limit.tolist()
+        steps = max(max(limits, default=0), 0)
         if steps == 0:
             self._drafts = [[] for _ in range(rows)]
             return Proposal.empty(rows, self.device)
@@ -358,6 +382,43 @@ class ModelDrafter(CachedDrafter):
         valid = None if len({len(p) for p in self.pending}) == 1 else left_mask(counts, ids.shape[1])  # [B, P]
         logits, state = self._step(ids, valid, hidden)
         self._mark, self.pending = self.cache.live.clone(), [[] for _ in range(rows)]
+        if stop is None:  # each row drafts up to its limit: which rows draft where is known on the host
+            tokens, probs, states = self._draft(logits, state, limits, limit, steps, sampler, hidden)
+            lengths, counts = limit.clamp_min(0), [max(n, 0) for n in limits]  # [B]
+            halted = [False] * rows
+        else:
+            tokens, probs, states, lengths, stopped = self._draft_stopping(logits, state, limit, steps, sampler,
+                                                                           stop, hidden)
+            counts, halted = torch.stack([lengths, stopped.long()]).tolist()
+        drafted = torch.stack(tokens, dim=1)  # [B, k]
+        lists = drafted.tolist()
+        self._fed = [row[: len(tokens) - 1] for row in lists]
+        ended = tuple(ENDED_NONE if n == 0 else ENDED_THRESHOLD if s else ENDED_LIMIT for n, s in zip(counts, halted))
+        proposal = Proposal(drafted, lengths, None if probs[0] is None else torch.stack(probs, dim=1),
+                            torch.stack(states, dim=1) if hidden else None, calls=len(tokens), ended=ended)
+        self._drafts = proposal.knowing([row[:n] for row, n in zip(lists, counts)]).drafts()
+        return proposal
+
+    def _draft(self, logits: torch.Tensor, state: torch.Tensor | None, limits: list[int], limit: torch.Tensor,
+               steps: int, sampler: Sampler, hidden: bool) -> tuple[list, list, list]:
+        """``steps`` drafted positions, row b drafting at the first ``limits[b]`` of them (no stop rule): the
+        tokens [B], probabilities [B, V] | None and hidden states [B, H] | None of each position."""
+        tokens, probs, states = [], [], []
+        for i in range(steps):
+            drafting = None if min(limits) > i else limit > i  # [B] | None (every row); only drafting rows draw
+            token, q = sampler.draft(logits, drafting)  # [B], [B, V] | None
+            tokens.append(token)
+            probs.append(q)
+            states.append(state)
+            if i < steps - 1:
+                logits, state = self._step(token[:, None], None, hidden)
+        return tokens, probs, states
+
+    def _draft_stopping(self, logits: torch.Tensor, state: torch.Tensor | None, limit: torch.Tensor, steps: int,
+                        sampler: Sampler, stop: StopRule, hidden: bool) -> tuple[list, list, list, torch.Tensor,
+                                                                                  torch.Tensor]:
+        """As ``_draft``, asking ``stop`` after each position which rows stop there; also the drafts per
+        row [B] and the rows the rule stopped [B] bool."""
         active = limit > 0  # [B] rows still drafting
         stopped = torch.zeros_like(active)  # [B] rows the stop rule stopped
         lengths = torch.zeros_like(limit)
@@ -368,21 +429,13 @@ class ModelDrafter(CachedDrafter):
             probs.append(q)
             states.append(state)
             lengths = lengths + active.long()
-            if stop is not None:
-                halt = active & stop(DraftStep(i, token, logits, q, state, active))
-                stopped, active = stopped | halt, active & ~halt
+            halt = active & stop(DraftStep(i, token, logits, q, state, active))
+            stopped, active = stopped | halt, active & ~halt
             active = active & (limit > i + 1)
             if i == steps - 1 or not bool(active.any()):
                 break
             logits, state = self._step(token[:, None], None, hidden)
-        drafted = torch.stack(tokens, dim=1)  # [B, k]
-        self._fed = [row[: len(tokens) - 1] for row in drafted.tolist()]
-        ended = tuple(ENDED_NONE if n == 0 else ENDED_THRESHOLD if s else ENDED_LIMIT
-                      for n, s in zip(lengths.tolist(), stopped.tolist()))
-        proposal = Proposal(drafted, lengths, None if probs[0] is None else torch.stack(probs, dim=1),
-                            torch.stack(states, dim=1) if hidden else None, calls=len(tokens), ended=ended)
-        self._drafts = proposal.drafts()
-        return proposal
+        return tokens, probs, states, lengths, stopped
 
     def follow(self, tokens: list[list[int]]) -> None:
         """Each row keeps the forwarded drafts that agree with its committed ``tokens``; the rest is pending."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.batch import PromptBatch, right_padded
+from specdec.batch import PromptBatch
 from specdec.config import NgramConfig
 from specdec.drafters.base import ENDED_LOOKUP, ENDED_NONE, FollowingDrafter, Proposal, StopRule
 from specdec.sampling import Sampler
@@ -102,8 +102,8 @@ class NgramDrafter(FollowingDrafter):
         """Up to ``limit[b]`` (or ``num_tokens``) copied tokens per row whose limit is not 0."""
         self._drafts = [row.propose(self.config.num_tokens or n) if n > 0 else []
                         for row, n in zip(self.rows, limit.tolist())]
-        tokens, lengths = right_padded(self._drafts, self.device)  # [B, k], [B]
-        return Proposal(tokens, lengths, ended=tuple(ENDED_LOOKUP if d else ENDED_NONE for d in self._drafts))
+        return Proposal.from_lists(self._drafts, self.device,  # tokens [B, k], lengths [B]
+                                   ended=tuple(ENDED_LOOKUP if d else ENDED_NONE for d in self._drafts))
 
     def last_drafts(self) -> list[list[int]]:
         return self._drafts
