@@ -105,7 +105,7 @@ class ModelTarget(Target):
     encoder-decoder: the round loop does not ask which)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
-        self.model = model.eval() if model.training else model  # eval() walks every module: once
+        self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
         self.vocab_size = vocab_size(model)
         self.encoder_decoder = is_encoder_decoder(model)
         self.context_limit = context_limit(model)  # the decoder's positions

@@ -322,7 +322,7 @@ class ModelDrafter(CachedDrafter):
     returns_hidden = True
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
-        self.model = model.eval() if model.training else model  # eval() walks every module: once
+        self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)
