@@ -90,12 +90,19 @@ def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
 
 
-def causal_mask(valid: torch.Tensor, queries: int, dtype: torch.dtype) -> torch.Tensor:
-    """The 4D additive mask [B, 1, q, S] of a forward over the last ``queries`` of S slots: each query sees the
-    ``valid`` [B, S] slots up to its own; 0 where attended, the dtype's most negative value elsewhere."""
+def causal_mask(valid: torch.Tensor, queries: int, dtype: torch.dtype, block: torch.Tensor | None = None) -> torch.Tensor:
+    """The 4D additive self-attention mask [B, 1, q, S] of a forward over the last ``queries`` of S slots.
+
+    ``valid`` [B, S]: the slots that may be attended to (live cache slots and real new tokens); ``block``
+    [B, S] (optional): the slots of each row's block. A query sees the valid slots up to its own (causal)
+    and, when it is in a block, every valid slot of its block too (bidirectional). 0 where attended, the
+    dtype's most negative value elsewhere (what eager and SDPA attention both add)."""
     slots = valid.shape[1]
     index = torch.arange(slots, device=valid.device)
-    allowed = valid[:, None, :] & (index[None, :] <= index[slots - queries:, None])[None]  # [B, q, S]
+    allowed = (index[None, :] <= index[slots - queries:, None])[None]  # [1, q, S] causal
+    if block is not None:
+        allowed = allowed | (block[:, slots - queries:, None] & block[:, None, :])  # [B, q, S]
+    allowed = valid[:, None, :] & allowed  # [B, q, S]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 

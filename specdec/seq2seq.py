@@ -16,7 +16,7 @@ decoder-only models theirs.
 Blocks (SpecDec's block drafter as an encoder-decoder, ``drafters/block.py``): a forward given
 ``block_size=k`` treats its last k inputs as one block that attends to itself both ways (and to
 every live slot before it); the tokens before the block stay causal. The decoder gets this as a 4D
-additive mask (``block_attention_mask``), which transformers' decoders take as it is.
+additive mask (``cache.causal_mask`` with the block), which transformers' decoders take as it is.
 
 The decoder's start token begins every row's committed sequence and is never part of the output.
 """
@@ -32,7 +32,7 @@ from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
 from specdec.batch import PromptBatch
-from specdec.cache import RaggedCache
+from specdec.cache import RaggedCache, causal_mask
 from specdec.recurrent import RecurrentCache, is_recurrent
 from specdec.selfcheck import check_cached_path
 
@@ -59,24 +59,6 @@ def source_limit(model: PreTrainedModel) -> int | None:
     if isinstance(table, nn.Embedding):
         return table.num_embeddings - int(getattr(table, "offset", 0))
     return None
-
-
-def block_attention_mask(valid: torch.Tensor, block: torch.Tensor, queries: int, dtype: torch.dtype) -> torch.Tensor:
-    """The 4D additive self-attention mask [B, 1, q, S] of a decoder forward over the last ``queries`` of S slots.
-
-    ``valid`` [B, S]: the slots that may be attended to (live cache slots and real new tokens);
-    ``block`` [B, S]: the slots of each row's block. A query sees the valid slots up to its own
-    (causal) and, when it is in a block, every valid slot of its block too (bidirectional). 0 where
-    attended, the dtype's most negative value elsewhere (what eager and SDPA attention both add).
-    """
-    slots = valid.shape[1]
-    index = torch.arange(slots, device=valid.device)
-    query = index[slots - queries:]  # [q] slot of each query
-    causal = index[None, :] <= query[:, None]  # [q, S]
-    in_block = block[:, slots - queries:, None] & block[:, None, :]  # [B, q, S]
-    allowed = valid[:, None, :] & (causal[None] | in_block)  # [B, q, S]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
-    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 class Seq2SeqCache(RaggedCache):
@@ -108,7 +90,7 @@ class Seq2SeqCache(RaggedCache):
                      else torch.ones(input_ids.shape[0], self.slots + n, dtype=torch.bool, device=input_ids.device))
             block = torch.zeros_like(valid)
             block[:, -block_size:] = True
-            decoder_mask = block_attention_mask(valid, block, n, self.encoded.dtype)
+            decoder_mask = causal_mask(valid, n, self.encoded.dtype, block)
         if self._keeps_logits:
             kwargs["logits_to_keep"] = logits_to_keep
         encoded = self._encoder_output(last_hidden_state=self.encoded)

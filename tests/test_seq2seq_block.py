@@ -18,9 +18,10 @@ from test_seq2seq import SOURCES, assert_single_and_batched, build, first_decode
 from transformers.modeling_outputs import BaseModelOutput
 
 import specdec
+from specdec.cache import causal_mask
 from specdec.drafters import BlockDrafter, make_drafter, model_drafter
 from specdec.drafters.block import is_block_drafter
-from specdec.seq2seq import Seq2SeqCache, block_attention_mask
+from specdec.seq2seq import Seq2SeqCache
 from specdec.target import make_target
 
 MASK = 3
@@ -74,7 +75,7 @@ def test_cached_block_logits_equal_one_uncached_forward():
             n = len(p) + k
             block = torch.zeros(1, n, dtype=torch.bool)
             block[:, -k:] = True
-            mask = block_attention_mask(torch.ones(1, n, dtype=torch.bool), block, n, torch.float32)
+            mask = causal_mask(torch.ones(1, n, dtype=torch.bool), n, torch.float32, block)
             alone = model(encoder_outputs=BaseModelOutput(last_hidden_state=model.get_encoder()(
                 input_ids=torch.tensor([sources[r]])).last_hidden_state),
                 decoder_input_ids=torch.tensor([p + [MASK] * k]), decoder_attention_mask=mask).logits
@@ -84,7 +85,7 @@ def test_cached_block_logits_equal_one_uncached_forward():
 def test_the_block_attends_both_ways_and_the_prefix_causally():
     valid = torch.tensor([[False, True, True, True, True, True]])
     block = torch.tensor([[False, False, False, False, True, True]])
-    allowed = block_attention_mask(valid, block, 4, torch.float32)[0, 0] == 0  # queries: the last 4 slots
+    allowed = causal_mask(valid, 4, torch.float32, block)[0, 0] == 0  # queries: the last 4 slots
     assert allowed.tolist() == [
         [False, True, True, False, False, False],
         [False, True, True, True, False, False],

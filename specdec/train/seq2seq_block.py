@@ -9,7 +9,7 @@ initialised from the target), and all of it is trained.
 
 One training row is one (source, the target's greedy translation y, cut p, block size k): the
 decoder reads ``[start] + y[:p] + k × mask``; the k block positions, which attend to each other
-both ways and causally to the prefix (``seq2seq.block_attention_mask``, the mask the drafter gets
+both ways and causally to the prefix (``cache.causal_mask`` with the block, the mask the drafter gets
 when drafting), learn y[p], ..., y[p+k-1] (SpecDec's block loss; positions past the end of y are
 not scored), and the prefix positions learn the next token with weight ``prefix_loss`` (a dense
 signal for the states the blocks read). Each step draws one k for the batch, uniformly in
@@ -40,8 +40,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 
+from specdec.cache import causal_mask
 from specdec.drafters.block import SEQ2SEQ_BLOCK
-from specdec.seq2seq import block_attention_mask, decoder_start_id
+from specdec.seq2seq import decoder_start_id
 from specdec.train.drafter import _layer_key as decoder_layers_key
 from specdec.train.drafter import block_card, measure_pair
 from specdec.train.outputs import target_data
@@ -141,7 +142,7 @@ def block_rows(examples: list[Example], cuts: list[int], k: int, start: int, mas
         scored = y[p : p + k]
         block_labels[r, p + 1 : p + 1 + len(scored)] = torch.tensor(scored)
     return BlockRows(source, (source != pad).long(), decoder,
-                     block_attention_mask(valid, block, width_t, torch.float32), prefix_labels, block_labels)
+                     causal_mask(valid, width_t, torch.float32, block), prefix_labels, block_labels)
 
 
 def block_logits(model: PreTrainedModel, rows: BlockRows) -> torch.Tensor:
