@@ -264,10 +264,6 @@ class RaggedCache:
         if attention_mask is not None:
             kwargs["attention_mask"] = (causal_mask(attention_mask, input_ids.shape[1], self.model.dtype) if self.mask_4d
                                         else attention_mask.long())
-        if self.positions.argument:  # the forward takes them (as Positions.applied would give them): no context
-            kwargs[self.positions.keyword] = positions
-            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                              logits_to_keep=logits_to_keep, **kwargs)
         with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
             return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                               logits_to_keep=logits_to_keep, **kwargs)
