@@ -382,13 +382,11 @@ class ModelDrafter(CachedDrafter):
         valid = None if len({len(p) for p in self.pending}) == 1 else left_mask(counts, ids.shape[1])  # [B, P]
         logits, state = self._step(ids, valid, hidden)
         self._mark, self.pending = self.cache.live.clone(), [[] for _ in range(rows)]
-        if stop is None:  # each row drafts up to its limit: which rows draft where is known on the host
-            tokens, probs, states = self._draft(logits, state, limits, limit, steps, sampler, hidden)
-            lengths, counts = limit.clamp_min(0), [max(n, 0) for n in limits]  # [B]
-            halted = [False] * rows
+        tokens, probs, states, lengths, stopped = self._draft(logits, state, limits, limit, steps, sampler, stop,
+                                                              hidden)
+        if stop is None:
+            counts, halted = [max(n, 0) for n in limits], [False] * rows
         else:
-            tokens, probs, states, lengths, stopped = self._draft_stopping(logits, state, limit, steps, sampler,
-                                                                           stop, hidden)
             counts, halted = torch.stack([lengths, stopped.long()]).tolist()
         drafted = torch.stack(tokens, dim=1)  # [B, k]
         lists = drafted.tolist()
@@ -400,39 +398,30 @@ class ModelDrafter(CachedDrafter):
         return proposal
 
     def _draft(self, logits: torch.Tensor, state: torch.Tensor | None, limits: list[int], limit: torch.Tensor,
-               steps: int, sampler: Sampler, hidden: bool) -> tuple[list, list, list]:
-        """``steps`` drafted positions, row b drafting at the first ``limits[b]`` of them (no stop rule): the
-        tokens [B], probabilities [B, V] | None and hidden states [B, H] | None of each position."""
-        tokens, probs, states = [], [], []
-        for i in range(steps):
-            drafting = None if min(limits) > i else limit > i  # [B] | None (every row); only drafting rows draw
-            token, q = sampler.draft(logits, drafting)  # [B], [B, V] | None
-            tokens.append(token)
-            probs.append(q)
-            states.append(state)
-            if i < steps - 1:
-                logits, state = self._step(token[:, None], None, hidden)
-        return tokens, probs, states
-
-    def _draft_stopping(self, logits: torch.Tensor, state: torch.Tensor | None, limit: torch.Tensor, steps: int,
-                        sampler: Sampler, stop: StopRule, hidden: bool) -> tuple[list, list, list, torch.Tensor,
-                                                                                  torch.Tensor]:
-        """As ``_draft``, asking ``stop`` after each position which rows stop there; also the drafts per
-        row [B] and the rows the rule stopped [B] bool."""
+               steps: int, sampler: Sampler, stop: StopRule | None, hidden: bool) -> tuple[list, list, list,
+                                                                                        torch.Tensor, torch.Tensor]:
+        """Up to ``steps`` drafted positions, row b drafting at the first ``limits[b]`` of them, or until ``stop``
+        (when given) stops it after a position: the tokens [B], probabilities [B, V] | None and hidden states
+        [B, H] | None of each position, the drafts per row [B] and the rows the rule stopped [B] bool. Without a
+        stop rule which rows draft where is known on the host: no host sync per position."""
         active = limit > 0  # [B] rows still drafting
         stopped = torch.zeros_like(active)  # [B] rows the stop rule stopped
-        lengths = torch.zeros_like(limit)
+        lengths = limit.clamp_min(0) if stop is None else torch.zeros_like(limit)
         tokens, probs, states = [], [], []
         for i in range(steps):
+            if stop is None:
+                active = None if min(limits) > i else limit > i  # [B] | None (every row)
             token, q = sampler.draft(logits, active)  # [B], [B, V] | None; only drafting rows draw
             tokens.append(token)
             probs.append(q)
             states.append(state)
-            lengths = lengths + active.long()
-            halt = active & stop(DraftStep(i, token, logits, q, state, active))
-            stopped, active = stopped | halt, active & ~halt
-            active = active & (limit > i + 1)
-            if i == steps - 1 or not bool(active.any()):
+            if stop is not None:
+                lengths = lengths + active.long()
+                halt = active & stop(DraftStep(i, token, logits, q, state, active))
+                stopped, active = stopped | halt, active & ~halt & (limit > i + 1)
+                if not bool(active.any()):
+                    break
+            if i == steps - 1:
                 break
             logits, state = self._step(token[:, None], None, hidden)
         return tokens, probs, states, lengths, stopped
