@@ -28,8 +28,10 @@ back as usual) checkpoints the state instead:
   ``batch_select_indices`` for these layers); a new row's state is zeros, which every supported
   model treats as no state.
 
-A model whose forward leaves its cache's state layers empty keeps its state elsewhere (RecurrentGemma: on its
-modules), which nothing can roll back: refused by name at its first forward.
+A model whose forward leaves its cache's state layers empty keeps its state on its own modules. For a family
+registered in ``specdec.module_state.MODULE_STATES`` (RecurrentGemma) that state is moved into the cache's layers
+after every forward and back onto the modules before the next (``_call``), so each cache owns its state and
+everything above applies; any other such model is refused by name at its first forward.
 
 A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
 keys handled as any attention layer's and its state checkpointed; one holding sliding-window keys
@@ -48,6 +50,7 @@ from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixi
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from specdec.cache import RaggedCache, joined
+from specdec.module_state import module_state
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
 EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
@@ -172,7 +175,9 @@ class RecurrentCache(RaggedCache):
         super().__init__(model, rows, device, cache)
         self.keyword = cache_keyword(model)
         self.attention = any(isinstance(layer, DynamicLayer) for layer in self.cache.layers)
-        self.stepwise = not multi_token_exact(model)  # feed one token at a time once there is state
+        self.held = module_state(model)  # state kept on the model's modules (RecurrentGemma), moved around forwards
+        # feed one token at a time once there is state
+        self.stepwise = bool(self.held.family.multi_token) if self.held else not multi_token_exact(model)
         self.clean = torch.ones(rows, dtype=torch.bool, device=device)  # [B] state exact for the live tokens
         self.points: list[Checkpoint] = []  # since the last keep, oldest first
         self.fed: list[list[int]] = [[] for _ in range(rows)]  # per row: real tokens fed since the first point
@@ -220,17 +225,21 @@ class RecurrentCache(RaggedCache):
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        if self.held is not None:  # this cache's state onto the modules (every attribute set: nothing stale is read)
+            self.held.install(read_states(self.cache))
         if self.attention and self.keyword == "past_key_values":  # positions by the one rule (Bamba needs them)
             out = super()._call(input_ids, attention_mask, position_ids, logits_to_keep, kwargs)
         else:  # no attention layer: no positions, and padding is handled here, not by the model's mask
             out = self.model(input_ids=input_ids, **{self.keyword: self.cache}, use_cache=True,
                              logits_to_keep=logits_to_keep, **kwargs)
+        if self.held is not None:  # and back into the cache's layers, the modules cleared
+            write_states(self.cache, self.held.collect())
         if not read_states(self.cache):  # the forward wrote no state into the cache: it keeps it elsewhere
             state = ", ".join(sorted({type(layer).__name__ for layer in _state_layers(self.cache)}))
             raise TypeError(f"{type(self.model).__name__} keeps its recurrent state outside the transformers Cache (its "
                             f"{state} layers stay empty after a forward: the state lives on its modules), so specdec "
-                            "cannot checkpoint it or roll it back after a rejected draft. Decode it with generate() "
-                            "instead")
+                            "cannot checkpoint it or roll it back after a rejected draft (specdec.module_state "
+                            "carries it only for the families it names). Decode it with generate() instead")
         return out
 
     def _grouped(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int,

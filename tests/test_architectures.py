@@ -54,6 +54,7 @@ from transformers import (
 import specdec
 from specdec import architectures
 from specdec.cache import RaggedCache
+from specdec.module_state import MODULE_STATES
 from specdec.selfcheck import Verdict, verdict_of
 from specdec.target import make_target
 
@@ -375,10 +376,12 @@ def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
                 specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=3)
 
 
-def test_recurrent_state_kept_on_the_modules_is_refused_by_name():
-    """RecurrentGemma's cache has a linear-attention layer, but its forward keeps the state on its own modules
-    and leaves that layer empty: nothing can checkpoint or roll it back, so it is refused (as a target and as a
-    drafter), naming the class and where the state lives (the self-check had refused it only as disagreeing)."""
+def test_recurrent_state_kept_on_unregistered_modules_is_refused_by_name(monkeypatch):
+    """A model whose cache has a linear-attention layer but whose forward keeps the state on its own modules and
+    leaves that layer empty, in a family ``specdec.module_state`` does not know where to find it (RecurrentGemma
+    with its entry removed): nothing can checkpoint or roll it back, so it is refused (as a target and as a
+    drafter), naming the class and where the state lives. Registered, it decodes exactly (tests/test_recurrent.py)."""
+    monkeypatch.delitem(MODULE_STATES, "recurrent_gemma")
     target = build("recurrent_gemma")
     reason = r"RecurrentGemmaForCausalLM keeps its recurrent state outside the transformers Cache .* lives on its modules"
     with pytest.raises(ValueError, match=reason):

@@ -1,10 +1,12 @@
 """Recurrent and hybrid targets and drafters (issue 25): their state checkpointed and replayed, exactly.
 
 Tiny random models from configs: Mamba and Mamba-2 (recurrent only), Jamba (Mamba layers beside
-attention), LFM2 (convolution layers beside attention) and Qwen3-Next (gated-delta linear attention
-beside attention). Mamba's and Jamba's multi-token cached forward is wrong in transformers (its scan
-restarts from zero), so they are fed one token at a time once they hold state; the others verify in
-one forward and replay after a rejection.
+attention), LFM2 (convolution layers beside attention), Qwen3-Next (gated-delta linear attention
+beside attention) and RecurrentGemma (RG-LRU blocks beside local attention, its state kept on its
+modules and carried by each cache: ``specdec.module_state``). Mamba's, Jamba's and RecurrentGemma's
+multi-token cached forward is wrong in transformers (the scan, or the convolution, restarts from zero),
+so they are fed one token at a time once they hold state; the others verify in one forward and replay
+after a rejection.
 
 - Greedy: speculative output equals the model's own ``generate`` for one prompt and for a ragged
   batch of 5 (batches of 3: rows finish early at a stop token, others join), gamma 1 and 4, with
@@ -19,6 +21,8 @@ one forward and replay after a rejection.
   left-padded catch-ups).
 - Recurrent layers in a plain ``RaggedCache``, and layers holding sliding-window keys and recurrent
   state together, are refused by name.
+- State kept on the modules: two caches of one model each keep their own, the modules hold none between
+  forwards, and the multi-token forward it is spared differs from single steps.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
 from specdec.config import SamplingConfig
 from specdec.drafters import ModelDrafter
+from specdec.module_state import module_state
 from specdec.recurrent import RecurrentCache
 from specdec.sampling import Sampler
 from specdec.target import make_target
@@ -64,6 +69,10 @@ CONFIGS = {  # model type -> its own settings, small enough to build in millisec
                    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
                    "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 32,
                    "shared_expert_intermediate_size": 32},
+    # its state on its modules (specdec.module_state); larger initial weights so its greedy output varies
+    "recurrent_gemma": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                        "lru_width": 32, "block_types": ["recurrent", "attention"], "attention_window_size": 8,
+                        "w_init_variance_scale": 1.0, "final_w_init_variance_scale": 4.0},
 }
 ARCHS = sorted(CONFIGS)
 SLOW = {"zamba2"}  # ~30 s per generate comparison on CPU: its cache is checked by the hand-driven tests only
@@ -99,6 +108,15 @@ def repetitive_prompts() -> list[list[int]]:
     return [phrase * 3 + [9, 10], [5], phrase[:3] * 4 + [7], other, phrase * 2]
 
 
+def own_greedy(model: PreTrainedModel, prompt: list[int], n: int) -> list[int]:
+    """The model's own greedy ``generate`` of ``prompt``, from no state. RecurrentGemma's ``generate`` of a
+    one-token prompt takes its single-step branch, which reads the convolution window that its previous call
+    left on its modules: that state is cleared first (``specdec.module_state``), as in a freshly loaded model."""
+    if (held := module_state(model)) is not None:
+        held.collect()
+    return hf_greedy(model, prompt, n, [STOP])
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def arch(request) -> str:
     return request.param
@@ -109,7 +127,7 @@ def arch(request) -> str:
 def test_greedy_equals_generate(arch, gamma):
     target = build_recurrent(arch)
     prompts = repetitive_prompts()
-    expected = [hf_greedy(target, p, 16, [STOP]) for p in prompts]
+    expected = [own_greedy(target, p, 16) for p in prompts]
     drafted = accepted = 0
     for drafter in ("ngram", perturbed(target, 0.5)):
         single = specdec.speculative_generate(target, drafter, prompts[0], max_new_tokens=16, gamma=gamma,
@@ -235,3 +253,30 @@ def test_recurrent_layers_outside_a_recurrent_cache_and_sliding_hybrid_layers_ar
         RaggedCache(model, cache=Cache(layers=[LinearAttentionLayer()]))
     with pytest.raises(TypeError, match="LinearAttentionAndSlidingWindowAttentionLayer, whose recurrent state"):
         RecurrentCache(model, cache=Cache(layers=[LinearAttentionAndSlidingWindowAttentionLayer(sliding_window=4)]))
+
+
+@torch.no_grad()
+def test_state_kept_on_the_modules_is_owned_by_each_cache():
+    """RecurrentGemma keeps its state on its modules (``specdec.module_state``): two caches of one model fed in
+    turn each give a fresh forward's logits (each owns its state; the modules are left holding none after every
+    forward), and the declared reason to feed it one token at a time holds: its multi-token cached forward is not
+    single steps."""
+    model = build_recurrent("recurrent_gemma")
+    held = module_state(model)
+    gen = torch.Generator().manual_seed(4)
+    rand = (lambda n: torch.randint(3, 96, (n,), generator=gen).tolist())
+    rows = [rand(5), rand(9)]
+    caches = [RecurrentCache(model, 1), RecurrentCache(model, 1)]
+    assert all(cache.stepwise for cache in caches)
+    for step in range(4):
+        for b, cache in enumerate(caches):
+            new = rows[b] if step == 0 else rand(3)
+            rows[b] = rows[b] + new if step else rows[b]
+            logits = cache.forward(torch.tensor([new]), logits_to_keep=3).logits[0]  # [3, V]
+            assert held.collect() == {}  # the modules hold nothing between forwards
+            torch.testing.assert_close(logits, _fresh_logits(model, rows[b])[-3:], atol=1e-4, rtol=1e-4)
+    multi = RecurrentCache(model, 1)
+    multi.stepwise = False  # as if its multi-token forward were exact
+    multi.forward(torch.tensor([rows[0][:6]]))
+    logits = multi.forward(torch.tensor([rows[0][6:9]]), logits_to_keep=3).logits[0]  # [3, V]
+    assert float((logits - _fresh_logits(model, rows[0][:9])[-3:]).abs().max()) > 1e-2
