@@ -44,12 +44,14 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
+from specdec.architectures import new_cache
 from specdec.cache import RaggedCache, joined
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
+LISTED = "linear_cache"  # a cache's own list of per-layer states (MiniMax's: [B, heads, d, d] each, None: none yet)
 EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
 
 
@@ -59,7 +61,7 @@ def is_recurrent(model: PreTrainedModel) -> bool:
         return False
     known = model.__dict__.get("_specdec_recurrent")  # (its config, the answer): asked at every cache made
     if known is None or known[0] is not model.config:
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=model.config)  # the config's layer types (a family's own cache class aside)
         known = (model.config, any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers))
         model.__dict__["_specdec_recurrent"] = known
     return known[1]
@@ -85,13 +87,13 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     name = cache_keyword(model)
     positioned = "position_ids" in inspect.signature(model.forward).parameters
 
-    def forward(start: int, stop: int, cache: DynamicCache) -> torch.Tensor:  # as generate calls it
+    def forward(start: int, stop: int, cache: Cache) -> torch.Tensor:  # as generate calls it
         where = {"position_ids": torch.arange(start, stop, device=device)[None]} if positioned else {}
         return model(input_ids=ids[:, start:stop], **{name: cache}, use_cache=True, **where).logits
 
     outputs = []
     for step in (tokens, 1):
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model)
         forward(0, 5, cache)
         logits = [forward(i, i + step, cache)[:, -step:] for i in range(5, 5 + tokens, step)]
         outputs.append(torch.cat(logits, dim=1).float())  # [1, tokens, V]
@@ -101,7 +103,7 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     return exact
 
 
-def _state_layers(cache: DynamicCache) -> list[LinearAttentionCacheLayerMixin]:
+def _state_layers(cache: Cache) -> list[LinearAttentionCacheLayerMixin]:
     return [layer for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
 
 
@@ -110,25 +112,33 @@ def _initialized(layer: LinearAttentionCacheLayerMixin, kind: str, index: int) -
     return bool(flags[index]) and layer.has_previous_state[index]
 
 
-# (layer number among the state layers, kind, state index) -> tensor [B, ...]; a missing entry is zeros
+# (layer number among the state layers, kind, state index) -> tensor [B, ...], or for a cache's own list
+# (layer number, LISTED, 0) -> tensor [B, ...]; a missing entry is zeros
 States = dict[tuple[int, str, int], torch.Tensor]
 
 
-def read_states(cache: DynamicCache, clone: bool = False) -> States:
-    """The initialised states of ``cache``'s linear-attention layers (cloned: a checkpoint)."""
+def read_states(cache: Cache, clone: bool = False) -> States:
+    """The initialised states of ``cache``'s linear-attention layers and of its own state list (cloned: a checkpoint)."""
     states = {}
     for number, layer in enumerate(_state_layers(cache)):
         for kind in KINDS:
             for index, tensor in getattr(layer, kind).items():
                 if tensor is not None and _initialized(layer, kind, index):
                     states[number, kind, index] = tensor.clone() if clone else tensor
+    for number, tensor in enumerate(getattr(cache, LISTED, ())):
+        if isinstance(tensor, torch.Tensor):
+            states[number, LISTED, 0] = tensor.clone() if clone else tensor
     return states
 
 
-def write_states(cache: DynamicCache, states: States) -> None:
-    """Put ``states`` into ``cache``'s layers (marking them initialised: a conv window is its kernel wide)."""
+def write_states(cache: Cache, states: States) -> None:
+    """Put ``states`` into ``cache``'s layers (marking them initialised: a conv window is its kernel wide) and
+    its own state list."""
     layers = _state_layers(cache)
     for (number, kind, index), tensor in states.items():
+        if kind == LISTED:
+            getattr(cache, LISTED)[number] = tensor
+            continue
         layer = layers[number]
         getattr(layer, kind)[index] = tensor
         if kind == "conv_states":
@@ -140,7 +150,7 @@ def write_states(cache: DynamicCache, states: States) -> None:
         layer.dtype, layer.device = tensor.dtype, tensor.device
 
 
-def restore(cache: DynamicCache, saved: States, rows: torch.Tensor) -> None:
+def restore(cache: Cache, saved: States, rows: torch.Tensor) -> None:
     """Give the rows ``rows`` [B] (bool) their state in ``saved`` (zeros where ``saved`` has none)."""
     current = read_states(cache)
     for key, tensor in current.items():
@@ -168,7 +178,7 @@ class RecurrentCache(RaggedCache):
     recurrent = True
 
     def __init__(self, model: PreTrainedModel, rows: int = 0, device: torch.device | str = "cpu",
-                 cache: DynamicCache | None = None) -> None:
+                 cache: Cache | None = None) -> None:
         super().__init__(model, rows, device, cache)
         self.keyword = cache_keyword(model)
         self.attention = any(isinstance(layer, DynamicLayer) for layer in self.cache.layers)
