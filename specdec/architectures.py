@@ -11,6 +11,9 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
 - ``family_refusal``: a family whose own ``generate`` output depends on how tokens are fed (Moshi:
   a declared window its attention ignores, which only ``generate``'s self-trimming cache applies):
   refused by name with that reason (``FEED_DEPENDENT``).
+- ``new_cache``: the cache a model's forward takes: a ``DynamicCache`` of the config's layer types, or a
+  family's own class where its forward takes no other (``OWN_CACHES``: MiniMax's ``MiniMaxCache``, whose
+  linear-attention state ``specdec.recurrent`` checkpoints).
 - ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
   and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
   a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
@@ -27,7 +30,8 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
   mask as 4D: batches are exact.
 - ``ROWS_APART``: families whose rows of different lengths cannot share a forward (RoFormer: rotary
   positions from the cache's slot count, baked into the cached keys): the round loop decodes their
-  rows one at a time (``specdec.decode.Decoder``), each as it decodes alone.
+  rows one at a time (``specdec.decode.Decoder``), each as it decodes alone. ``ROWS_APART_IF_SET``: the same
+  where the config turns such a feature on (Inkling's query scaling by slot count, ``log_scaling_n_floor``).
 - ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
   forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
   at its first prefill (``seq2seq.check_cached_path``).
@@ -68,9 +72,9 @@ ROWS_APART: dict[str, str] = {
 
 # model_type -> (a config field, why): as ROWS_APART, where the decoder's config sets that field (not None)
 ROWS_APART_IF_SET: dict[str, tuple[str, str]] = {
-    "inkling_text": ("log_scaling_n_floor", "its full-attention layers scale each query by its cache slot count "
-                     "(log scaling past log_scaling_n_floor), which a row behind dead slots (a shorter row's left "
-                     "padding) counts from the wrong start"),
+    "inkling_text": ("log_scaling_n_floor", ("its full-attention layers scale each query by its cache slot count "
+                                             "(log scaling past log_scaling_n_floor), which a row behind dead slots "
+                                             "(a shorter row's left padding) counts from the wrong start")),
 }
 
 

@@ -47,8 +47,9 @@ a dead slot before a row changes which tied keys it picks; RoFormer's slot-count
 self-check finds wrong beside dead slots) are given one at a time by the round loop
 (``specdec.decode.Decoder``); a second row given to this cache directly is refused, naming the model.
 
-A hybrid's self-trimming sliding-window layers (LFM3) are replaced by plain ones, the window applied by the
-model's mask as for any windowed model (above).
+A hybrid's self-trimming sliding-window layers (LFM3's; Inkling's, which hold recurrent state beside their keys)
+are replaced by plain ones (``PLAIN_LAYERS``), the window applied by the model's mask as for any windowed model
+(above). A family whose forward takes only a cache class of its own (MiniMax) gets one (``architectures.new_cache``).
 
 Recurrent / linear-attention layers cannot be cropped: a ``RaggedCache`` refuses them up front and
 ``specdec.recurrent.RecurrentCache`` (a subclass) checkpoints and replays their state instead; this

@@ -1,10 +1,12 @@
 """Recurrent and hybrid models behind the same cache handle: their state checkpointed, never cropped.
 
-Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next... keep, per layer, a convolution window and/or a
+Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next, Inkling... keep, per layer, a convolution window and/or a
 recurrent (SSM, linear-attention) state in transformers' ``LinearAttentionCacheLayerMixin`` layers
-(``conv_states`` / ``recurrent_states`` dicts of ``[B, ...]`` tensors). A token fed into them cannot
-be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose attention layers, in a hybrid, roll
-back as usual) checkpoints the state instead:
+(``conv_states`` / ``recurrent_states`` dicts of ``[B, ...]`` tensors); MiniMax keeps its lightning-attention
+state in a list on its own ``MiniMaxCache`` (``linear_cache``, one ``[B, heads, d, d]`` tensor per layer;
+``architectures.new_cache`` builds that cache). ``read_states`` / ``write_states`` read and write both
+kinds alike. A token fed into them cannot be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose
+attention layers, in a hybrid, roll back as usual) checkpoints the state instead:
 
 - **Checkpoints.** Before every forward, the states are cloned (small tensors) with each row's live
   token count. ``keep(n)`` gives each row whose state is not already that of its first ``n`` tokens
@@ -32,9 +34,10 @@ A model whose forward leaves its cache's state layers empty keeps its state else
 modules), which nothing can roll back: refused by name at its first forward.
 
 A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
-keys handled as any attention layer's and its state checkpointed; one holding sliding-window keys
-and recurrent state is refused by name. Hybrids get explicit positions in every forward (Bamba
-counts them from 0 in each forward unless told).
+keys handled as any attention layer's and its state checkpointed. One holding sliding-window keys
+and recurrent state (Inkling's, which trim themselves to the window) is replaced by a plain hybrid
+layer (``cache.PLAIN_LAYERS``), the window applied by the model's mask as for any windowed model.
+Hybrids get explicit positions in every forward (Bamba counts them from 0 in each forward unless told).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Recurrent and hybrid targets and drafters (issue 25): their state checkpointed and replayed, exactly.
 
 Tiny random models from configs: Mamba and Mamba-2 (recurrent only), Jamba (Mamba layers beside
-attention), LFM2 (convolution layers beside attention) and Qwen3-Next (gated-delta linear attention
-beside attention). Mamba's and Jamba's multi-token cached forward is wrong in transformers (its scan
-restarts from zero), so they are fed one token at a time once they hold state; the others verify in
-one forward and replay after a rejection.
+attention), LFM2 (convolution layers beside attention), Qwen3-Next (gated-delta linear attention
+beside attention), MiniMax (lightning attention, its state in its own MiniMaxCache) and Inkling 1 and 2
+(convolution states beside sliding-window keys, window 4, and beside full-attention keys). Mamba's and
+Jamba's multi-token cached forward is wrong in transformers (its scan restarts from zero), so they are fed
+one token at a time once they hold state; the others verify in one forward and replay after a rejection.
 
 - Greedy: speculative output equals the model's own ``generate`` for one prompt and for a ragged
   batch of 5 (batches of 3: rows finish early at a stop token, others join), gamma 1 and 4, with
@@ -17,8 +18,13 @@ one forward and replay after a rejection.
 - The drafter's cache likewise: every proposal is the drafter model's own greedy continuation of the
   row's committed tokens, with its hidden states, after random commits (ragged pending tokens,
   left-padded catch-ups).
-- Recurrent layers in a plain ``RaggedCache``, and layers holding sliding-window keys and recurrent
-  state together, are refused by name.
+- Sampling (MiniMax, Inkling): a seeded ragged batch sharing its forwards samples what each prompt samples
+  alone with its row's seed.
+- Inkling with ``log_scaling_n_floor`` (queries scaled by slot count) decodes rows one at a time, equal to
+  generate (shared forwards are not); without it rows share forwards.
+- The caches specdec builds: Inkling's sliding hybrid layers made plain, MiniMax's own cache with its
+  state checkpointed and restored. Recurrent layers in a plain ``RaggedCache``, and layers holding
+  sliding-window keys and recurrent state in a cache handed in, are refused by name.
 """
 
 from __future__ import annotations
