@@ -157,8 +157,8 @@ class RaggedCache:
             if isinstance(layer, LinearAttentionCacheLayerMixin):  # only a RecurrentCache gets here (layer_refusal)
                 if isinstance(layer, DynamicSlidingWindowLayer):  # in a cache given to it (its own are made plain)
                     raise TypeError(f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, whose "
-                                    "recurrent state cannot be cropped after a rejected draft; let the cache handle "
-                                    "build its own cache (it keeps such keys in plain layers)")
+                                    "recurrent state cannot be cropped after a rejected draft; give no cache (the "
+                                    "cache handle then builds one that keeps such keys in plain layers)")
                 continue  # state the subclass checkpoints (a hybrid layer's keys: the attention code below)
             if not isinstance(layer, DynamicLayer):
                 raise TypeError(

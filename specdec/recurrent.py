@@ -64,7 +64,7 @@ def is_recurrent(model: PreTrainedModel) -> bool:
         return False
     known = model.__dict__.get("_specdec_recurrent")  # (its config, the answer): asked at every cache made
     if known is None or known[0] is not model.config:
-        cache = DynamicCache(config=model.config)  # the config's layer types (a family's own cache class aside)
+        cache = DynamicCache(config=model.config)
         known = (model.config, any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers))
         model.__dict__["_specdec_recurrent"] = known
     return known[1]
