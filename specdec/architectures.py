@@ -11,6 +11,9 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
 - ``family_refusal``: a family whose own ``generate`` output depends on how tokens are fed (Moshi:
   a declared window its attention ignores, which only ``generate``'s self-trimming cache applies):
   refused by name with that reason (``FEED_DEPENDENT``).
+- ``new_cache``: the cache a model's forward takes: a ``DynamicCache`` of the config's layer types, or a
+  family's own class where its forward takes no other (``OWN_CACHES``: MiniMax's ``MiniMaxCache``, whose
+  linear-attention state ``specdec.recurrent`` checkpoints).
 - ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
   and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
   a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
@@ -27,7 +30,8 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
   mask as 4D: batches are exact.
 - ``ROWS_APART``: families whose rows of different lengths cannot share a forward (RoFormer: rotary
   positions from the cache's slot count, baked into the cached keys): the round loop decodes their
-  rows one at a time (``specdec.decode.Decoder``), each as it decodes alone.
+  rows one at a time (``specdec.decode.Decoder``), each as it decodes alone. ``ROWS_APART_IF_SET``: the same
+  where the config turns such a feature on (Inkling's query scaling by slot count, ``log_scaling_n_floor``).
 - ``KNOWN_GOOD``: families whose cached multi-token forward is known to equal their one-pass
   forward (the shipped Llama and Marian pairs among them); every other model is self-checked once
   at its first prefill (``seq2seq.check_cached_path``).
@@ -36,9 +40,10 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
-from transformers import PretrainedConfig, PreTrainedModel
-from transformers.cache_utils import DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin
 
 # forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
 STATE_ARGUMENTS: dict[str, str] = {
@@ -65,9 +70,21 @@ ROWS_APART: dict[str, str] = {
 }
 
 
+# model_type -> (a config field, why): as ROWS_APART, where the decoder's config sets that field (not None)
+ROWS_APART_IF_SET: dict[str, tuple[str, str]] = {
+    "inkling_text": ("log_scaling_n_floor", ("its full-attention layers scale each query by its cache slot count "
+                                             "(log scaling past log_scaling_n_floor), which a row behind dead slots "
+                                             "(a shorter row's left padding) counts from the wrong start")),
+}
+
+
 def family_rows_apart(model: PreTrainedModel) -> str | None:
-    """Why rows of ``model`` cannot share a forward (``ROWS_APART``), or None."""
-    return ROWS_APART.get(getattr(model.config, "model_type", ""))
+    """Why rows of ``model`` cannot share a forward (``ROWS_APART``, ``ROWS_APART_IF_SET``), or None."""
+    kind = getattr(model.config, "model_type", "")
+    field, reason = ROWS_APART_IF_SET.get(kind, ("", None))
+    if reason is not None and getattr(model.config.get_text_config(decoder=True), field, None) is not None:
+        return reason
+    return ROWS_APART.get(kind)
 
 
 # model_type -> why a one-token forward would attend to dead slots: such a forward with dead slots in the cache is
@@ -84,11 +101,30 @@ MISREAD_2D_MASKS: dict[str, str] = {
 }
 
 
-# model_type -> the cache class of its own that its forward demands (refused by name: not rolled back yet)
-OWN_CACHE_CLASSES: dict[str, str] = {
-    "minimax": "demands its own MiniMaxCache (linear-attention state beside the keys), which specdec does not yet "
-               "build, checkpoint or roll back",
+def _minimax_cache(config: PretrainedConfig) -> Cache:
+    """MiniMax's own ``MiniMaxCache`` (its forward takes no other), one layer per model layer from the config: its
+    attention layers as usual, its linear-attention layers stateless (``DummyLayer``), their state in the cache's
+    ``linear_cache`` list, one entry per layer (None: no state yet), where ``specdec.recurrent`` checkpoints it."""
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+    cache = MiniMaxCache()
+    cache.layers = [DummyLayer() if isinstance(layer, LinearAttentionCacheLayerMixin) else layer
+                    for layer in DynamicCache(config=config).layers]
+    cache.linear_cache = [None] * len(cache.layers)  # get_linear_cache indexes it by layer
+    return cache
+
+
+# model_type -> the cache its forward demands (a class of its own, which a DynamicCache is not), built from the config
+OWN_CACHES: dict[str, Callable[[PretrainedConfig], Cache]] = {
+    "minimax": _minimax_cache,
 }
+
+
+def new_cache(model: PreTrainedModel) -> Cache:
+    """An empty cache of the kind ``model``'s forward takes: its family's own (``OWN_CACHES``), else a
+    ``DynamicCache`` with the config's layer types."""
+    build = OWN_CACHES.get(getattr(model.config, "model_type", ""))
+    return build(model.config) if build is not None else DynamicCache(config=model.config)
 
 
 # model_type of families whose cached path specdec's tests check against generate (no self-check needed)
@@ -113,9 +149,8 @@ def state_refusal(model: PreTrainedModel) -> str | None:
 
 
 def family_refusal(model: PreTrainedModel) -> str | None:
-    """Why ``model``'s family cannot be decoded exactly (``FEED_DEPENDENT``, ``OWN_CACHE_CLASSES``), or None."""
-    kind = getattr(model.config, "model_type", "")
-    reason = FEED_DEPENDENT.get(kind) or OWN_CACHE_CLASSES.get(kind)
+    """Why ``model``'s family cannot be decoded exactly (``FEED_DEPENDENT``), or None."""
+    reason = FEED_DEPENDENT.get(getattr(model.config, "model_type", ""))
     if reason is None:
         return None
     return f"{type(model).__name__} {reason}. Decode it with generate() instead"

@@ -47,8 +47,9 @@ a dead slot before a row changes which tied keys it picks; RoFormer's slot-count
 self-check finds wrong beside dead slots) are given one at a time by the round loop
 (``specdec.decode.Decoder``); a second row given to this cache directly is refused, naming the model.
 
-A hybrid's self-trimming sliding-window layers (LFM3) are replaced by plain ones, the window applied by the
-model's mask as for any windowed model (above).
+A hybrid's self-trimming sliding-window layers (LFM3's; Inkling's, which hold recurrent state beside their keys)
+are replaced by plain ones (``PLAIN_LAYERS``), the window applied by the model's mask as for any windowed model
+(above). A family whose forward takes only a cache class of its own (MiniMax) gets one (``architectures.new_cache``).
 
 Recurrent / linear-attention layers cannot be cropped: a ``RaggedCache`` refuses them up front and
 ``specdec.recurrent.RecurrentCache`` (a subclass) checkpoints and replays their state instead; this
@@ -58,12 +59,14 @@ class handles only the attention layers (``_layers``) of such a cache.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 from transformers.cache_utils import (
+    Cache,
     DummyLayer,
     DynamicIndexedLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer,
     LinearAttentionCacheLayerMixin,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
@@ -76,12 +79,29 @@ from specdec.architectures import (
     family_rows_apart,
     layer_refusal,
     local_window,
+    new_cache,
     state_refusal,
 )
 from specdec.positions import positions_for
 from specdec.selfcheck import verdict_of
 
 COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be worth re-packing
+
+# a self-trimming sliding-window layer -> the plain layer that keeps every slot (the window then the model's mask)
+PLAIN_LAYERS: dict[type, type] = {
+    DynamicSlidingWindowLayer: DynamicLayer,
+    LinearAttentionAndSlidingWindowAttentionLayer: LinearAttentionAndFullAttentionLayer,  # Inkling: state beside keys
+}
+
+
+def plain(layer: object) -> object:
+    """``layer`` if it keeps every slot, else an empty plain layer in its place (``PLAIN_LAYERS``; a hybrid layer
+    with as many recurrent states)."""
+    kind = PLAIN_LAYERS.get(type(layer))
+    if kind is None:
+        return layer
+    states = getattr(layer, "number_of_states", None)
+    return kind() if states is None else kind(number_of_states=states)
 
 
 def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -113,13 +133,13 @@ class RaggedCache:
     recurrent = False  # whether this class handles recurrent / linear-attention layers (a subclass's job)
 
     def __init__(self, model: torch.nn.Module, rows: int = 0, device: torch.device | str = "cpu",
-                 cache: DynamicCache | None = None) -> None:
+                 cache: Cache | None = None) -> None:
         self.model = model
         if not self.recurrent and (reason := state_refusal(model)) is not None:
             raise TypeError(reason)
         if (reason := family_refusal(model)) is not None:
             raise TypeError(reason)
-        self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        self.cache = cache if cache is not None else new_cache(model)
         if not self.recurrent and (reason := layer_refusal(model, self.cache.layers)) is not None:
             raise TypeError(reason)
         sliding = [layer.sliding_window for layer in self.cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
@@ -129,16 +149,16 @@ class RaggedCache:
         self.window = local_window(model.config) or self.chunk or min(sliding, default=None)
         if self.window is not None and cache is None:
             # plain layers: the window is the model's mask over every slot, none trimmed (layers of other kinds kept:
-            # sparse attention's indexed layers, a hybrid's (LFM3's) recurrent ones, sliding subclasses with state)
-            self.cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer
-                                 for layer in self.cache.layers]
+            # sparse attention's indexed layers, a hybrid's (LFM3's) recurrent ones)
+            self.cache.layers = [plain(layer) for layer in self.cache.layers]
         for layer in self.cache.layers:
             if isinstance(layer, DummyLayer):
                 continue  # a layer without attention: nothing stored
             if isinstance(layer, LinearAttentionCacheLayerMixin):  # only a RecurrentCache gets here (layer_refusal)
-                if isinstance(layer, DynamicSlidingWindowLayer):
+                if isinstance(layer, DynamicSlidingWindowLayer):  # in a cache given to it (its own are made plain)
                     raise TypeError(f"{type(model).__name__} uses cache layers of type {type(layer).__name__}, whose "
-                                    "recurrent state cannot be cropped after a rejected draft")
+                                    "recurrent state cannot be cropped after a rejected draft; give no cache (the "
+                                    "cache handle then builds one that keeps such keys in plain layers)")
                 continue  # state the subclass checkpoints (a hybrid layer's keys: the attention code below)
             if not isinstance(layer, DynamicLayer):
                 raise TypeError(

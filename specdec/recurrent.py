@@ -1,10 +1,12 @@
 """Recurrent and hybrid models behind the same cache handle: their state checkpointed, never cropped.
 
-Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next... keep, per layer, a convolution window and/or a
+Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next, Inkling... keep, per layer, a convolution window and/or a
 recurrent (SSM, linear-attention) state in transformers' ``LinearAttentionCacheLayerMixin`` layers
-(``conv_states`` / ``recurrent_states`` dicts of ``[B, ...]`` tensors). A token fed into them cannot
-be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose attention layers, in a hybrid, roll
-back as usual) checkpoints the state instead:
+(``conv_states`` / ``recurrent_states`` dicts of ``[B, ...]`` tensors); MiniMax keeps its lightning-attention
+state in a list on its own ``MiniMaxCache`` (``linear_cache``, one ``[B, heads, d, d]`` tensor per layer;
+``architectures.new_cache`` builds that cache). ``read_states`` / ``write_states`` read and write both
+kinds alike. A token fed into them cannot be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose
+attention layers, in a hybrid, roll back as usual) checkpoints the state instead:
 
 - **Checkpoints.** Before every forward, the states are cloned (small tensors) with each row's live
   token count. ``keep(n)`` gives each row whose state is not already that of its first ``n`` tokens
@@ -34,9 +36,10 @@ after every forward and back onto the modules before the next (``_call``), so ea
 everything above applies; any other such model is refused by name at its first forward.
 
 A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
-keys handled as any attention layer's and its state checkpointed; one holding sliding-window keys
-and recurrent state is refused by name. Hybrids get explicit positions in every forward (Bamba
-counts them from 0 in each forward unless told).
+keys handled as any attention layer's and its state checkpointed. One holding sliding-window keys
+and recurrent state (Inkling's, which trim themselves to the window) is replaced by a plain hybrid
+layer (``cache.PLAIN_LAYERS``), the window applied by the model's mask as for any windowed model.
+Hybrids get explicit positions in every forward (Bamba counts them from 0 in each forward unless told).
 """
 
 from __future__ import annotations
@@ -46,13 +49,15 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
+from specdec.architectures import new_cache
 from specdec.cache import RaggedCache, joined
 from specdec.module_state import module_state
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
+LISTED = "linear_cache"  # a cache's own list of per-layer states (MiniMax's: [B, heads, d, d] each, None: none yet)
 EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
 
 
@@ -88,13 +93,13 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     name = cache_keyword(model)
     positioned = "position_ids" in inspect.signature(model.forward).parameters
 
-    def forward(start: int, stop: int, cache: DynamicCache) -> torch.Tensor:  # as generate calls it
+    def forward(start: int, stop: int, cache: Cache) -> torch.Tensor:  # as generate calls it
         where = {"position_ids": torch.arange(start, stop, device=device)[None]} if positioned else {}
         return model(input_ids=ids[:, start:stop], **{name: cache}, use_cache=True, **where).logits
 
     outputs = []
     for step in (tokens, 1):
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model)
         forward(0, 5, cache)
         logits = [forward(i, i + step, cache)[:, -step:] for i in range(5, 5 + tokens, step)]
         outputs.append(torch.cat(logits, dim=1).float())  # [1, tokens, V]
@@ -104,7 +109,7 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     return exact
 
 
-def _state_layers(cache: DynamicCache) -> list[LinearAttentionCacheLayerMixin]:
+def _state_layers(cache: Cache) -> list[LinearAttentionCacheLayerMixin]:
     return [layer for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
 
 
@@ -113,25 +118,33 @@ def _initialized(layer: LinearAttentionCacheLayerMixin, kind: str, index: int) -
     return bool(flags[index]) and layer.has_previous_state[index]
 
 
-# (layer number among the state layers, kind, state index) -> tensor [B, ...]; a missing entry is zeros
+# (layer number among the state layers, kind, state index) -> tensor [B, ...], or for a cache's own list
+# (layer number, LISTED, 0) -> tensor [B, ...]; a missing entry is zeros
 States = dict[tuple[int, str, int], torch.Tensor]
 
 
-def read_states(cache: DynamicCache, clone: bool = False) -> States:
-    """The initialised states of ``cache``'s linear-attention layers (cloned: a checkpoint)."""
+def read_states(cache: Cache, clone: bool = False) -> States:
+    """The initialised states of ``cache``'s linear-attention layers and of its own state list (cloned: a checkpoint)."""
     states = {}
     for number, layer in enumerate(_state_layers(cache)):
         for kind in KINDS:
             for index, tensor in getattr(layer, kind).items():
                 if tensor is not None and _initialized(layer, kind, index):
                     states[number, kind, index] = tensor.clone() if clone else tensor
+    for number, tensor in enumerate(getattr(cache, LISTED, ())):
+        if isinstance(tensor, torch.Tensor):
+            states[number, LISTED, 0] = tensor.clone() if clone else tensor
     return states
 
 
-def write_states(cache: DynamicCache, states: States) -> None:
-    """Put ``states`` into ``cache``'s layers (marking them initialised: a conv window is its kernel wide)."""
+def write_states(cache: Cache, states: States) -> None:
+    """Put ``states`` into ``cache``'s layers (marking them initialised: a conv window is its kernel wide) and
+    its own state list."""
     layers = _state_layers(cache)
     for (number, kind, index), tensor in states.items():
+        if kind == LISTED:
+            getattr(cache, LISTED)[number] = tensor
+            continue
         layer = layers[number]
         getattr(layer, kind)[index] = tensor
         if kind == "conv_states":
@@ -143,7 +156,7 @@ def write_states(cache: DynamicCache, states: States) -> None:
         layer.dtype, layer.device = tensor.dtype, tensor.device
 
 
-def restore(cache: DynamicCache, saved: States, rows: torch.Tensor) -> None:
+def restore(cache: Cache, saved: States, rows: torch.Tensor) -> None:
     """Give the rows ``rows`` [B] (bool) their state in ``saved`` (zeros where ``saved`` has none)."""
     current = read_states(cache)
     for key, tensor in current.items():
@@ -171,7 +184,7 @@ class RecurrentCache(RaggedCache):
     recurrent = True
 
     def __init__(self, model: PreTrainedModel, rows: int = 0, device: torch.device | str = "cpu",
-                 cache: DynamicCache | None = None) -> None:
+                 cache: Cache | None = None) -> None:
         super().__init__(model, rows, device, cache)
         self.keyword = cache_keyword(model)
         self.attention = any(isinstance(layer, DynamicLayer) for layer in self.cache.layers)

@@ -46,7 +46,6 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     BertConfig,
-    DynamicCache,
     EncoderDecoderConfig,
     EncoderDecoderModel,
 )
@@ -88,8 +87,6 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                              "index_n_heads": 2}),
     "mpt": ("mpt", False, {"d_model": 32, "n_heads": 4, "n_layers": 2, "max_seq_len": 256, "expansion_ratio": 2}),
     "moshi": ("moshi", False, {**DECODER, "sliding_window": 6}),
-    "minimax": ("minimax", False, {**DECODER, "num_local_experts": 2, "num_experts_per_tok": 1, "head_dim": 8,
-                                   "layer_types": ["linear_attention", "full_attention"]}),
     "switch_transformers": ("switch_transformers", True, {
         "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
         "num_experts": 4, "expert_capacity": 64, "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1,
@@ -504,16 +501,6 @@ def test_a_family_whose_generate_depends_on_how_tokens_are_fed_is_refused_by_nam
     with pytest.raises(TypeError, match=r"MoshiForCausalLM declares a sliding_window that its attention never "
                                         r"applies .* Decode it with generate\(\) instead"):
         specdec.speculative_generate(target, "ngram", prompt, max_new_tokens=4, stop_token_ids=[])
-
-
-def test_a_model_that_demands_its_own_cache_class_is_refused_by_name():
-    """MiniMax's forward raises on any cache but its own MiniMaxCache: refused before decoding, naming it."""
-    target = build("minimax")
-    with pytest.raises(ValueError, match="uses cache of its own"):  # the model's own refusal of specdec's cache
-        target(input_ids=torch.tensor([[1, 2]]), past_key_values=DynamicCache(config=target.config), use_cache=True)
-    with pytest.raises(TypeError, match=r"MiniMaxForCausalLM demands its own MiniMaxCache .* Decode it with "
-                                        r"generate\(\) instead"):
-        specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
 
 
 def test_cached_path_that_disagrees_is_refused_at_prefill():

@@ -2,11 +2,12 @@
 
 Tiny random models from configs: Mamba and Mamba-2 (recurrent only), Jamba (Mamba layers beside
 attention), LFM2 (convolution layers beside attention), Qwen3-Next (gated-delta linear attention
-beside attention) and RecurrentGemma (RG-LRU blocks beside local attention, its state kept on its
-modules and carried by each cache: ``specdec.module_state``). Mamba's, Jamba's and RecurrentGemma's
-multi-token cached forward is wrong in transformers (the scan, or the convolution, restarts from zero),
-so they are fed one token at a time once they hold state; the others verify in one forward and replay
-after a rejection.
+beside attention), MiniMax (lightning attention, its state in its own MiniMaxCache), Inkling 1 and 2
+(convolution states beside sliding-window keys, window 4, and beside full-attention keys) and RecurrentGemma
+(RG-LRU blocks beside local attention, its state kept on its modules and carried by each cache:
+``specdec.module_state``). Mamba's, Jamba's and RecurrentGemma's multi-token cached forward is wrong in
+transformers (the scan, or the convolution, restarts from zero), so they are fed one token at a time once
+they hold state; the others verify in one forward and replay after a rejection.
 
 - Greedy: speculative output equals the model's own ``generate`` for one prompt and for a ragged
   batch of 5 (batches of 3: rows finish early at a stop token, others join), gamma 1 and 4, with
@@ -19,8 +20,13 @@ after a rejection.
 - The drafter's cache likewise: every proposal is the drafter model's own greedy continuation of the
   row's committed tokens, with its hidden states, after random commits (ragged pending tokens,
   left-padded catch-ups).
-- Recurrent layers in a plain ``RaggedCache``, and layers holding sliding-window keys and recurrent
-  state together, are refused by name.
+- Sampling (MiniMax, Inkling): a seeded ragged batch sharing its forwards samples what each prompt samples
+  alone with its row's seed.
+- Inkling with ``log_scaling_n_floor`` (queries scaled by slot count) decodes rows one at a time, equal to
+  generate (shared forwards are not); without it rows share forwards.
+- The caches specdec builds: Inkling's sliding hybrid layers made plain, MiniMax's own cache with its
+  state checkpointed and restored. Recurrent layers in a plain ``RaggedCache``, and layers holding
+  sliding-window keys and recurrent state in a cache handed in, are refused by name.
 - State kept on the modules: two caches of one model each keep their own, the modules hold none between
   forwards, and the multi-token forward it is spared differs from single steps.
 """
@@ -35,11 +41,14 @@ from conftest import assert_same_greedy, build_tiny, hf_greedy
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.cache_utils import (
     Cache,
+    LinearAttentionAndFullAttentionLayer,
     LinearAttentionAndSlidingWindowAttentionLayer,
     LinearAttentionLayer,
 )
+from transformers.models.minimax.modeling_minimax import MiniMaxCache
 
 import specdec
+from specdec import architectures
 from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
 from specdec.config import SamplingConfig
@@ -51,6 +60,10 @@ from specdec.target import make_target
 
 COMMON = {"hidden_size": 32, "vocab_size": 96, "num_hidden_layers": 2, "pad_token_id": 0, "bos_token_id": 1,
           "eos_token_id": 2, "initializer_range": 0.3}
+INKLING = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "swa_num_attention_heads": 4,
+           "swa_num_key_value_heads": 2, "swa_head_dim": 8, "sliding_window_size": 4, "d_rel": 4, "rel_extent": 16,
+           "moe_intermediate_size": 32, "n_routed_experts": 2, "num_experts_per_tok": 1,
+           "layer_types": ["hybrid_sliding", "hybrid"]}
 CONFIGS = {  # model type -> its own settings, small enough to build in milliseconds
     "mamba": {"state_size": 8},
     "mamba2": {"state_size": 8, "num_heads": 8, "head_dim": 8, "n_groups": 1, "chunk_size": 16},
@@ -73,6 +86,13 @@ CONFIGS = {  # model type -> its own settings, small enough to build in millisec
     "recurrent_gemma": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
                         "lru_width": 32, "block_types": ["recurrent", "attention"], "attention_window_size": 8,
                         "w_init_variance_scale": 1.0, "final_w_init_variance_scale": 4.0},
+    # MiniMax: lightning (linear) attention state in its own MiniMaxCache's list, blocks of 4 in a fresh prefill
+    "minimax": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                "num_local_experts": 2, "num_experts_per_tok": 1, "block_size": 4,
+                "layer_types": ["linear_attention", "full_attention"]},
+    # Inkling: convolution states beside sliding-window keys (window 4) in one layer, and beside full-attention keys
+    "inkling_text": {**INKLING, "intermediate_size": 64},
+    "inkling2_text": INKLING,
 }
 ARCHS = sorted(CONFIGS)
 SLOW = {"zamba2"}  # ~30 s per generate comparison on CPU: its cache is checked by the hand-driven tests only
@@ -80,10 +100,10 @@ TOLERANCE = {"zamba2": 5e-2}  # its own cached steps differ from its one-pass fo
 STOP = 2
 
 
-def build_recurrent(arch: str, seed: int = 0) -> PreTrainedModel:
-    """A tiny random ``arch`` causal LM (seeded), eos ``STOP``, in eval mode."""
+def build_recurrent(arch: str, seed: int = 0, **settings: object) -> PreTrainedModel:
+    """A tiny random ``arch`` causal LM (seeded; ``settings`` over its ``CONFIGS``), eos ``STOP``, in eval mode."""
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(arch, **COMMON, **CONFIGS[arch])
+    config = AutoConfig.for_model(arch, **COMMON, **{**CONFIGS[arch], **settings})
     model = AutoModelForCausalLM.from_config(config).eval()
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = STOP
@@ -140,6 +160,42 @@ def test_greedy_equals_generate(arch, gamma):
         for result in [single, *results]:
             drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
     assert 0 < accepted < drafted, (accepted, drafted)  # drafts were accepted and rejected
+
+
+@pytest.mark.parametrize("arch", ["minimax", "inkling_text", "inkling2_text"])
+def test_seeded_sampling_in_a_ragged_batch_equals_each_prompt_alone(arch):
+    """Sampling (temperature 1, a model drafter): rows sharing forwards, with rejections and replays, sample what
+    each prompt samples alone with its row's seed (row i of a batch seeded ``seed + i``)."""
+    target = build_recurrent(arch)
+    drafter = perturbed(target, 0.5)
+    prompts = repetitive_prompts()[:3]
+    sampled = {"max_new_tokens": 16, "temperature": 1.0, "seed": 5, "stop_token_ids": [], "gamma": 4}
+    batch = specdec.speculative_generate(target, drafter, prompts, batch_size=3, **sampled)
+    assert not batch[0].batch.apart  # the rows shared their forwards
+    alone = [specdec.speculative_generate(target, drafter, p, **{**sampled, "seed": 5 + i}).tokens
+             for i, p in enumerate(prompts)]
+    assert [r.tokens for r in batch] == alone
+    assert 0 < sum(r.stats.accepted for r in batch) < sum(r.stats.drafted for r in batch)
+
+
+def test_inkling_rows_share_forwards_unless_its_log_scaling_counts_slots(monkeypatch):
+    """Inkling's full-attention layers scale each query by log(slot count / log_scaling_n_floor) when the config
+    sets a floor: a row behind a shorter row's left padding would count from the wrong start, so its rows are
+    decoded one at a time (equal to generate; shared forwards are not). Without a floor they share forwards."""
+    target = build_recurrent("inkling_text", log_scaling_n_floor=4, log_scaling_alpha=5.0)
+    prompts = repetitive_prompts()
+    expected = [hf_greedy(target, p, 16, []) for p in prompts]
+    run = {"max_new_tokens": 16, "gamma": 4, "stop_token_ids": [], "batch_size": 3}
+    with pytest.warns(UserWarning, match="InklingForCausalLM decodes rows one at a time: its full-attention layers "
+                                         "scale each query by its cache slot count"):
+        results = specdec.speculative_generate(target, "ngram", prompts, **run)
+    assert [r.tokens for r in results] == expected
+    monkeypatch.setattr(architectures, "ROWS_APART_IF_SET", {})  # rows forced to share forwards
+    shared = specdec.speculative_generate(build_recurrent("inkling_text", log_scaling_n_floor=4,
+                                                          log_scaling_alpha=5.0), "ngram", prompts, **run)
+    assert [r.tokens for r in shared] != expected, "shared forwards agree here: the test lost its point"
+    monkeypatch.undo()
+    assert not specdec.speculative_generate(build_recurrent("inkling_text"), "ngram", prompts, **run)[0].batch.apart
 
 
 def _fresh_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
@@ -246,7 +302,7 @@ def test_a_fresh_drafter_catching_up_on_ragged_rows_drafts_its_own_continuation(
         assert [c + len(p) for c, p in zip(drafter.cache.live.tolist(), drafter.pending)] == [len(r) for r in rows]
 
 
-def test_recurrent_layers_outside_a_recurrent_cache_and_sliding_hybrid_layers_are_refused_by_name():
+def test_recurrent_layers_outside_a_recurrent_cache_and_sliding_hybrid_layers_handed_in_are_refused_by_name():
     model = build_tiny("llama")
     with pytest.raises(TypeError, match="LlamaForCausalLM uses cache layers of type LinearAttentionLayer, which "
                                         "hold recurrent"):
@@ -280,3 +336,24 @@ def test_state_kept_on_the_modules_is_owned_by_each_cache():
     multi.forward(torch.tensor([rows[0][:6]]))
     logits = multi.forward(torch.tensor([rows[0][6:9]]), logits_to_keep=3).logits[0]  # [3, V]
     assert float((logits - _fresh_logits(model, rows[0][:9])[-3:]).abs().max()) > 1e-2
+
+
+def test_caches_specdec_builds_keep_every_slot_and_the_state_where_the_model_reads_it():
+    """Inkling's sliding hybrid layers become plain hybrid ones (its window then its mask, over every slot);
+    MiniMax gets its own MiniMaxCache, whose linear-attention state (a list on the cache) is checkpointed and
+    restored: a row rolled back to a checkpoint holds exactly the checkpoint's state."""
+    inkling = RecurrentCache(build_recurrent("inkling_text"), 0)
+    assert [type(layer) for layer in inkling.cache.layers] == [LinearAttentionAndFullAttentionLayer] * 2
+    assert inkling.window == 4
+    model = build_recurrent("minimax")
+    cache = RecurrentCache(model, 2)
+    assert isinstance(cache.cache, MiniMaxCache)
+    cache.forward(torch.tensor([[5, 6, 7], [8, 9, 10]]))
+    saved = cache.cache.linear_cache[0].clone()  # [2, heads, d, d] after 3 tokens
+    cache.forward(torch.tensor([[11, 12], [13, 14]]))
+    assert not torch.equal(cache.cache.linear_cache[0], saved)
+    cache.keep(torch.tensor([3, 4]))  # row 0 back to its checkpoint, row 1 replayed to 4 tokens
+    torch.testing.assert_close(cache.cache.linear_cache[0][0], saved[0], rtol=0, atol=0)
+    with torch.no_grad():
+        fresh = model(torch.tensor([[8, 9, 10, 13]]), use_cache=True).past_key_values.linear_cache[0]
+    torch.testing.assert_close(cache.cache.linear_cache[0][1], fresh[0], atol=1e-5, rtol=1e-5)
