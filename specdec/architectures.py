@@ -45,6 +45,8 @@ from collections.abc import Callable
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin
 
+from specdec.module_state import ARGUMENT_STATES, held_cache
+
 # forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
 STATE_ARGUMENTS: dict[str, str] = {
     "state": "its recurrent state (the `state` argument)",  # RWKV
@@ -123,7 +125,10 @@ OWN_CACHES: dict[str, Callable[[PretrainedConfig], Cache]] = {
 def new_cache(model: PreTrainedModel) -> Cache:
     """An empty cache of the kind ``model``'s forward takes: its family's own (``OWN_CACHES``), else a
     ``DynamicCache`` with the config's layer types."""
-    build = OWN_CACHES.get(getattr(model.config, "model_type", ""))
+    kind = getattr(model.config, "model_type", "")
+    if kind in ARGUMENT_STATES:  # its state a forward argument: a cache holding it in its state list
+        return held_cache(model.config)
+    build = OWN_CACHES.get(kind)
     return build(model.config) if build is not None else DynamicCache(config=model.config)
 
 

@@ -1,4 +1,5 @@
-"""Recurrent state a model keeps on its own modules, carried by its cache handle like any other.
+"""Recurrent state a model keeps outside its cache (on its own modules, or passed as a forward argument),
+carried by its cache handle like any other.
 
 RecurrentGemma (Griffin) builds a ``DynamicCache`` whose ``LinearAttentionLayer`` stays empty: each
 recurrent block keeps its convolution window (``conv1d_state [B, W, K-1]``) and its RG-LRU state
@@ -22,6 +23,20 @@ fed one token at a time once it has state, as ``generate`` feeds it.
 
 A family is registered in ``MODULE_STATES`` by model type: where its blocks are, which attribute holds
 each kind of state, and why a multi-token forward is not exact.
+
+**State passed as a forward argument** is carried the same way. RWKV takes its state as ``state=`` (a list of
+five ``[B, hidden, layers]`` tensors, changed in place and returned as ``outputs.state``); xLSTM takes an
+``xLSTMCache`` as ``cache_params=`` (``rnn_state``: per layer a matrix memory ``[B, heads, dqk, dv]``, a
+normaliser ``[B, heads, dqk]`` and a stabiliser ``[B, heads, 1]``). Neither has a transformers ``Cache``, so
+their cache is an attention-free one (``held_cache``) whose state list (``linear_cache``, as MiniMax's) holds the
+tensors, flattened; an ``ArgumentState`` hands them to the forward as the argument (``install``: None before the
+first forward, so the model starts from its own initial state) and takes them back from its output
+(``collect``). A row given no state gets the family's state of no tokens (``blank``: RWKV's running maximum is
+-1e30, not zero). Registered in ``ARGUMENT_STATES`` by model type; whether such a family's multi-token forward
+equals single steps is checked once (``specdec.recurrent.multi_token_exact``). RWKV's one-token forward is wrong
+for more than one row (transformers mixes the token with every row's previous hidden state: ``[B, 1, H]`` against
+``[B, H]``), so such a forward is run a row at a time (``steps_apart``); its multi-token forward takes rows together. Both kinds of family are found by
+``module_state``, and the batch is dimension 0 of every tensor.
 """
 
 from __future__ import annotations
@@ -31,7 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DummyLayer
+from transformers.modeling_outputs import ModelOutput
 
 # (state layer number, kind, index) -> tensor [B, ...], as specdec.recurrent.States
 StateDict = dict[tuple[int, str, int], torch.Tensor]
@@ -68,6 +85,8 @@ class ModuleState:
 
     def __init__(self, model: PreTrainedModel, family: ModuleStateFamily) -> None:
         self.family = family
+        self.multi_token: str | None = family.multi_token  # declared: why a multi-token forward is not exact
+        self.steps_apart = ""  # its one-token forwards take rows together
         self.blocks = family.blocks(model)
         self.slots = [(kind, *self._owner(path)) for kind, path in family.attributes.items()]
 
@@ -77,13 +96,20 @@ class ModuleState:
         owner, _, name = path.rpartition(".")
         return (operator.attrgetter(owner) if owner else (lambda block: block)), name
 
-    def install(self, states: StateDict) -> None:
-        """Give each block the state in ``states`` (None where there is none: the block starts from zeros)."""
+    def install(self, states: StateDict, rows: int = 0) -> dict[str, object]:
+        """Give each block the state in ``states`` (None where there is none: the block starts from zeros); no
+        forward argument (the cache is handed to the forward as usual)."""
         for number, block in enumerate(self.blocks):
             for kind, owner, name in self.slots:
                 setattr(owner(block), name, states.get((number, kind, 0)))
+        return {}
 
-    def collect(self) -> StateDict:
+    @staticmethod
+    def blank(key: tuple[int, str, int], like: torch.Tensor) -> torch.Tensor:
+        """The state of no tokens for ``key``, shaped like ``like``: zeros."""
+        return torch.zeros_like(like)
+
+    def collect(self, output: ModelOutput | None = None) -> StateDict:
         """The blocks' state after a forward (for the cache's layers); the blocks are cleared."""
         states = {}
         for number, block in enumerate(self.blocks):
@@ -95,7 +121,88 @@ class ModuleState:
         return states
 
 
-def module_state(model: PreTrainedModel) -> ModuleState | None:
-    """The mover of ``model``'s module-held state, or None when its family keeps its state in the cache."""
-    family = MODULE_STATES.get(getattr(model.config, "model_type", ""))
-    return None if family is None else ModuleState(model, family)
+LISTED = "linear_cache"  # the state list of a held cache (as MiniMax's own cache): one tensor [B, ...] per entry
+
+
+@dataclass(frozen=True)
+class ArgumentStateFamily:
+    """How one model family takes its recurrent state as a forward argument and gives it back in its output."""
+
+    keyword: str  # the forward argument taking the state
+    count: Callable[[PretrainedConfig], int]  # how many state tensors (the flat list's length)
+    hand: Callable[[PreTrainedModel, list[torch.Tensor], int], object]  # flat tensors [B, ...], rows -> the argument
+    take: Callable[[ModelOutput], list[torch.Tensor]]  # a forward's output -> its state, flat, in the same order
+    blank: Callable[[int, torch.Tensor], torch.Tensor] = lambda number, like: torch.zeros_like(like)  # no tokens
+    steps_apart: str = ""  # why a one-token forward of several rows is wrong (then fed a row at a time; "" if not)
+
+
+def _rwkv_blank(number: int, like: torch.Tensor) -> torch.Tensor:
+    """RWKV's state of no tokens (as its forward makes it): zeros, its running maximum (the fifth tensor) -1e30."""
+    return torch.full_like(like, -1e30) if number == 4 else torch.zeros_like(like)
+
+
+def _xlstm_cache(model: PreTrainedModel, flat: list[torch.Tensor], rows: int) -> object:
+    """An ``xLSTMCache`` holding ``flat`` (per layer: memory, normaliser, stabiliser) as its ``rnn_state``."""
+    from transformers.models.xlstm.modeling_xlstm import xLSTMCache
+
+    cache = xLSTMCache(model.config, rows, dtype=flat[0].dtype, device=flat[0].device)
+    cache.rnn_state = {layer: tuple(flat[3 * layer:3 * layer + 3]) for layer in range(len(flat) // 3)}
+    return cache
+
+
+# model_type -> how its state is handed to its forward and taken back from its output
+ARGUMENT_STATES: dict[str, ArgumentStateFamily] = {
+    "rwkv": ArgumentStateFamily(keyword="state", count=lambda config: 5, hand=lambda model, flat, rows: list(flat),
+                                take=lambda output: list(output.state), blank=_rwkv_blank,
+                                steps_apart="its one-token branch mixes each token with the previous one's hidden "
+                                            "state as [B, 1, H] against [B, H], which broadcasts to [B, B, H] (rows "
+                                            "mixed) for more than one row"),
+    "xlstm": ArgumentStateFamily(keyword="cache_params", count=lambda config: 3 * config.num_hidden_layers,
+                                 hand=_xlstm_cache,
+                                 take=lambda output: [t for layer in sorted(output.cache_params.rnn_state)
+                                                      for t in output.cache_params.rnn_state[layer]]),
+}
+
+
+class ArgumentState:
+    """Moves one model's argument-held state between a cache's state list and its forward (see the docstring)."""
+
+    multi_token: str | None = None  # not declared: checked once (specdec.recurrent.multi_token_exact)
+
+    def __init__(self, model: PreTrainedModel, family: ArgumentStateFamily) -> None:
+        self.model, self.family = model, family
+        self.steps_apart = family.steps_apart
+
+    def install(self, states: StateDict, rows: int) -> dict[str, object]:
+        """The forward argument holding ``states`` (None before the first forward: the model's own initial state)."""
+        if not states:
+            return {self.family.keyword: None}
+        flat = [states[number, LISTED, 0] for number in range(self.family.count(self.model.config))]
+        return {self.family.keyword: self.family.hand(self.model, flat, rows)}
+
+    def blank(self, key: tuple[int, str, int], like: torch.Tensor) -> torch.Tensor:
+        """The state of no tokens for ``key``, shaped like ``like``."""
+        return self.family.blank(key[0], like)
+
+    def collect(self, output: ModelOutput | None = None) -> StateDict:
+        """The state ``output`` returned, for the cache's state list (nothing without an output)."""
+        if output is None:
+            return {}
+        return {(number, LISTED, 0): tensor for number, tensor in enumerate(self.family.take(output))}
+
+
+def held_cache(config: PretrainedConfig) -> Cache:
+    """The cache of a family in ``ARGUMENT_STATES``: no attention (one ``DummyLayer``), its state list empty."""
+    cache = DynamicCache()
+    cache.layers = [DummyLayer()]
+    cache.linear_cache = [None] * ARGUMENT_STATES[config.model_type].count(config)
+    return cache
+
+
+def module_state(model: PreTrainedModel) -> ModuleState | ArgumentState | None:
+    """The mover of ``model``'s state kept outside its cache (on its modules, or passed as a forward argument),
+    or None when its family keeps its state in the cache."""
+    kind = getattr(model.config, "model_type", "")
+    if kind in MODULE_STATES:
+        return ModuleState(model, MODULE_STATES[kind])
+    return ArgumentState(model, ARGUMENT_STATES[kind]) if kind in ARGUMENT_STATES else None

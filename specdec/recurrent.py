@@ -33,7 +33,10 @@ attention layers, in a hybrid, roll back as usual) checkpoints the state instead
 A model whose forward leaves its cache's state layers empty keeps its state on its own modules. For a family
 registered in ``specdec.module_state.MODULE_STATES`` (RecurrentGemma) that state is moved into the cache's layers
 after every forward and back onto the modules before the next (``_call``), so each cache owns its state and
-everything above applies; any other such model is refused by name at its first forward.
+everything above applies; any other such model is refused by name at its first forward. A family that takes its
+state as a forward argument (``specdec.module_state.ARGUMENT_STATES``: RWKV's ``state``, xLSTM's ``cache_params``)
+gets a cache whose state list holds it, handed to the forward and taken back from its output by the same hook;
+its rows given no state get the family's state of no tokens (``blank``), not zeros.
 
 A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
 keys handled as any attention layer's and its state checkpointed. One holding sliding-window keys
@@ -54,10 +57,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from specdec.architectures import new_cache
 from specdec.cache import RaggedCache, joined
-from specdec.module_state import module_state
+from specdec.module_state import ARGUMENT_STATES, LISTED, module_state
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
-LISTED = "linear_cache"  # a cache's own list of per-layer states (MiniMax's: [B, heads, d, d] each, None: none yet)
+# LISTED: a cache's own list of per-layer states (MiniMax's: [B, heads, d, d] each, None: none yet; an argument-state
+# family's flattened state, specdec.module_state.held_cache)
 EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
 
 
@@ -65,6 +69,8 @@ def is_recurrent(model: PreTrainedModel) -> bool:
     """Whether ``model``'s cache (built from its config) has recurrent / linear-attention layers."""
     if getattr(model.config, "is_encoder_decoder", False):
         return False
+    if getattr(model.config, "model_type", "") in ARGUMENT_STATES:  # its state a forward argument, carried by its cache
+        return True
     known = model.__dict__.get("_specdec_recurrent")  # (its config, the answer): asked at every cache made
     if known is None or known[0] is not model.config:
         cache = DynamicCache(config=model.config)
@@ -92,10 +98,15 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     ids = torch.randint(3, max(4, vocab), (1, 5 + tokens), generator=generator).to(device)
     name = cache_keyword(model)
     positioned = "position_ids" in inspect.signature(model.forward).parameters
+    held = module_state(model)
 
     def forward(start: int, stop: int, cache: Cache) -> torch.Tensor:  # as generate calls it
         where = {"position_ids": torch.arange(start, stop, device=device)[None]} if positioned else {}
-        return model(input_ids=ids[:, start:stop], **{name: cache}, use_cache=True, **where).logits
+        handed = held.install(read_states(cache), 1) if held is not None else {}
+        out = model(input_ids=ids[:, start:stop], **(handed or {name: cache}), use_cache=True, **where)
+        if held is not None:
+            write_states(cache, held.collect(out))
+        return out.logits
 
     outputs = []
     for step in (tokens, 1):
@@ -156,13 +167,19 @@ def write_states(cache: Cache, states: States) -> None:
         layer.dtype, layer.device = tensor.dtype, tensor.device
 
 
-def restore(cache: Cache, saved: States, rows: torch.Tensor) -> None:
-    """Give the rows ``rows`` [B] (bool) their state in ``saved`` (zeros where ``saved`` has none)."""
+def _zeros(key: tuple[int, str, int], like: torch.Tensor) -> torch.Tensor:
+    """The state of no tokens of most families: zeros shaped like ``like``."""
+    return torch.zeros_like(like)
+
+
+def restore(cache: Cache, saved: States, rows: torch.Tensor, blank=_zeros) -> None:
+    """Give the rows ``rows`` [B] (bool) their state in ``saved`` (``blank``: the state of no tokens, where
+    ``saved`` has none)."""
     current = read_states(cache)
     for key, tensor in current.items():
         old = saved.get(key)
         pick = rows.view(-1, *([1] * (tensor.dim() - 1)))
-        current[key] = torch.where(pick, old if old is not None else torch.zeros_like(tensor), tensor)
+        current[key] = torch.where(pick, old if old is not None else blank(key, tensor), tensor)
     write_states(cache, current)
 
 
@@ -188,9 +205,12 @@ class RecurrentCache(RaggedCache):
         super().__init__(model, rows, device, cache)
         self.keyword = cache_keyword(model)
         self.attention = any(isinstance(layer, DynamicLayer) for layer in self.cache.layers)
-        self.held = module_state(model)  # state kept on the model's modules (RecurrentGemma), moved around forwards
+        # state kept on the model's modules (RecurrentGemma) or passed as an argument (RWKV), moved around forwards
+        self.held = module_state(model)
+        self.blank = self.held.blank if self.held is not None else _zeros  # a row's state of no tokens
         # feed one token at a time once there is state
-        self.stepwise = bool(self.held.family.multi_token) if self.held else not multi_token_exact(model)
+        declared = self.held.multi_token if self.held is not None else None
+        self.stepwise = bool(declared) if declared is not None else not multi_token_exact(model)
         self.clean = torch.ones(rows, dtype=torch.bool, device=device)  # [B] state exact for the live tokens
         self.points: list[Checkpoint] = []  # since the last keep, oldest first
         self.fed: list[list[int]] = [[] for _ in range(rows)]  # per row: real tokens fed since the first point
@@ -233,20 +253,22 @@ class RecurrentCache(RaggedCache):
             outputs.append(RaggedCache.forward(self, input_ids[:, j:j + 1], None if padded is None else column,
                                                1, **kwargs))
             if padded is not None:
-                restore(self.cache, before.states if isinstance(before, Checkpoint) else before, padded)
+                restore(self.cache, before.states if isinstance(before, Checkpoint) else before, padded, self.blank)
         return joined(outputs, logits_to_keep)
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
-        if self.held is not None:  # this cache's state onto the modules (every attribute set: nothing stale is read)
-            self.held.install(read_states(self.cache))
+        handed = {}  # this cache's state onto the modules (every attribute set: nothing stale is read), or as the
+        if self.held is not None:  # forward argument that takes it
+            handed = self.held.install(read_states(self.cache), self.rows)
         if self.attention and self.keyword == "past_key_values":  # positions by the one rule (Bamba needs them)
             out = super()._call(input_ids, attention_mask, position_ids, logits_to_keep, kwargs)
+        elif self.held is not None and self.held.steps_apart and input_ids.shape[1] == 1 and self.rows > 1:
+            return self._rows_apart(input_ids, logits_to_keep, kwargs)  # RWKV: one-token forwards of one row only
         else:  # no attention layer: no positions, and padding is handled here, not by the model's mask
-            out = self.model(input_ids=input_ids, **{self.keyword: self.cache}, use_cache=True,
-                             logits_to_keep=logits_to_keep, **kwargs)
-        if self.held is not None:  # and back into the cache's layers, the modules cleared
-            write_states(self.cache, self.held.collect())
+            out = self._plain(input_ids, handed, logits_to_keep, kwargs)
+        if self.held is not None:  # and back into the cache's layers (the modules cleared)
+            write_states(self.cache, self.held.collect(out))
         if not read_states(self.cache):  # the forward wrote no state into the cache: it keeps it elsewhere
             state = ", ".join(sorted({type(layer).__name__ for layer in _state_layers(self.cache)}))
             raise TypeError(f"{type(self.model).__name__} keeps its recurrent state outside the transformers Cache (its "
@@ -254,6 +276,28 @@ class RecurrentCache(RaggedCache):
                             "cannot checkpoint it or roll it back after a rejected draft (specdec.module_state "
                             "carries it only for the families it names). Decode it with generate() instead")
         return out
+
+    def _plain(self, input_ids: torch.Tensor, handed: dict, logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        """The forward of a model without attention layers: the cache, or the state as its argument (``handed``)."""
+        out = self.model(input_ids=input_ids, **(handed or {self.keyword: self.cache}), use_cache=True,
+                         logits_to_keep=logits_to_keep, **kwargs)
+        if logits_to_keep and out.logits.shape[1] > logits_to_keep:  # a forward that ignores it (xLSTM)
+            out.logits = out.logits[:, -logits_to_keep:]
+        return out
+
+    def _rows_apart(self, input_ids: torch.Tensor, logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        """A one-token forward [B, 1] run a row at a time (``steps_apart``), the rows' outputs and states joined."""
+        states = read_states(self.cache)
+        outputs, parts = [], []
+        for b in range(input_ids.shape[0]):
+            handed = self.held.install({key: tensor[b:b + 1] for key, tensor in states.items()}, 1)
+            outputs.append(out := self._plain(input_ids[b:b + 1], handed, logits_to_keep, dict(kwargs)))
+            parts.append(self.held.collect(out))
+        write_states(self.cache, {key: torch.cat([part[key] for part in parts]) for key in parts[0]})
+        hidden = outputs[0].get("hidden_states")
+        if hidden is not None:
+            hidden = tuple(torch.cat([out.hidden_states[i] for out in outputs]) for i in range(len(hidden)))
+        return CausalLMOutputWithPast(logits=torch.cat([out.logits for out in outputs]), hidden_states=hidden)
 
     def _grouped(self, input_ids: torch.Tensor, valid: torch.Tensor, logits_to_keep: int,
                  kwargs: dict) -> ModelOutput:
@@ -317,7 +361,7 @@ class RecurrentCache(RaggedCache):
         for number, rows in chosen.items():
             pick = torch.zeros(self.rows, dtype=torch.bool, device=n.device)
             pick[rows] = True
-            restore(self.cache, self.points[number].states, pick)
+            restore(self.cache, self.points[number].states, pick, self.blank)
         if bool((start < n).any()):
             self.replay_rounds += 1
         super().keep(start)
@@ -338,7 +382,7 @@ class RecurrentCache(RaggedCache):
             valid = None if bool(rows.all()) else rows[:, None].expand(-1, count)  # [B, count]
             self._feed(ids, valid, 1, {}, checkpoints=False)
             if valid is not None:
-                restore(self.cache, before, ~rows)
+                restore(self.cache, before, ~rows, self.blank)
             self.replayed += count * int(rows.sum())
         self.clean = torch.ones(self.rows, dtype=torch.bool, device=n.device)
 
@@ -361,10 +405,11 @@ class RecurrentCache(RaggedCache):
         if not bool(other.clean.all()):
             raise RuntimeError("rows join a recurrent cache with exact states only (after keep or prefill)")
         mine, theirs = read_states(self.cache), read_states(other.cache)
-        states = _stacked(mine, self.rows, theirs, other.rows)
+        states = _stacked(mine, self.rows, theirs, other.rows, self.blank)
         # a checkpoint of this cache's rows holds the joining rows as they are now (their state is exact)
         self.points = [Checkpoint(torch.cat([p.live, other.live]), torch.cat([p.clean, other.clean]),
-                                  _stacked(p.states, self.rows, {k: t.clone() for k, t in theirs.items()}, other.rows))
+                                  _stacked(p.states, self.rows, {k: t.clone() for k, t in theirs.items()}, other.rows,
+                                           self.blank))
                        for p in self.points]
         if self.base is not None:
             self.base = torch.cat([self.base, other.live])
@@ -374,13 +419,14 @@ class RecurrentCache(RaggedCache):
         write_states(self.cache, states)
 
 
-def _stacked(first: States, rows: int, second: States, other_rows: int) -> States:
-    """The states of two row sets, one after the other along the batch (zeros where a set has none)."""
+def _stacked(first: States, rows: int, second: States, other_rows: int, blank=_zeros) -> States:
+    """The states of two row sets, one after the other along the batch (``blank``, the state of no tokens, where
+    a set has none)."""
     states = {}
     for key in first.keys() | second.keys():
         a, b = first.get(key), second.get(key)
-        a = a if a is not None else b.new_zeros(rows, *b.shape[1:])
-        b = b if b is not None else a.new_zeros(other_rows, *a.shape[1:])
+        a = a if a is not None else blank(key, b.new_empty(rows, *b.shape[1:]))
+        b = b if b is not None else blank(key, a.new_empty(other_rows, *a.shape[1:]))
         states[key] = torch.cat([a, b])
     return states
 
