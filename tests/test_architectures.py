@@ -53,7 +53,7 @@ from transformers import (
 import specdec
 from specdec import architectures
 from specdec.cache import RaggedCache
-from specdec.module_state import MODULE_STATES
+from specdec.module_state import ARGUMENT_STATES, MODULE_STATES
 from specdec.selfcheck import Verdict, verdict_of
 from specdec.target import make_target
 
@@ -359,7 +359,6 @@ def test_a_window_beside_sparse_attention_keeps_its_indexed_cache_layers():
 
 @pytest.mark.parametrize(("name", "reason"), [
     ("xlnet", r"XLNetLMHeadModel keeps its memory \(`mems`\) outside a transformers Cache"),
-    ("rwkv", r"RwkvForCausalLM keeps its recurrent state \(the `state` argument\) outside a transformers Cache"),
     ("xlm", r"XLMWithLMHeadModel keeps its own `cache` dictionary outside a transformers Cache"),
     ("openai-gpt", r"OpenAIGPTLMHeadModel has no KV cache \(its forward takes no past_key_values\)"),
 ])
@@ -371,6 +370,19 @@ def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
                 specdec.speculative_generate(build_tiny("llama"), target, [3, 4, 5], max_new_tokens=3)
             else:
                 specdec.speculative_generate(target, drafter, [3, 4, 5], max_new_tokens=3)
+
+
+def test_recurrent_state_passed_as_an_unregistered_argument_is_refused_by_name(monkeypatch):
+    """RWKV takes its state as the ``state`` argument; with its entry removed from
+    ``specdec.module_state.ARGUMENT_STATES`` nothing hands that state to its forward or checkpoints it, so it is
+    refused (as a target and as a drafter), naming the class and the argument. Registered, it decodes exactly
+    (tests/test_recurrent.py)."""
+    monkeypatch.delitem(ARGUMENT_STATES, "rwkv")
+    reason = r"RwkvForCausalLM keeps its recurrent state \(the `state` argument\) outside a transformers Cache"
+    with pytest.raises(TypeError, match=reason):
+        specdec.speculative_generate(build("rwkv"), "ngram", [3, 4, 5], max_new_tokens=3)
+    with pytest.raises(TypeError, match=reason):
+        specdec.speculative_generate(build_tiny("llama"), build("rwkv"), [3, 4, 5], max_new_tokens=3)
 
 
 def test_recurrent_state_kept_on_unregistered_modules_is_refused_by_name(monkeypatch):

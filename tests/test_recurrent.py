@@ -54,7 +54,7 @@ from specdec.cache import RaggedCache
 from specdec.config import SamplingConfig
 from specdec.drafters import ModelDrafter
 from specdec.module_state import module_state
-from specdec.recurrent import RecurrentCache
+from specdec.recurrent import RecurrentCache, read_states
 from specdec.sampling import Sampler
 from specdec.target import make_target
 
@@ -93,6 +93,10 @@ CONFIGS = {  # model type -> its own settings, small enough to build in millisec
     # Inkling: convolution states beside sliding-window keys (window 4) in one layer, and beside full-attention keys
     "inkling_text": {**INKLING, "intermediate_size": 64},
     "inkling2_text": INKLING,
+    # state passed as a forward argument (specdec.module_state.ARGUMENT_STATES): RWKV's `state` list, xLSTM's
+    # xLSTMCache; xLSTM's config rounds its qk dims up to 64 and its layers do not: equal at width 64 only
+    "rwkv": {"attention_hidden_size": 32, "intermediate_size": 64, "context_length": 256},
+    "xlstm": {"hidden_size": 64, "num_heads": 4, "qk_dim_factor": 1.0, "chunk_size": 16},
 }
 ARCHS = sorted(CONFIGS)
 SLOW = {"zamba2"}  # ~30 s per generate comparison on CPU: its cache is checked by the hand-driven tests only
@@ -103,7 +107,7 @@ STOP = 2
 def build_recurrent(arch: str, seed: int = 0, **settings: object) -> PreTrainedModel:
     """A tiny random ``arch`` causal LM (seeded; ``settings`` over its ``CONFIGS``), eos ``STOP``, in eval mode."""
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(arch, **COMMON, **{**CONFIGS[arch], **settings})
+    config = AutoConfig.for_model(arch, **{**COMMON, **CONFIGS[arch], **settings})
     model = AutoModelForCausalLM.from_config(config).eval()
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = STOP
@@ -148,6 +152,7 @@ def test_greedy_equals_generate(arch, gamma):
     target = build_recurrent(arch)
     prompts = repetitive_prompts()
     expected = [own_greedy(target, p, 16) for p in prompts]
+    assert len({token for tokens in expected for token in tokens}) > 4, "constant greedy output: nothing is tested"
     drafted = accepted = 0
     for drafter in ("ngram", perturbed(target, 0.5)):
         single = specdec.speculative_generate(target, drafter, prompts[0], max_new_tokens=16, gamma=gamma,
@@ -336,6 +341,29 @@ def test_state_kept_on_the_modules_is_owned_by_each_cache():
     multi.forward(torch.tensor([rows[0][:6]]))
     logits = multi.forward(torch.tensor([rows[0][6:9]]), logits_to_keep=3).logits[0]  # [3, V]
     assert float((logits - _fresh_logits(model, rows[0][:9])[-3:]).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("arch", ["rwkv", "xlstm"])
+@torch.no_grad()
+def test_state_passed_as_an_argument_rolled_back_to_no_tokens_is_the_models_own_initial_state(arch):
+    """RWKV's and xLSTM's state (a forward argument: ``specdec.module_state.ARGUMENT_STATES``) sits in the cache's
+    state list, handed to each forward and taken back from its output. A row rolled back to no tokens gets the
+    family's state of no tokens (RWKV's running maximum is -1e30, not zero): fed tokens again, it holds the state
+    and gives the logits of the model's own forward of those tokens, beside a row that kept its tokens."""
+    model = build_recurrent(arch)
+    held = module_state(model)
+    cache = RecurrentCache(model, 2)
+    cache.refuse_rows = False  # rows share forwards (what the self-check finds at a first prefill)
+    assert not cache.stepwise  # its multi-token forward is checked equal to single steps
+    cache.forward(torch.tensor([[5, 6, 7], [8, 9, 10]]))
+    cache.keep(torch.tensor([0, 3]))  # row 0 back to no tokens: nothing to replay from
+    logits = cache.forward(torch.tensor([[11, 12, 13], [14, 15, 16]]), logits_to_keep=3).logits  # [2, 3, V]
+    own = model(torch.tensor([[11, 12, 13]]), use_cache=True)
+    states = read_states(cache.cache)
+    for key, tensor in held.collect(own).items():
+        torch.testing.assert_close(states[key][0], tensor[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[0], own.logits[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[1], _fresh_logits(model, [8, 9, 10, 14, 15, 16])[-3:], atol=1e-5, rtol=1e-5)
 
 
 def test_caches_specdec_builds_keep_every_slot_and_the_state_where_the_model_reads_it():
