@@ -4,16 +4,18 @@ where a local attention window limits batches, and which families are known to d
 specdec feeds a model only its uncached tokens and rolls its KV cache back after a rejected draft,
 so it needs the model's whole state in a transformers ``Cache`` whose layers can be cropped:
 
-- ``state_refusal``: a model that keeps state outside the cache (RWKV's ``state``, XLNet's
-  ``mems``, XLM's ``cache`` dict, Reformer's ``past_buckets_states``, Mamba's ``cache_params``: any
-  forward without ``past_key_values``) would decode wrong tokens, so it is refused, naming its class
-  and where its state lives (or that it has no KV cache at all).
+- ``state_refusal``: a model that keeps state outside the cache (XLNet's ``mems``, XLM's ``cache``
+  dict, Reformer's ``past_buckets_states``; a ``state`` or ``cache_params`` argument of a family
+  ``specdec.module_state.ARGUMENT_STATES`` does not carry: any forward without ``past_key_values``)
+  would decode wrong tokens, so it is refused, naming its class and where its state lives (or that it
+  has no KV cache at all). RWKV and xLSTM, registered there, get a ``RecurrentCache`` instead.
 - ``family_refusal``: a family whose own ``generate`` output depends on how tokens are fed (Moshi:
   a declared window its attention ignores, which only ``generate``'s self-trimming cache applies):
   refused by name with that reason (``FEED_DEPENDENT``).
 - ``new_cache``: the cache a model's forward takes: a ``DynamicCache`` of the config's layer types, or a
   family's own class where its forward takes no other (``OWN_CACHES``: MiniMax's ``MiniMaxCache``, whose
-  linear-attention state ``specdec.recurrent`` checkpoints).
+  linear-attention state ``specdec.recurrent`` checkpoints), or for a family whose state is a forward
+  argument (RWKV, xLSTM) an attention-free cache holding that state (``module_state.held_cache``).
 - ``layer_refusal``: cache layers that hold recurrent or linear-attention state (Mamba-style,
   and hybrid layers such as Zaya's and Falcon-H1's, which subclass ``DynamicLayer`` but carry
   a recurrent state beside their keys) cannot be cropped: refused, naming the layer type.
@@ -49,11 +51,11 @@ from specdec.module_state import ARGUMENT_STATES, held_cache
 
 # forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
 STATE_ARGUMENTS: dict[str, str] = {
-    "state": "its recurrent state (the `state` argument)",  # RWKV
+    "state": "its recurrent state (the `state` argument)",  # RWKV's, where not in module_state.ARGUMENT_STATES
     "mems": "its memory (`mems`)",  # XLNet
     "cache": "its own `cache` dictionary",  # XLM
     "past_buckets_states": "its LSH buckets and states (`past_buckets_states`)",  # Reformer
-    "cache_params": "its recurrent state (`cache_params`)",  # Mamba, Falcon-Mamba
+    "cache_params": "its recurrent state (`cache_params`)",  # xLSTM's, where not in module_state.ARGUMENT_STATES
 }
 
 # model_type -> why a family's own generate cannot be reproduced by any verification (refused by name)

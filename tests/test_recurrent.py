@@ -5,7 +5,8 @@ attention), LFM2 (convolution layers beside attention), Qwen3-Next (gated-delta 
 beside attention), MiniMax (lightning attention, its state in its own MiniMaxCache), Inkling 1 and 2
 (convolution states beside sliding-window keys, window 4, and beside full-attention keys) and RecurrentGemma
 (RG-LRU blocks beside local attention, its state kept on its modules and carried by each cache:
-``specdec.module_state``). Mamba's, Jamba's and RecurrentGemma's multi-token cached forward is wrong in
+``specdec.module_state``), RWKV and xLSTM (recurrent only, their state a forward argument: ``state``, an
+``xLSTMCache`` as ``cache_params``; held by each cache and handed to every forward). Mamba's, Jamba's and RecurrentGemma's multi-token cached forward is wrong in
 transformers (the scan, or the convolution, restarts from zero), so they are fed one token at a time once
 they hold state; the others verify in one forward and replay after a rejection.
 
@@ -29,6 +30,8 @@ they hold state; the others verify in one forward and replay after a rejection.
   sliding-window keys and recurrent state in a cache handed in, are refused by name.
 - State kept on the modules: two caches of one model each keep their own, the modules hold none between
   forwards, and the multi-token forward it is spared differs from single steps.
+- State passed as an argument (RWKV, xLSTM): a row rolled back to no tokens gets the family's state of no
+  tokens (RWKV's is not zeros) and then the model's own state and logits for the tokens fed after.
 """
 
 from __future__ import annotations
