@@ -6,9 +6,10 @@ floor here is the median time of that pass alone: each linear layer once (a tied
 input embedding, a one-row gather, left out) applied to a one-token input as the model runs it
 (``module(x)``: ``F.linear`` or specdec's own float32 kernels where ``specdec.kernels`` installed them,
 transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to back, with nothing else: no
-attention, norms, cache or Python around them. A step's time over its floor is what the engine adds; an engine below it has faster kernels than torch's here. The bench
-samples the pass after each prompt (``PassMeter``) and takes the median, so on a busy machine the
-floor and the methods are timed over the same spells.
+attention, norms, cache or Python around them. A step's time over its floor is what the engine adds;
+an engine below it has faster kernels than ours here. The bench samples the pass after each prompt
+(``PassMeter``) and takes the median, so on a busy machine the floor and the methods are timed over the
+same spells.
 
 ``floor_rows`` sets beside it, per method of a run: the median time per generated token (each
 prompt's median over repeats, then the median over prompts; for plain decoding, its step), its
