@@ -62,6 +62,7 @@ from specdec.events import (
     PhaseClock,
     RoundSummary,
 )
+from specdec.kernels import active
 from specdec.processors import DraftSampler, GenerationSettings, Processing, apply, resolve, round_rows
 from specdec.sampling import Sampler, make_generator
 from specdec.schedules import Crossover, Schedule, make_schedule
@@ -302,11 +303,13 @@ class Decoder:
     # -------------------------------------------------------------------------------------- rounds
 
     def step(self) -> list[Row]:
-        """Admit waiting rows, run one round for the batch, let finished rows go; return those."""
-        finished = self._join() + self._leave()  # cancelled rows go before the round
-        if self.rows:
-            self._round()
-            finished += self._leave()
+        """Admit waiting rows, run one round for the batch, let finished rows go; return those. The models'
+        linear layers run specdec's kernels meanwhile (``specdec.kernels``: where installed)."""
+        with active():
+            finished = self._join() + self._leave()  # cancelled rows go before the round
+            if self.rows:
+                self._round()
+                finished += self._leave()
         for row in finished:
             row.stats.wall_time_s = time.perf_counter() - row.joined
             row.stop_reason = row.stop_reason or MAX_NEW_TOKENS

@@ -31,6 +31,7 @@ from transformers import PreTrainedModel
 
 from specdec.batch import PromptBatch
 from specdec.compiled import decoding_cache
+from specdec.kernels import install
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
 from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache, rows_apart, source_limit
@@ -106,6 +107,7 @@ class ModelTarget(Target):
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
+        install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
         self.vocab_size = vocab_size(model)
         self.encoder_decoder = is_encoder_decoder(model)
         self.context_limit = context_limit(model)  # the decoder's positions

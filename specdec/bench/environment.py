@@ -15,6 +15,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
+from specdec.kernels import installed, mode
 from specdec.threads import ThreadChoice
 from specdec.threads import current as current_threads
 
@@ -85,6 +86,7 @@ class Environment:
     target: ModelInfo
     drafter: ModelInfo | None  # None when no drafter model was loaded
     compared: dict[str, ModelInfo] = field(default_factory=dict)  # label -> a compared drafter (--compare)
+    linear: str = ""  # the target's linear kernels while specdec decodes: "specdec" or "torch" (specdec.kernels)
 
     @property
     def threads(self) -> str:
@@ -127,4 +129,5 @@ def capture_environment(
         target=model_info(*target),
         drafter=model_info(*drafter) if drafter else None,
         compared={label: model_info(*named) for label, named in (compared or {}).items()},
+        linear=f"{'specdec' if installed(model) else 'torch'} (SPECDEC_LINEAR={mode()})",
     )

@@ -4,11 +4,12 @@ A single-token decoding step reads every weight of the model's linear layers onc
 product each); at batch 1 that read is what the step cannot go below with these kernels. A model's
 floor here is the median time of that pass alone: each linear layer once (a tied head included; the
 input embedding, a one-row gather, left out) applied to a one-token input as the model runs it
-(``module(x)``: ``F.linear``, transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to
-back, with nothing else: no attention, norms, cache or Python around them. A step's time over its
-floor is what the engine adds; an engine below it has faster kernels than torch's here. The bench
-samples the pass after each prompt (``PassMeter``) and takes the median, so on a busy machine the
-floor and the methods are timed over the same spells.
+(``module(x)``: ``F.linear`` or specdec's own float32 kernels where ``specdec.kernels`` installed them,
+transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to back, with nothing else: no
+attention, norms, cache or Python around them. A step's time over its floor is what the engine adds;
+an engine below it has faster kernels than ours here. The bench samples the pass after each prompt
+(``PassMeter``) and takes the median, so on a busy machine the floor and the methods are timed over the
+same spells.
 
 ``floor_rows`` sets beside it, per method of a run: the median time per generated token (each
 prompt's median over repeats, then the median over prompts; for plain decoding, its step), its
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.bench.measure import Clock
+from specdec.kernels import active
 
 PASSES = 20  # timed passes per model (after two untimed)
 
@@ -75,12 +77,13 @@ def weight_pass(model: torch.nn.Module, passes: int = PASSES, clock: Clock | Non
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     inputs = {width: torch.randn(1, 1, width, dtype=dtype, device=device) for _, width in layers}
     times = []
-    for i in range(passes + 2):
-        start = clock.now()
-        for module, width in layers:
-            module(inputs[width])
-        if i >= 2:
-            times.append(clock.now() - start)
+    with active():  # the kernels the model decodes with in specdec (specdec.kernels), where installed
+        for i in range(passes + 2):
+            start = clock.now()
+            for module, width in layers:
+                module(inputs[width])
+            if i >= 2:
+                times.append(clock.now() - start)
     read = sum(w.numel() * w.element_size() for w in (_weight(m) for m, _ in layers) if w is not None)
     return WeightPass(seconds=statistics.median(times), bytes=read, layers=len(layers))
 

@@ -62,6 +62,7 @@ from specdec.bench.runners import (
     select_runners,
 )
 from specdec.drafters.model import drafter_in
+from specdec.kernels import install
 from specdec.loading import load_model, load_tokenizer
 
 _STEP_TIME_STEPS = 16  # timed single-token forwards per model for the cost ratio c
@@ -305,6 +306,7 @@ def run_benchmark(
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
+    install(target)  # specdec's linear kernels, decided before the floor is sampled (specdec.kernels)
     form, *others = config.drafter_dtype
     loaded = None
     if any(r.needs_drafter_model and drafter_label(r) not in compare for r in runners):
@@ -320,6 +322,9 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
             compared[form_label(other)] = drafter_in(loaded, other)
             compare[form_label(other)] = f"{config.drafter} ({other})"
             forms[form_label(other)] = other
+    for model in (drafter, *compared.values()):  # int8 and bf16 forms are left alone by install
+        if model is not None:
+            install(model)
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,

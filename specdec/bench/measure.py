@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 from typing_extensions import Self
 
+from specdec.kernels import active
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _MIB = 1024 * 1024
@@ -174,7 +176,13 @@ def step_times(
     drafter's run right after a run of the target, as in a round of speculative decoding: a drafter
     step then costs what it costs in the loop (the target's weights have just passed through the CPU
     caches; on this project's CPU 1.7 ms against 1.1 ms for steps of the drafter alone), every
-    drafter is measured in the same condition, and a slow spell weighs on all alike."""
+    drafter is measured in the same condition, and a slow spell weighs on all alike. Inside
+    ``specdec.kernels.active()``: the linear kernels specdec decodes with, where installed."""
+    with active():
+        return _step_times(models, context, steps, clock, run)
+
+
+def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int) -> list[float]:
     caches, tokens = [], []
     for model in models:
         out = model(input_ids=context, use_cache=True)

@@ -67,7 +67,8 @@ def describe_environment(run: BenchRun) -> str:
     ) else ""
     return (
         f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}{load}; "
-        f"torch {env.torch_version}, transformers {env.transformers_version}; "
+        + (f"linear kernels {env.linear}; " if env.linear else "")
+        + f"torch {env.torch_version}, transformers {env.transformers_version}; "
         f"target {env.target.parameters / 1e6:.2f}M params ({env.target.weight_mib:.0f} MiB), {drafter}; "
         f"{len(run.prompts)} prompts, max {cfg.max_new_tokens} new tokens, top-k {cfg.top_k}, top-p {cfg.top_p:g}, "
         f"{cfg.repeats} repeats (median), {cfg.warmup} warm-up runs; "

@@ -56,6 +56,7 @@ from specdec.drafters.model import (
     check_vocabularies,
     in_target_vocabulary,
 )
+from specdec.kernels import install
 from specdec.loading import context_limit, input_device
 from specdec.sampling import Sampler, check_finite
 from specdec.seq2seq import cache_for, is_encoder_decoder
@@ -97,6 +98,7 @@ class BlockDrafter(CachedDrafter):
         if not is_encoder_decoder(model):
             self._check_decoder_only(model)
         self.model = model.eval()
+        install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
         self.mask_token_id, self.max_block_size = block_settings(model)  # max_block_size: largest k per round
         self.max_draft = self.max_block_size
         self.vocab_size: int | None = None  # the target's logits size once aligned; None = the model's own

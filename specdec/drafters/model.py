@@ -60,6 +60,7 @@ from specdec.drafters.base import (
     Proposal,
     StopRule,
 )
+from specdec.kernels import install
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
@@ -323,6 +324,7 @@ class ModelDrafter(CachedDrafter):
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
+        install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)

@@ -1,0 +1,112 @@
+"""Which float32 kernel computes a decode-shaped ``F.linear`` fastest here: ``python benchmarks/linear_kernels.py``.
+
+Times one pass over every linear layer of a model (its real weights: code-target's 94 MB do not fit the
+cache, as in decoding) with n input rows, for each candidate kernel, interleaved (one pass of each in
+turn per repeat), medians; every candidate is first checked against a float64 product. Candidates:
+
+- ``F.linear``: what transformers runs (``x @ W.T``: MKL's sgemm / sgemv);
+- ``mv``: ``torch.mv(W, x)`` (1 row only);
+- ``x @ Wt``: a pre-transposed contiguous copy ``Wt = W.T`` (equivalently F.linear with a column-major W);
+- ``(W @ x.T).T``: the weight as the untransposed left operand, 1 row padded to 2;
+- ``mkl packed``: ``torch.ops.mkl._mkl_linear`` on ``_mkl_reorder_linear_weight`` (what inductor's
+  freezing uses for float32 linears, i.e. specdec's compiled path);
+- ``onednn dense`` / ``onednn packed``: ``torch.ops.mkldnn._linear_pointwise`` on the plain weight, or on
+  one prepacked by ``_reorder_linear_weight`` for batch size 8;
+- ``specdec``: ``specdec.kernels.fast_linear`` (``(W @ x.T).T`` for 1-2 rows, oneDNN packed for more).
+
+Findings on this project's CPU (AMD EPYC Zen 4, 2 cores, torch 2.13 CPU wheel: MKL 2024.2, oneDNN 3.12;
+one thread; load 0.2-0.9), code-target, ms per pass (share of F.linear):
+
+  rows  F.linear   x @ Wt        (W @ x.T).T   mkl packed    onednn packed  specdec
+  1     8.1-8.6    6.2 (0.72)    5.0 (0.61)    6.3 (0.73)    6.6-6.9 (0.80) 5.0 (0.61)
+  2     12.2-13.3  8.5 (0.65)    4.9 (0.39)    8.7 (0.68)    7.7-8.0 (0.63) 4.9 (0.39)
+  3     15.1-15.9  10.6 (0.67)   7.7 (0.50)    -             5.5-5.8 (0.36) 5.5 (0.36)
+  5     12.8-14.2  12.5 (0.96)   9.8 (0.70)    12.5 (0.96)   4.9-5.3 (0.38) 4.9 (0.38)
+  8     13.1-14.4  12.9 (0.96)   13.3 (0.97)   12.9 (0.96)   6.8-7.2 (0.51) 6.8 (0.51)
+
+(up to 256 rows oneDNN packed stays faster: 0.58 at 16 rows, 0.75 at 64, 0.85 at 256). ``torch.mv`` is no
+faster than F.linear (0.99), nor oneDNN on the unpacked weight (0.81-0.92 at 2-8 rows). The MKL
+environment knobs ``MKL_ENABLE_INSTRUCTIONS=AVX512`` or ``AVX2``, ``MKL_DEBUG_CPU_TYPE=5`` and
+``MKL_CBWR=AVX2`` changed nothing (within 5%). code-drafter (7.8 MB, in cache): ``(W @ x.T).T`` 0.69 of
+F.linear at 1 row and 0.38 at 2, oneDNN packed 0.53-0.75 at 3-8 rows. A one-row product through an
+expanded (stride-0) view instead of a copied pair took 3-6x longer: the padding is a real copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from specdec.kernels import _Packed, fast_linear
+from specdec.loading import load_model
+
+
+def _left(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    pair = torch.cat([x, x]) if x.shape[0] == 1 else x
+    return (w @ pair.T).T[: x.shape[0]]
+
+
+def candidates(weights: list[torch.Tensor], rows: int) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+    """name -> f(x, i) computing x @ weights[i].T by that kernel (prepared state made here)."""
+    transposed = [w.t().contiguous() for w in weights]
+    mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
+    onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in weights]
+    packed = [_Packed() for _ in weights]
+    found: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+        "F.linear": lambda x, i: F.linear(x, weights[i]),
+        "x @ Wt": lambda x, i: x @ transposed[i],
+        "(W @ x.T).T": lambda x, i: _left(x, weights[i]),
+        "mkl packed": lambda x, i: torch.ops.mkl._mkl_linear(x, mkl[i], weights[i], None, rows),
+        "onednn dense": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, weights[i], None, "none", [], ""),
+        "onednn packed": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], ""),
+        "specdec": lambda x, i: fast_linear(x, weights[i], None, packed[i]),
+    }
+    if rows == 1:
+        found["mv"] = lambda x, i: torch.mv(weights[i], x[0])[None]
+    return found
+
+
+@torch.inference_mode()
+def measure(weights: list[torch.Tensor], rows: int, repeats: int) -> dict[str, float]:
+    """Median ms of one pass over ``weights`` per candidate, interleaved; each checked against float64 first."""
+    inputs = [torch.randn(rows, w.shape[1]) for w in weights]
+    kernels = candidates(weights, rows)
+    for name, kernel in kernels.items():
+        for i, (x, w) in enumerate(zip(inputs, weights)):
+            reference = x.double() @ w.double().T
+            torch.testing.assert_close(kernel(x, i).double(), reference, rtol=1e-5, atol=1e-4, msg=name)
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    for r in range(repeats + 2):
+        for name, kernel in kernels.items():
+            started = time.perf_counter()
+            for i, x in enumerate(inputs):
+                kernel(x, i)
+            if r >= 2:
+                times[name].append(time.perf_counter() - started)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="code-target", help="a shipped name or a model folder")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 5, 8])
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = load_model(args.model, dtype=torch.float32)
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    print(f"{args.model}: {len(weights)} layers, {sum(w.numel() for w in weights) * 4 / 1e6:.1f} MB, 1 thread, "
+          f"{args.repeats} repeats; ms per pass (share of F.linear)")
+    for rows in args.rows:
+        found = measure(weights, rows, args.repeats)
+        stock = found["F.linear"]
+        print(f"rows {rows}: " + ", ".join(f"{name} {ms:.2f} ({ms / stock:.2f})" for name, ms in found.items()))
+
+
+if __name__ == "__main__":
+    main()

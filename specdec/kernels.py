@@ -1,0 +1,191 @@
+"""Faster float32 linear kernels for decoding on the CPU (``SPECDEC_LINEAR=auto|on|off``).
+
+A decode step multiplies a few rows (1 for plain decoding, gamma + 1 to verify a draft) by every weight
+matrix of the model. ``F.linear(x, W)`` hands that to the BLAS as ``x @ W.T``, and torch's CPU wheel
+takes a slow kernel for it on some CPUs: on this project's AMD EPYC (Zen 4, MKL 2024.2 and oneDNN 3.12
+in torch 2.13, one thread) a pass over the shipped ``code-target``'s 94 MB of linear weights took
+8.1-8.6 ms for 1 row (11 GB/s) and 12-16 ms for 2-8 rows, while the same products computed another way
+took 5.0 ms (1-2 rows, 19 GB/s) and 5.0-7.2 ms (3-8 rows): 0.36-0.62 of the time
+(``benchmarks/linear_kernels.py`` measures every candidate; MKL's environment knobs changed nothing).
+The two faster ways, chosen per call by the number of rows n:
+
+- n <= 2: ``W @ x.T`` (the weight as the untransposed left operand: a different BLAS kernel), one row
+  padded to two (a one-column product is a matrix-vector product, the slow kernel again);
+- n >= 3: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on a copy of the weight prepacked
+  into oneDNN's blocked layout (``_reorder_linear_weight``): one more copy of the weights in memory.
+
+Same numbers up to float summation order (as a different batch size or thread count gives), so greedy
+decoding matches ``generate`` up to near ties and sampling stays lossless (the verification rule is
+unchanged); the tests compare both against the stock kernel.
+
+The mechanism: ``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model (one whose class
+does not override ``forward``, without a forward of its own already set) a forward that dispatches to
+those kernels while specdec decodes (inside ``active()``: ``Decoder.step``) and to the stock
+``F.linear`` everywhere else: ``generate`` on the same model, training, a ``torch.compile`` trace, a
+tensor that needs gradients. specdec's target and drafter handles install it on the models they run.
+``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does, ``auto`` (default) does where a
+short probe at install (a pass over the model's own layers at 1 and 5 rows, both ways, interleaved)
+finds the fast kernels at most ``PAYS`` of the stock time, so a CPU whose BLAS is fast already keeps it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+import types
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
+ENV = "SPECDEC_LINEAR"
+PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
+PACK_ROWS = 8  # the batch size oneDNN's weight layout is chosen for (measured best for 1-8 rows here)
+PROBE_ROWS = (1, 5)  # the probe's row counts: a plain step and a verification of gamma + 1 = 5 tokens
+PROBE_REPEATS = 3  # timed repeats per kernel and row count (after one untimed)
+
+_ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
+_DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> whether installed
+
+
+def mode() -> str:
+    """``SPECDEC_LINEAR`` (auto when unset); a clear error for another value."""
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r}: use one of {', '.join(MODES)} (off keeps torch's F.linear everywhere, "
+                         "on always uses specdec's linear kernels, auto where a probe at load finds they pay)")
+    return value
+
+
+def available() -> bool:
+    """Whether this torch has the oneDNN linear op with prepacked weights."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    return (torch.backends.mkldnn.is_available() and hasattr(mkldnn, "_linear_pointwise")
+            and hasattr(mkldnn, "_reorder_linear_weight"))
+
+
+@contextmanager
+def active() -> Iterator[None]:
+    """Within the block, installed layers run the fast kernels (on this thread)."""
+    _ACTIVE.depth = getattr(_ACTIVE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _ACTIVE.depth -= 1
+
+
+def _active() -> bool:
+    return getattr(_ACTIVE, "depth", 0) > 0
+
+
+class _Packed:
+    """A layer's weight prepacked for oneDNN, rebuilt when the weight changes (a new tensor or an in-place write)."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.weight: torch.Tensor | None = None
+
+    def __deepcopy__(self, memo: dict) -> _Packed:
+        return _Packed()  # a copied layer packs its own weight when first used
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor:
+        key = (weight.data_ptr(), weight._version)
+        if key != self.key:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+            self.key = key
+        return self.weight
+
+
+def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: _Packed) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by the kernel that is fast for x's row count (see the module doc)."""
+    rows = x.reshape(-1, x.shape[-1])  # [n, in]
+    n = rows.shape[0]
+    if n <= 2:
+        pair = torch.cat([rows, rows]) if n == 1 else rows  # [2, in]: two columns, not a matrix-vector product
+        # (an expanded view, stride 0, takes a slower kernel still)
+        out = (weight @ pair.T).T[:n].contiguous()  # [n, out]
+        if bias is not None:
+            out += bias
+    else:
+        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), packed.get(weight), bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """An installed layer's forward: the fast kernels inside ``active()``, else ``nn.Linear``'s own."""
+    weight, bias = self.weight, self.bias
+    if (not _active() or torch.compiler.is_compiling() or x.dtype != torch.float32
+            or weight.dtype != torch.float32 or weight.device.type != "cpu" or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    return fast_linear(x, weight, bias, self._specdec_packed)
+
+
+def _ours(module: torch.nn.Module) -> bool:
+    """Whether ``module`` runs ``_forward`` already (installed, or a deep copy of an installed layer)."""
+    return getattr(vars(module).get("forward"), "__func__", None) is _forward
+
+
+def _eligible(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
+            and ("forward" not in vars(module) or _ours(module)) and isinstance(weight, torch.Tensor)
+            and weight.dtype == torch.float32 and weight.device.type == "cpu")
+
+
+def _install_on(module: torch.nn.Linear, packed: _Packed) -> None:
+    if not _ours(module):
+        module._specdec_packed = packed
+        module.forward = types.MethodType(_forward, module)  # a bound method: a deep copy binds to the copy
+
+
+def installed(model: torch.nn.Module) -> bool:
+    """Whether ``install`` gave ``model``'s linear layers the fast kernels."""
+    return bool(_DECIDED.get(model, False))
+
+
+def _pass_time(layers: dict[torch.nn.Linear, _Packed], inputs: dict[int, torch.Tensor], fast: bool) -> float:
+    started = time.perf_counter()
+    for m, packed in layers.items():
+        x = inputs[m.in_features]
+        fast_linear(x, m.weight, m.bias, packed) if fast else F.linear(x, m.weight, m.bias)
+    return time.perf_counter() - started
+
+
+@torch.inference_mode()
+def pays(layers: dict[torch.nn.Linear, _Packed]) -> bool:
+    """Whether the fast kernels take at most ``PAYS`` of the stock time over ``layers`` (PROBE_ROWS rows each,
+    interleaved, medians), i.e. whether ``auto`` installs them on this machine."""
+    stock, fast = [], []
+    for rows in PROBE_ROWS:
+        inputs = {m.in_features: torch.randn(rows, m.in_features) for m in layers}
+        times: tuple[list[float], list[float]] = ([], [])
+        for i in range(PROBE_REPEATS + 1):
+            for kind, timed in ((False, times[0]), (True, times[1])):
+                seconds = _pass_time(layers, inputs, kind)
+                if i:
+                    timed.append(seconds)
+        stock.append(statistics.median(times[0]))
+        fast.append(statistics.median(times[1]))
+    return sum(fast) <= PAYS * sum(stock)
+
+
+def install(model: torch.nn.Module) -> bool:
+    """Give ``model``'s eligible linear layers the fast kernels, as ``SPECDEC_LINEAR`` says (decided once per
+    model); returns whether they have them. Nothing changes outside ``active()``."""
+    if model in _DECIDED:
+        return _DECIDED[model]
+    chosen = mode()
+    found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
+    layers = {m: _Packed() for m in found}  # each layer once (a tied head is its own module)
+    use = bool(layers) and (chosen == "on" or pays(layers))
+    if use:
+        for m, packed in layers.items():
+            _install_on(m, packed)
+    _DECIDED[model] = use
+    return use

@@ -1,0 +1,154 @@
+"""specdec's float32 linear kernels (specdec.kernels): the same products as ``F.linear``, only while specdec decodes.
+
+Checked against float64 products and against the stock forward: every row count (each kernel: the padded
+two-column product for 1-2 rows, oneDNN's prepacked linear for more), biases, batched inputs; the stock
+``F.linear`` outside ``active()``, bit for bit, and where gradients are needed; a deep copy computes with
+its own weights; greedy decoding with the kernels forced on equals ``generate`` (several architectures,
+speculative and plain, ragged batches); ``SPECDEC_LINEAR`` off installs nothing, a bad value is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
+
+import specdec
+from specdec import kernels
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not kernels.available(), reason="this torch has no oneDNN linear")]
+
+
+def _fresh_install(model: torch.nn.Module, monkeypatch, mode: str = "on") -> bool:
+    monkeypatch.setenv(kernels.ENV, mode)
+    return kernels.install(model)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fast_linear_computes_the_product(rows, bias):
+    torch.manual_seed(rows)
+    weight = torch.randn(96, 64)
+    b = torch.randn(96) if bias else None
+    x = torch.randn(rows, 64)
+    packed = kernels._Packed()
+    with torch.inference_mode():
+        out = kernels.fast_linear(x, weight, b, packed)
+        batched = kernels.fast_linear(x.reshape(1, rows, 64), weight, b, packed)
+    reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    assert out.shape == (rows, 96) and out.is_contiguous()
+    torch.testing.assert_close(out.double(), reference, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(batched.reshape(rows, 96), out, rtol=0, atol=0)
+
+
+def test_packed_weight_follows_weight_changes():
+    weight = torch.randn(32, 16)
+    packed = kernels._Packed()
+    x = torch.randn(4, 16)  # 4 rows: the prepacked kernel
+    first = kernels.fast_linear(x, weight, None, packed)
+    with torch.no_grad():
+        weight.mul_(2)  # in place: the packed copy is stale and rebuilt
+    torch.testing.assert_close(kernels.fast_linear(x, weight, None, packed), 2 * first)
+
+
+def test_installed_layers_are_stock_outside_active_and_close_inside(monkeypatch):
+    model = build_tiny("llama", seed=3)
+    stock = copy.deepcopy(model)
+    assert _fresh_install(model, monkeypatch)
+    assert kernels.installed(model)
+    ids = torch.randint(3, 90, (2, 7))
+    with torch.inference_mode():
+        expected = stock(ids).logits
+        outside = model(ids).logits
+        with kernels.active():
+            inside = model(ids).logits
+            one = model(ids[:1, :1]).logits
+    torch.testing.assert_close(outside, expected, rtol=0, atol=0)  # generate, training, ...: untouched
+    torch.testing.assert_close(inside, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one, expected[:1, :1], rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_take_the_stock_kernel(monkeypatch):
+    model = build_tiny("llama", seed=4)
+    stock = copy.deepcopy(model)
+    _fresh_install(model, monkeypatch)
+    ids = torch.randint(3, 90, (1, 5))
+    with kernels.active():
+        loss = model(ids).logits.sum()
+    loss.backward()
+    stock(ids).logits.sum().backward()
+    head, stock_head = model.get_output_embeddings().weight, stock.get_output_embeddings().weight
+    torch.testing.assert_close(head.grad, stock_head.grad, rtol=0, atol=0)
+
+
+def test_a_deep_copy_uses_its_own_weights(monkeypatch):
+    model = build_tiny("llama", seed=5)
+    _fresh_install(model, monkeypatch)
+    twin = copy.deepcopy(model)  # how drafter_in makes another form of a drafter
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+    reference = copy.deepcopy(twin)
+    ids = torch.randint(3, 90, (1, 6))
+    with torch.inference_mode(), kernels.active():
+        torch.testing.assert_close(twin(ids).logits, _stock(reference, ids), rtol=1e-5, atol=1e-5)
+        half = copy.deepcopy(model).to(torch.bfloat16)  # another dtype: the stock kernel
+        assert half(ids).logits.dtype == torch.bfloat16
+
+
+def _stock(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """``model``'s logits with the stock kernel (outside ``active``)."""
+    depth = getattr(kernels._ACTIVE, "depth", 0)
+    kernels._ACTIVE.depth = 0
+    try:
+        return model(ids).logits
+    finally:
+        kernels._ACTIVE.depth = depth
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt_neox"])
+@pytest.mark.parametrize("drafting", ["agree", "ngram", "plain"])
+def test_greedy_with_the_kernels_equals_generate(arch, drafting, monkeypatch):
+    target = build_tiny(arch, seed=11, hidden=64)
+    drafter = truncated_copy(target, 1)
+    _fresh_install(target, monkeypatch)
+    assert kernels.installed(target)
+    prompts = [[5, 17, 33, 8, 41, 9, 12], [7, 3, 60], [44, 45, 46, 47, 44, 45, 46, 47, 44]]
+    if drafting == "plain":
+        results = specdec.autoregressive_generate(target, prompts, max_new_tokens=24, stop_token_ids=[],
+                                                  batch_size=2)
+    else:
+        results = specdec.speculative_generate(target, "ngram" if drafting == "ngram" else drafter, prompts,
+                                               max_new_tokens=24, gamma=4, stop_token_ids=[], batch_size=2)
+    for prompt, result in zip(prompts, results):
+        assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, 24, []))
+
+
+def test_off_installs_nothing(monkeypatch):
+    model = build_tiny("llama", seed=6)
+    assert not _fresh_install(model, monkeypatch, "off")
+    assert not kernels.installed(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_other_dtypes_are_left_alone(monkeypatch):
+    model = build_tiny("llama", seed=6).to(torch.bfloat16)
+    assert not _fresh_install(model, monkeypatch, "on")
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_auto_decides_by_a_probe(monkeypatch):
+    model = build_tiny("llama", seed=8, hidden=64)
+    decided = _fresh_install(model, monkeypatch, "auto")  # either way, by this machine's timings
+    assert decided == kernels.installed(model)
+    assert decided == any("forward" in vars(m) for m in model.modules())
+
+
+def test_a_bad_mode_is_refused(monkeypatch):
+    monkeypatch.setenv(kernels.ENV, "fast")
+    with pytest.raises(ValueError, match="SPECDEC_LINEAR='fast'.*auto, on, off"):
+        kernels.install(build_tiny("llama", seed=9))
