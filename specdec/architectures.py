@@ -66,6 +66,9 @@ FEED_DEPENDENT: dict[str, str] = {
              "verification can reproduce it",
 }
 
+INSTEAD = "Decode it with generate() instead"  # the fix every refusal of a model ends with
+
+
 # model_type -> why rows of different lengths cannot share its forwards (each row is then decoded alone)
 ROWS_APART: dict[str, str] = {
     "roformer": "its rotary positions are the cache's slot count, baked into each key as it is cached, so a row whose "
@@ -160,7 +163,7 @@ def family_refusal(model: PreTrainedModel) -> str | None:
     reason = FEED_DEPENDENT.get(getattr(model.config, "model_type", ""))
     if reason is None:
         return None
-    return f"{type(model).__name__} {reason}. Decode it with generate() instead"
+    return f"{type(model).__name__} {reason}. {INSTEAD}"
 
 
 def layer_refusal(model: PreTrainedModel, layers: list) -> str | None:

@@ -55,7 +55,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
-from specdec.architectures import new_cache
+from specdec.architectures import INSTEAD, new_cache
 from specdec.cache import RaggedCache, joined
 from specdec.module_state import ARGUMENT_STATES, LISTED, module_state
 
@@ -274,7 +274,7 @@ class RecurrentCache(RaggedCache):
             raise TypeError(f"{type(self.model).__name__} keeps its recurrent state outside the transformers Cache (its "
                             f"{state} layers stay empty after a forward: the state lives on its modules), so specdec "
                             "cannot checkpoint it or roll it back after a rejected draft (specdec.module_state "
-                            "carries it only for the families it names). Decode it with generate() instead")
+                            f"carries it only for the families it names). {INSTEAD}")
         return out
 
     def _plain(self, input_ids: torch.Tensor, handed: dict, logits_to_keep: int, kwargs: dict) -> ModelOutput:

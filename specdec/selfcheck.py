@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
-from specdec.architectures import KNOWN_GOOD
+from specdec.architectures import INSTEAD, KNOWN_GOOD
 from specdec.batch import PromptBatch
 from specdec.positions import takes_position_ids
 
@@ -82,7 +82,7 @@ def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torc
         except Exception as error:  # the model's own cached path fails: say so, naming it
             reason = (f"{type(model).__name__}'s cached forward fails where specdec uses it (a prefill, then a "
                       f"{CHUNK}-token forward, then single steps, on a cache it rolls back): {type(error).__name__}: "
-                      f"{error}. Decode it with generate() instead")
+                      f"{str(error).removesuffix(INSTEAD).rstrip('. ')}. {INSTEAD}")  # the fix said once
             model._specdec_verdict = Verdict(reason, reason)
             raise ValueError(reason) from error
         model._specdec_verdict = verdict
@@ -126,8 +126,7 @@ def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | 
                 f"{CHUNK - 1})" if where < first + CHUNK else "a single cached step")
         reason = (f"{name}'s cached forward disagrees with its own one-pass forward (log-probabilities differ by "
                   f"{float(found.max()):.2g} at position {where} of {length}, in {step}): specdec verifies drafts "
-                  "with cached multi-token forwards, so it would not reproduce this model's output. Decode it with "
-                  "generate() instead")
+                  f"with cached multi-token forwards, so it would not reproduce this model's output. {INSTEAD}")
         return Verdict(reason, reason)
     padded = torch.cat([torch.zeros_like(seq[:, :1]), seq[:, :first]], dim=1)  # [1, 1 + first]: a dead slot first
     real = torch.ones_like(padded, dtype=torch.bool)

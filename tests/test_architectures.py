@@ -52,6 +52,7 @@ from transformers import (
 
 import specdec
 from specdec import architectures
+from specdec.architectures import INSTEAD
 from specdec.cache import RaggedCache
 from specdec.module_state import ARGUMENT_STATES, MODULE_STATES
 from specdec.selfcheck import Verdict, verdict_of
@@ -393,8 +394,9 @@ def test_recurrent_state_kept_on_unregistered_modules_is_refused_by_name(monkeyp
     monkeypatch.delitem(MODULE_STATES, "recurrent_gemma")
     target = build("recurrent_gemma")
     reason = r"RecurrentGemmaForCausalLM keeps its recurrent state outside the transformers Cache .* lives on its modules"
-    with pytest.raises(ValueError, match=reason):
+    with pytest.raises(ValueError, match=reason) as refused:
         specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
+    assert str(refused.value).count(INSTEAD) == 1  # raised inside the self-check: its fix said once
     with pytest.raises((TypeError, ValueError), match=reason):
         specdec.speculative_generate(build_tiny("llama"), build("recurrent_gemma"), [3, 4, 5], max_new_tokens=3)
 
