@@ -165,7 +165,7 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     # tuned on the first half of the held-out prompts: the probes timed, the costs fitted to them, every
     # (threshold, MAX) of the grid counted exactly on the probes' greedy text and priced, the fastest stored
     assert tuning["prompts"] == len(held) // 2
-    assert tuning["probes"] == ["constant 2", "constant 3", "ada 0.5 max 3"]
+    assert tuning["probes"] == ["constant 2", "constant 3", "ada 0.5 max 3"]  # one threshold below 1: one ada probe
     assert [(r["threshold"], r["max_draft"]) for r in tuning["grid"]] == [(0.5, 2), (1.0, 2), (0.5, 3), (1.0, 3)]
     grid = {(r["threshold"], r["max_draft"]): r for r in tuning["grid"]}
     for name, (decoded_rounds, replayed_rounds) in ((n, v["rounds"]) for n, v in tuning["replay"].items()):
@@ -175,9 +175,8 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     costs = tuning["costs"]
     assert all(c >= 0 for c in costs.values()) and sum(costs.values()) > 0
     for r in tuning["grid"]:
-        # the head runs at each drafted position after a round's first (a last round with no room drafts none)
-        assert r["head_calls"] == 0 if r["threshold"] == 1 else r["drafted"] - r["rounds"] <= r["head_calls"] < r["drafted"]
-        seconds = sum(costs[k] * r[k] for k in ("calls", "rounds", "drafted", "head_calls"))
+        assert r["ada_drafted"] == (0 if r["threshold"] == 1 else r["drafted"])  # what pays for ada's stop rule
+        seconds = sum(costs[k] * r[k] for k in ("calls", "rounds", "drafted", "ada_drafted"))
         assert r["modelled_tokens_per_s"] == pytest.approx(r["emitted"] / seconds, abs=0.006)
     best = max(tuning["grid"], key=lambda r: (r["modelled_tokens_per_s"], r["threshold"] >= 1, -r["max_draft"]))
     # `--schedule ada --head DIR` takes them by default (no --bound on the command line); flags override them
@@ -208,7 +207,12 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     assert figures["ada"]["schedule"] == "ada" and figures["ada"]["repeats"] == 2
     for f in (figures["ada"], *figures["constants"].values()):
         assert f["greedy_equal"] == f["prompts"] == measured and len(f["spec_tokens_per_s_runs"]) == 2
-    assert figures["best_constant"] == max(figures["constants"].values(), key=lambda f: f["spec_tokens_per_s"])["gamma"]
+    # the best constant: the fastest by its exact counts priced by costs fitted to this measurement's timings
+    modelled = figures["modelled_tokens_per_s"]
+    assert set(modelled) == {"ada", "constant 2", "constant 3"} and all(v > 0 for v in modelled.values())
+    assert figures["best_constant"] == int(max(("constant 2", "constant 3"), key=lambda n: modelled[n]).split()[1])
+    assert figures["modelled_ada_over_best_constant"] == pytest.approx(
+        modelled["ada"] / modelled[f"constant {figures['best_constant']}"], abs=2e-3)
     # ada against the best constant: the median of the paired per-prompt, per-pass time ratios, with their spread
     fastest = figures["constants"][f"constant {figures['best_constant']}"]
     ratios = sorted(c / a for ada_pass, best_pass in zip(figures["ada"]["prompt_seconds_runs"],
@@ -218,7 +222,6 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     spread = figures["ada_over_best_constant_spread"]
     assert spread[0] == round(ratios[0], 3) and spread[-1] == round(ratios[-1], 3)
     assert figures["ada_over_best_constant"] == spread[2] == round(statistics.median(ratios), 3)
-    assert figures["modelled_ada_over_best_constant"] > 0
     assert record["target_fingerprint"] == held[0]["target"] and record["drafter"] == drafter_dir
     card = (final / "README.md").read_text()
     assert f"| acceptance rate α | {figures['ada']['greedy_alpha']:.3f} |" in card
@@ -266,20 +269,22 @@ def test_held_out_prompts_split_into_tuning_and_measurement():
 
 
 def test_tuning_cost_model_recovers_known_costs():
-    """``fit_costs`` on timed decodes made from known costs (a call, a round, a drafted token, a head call)
-    gives them back; a cost the timings would make negative is left out (0) rather than fitted below zero."""
+    """``fit_costs`` on timed decodes made from known costs (a call, a round, a drafted token, a drafted token
+    under ada's stop rule) gives them back; a cost the timings would make negative is left out (0) rather than
+    fitted below zero."""
     from specdec.heads.own import fit_costs
 
     rows = []
-    for rounds, drafted, head_calls in [(40, 70, 30), (40, 80, 0), (30, 80, 50), (28, 112, 0), (26, 90, 64),
-                                        (25, 200, 0), (12, 30, 0), (14, 20, 6)]:
-        seconds = 0.05 + 0.1 * rounds + 0.01 * drafted + 0.002 * head_calls
-        rows.append({"calls": 1, "rounds": rounds, "drafted": drafted, "head_calls": head_calls, "seconds": seconds})
-    assert fit_costs(rows) == pytest.approx({"calls": 0.05, "rounds": 0.1, "drafted": 0.01, "head_calls": 0.002})
-    for r in rows:  # head calls that make decoding faster: not a cost, left out
-        r["seconds"] = 0.1 * r["rounds"] + 0.01 * r["drafted"] - 0.01 * r["head_calls"]
+    for rounds, drafted, ada in [(40, 70, 1), (40, 80, 0), (30, 80, 1), (28, 112, 0), (26, 90, 1), (25, 200, 0),
+                                 (12, 30, 0), (14, 20, 1)]:
+        seconds = 0.05 + 0.1 * rounds + 0.01 * drafted + 0.002 * drafted * ada
+        rows.append({"calls": 1, "rounds": rounds, "drafted": drafted, "ada_drafted": drafted * ada,
+                     "seconds": seconds})
+    assert fit_costs(rows) == pytest.approx({"calls": 0.05, "rounds": 0.1, "drafted": 0.01, "ada_drafted": 0.002})
+    for r in rows:  # a stop rule that makes decoding faster: not a cost, left out
+        r["seconds"] = 0.1 * r["rounds"] + 0.01 * r["drafted"] - 0.005 * r["ada_drafted"]
     costs = fit_costs(rows)
-    assert costs["head_calls"] == 0 and costs["rounds"] > 0 and costs["drafted"] >= 0
+    assert costs["ada_drafted"] == 0 and costs["rounds"] > 0 and costs["drafted"] >= 0
 
 
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):

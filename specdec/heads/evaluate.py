@@ -215,13 +215,13 @@ def simulate(rounds: RoundData, accept: torch.Tensor | None, thresholds=(0.1, 0.
 def walk_counts(rounds: RoundData, lengths: torch.Tensor) -> dict[str, int]:
     """Replay greedy decoding: each record from its first response token, round after round, each
     round drafting ``lengths`` [S] (capped by the room left less the verified token) and keeping its
-    leading accepted drafts. -> totals over the records: ``rounds``, ``drafted``, ``emitted`` tokens and
-    ``head_calls`` (ada's head runs at each drafted position after a round's first). Greedy labels only:
+    leading accepted drafts. -> totals over the records: ``rounds``, ``drafted`` and ``emitted`` tokens. Greedy
+    labels only:
     greedy speculative decoding commits the target's greedy text, so these are the counts a run makes."""
     index = {(int(r), int(s)): i for i, (r, s) in enumerate(zip(rounds.record, rounds.start))}
     first_reject = torch.where(rounds.labels < 0.5, torch.arange(rounds.labels.shape[1])[None],
                                rounds.labels.shape[1]).min(-1).values  # [S]
-    totals = dict.fromkeys(("rounds", "drafted", "emitted", "head_calls"), 0)
+    totals = dict.fromkeys(("rounds", "drafted", "emitted"), 0)
     for rec in rounds.record.unique().tolist():
         s = 0
         while (rec, s) in index:
@@ -231,7 +231,6 @@ def walk_counts(rounds: RoundData, lengths: torch.Tensor) -> dict[str, int]:
             totals["rounds"] += 1
             totals["drafted"] += k
             totals["emitted"] += a + 1
-            totals["head_calls"] += max(0, k - 1)
             s += a + 1
     return totals
 

@@ -10,7 +10,7 @@ reads a record's prompt as the source of an encoder-decoder pair). The head is t
 ``--schedule ada`` as SpecDec++ tunes its stop threshold on held-out data (``tune_head``): a few decodes of
 those prompts are timed (constant γ at the smallest and largest MAX of the grid, ada at a middle threshold;
 interleaved per prompt) and a cost model is fitted to them (``fit_costs``: seconds per call, per round, per
-drafted token, per head call); every (threshold, MAX) of the grid is then counted exactly on the greedy text
+drafted token, per drafted token under ada's stop rule); every (threshold, MAX) of the grid is then counted exactly on the greedy text
 those decodes wrote (``grid_counts``: greedy decoding commits the target's greedy text, so a decoder-only pair's
 rounds are replayed offline by ``specdec.heads.evaluate``; an encoder-decoder pair decodes each setting once)
 and priced; the fastest is stored in the head's config.json, the defaults of ``--schedule ada --head DIR``
@@ -93,16 +93,15 @@ def split_held_out(valid: list[dict], tune_prompts: int | None) -> tuple[list[di
     return valid[:k], valid[k:]
 
 
-COSTS = ("calls", "rounds", "drafted", "head_calls")  # what a decode's time is modelled from (``fit_costs``)
+COSTS = ("calls", "rounds", "drafted", "ada_drafted")  # what a decode's time is modelled from (``fit_costs``)
 
 
-def result_counts(result, head: bool) -> dict[str, int]:
-    """One decode's counts (exact in greedy decoding): 1 call (its prefill and set-up), its rounds, drafted
-    tokens, emitted tokens and head calls (with ``head``: ada's head runs at each drafted position after a
-    round's first)."""
-    records = result.stats.records
+def result_counts(result, ada: bool) -> dict[str, int]:
+    """One decode's counts (exact in greedy decoding): 1 call (its prefill and set-up), its rounds, drafted and
+    emitted tokens, and (``ada``: drafted under ada's stop rule) ``ada_drafted``, the drafted tokens that also pay
+    for the rule: the drafter's hidden state, the head and a host read at each drafted position."""
     return {"calls": 1, "rounds": result.stats.rounds, "drafted": result.stats.drafted,
-            "emitted": len(result.tokens), "head_calls": sum(max(0, r.drafted - 1) for r in records) if head else 0}
+            "emitted": len(result.tokens), "ada_drafted": result.stats.drafted if ada else 0}
 
 
 def modelled_seconds(counts: dict[str, float], costs: dict[str, float]) -> float:
@@ -112,7 +111,7 @@ def modelled_seconds(counts: dict[str, float], costs: dict[str, float]) -> float
 
 def fit_costs(rows: list[dict]) -> dict[str, float]:
     """Seconds per decode call, per round, per drafted token (its drafter step and its share of verification)
-    and per head call, fitted to timed decodes (each row: ``COSTS``' counts and ``seconds``) by non-negative
+    and per drafted token under ada's stop rule (on top of the last), fitted to timed decodes (each row: ``COSTS``' counts and ``seconds``) by non-negative
     least squares (every subset of the costs solved, the best fit with no negative cost kept)."""
     x = torch.tensor([[float(r[k]) for k in COSTS] for r in rows], dtype=torch.float64)  # [M, 4]
     y = torch.tensor([r["seconds"] for r in rows], dtype=torch.float64)  # [M]
@@ -167,15 +166,15 @@ def grid_counts(target, drafter, head: Path, prompts: list[list[int]], texts: li
     for t, m in grid:
         lengths = torch.full((len(rounds),), m) if t >= 1 else draft_lengths(values, t, (1, m))
         out[(t, m)] = {"calls": len(prompts), **walk_counts(rounds, lengths)}
-        if t >= 1:
-            out[(t, m)]["head_calls"] = 0
+        out[(t, m)]["ada_drafted"] = out[(t, m)]["drafted"] if t < 1 else 0
     return out
 
 
 def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneConfig,
               log: Callable[[str], None] = print) -> dict:
     """Tune ada's (threshold, MAX) on the held-out ``records``: a few decodes of each prompt are timed
-    (constant γ at the grid's smallest and largest MAX, ada at a middle threshold; interleaved per prompt,
+    (constant γ at the grid's smallest and largest MAX, ada at its lowest and highest threshold below 1 with the
+    largest MAX; interleaved per prompt,
     ``cfg.tune_repeats`` passes) and the costs fitted to them (``fit_costs``); every setting of the grid is
     then counted exactly (``grid_counts``, on the greedy text those decodes wrote) and priced; the fastest
     modelled wins (threshold 1 with MAX m is the constant γ m, so a head that does not pay is tuned into
@@ -186,10 +185,8 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
     low, high = min(cfg.tune_max_draft), max(cfg.tune_max_draft)
     stopping = sorted(t for t in cfg.tune_thresholds if t < 1)
     probes: dict[str, ScheduleConfig | None] = {f"constant {g}": None for g in sorted({low, high})}
-    if stopping:
-        middle = stopping[len(stopping) // 2]
-        probes[f"ada {middle:g} max {high}"] = ScheduleConfig("ada", stop_threshold=middle, bound=(1, high),
-                                                             head=str(head))
+    for t in sorted({stopping[0], stopping[-1]} if stopping else ()):  # two thresholds: rounds of other lengths
+        probes[f"ada {t:g} max {high}"] = ScheduleConfig("ada", stop_threshold=t, bound=(1, high), head=str(head))
     log(f"tuning ada on {len(records)} held-out prompts x {cfg.tune_tokens} tokens: {', '.join(probes)} timed "
         f"({cfg.tune_repeats} interleaved passes) for the costs; thresholds "
         f"{' '.join(f'{t:g}' for t in cfg.tune_thresholds)} x MAX {' '.join(map(str, cfg.tune_max_draft))} counted")
@@ -219,8 +216,7 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
         decoded = [result_counts(r, config is not None) for r in outputs[name]]
         replay[name] = {k: [sum(d[k] for d in decoded), counted[key][k]] for k in ("rounds", "drafted")}
     best = max(table, key=lambda r: (r["modelled_tokens_per_s"], r["threshold"] >= 1, -r["max_draft"]))
-    log(f"  fitted costs: {costs['calls'] * 1e3:.1f} ms a call, {costs['rounds'] * 1e3:.1f} ms a round, "
-        f"{costs['drafted'] * 1e3:.1f} ms a drafted token, {costs['head_calls'] * 1e3:.2f} ms a head call")
+    log("  fitted costs: " + describe_costs(costs))
     log("  decoded vs replayed counts: " + "; ".join(f"{n}: rounds {v['rounds'][0]}/{v['rounds'][1]}, drafted "
                                                     f"{v['drafted'][0]}/{v['drafted'][1]}" for n, v in replay.items()))
     for r in table:
@@ -231,6 +227,12 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
             "rule": "the highest modelled tokens/s: exact greedy counts priced by costs fitted to timed decodes",
             "probes": list(probes), "costs": costs, "replay": replay, "grid": table,
             "chosen": {"threshold": best["threshold"], "max_draft": best["max_draft"]}}
+
+
+def describe_costs(costs: dict[str, float]) -> str:
+    """The fitted costs in words."""
+    return (f"{costs['calls'] * 1e3:.1f} ms a call, {costs['rounds'] * 1e3:.1f} ms a round, {costs['drafted'] * 1e3:.2f} "
+            f"ms a drafted token, {costs['ada_drafted'] * 1e3:.2f} ms more under ada's stop rule")
 
 
 def store_tuned(head: Path, threshold: float, max_draft: int) -> None:
@@ -258,7 +260,9 @@ def measure_head(target: str, drafter: str, head: Path, valid: list[dict], cfg: 
     of ``cfg.measure_repeats`` passes. ``ada_over_best_constant``: the median over (prompt, pass) of the fastest
     constant's seconds over ada's on that prompt in that pass (paired: both met the same load),
     ``ada_over_best_constant_spread`` [min, 25th, median, 75th, max] of those ratios; with tuning, also the
-    ratio modelled from the exact counts of both on these prompts (``modelled_ada_over_best_constant``)."""
+    ratio modelled from the exact counts of both (``modelled_ada_over_best_constant``). The best constant is the
+    fastest by those exact counts priced by costs fitted to all of this measurement's timings (``costs``), not the
+    fastest of the noisy medians (``fastest_measured_constant``), which the noise picks as often as the speed."""
     from specdec.config import ScheduleConfig
     from specdec.loading import load_model
     from specdec.train.drafter import measure_schedules
@@ -279,32 +283,38 @@ def measure_head(target: str, drafter: str, head: Path, valid: list[dict], cfg: 
         target_model, drafter_model, measured, cfg.measure_prompts, cfg.measure_tokens,
         {"ada": ScheduleConfig("ada", head=str(head)), **constants}, log,
         gammas={name: int(name.split()[1]) for name in constants}, repeats=cfg.measure_repeats, results=outputs)
-    best = max(constants, key=lambda name: figures[name]["spec_tokens_per_s"])
+    threshold = json.loads((head / "config.json").read_text())["threshold"]
+    counts = {name: [result_counts(x, name == "ada" and threshold < 1) for x in outputs[name]] for name in figures}
+    rows = [{**c, "seconds": seconds[i]} for name in figures for seconds in figures[name]["prompt_seconds_runs"]
+            for i, c in enumerate(counts[name])]
+    costs = fit_costs(rows)  # these decodes' own timings: every method, prompt and pass
+    modelled = {}
+    for name in figures:
+        total = {k: sum(c[k] for c in counts[name]) for k in (*COSTS, "emitted")}
+        seconds = modelled_seconds(total, costs)
+        modelled[name] = round(total["emitted"] / seconds, 2) if seconds > 0 else 0.0
+    # the best constant by the exact counts priced by the fitted costs: the fastest of five noisy medians would
+    # favour whichever constant the noise helped (the winner's curse), and ada with it
+    best = max(constants, key=lambda name: (modelled[name], figures[name]["spec_tokens_per_s"]))
+    fastest = max(constants, key=lambda name: figures[name]["spec_tokens_per_s"])
     ratios = [c / a for ada_pass, best_pass in zip(figures["ada"]["prompt_seconds_runs"],
                                                   figures[best]["prompt_seconds_runs"])
               for a, c in zip(ada_pass, best_pass)]
     spread = _quartiles(ratios)
-    threshold = json.loads((head / "config.json").read_text())["threshold"]
     out = {"tuning": tuning, "ada": figures["ada"], "constants": {n: figures[n] for n in constants},
-           "best_constant": figures[best]["gamma"], "ada_over_best_constant": spread[2],
-           "ada_over_best_constant_spread": spread,
+           "costs": costs, "modelled_tokens_per_s": modelled,
+           "best_constant": figures[best]["gamma"], "fastest_measured_constant": figures[fastest]["gamma"],
+           "ada_over_best_constant": spread[2], "ada_over_best_constant_spread": spread,
+           "modelled_ada_over_best_constant": round(modelled["ada"] / modelled[best], 3) if modelled[best] else 0.0,
            "ada_over_best_constant_runs": [round(a / c, 3) for a, c in zip(
                figures["ada"]["spec_tokens_per_s_runs"], figures[best]["spec_tokens_per_s_runs"])]}
-    if tuning is not None:  # the same comparison from the exact counts of this decoding, priced by the tuned costs
-        modelled = {}
-        for name in ("ada", *constants):
-            counts = [result_counts(x, name == "ada" and threshold < 1) for x in outputs[name]]
-            total = {k: sum(c[k] for c in counts) for k in counts[0]}
-            seconds = modelled_seconds(total, tuning["costs"])
-            modelled[name] = total["emitted"] / seconds if seconds > 0 else 0.0
-        fastest = max(constants, key=lambda n: modelled[n])
-        out["modelled_tokens_per_s"] = {n: round(v, 2) for n, v in modelled.items()}
-        out["modelled_ada_over_best_constant"] = round(modelled["ada"] / modelled[fastest], 3) if modelled[fastest] else 0.0
-    log(f"--schedule ada with this head: {spread[2]:.2f}x the speed of the best constant gamma ({out['best_constant']}) "
-        f"on {figures['ada']['prompts']} held-out prompts not used for tuning (median of {len(ratios)} paired "
-        f"prompt-pass ratios; quartiles {spread[1]:.2f}-{spread[3]:.2f}, range {spread[0]:.2f}-{spread[4]:.2f})"
-        + (f"; from the exact counts, modelled: {out['modelled_ada_over_best_constant']:.2f}x"
-           if "modelled_ada_over_best_constant" in out else ""))
+    log(f"  costs fitted to these decodes: {describe_costs(costs)}; modelled tokens/s: "
+        + ", ".join(f"{n} {v:.1f}" for n, v in modelled.items()))
+    log(f"--schedule ada with this head: {spread[2]:.2f}x the speed of the best constant gamma ({out['best_constant']}, "
+        f"by the exact counts priced by the fitted costs; the fastest measured: {out['fastest_measured_constant']}) on "
+        f"{figures['ada']['prompts']} held-out prompts not used for tuning (median of {len(ratios)} paired prompt-pass "
+        f"ratios; quartiles {spread[1]:.2f}-{spread[3]:.2f}, range {spread[0]:.2f}-{spread[4]:.2f}); modelled from "
+        f"the exact counts: {out['modelled_ada_over_best_constant']:.2f}x")
     return out
 
 
@@ -334,9 +344,7 @@ def head_card(target: str, drafter: str, data: str, own: TargetData, training: d
             costs = tuning["costs"]
             lines += [(f"Tuned on {tuning['prompts']} held-out prompts ({tuning['tokens']} new tokens, greedy): "
                        f"{', '.join(tuning['probes'])} timed ({tuning['repeats']} interleaved passes), costs fitted to "
-                       f"those timings ({costs['calls'] * 1e3:.1f} ms a call, {costs['rounds'] * 1e3:.1f} ms a round, "
-                       f"{costs['drafted'] * 1e3:.1f} ms a drafted token, {costs['head_calls'] * 1e3:.2f} ms a head "
-                       "call), every setting of the grid counted exactly on those prompts' greedy text and priced: stop "
+                       f"those timings ({describe_costs(costs)}), every setting of the grid counted exactly on those prompts' greedy text and priced: stop "
                        f"threshold **{chosen['threshold']:g}**, MAX **{chosen['max_draft']}** drafted per round, "
                        "stored in `config.json` (`threshold`, `max_draft`) as `--schedule ada`'s defaults"
                        + (" (threshold 1: the head never stops a round, so ada drafts the constant γ MAX: the head "
@@ -351,11 +359,13 @@ def head_card(target: str, drafter: str, data: str, own: TargetData, training: d
                        "kept."), ""]
         lines += figures_lines(figures["ada"], "the drafter with this head")
         lines += [(f"Beside it on the same prompts (none used for tuning), interleaved, medians of "
-                   f"{figures['ada']['repeats']} passes:"), "", "| schedule | α | τ | tokens/s | × plain |",
-                  "|---|---|---|---|---|"]
-        for name, f in {"ada (tuned)": figures["ada"], **figures["constants"]}.items():
-            lines.append(f"| {name.replace('constant', 'constant γ')} | {f['greedy_alpha']:.3f} | "
-                         f"{f['greedy_tau']:.2f} | {f['spec_tokens_per_s']:.1f} | {f['speedup']:.2f} |")
+                   f"{figures['ada']['repeats']} passes, and the exact counts priced by costs fitted to these timings "
+                   f"({describe_costs(figures['costs'])}):"), "",
+                  "| schedule | α | τ | rounds | tokens/s | × plain | tokens/s modelled |", "|---|---|---|---|---|---|---|"]
+        for name, f in {"ada": figures["ada"], **figures["constants"]}.items():
+            lines.append(f"| {name.replace('constant', 'constant γ').replace('ada', 'ada (tuned)')} | "
+                         f"{f['greedy_alpha']:.3f} | {f['greedy_tau']:.2f} | {f['rounds']} | {f['spec_tokens_per_s']:.1f} | "
+                         f"{f['speedup']:.2f} | {figures['modelled_tokens_per_s'][name]:.1f} |")
         lines += ["", verdict(figures), ""]
     else:
         lines += ["Not measured (`--no-measure`, or no held-out prompts).", ""]
@@ -369,7 +379,8 @@ def verdict(figures: dict) -> str:
     """The card's sentence on ada against the best constant γ: the median paired ratio, its spread, and a
     verdict that calls a difference only when the middle half of the paired ratios lies on one side of 1."""
     low, q1, ratio, q3, high = figures["ada_over_best_constant_spread"]
-    text = (f"`--schedule ada` runs at **{ratio:.2f}x** the speed of the best constant γ ({figures['best_constant']}): "
+    text = (f"`--schedule ada` runs at **{ratio:.2f}x** the speed of the best constant γ ({figures['best_constant']}, "
+            "the fastest by the exact counts priced by costs fitted to these timings): "
             f"the median of the paired per-prompt ratios over all passes (quartiles {q1:.2f}-{q3:.2f}, range "
             f"{low:.2f}-{high:.2f})")
     if "modelled_ada_over_best_constant" in figures:
