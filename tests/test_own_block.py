@@ -343,3 +343,14 @@ def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, c
                                                                           "0.5", "1.5")
     assert "tune_max_draft must be one or more ints >= 1" in _run(capsys, *train, *pair, "--tune-max-draft", "0")
     assert not out.exists()
+
+
+def test_cost_rows_are_corrected_for_the_load_of_their_pass():
+    """A pass run under twice the load (its plain decoding of the prompt took twice as long) gives the same
+    load-corrected seconds as the others, so the costs are not fitted to the machine's load."""
+    from specdec.heads.own import timed_rows
+
+    figures = {"plain_prompt_seconds_runs": [[1.0, 2.0], [2.0, 2.0], [1.0, 2.0]],
+               "prompt_seconds_runs": [[3.0, 4.0], [6.0, 4.0], [3.0, 4.0]]}
+    rows = timed_rows(figures, [{"calls": 1, "rounds": 5}, {"calls": 1, "rounds": 7}])
+    assert [(r["rounds"], r["seconds"]) for r in rows] == [(5, 3.0), (7, 4.0)] * 3

@@ -111,7 +111,8 @@ def modelled_seconds(counts: dict[str, float], costs: dict[str, float]) -> float
 
 def fit_costs(rows: list[dict]) -> dict[str, float]:
     """Seconds per decode call, per round, per drafted token (its drafter step and its share of verification)
-    and per drafted token under ada's stop rule (on top of the last), fitted to timed decodes (each row: ``COSTS``' counts and ``seconds``) by non-negative
+    and per drafted token under ada's stop rule (on top of the last), fitted to timed decodes (each row: ``COSTS``'
+    counts and ``seconds``, from ``timed_rows``) by non-negative
     least squares (every subset of the costs solved, the best fit with no negative cost kept)."""
     x = torch.tensor([[float(r[k]) for k in COSTS] for r in rows], dtype=torch.float64)  # [M, 4]
     y = torch.tensor([r["seconds"] for r in rows], dtype=torch.float64)  # [M]
@@ -130,6 +131,19 @@ def fit_costs(rows: list[dict]) -> dict[str, float]:
                 full[i] = c
             best = (residual, full)
     return dict(zip(COSTS, best[1] if best is not None else [0.0] * len(COSTS)))
+
+
+def timed_rows(figures: dict, counts: list[dict[str, int]]) -> list[dict]:
+    """One ``fit_costs`` row per (prompt, pass) of a method's ``measure_schedules`` figures, its ``counts`` per
+    prompt, its seconds corrected for the load of the moment: scaled by the prompt's median plain-decoding time
+    over the passes over its plain time in that pass (plain decoding ran just before it, on the same prompt), so
+    a pass run under twice the load does not read as twice the cost."""
+    import statistics
+
+    plain = figures["plain_prompt_seconds_runs"]  # [pass][prompt]
+    typical = [statistics.median(p[i] for p in plain) for i in range(len(counts))]
+    return [{**c, "seconds": seconds[i] * typical[i] / plain[run][i]}
+            for run, seconds in enumerate(figures["prompt_seconds_runs"]) for i, c in enumerate(counts)]
 
 
 def _setting(threshold: float, max_draft: int, head: Path):
@@ -194,9 +208,8 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
     timed = measure_schedules(target, drafter, records, len(records), cfg.tune_tokens, probes, lambda _message: None,
                               gammas={n: int(n.split()[1]) for n in probes if probes[n] is None},
                               repeats=cfg.tune_repeats, results=outputs)
-    rows = [{**result_counts(result, probes[name] is not None), "seconds": seconds[i]}
-            for name in probes for seconds in timed[name]["prompt_seconds_runs"]
-            for i, result in enumerate(outputs[name])]
+    rows = [row for name in probes for row in timed_rows(
+        timed[name], [result_counts(result, probes[name] is not None) for result in outputs[name]])]
     costs = fit_costs(rows)
     prompts = [r["prompt_ids"] for r in records][: len(outputs["plain"])]
     texts = [r.tokens for r in outputs["plain"]]
@@ -285,8 +298,7 @@ def measure_head(target: str, drafter: str, head: Path, valid: list[dict], cfg: 
         gammas={name: int(name.split()[1]) for name in constants}, repeats=cfg.measure_repeats, results=outputs)
     threshold = json.loads((head / "config.json").read_text())["threshold"]
     counts = {name: [result_counts(x, name == "ada" and threshold < 1) for x in outputs[name]] for name in figures}
-    rows = [{**c, "seconds": seconds[i]} for name in figures for seconds in figures[name]["prompt_seconds_runs"]
-            for i, c in enumerate(counts[name])]
+    rows = [row for name in figures for row in timed_rows(figures[name], counts[name])]
     costs = fit_costs(rows)  # these decodes' own timings: every method, prompt and pass
     modelled = {}
     for name in figures:
