@@ -165,13 +165,16 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     # tuned on the first half of the held-out prompts: the probes timed, the costs fitted to them, every
     # (threshold, MAX) of the grid counted exactly on the probes' greedy text and priced, the fastest stored
     assert tuning["prompts"] == len(held) // 2
-    assert tuning["probes"] == ["constant 2", "constant 3", "ada 0.5 max 3"]  # one threshold below 1: one ada probe
+    # constant gamma at the smallest and largest MAX, and ada's rule all but never stopping at the largest
+    assert tuning["probes"] == ["constant 2", "constant 3", "ada 0.999999 max 3"]
     assert [(r["threshold"], r["max_draft"]) for r in tuning["grid"]] == [(0.5, 2), (1.0, 2), (0.5, 3), (1.0, 3)]
     grid = {(r["threshold"], r["max_draft"]): r for r in tuning["grid"]}
-    for name, (decoded_rounds, replayed_rounds) in ((n, v["rounds"]) for n, v in tuning["replay"].items()):
-        assert decoded_rounds == replayed_rounds, name  # the offline replay is the decoding's own trace
-    assert all(v["drafted"][0] == v["drafted"][1] for v in tuning["replay"].values())
+    for name in ("constant 2", "constant 3"):  # the offline replay is the decoding's own trace
+        assert tuning["replay"][name]["rounds"][0] == tuning["replay"][name]["rounds"][1], name
+        assert tuning["replay"][name]["drafted"][0] == tuning["replay"][name]["drafted"][1], name
     assert tuning["replay"]["constant 3"]["drafted"][1] == grid[(1.0, 3)]["drafted"]
+    # the never-stopping probe drafts at most constant gamma 3's tokens (a tiny head predicting ~0 can stop it)
+    assert tuning["replay"]["ada 0.999999 max 3"]["drafted"][0] <= grid[(1.0, 3)]["drafted"]
     costs = tuning["costs"]
     assert all(c >= 0 for c in costs.values()) and sum(costs.values()) > 0
     for r in tuning["grid"]:
@@ -285,6 +288,29 @@ def test_tuning_cost_model_recovers_known_costs():
         r["seconds"] = 0.1 * r["rounds"] + 0.01 * r["drafted"] - 0.005 * r["ada_drafted"]
     costs = fit_costs(rows)
     assert costs["ada_drafted"] == 0 and costs["rounds"] > 0 and costs["drafted"] >= 0
+    # a cost given (ada's rule, from a paired probe) is kept and the others fitted to what it leaves
+    for r in rows:
+        r["seconds"] = 0.05 + 0.1 * r["rounds"] + 0.01 * r["drafted"] + 0.002 * r["ada_drafted"]
+    assert fit_costs(rows, fixed={"ada_drafted": 0.002}) == pytest.approx(
+        {"calls": 0.05, "rounds": 0.1, "drafted": 0.01, "ada_drafted": 0.002})
+
+
+def test_stop_rule_cost_is_the_paired_time_over_the_same_constant():
+    """``rule_cost``: the median, over prompt and pass, of the never-stopping ada probe's time less constant
+    gamma MAX's on the same prompt in the same pass, per drafted token; never below 0."""
+    from specdec.config import ScheduleConfig
+    from specdec.heads.own import NEVER, rule_cost
+
+    probes = {"constant 2": None, "constant 8": None, f"ada {NEVER:g} max 8": ScheduleConfig(
+        "ada", stop_threshold=NEVER, bound=(1, 8), head="h")}
+    constant = [{"rounds": 30, "drafted": 100, "seconds": s} for s in (1.0, 2.0, 1.5, 1.0)]  # (prompt, pass) rows
+    ada = [{"rounds": 30, "drafted": 100, "seconds": s} for s in (1.2, 2.1, 1.9)]  # +0.2, +0.1, +0.4 s / 100 drafts
+    ada.append({"rounds": 40, "drafted": 60, "seconds": 0.1})  # the rule stopped there: not a paired row
+    rows = {"constant 2": [], "constant 8": constant, f"ada {NEVER:g} max 8": ada}
+    assert rule_cost(rows, probes) == pytest.approx(0.002)
+    rows[f"ada {NEVER:g} max 8"] = [{"rounds": 30, "drafted": 100, "seconds": s - 0.5} for s in (1.0, 2.0, 1.5)]
+    assert rule_cost(rows, probes) == 0.0
+    assert rule_cost(rows, {"constant 2": None, "constant 8": None}) == 0.0
 
 
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):

@@ -8,8 +8,8 @@ reads a record's prompt as the source of an encoder-decoder pair). The head is t
 (``build_head_data`` on ``data``, validation on its ``.valid.jsonl``; ``train_head``). At the end
 ``measure_head(...)`` splits the held-out prompts in two (``split_held_out``). On the first part it tunes
 ``--schedule ada`` as SpecDec++ tunes its stop threshold on held-out data (``tune_head``): a few decodes of
-those prompts are timed (constant γ at the smallest and largest MAX of the grid, ada at a middle threshold;
-interleaved per prompt) and a cost model is fitted to them (``fit_costs``: seconds per call, per round, per
+those prompts are timed (constant γ at the smallest and largest MAX of the grid, and ada's rule all but never
+stopping at the largest, whose paired time over that constant's is the rule's cost; interleaved per prompt) and a cost model is fitted to them (``fit_costs``: seconds per call, per round, per
 drafted token, per drafted token under ada's stop rule); every (threshold, MAX) of the grid is then counted exactly on the greedy text
 those decodes wrote (``grid_counts``: greedy decoding commits the target's greedy text, so a decoder-only pair's
 rounds are replayed offline by ``specdec.heads.evaluate``; an encoder-decoder pair decodes each setting once)
@@ -109,15 +109,37 @@ def modelled_seconds(counts: dict[str, float], costs: dict[str, float]) -> float
     return sum(counts.get(k, 0) * costs[k] for k in COSTS)
 
 
-def fit_costs(rows: list[dict]) -> dict[str, float]:
+NEVER = 1 - 1e-6  # a stop threshold the rule (all but) never reaches: its rounds are the constant γ MAX's
+
+
+def rule_cost(rows: dict[str, list[dict]], probes: dict) -> float:
+    """Seconds ada's stop rule adds per drafted token: the median over (prompt, pass) of the ``NEVER`` probe's
+    time less constant γ MAX's on the same prompt in the same pass (the same rounds and drafts, the rule
+    aside; a prompt where a head predicting ~0 did stop it is left out), per drafted token; 0 without that probe. A paired difference: a regression over all the timings
+    lost this ~1-2 ms in the noise and fitted 0."""
+    import statistics
+
+    never = next((n for n, c in probes.items() if c is not None and c.stop_threshold == NEVER), None)
+    if never is None:
+        return 0.0
+    constant = rows[f"constant {probes[never].bound[1]}"]
+    paired = [(a["seconds"] - c["seconds"]) / a["drafted"] for a, c in zip(rows[never], constant)
+              if a["drafted"] and (a["rounds"], a["drafted"]) == (c["rounds"], c["drafted"])]  # where it never stopped
+    return max(0.0, statistics.median(paired)) if paired else 0.0
+
+
+def fit_costs(rows: list[dict], fixed: dict[str, float] | None = None) -> dict[str, float]:
     """Seconds per decode call, per round, per drafted token (its drafter step and its share of verification)
     and per drafted token under ada's stop rule (on top of the last), fitted to timed decodes (each row: ``COSTS``'
     counts and ``seconds``, from ``timed_rows``) by non-negative
-    least squares (every subset of the costs solved, the best fit with no negative cost kept)."""
-    x = torch.tensor([[float(r[k]) for k in COSTS] for r in rows], dtype=torch.float64)  # [M, 4]
-    y = torch.tensor([r["seconds"] for r in rows], dtype=torch.float64)  # [M]
+    least squares (every subset of the costs solved, the best fit with no negative cost kept); the costs in
+    ``fixed`` are taken as given (their share of each row's seconds removed before the fit)."""
+    fixed = fixed or {}
+    free = [k for k in COSTS if k not in fixed]
+    x = torch.tensor([[float(r[k]) for k in free] for r in rows], dtype=torch.float64)  # [M, F]
+    y = torch.tensor([r["seconds"] - sum(r[k] * c for k, c in fixed.items()) for r in rows], dtype=torch.float64)
     best: tuple[float, list[float]] | None = None
-    for keep in [c for n in range(len(COSTS), 0, -1) for c in itertools.combinations(range(len(COSTS)), n)]:
+    for keep in [c for n in range(len(free), 0, -1) for c in itertools.combinations(range(len(free)), n)]:
         sub = x[:, list(keep)]
         if torch.linalg.matrix_rank(sub) < len(keep):
             continue
@@ -126,11 +148,12 @@ def fit_costs(rows: list[dict]) -> dict[str, float]:
             continue
         residual = float(((sub @ coef - y) ** 2).sum())
         if best is None or residual < best[0] - 1e-12 * max(1.0, residual):
-            full = [0.0] * len(COSTS)
+            full = [0.0] * len(free)
             for i, c in zip(keep, coef.tolist()):
                 full[i] = c
             best = (residual, full)
-    return dict(zip(COSTS, best[1] if best is not None else [0.0] * len(COSTS)))
+    fitted = dict(zip(free, best[1] if best is not None else [0.0] * len(free)))
+    return {k: fixed[k] if k in fixed else fitted[k] for k in COSTS}
 
 
 def timed_rows(figures: dict, counts: list[dict[str, int]]) -> list[dict]:
@@ -187,8 +210,8 @@ def grid_counts(target, drafter, head: Path, prompts: list[list[int]], texts: li
 def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneConfig,
               log: Callable[[str], None] = print) -> dict:
     """Tune ada's (threshold, MAX) on the held-out ``records``: a few decodes of each prompt are timed
-    (constant γ at the grid's smallest and largest MAX, ada at its lowest and highest threshold below 1 with the
-    largest MAX; interleaved per prompt,
+    (constant γ at the grid's smallest and largest MAX, and ada's rule (all but) never stopping at the largest
+    MAX, whose time over that constant's is the rule's cost, ``rule_cost``; interleaved per prompt,
     ``cfg.tune_repeats`` passes) and the costs fitted to them (``fit_costs``); every setting of the grid is
     then counted exactly (``grid_counts``, on the greedy text those decodes wrote) and priced; the fastest
     modelled wins (threshold 1 with MAX m is the constant γ m, so a head that does not pay is tuned into
@@ -199,8 +222,9 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
     low, high = min(cfg.tune_max_draft), max(cfg.tune_max_draft)
     stopping = sorted(t for t in cfg.tune_thresholds if t < 1)
     probes: dict[str, ScheduleConfig | None] = {f"constant {g}": None for g in sorted({low, high})}
-    for t in sorted({stopping[0], stopping[-1]} if stopping else ()):  # two thresholds: rounds of other lengths
-        probes[f"ada {t:g} max {high}"] = ScheduleConfig("ada", stop_threshold=t, bound=(1, high), head=str(head))
+    if stopping:  # ada's stop rule running but (all but) never stopping: constant γ high's rounds, plus the rule
+        probes[f"ada {NEVER:g} max {high}"] = ScheduleConfig("ada", stop_threshold=NEVER, bound=(1, high),
+                                                            head=str(head))
     log(f"tuning ada on {len(records)} held-out prompts x {cfg.tune_tokens} tokens: {', '.join(probes)} timed "
         f"({cfg.tune_repeats} interleaved passes) for the costs; thresholds "
         f"{' '.join(f'{t:g}' for t in cfg.tune_thresholds)} x MAX {' '.join(map(str, cfg.tune_max_draft))} counted")
@@ -208,9 +232,9 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
     timed = measure_schedules(target, drafter, records, len(records), cfg.tune_tokens, probes, lambda _message: None,
                               gammas={n: int(n.split()[1]) for n in probes if probes[n] is None},
                               repeats=cfg.tune_repeats, results=outputs)
-    rows = [row for name in probes for row in timed_rows(
-        timed[name], [result_counts(result, probes[name] is not None) for result in outputs[name]])]
-    costs = fit_costs(rows)
+    rows = {name: timed_rows(timed[name], [result_counts(r, probes[name] is not None) for r in outputs[name]])
+            for name in probes}
+    costs = fit_costs([row for name in probes for row in rows[name]], fixed={"ada_drafted": rule_cost(rows, probes)})
     prompts = [r["prompt_ids"] for r in records][: len(outputs["plain"])]
     texts = [r.tokens for r in outputs["plain"]]
     grid = [(t, m) for m in cfg.tune_max_draft for t in cfg.tune_thresholds]
@@ -225,7 +249,7 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
     # the probes' decoded counts against the replayed ones: the replay is the decoding's own trace
     replay = {}
     for name, config in probes.items():
-        key = (1.0, int(name.split()[1])) if config is None else (config.stop_threshold, high)
+        key = (1.0, int(name.split()[1]) if config is None else high)  # the NEVER probe: constant γ high's rounds
         decoded = [result_counts(r, config is not None) for r in outputs[name]]
         replay[name] = {k: [sum(d[k] for d in decoded), counted[key][k]] for k in ("rounds", "drafted")}
     best = max(table, key=lambda r: (r["modelled_tokens_per_s"], r["threshold"] >= 1, -r["max_draft"]))
@@ -299,7 +323,8 @@ def measure_head(target: str, drafter: str, head: Path, valid: list[dict], cfg: 
     threshold = json.loads((head / "config.json").read_text())["threshold"]
     counts = {name: [result_counts(x, name == "ada" and threshold < 1) for x in outputs[name]] for name in figures}
     rows = [row for name in figures for row in timed_rows(figures[name], counts[name])]
-    costs = fit_costs(rows)  # these decodes' own timings: every method, prompt and pass
+    # these decodes' own timings (every method, prompt and pass); the stop rule's cost from tuning's paired probe
+    costs = fit_costs(rows, fixed={"ada_drafted": tuning["costs"]["ada_drafted"]} if tuning else None)
     modelled = {}
     for name in figures:
         total = {k: sum(c[k] for c in counts[name]) for k in (*COSTS, "emitted")}
