@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import pytest
 import torch
@@ -161,19 +162,26 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     record = json.loads((final / "training.json").read_text())
     figures = record["figures"]
     tuning = figures["tuning"]
-    # tuned on the first half of the held-out prompts, every (threshold, MAX) of the grid, then stored
+    # tuned on the first half of the held-out prompts: the probes timed, the costs fitted to them, every
+    # (threshold, MAX) of the grid counted exactly on the probes' greedy text and priced, the fastest stored
     assert tuning["prompts"] == len(held) // 2
+    # constant gamma at the smallest and largest MAX, and ada's rule all but never stopping at the largest
+    assert tuning["probes"] == ["constant 2", "constant 3", "ada 0.999999 max 3"]
     assert [(r["threshold"], r["max_draft"]) for r in tuning["grid"]] == [(0.5, 2), (1.0, 2), (0.5, 3), (1.0, 3)]
-    assert all(r["greedy_equal"] == tuning["prompts"] for r in tuning["grid"])
-    costs = tuning["costs"]  # fitted to the grid's timings; each setting's rounds, drafts and head calls priced
+    grid = {(r["threshold"], r["max_draft"]): r for r in tuning["grid"]}
+    for name in ("constant 2", "constant 3"):  # the offline replay is the decoding's own trace
+        assert tuning["replay"][name]["rounds"][0] == tuning["replay"][name]["rounds"][1], name
+        assert tuning["replay"][name]["drafted"][0] == tuning["replay"][name]["drafted"][1], name
+    assert tuning["replay"]["constant 3"]["drafted"][1] == grid[(1.0, 3)]["drafted"]
+    # the never-stopping probe drafts at most constant gamma 3's tokens (a tiny head predicting ~0 can stop it)
+    assert tuning["replay"]["ada 0.999999 max 3"]["drafted"][0] <= grid[(1.0, 3)]["drafted"]
+    costs = tuning["costs"]
     assert all(c >= 0 for c in costs.values()) and sum(costs.values()) > 0
     for r in tuning["grid"]:
-        head_calls = 0 if r["threshold"] == 1 else r["drafted"] - r["rounds"]
-        seconds = costs["rounds"] * r["rounds"] + costs["drafted"] * r["drafted"] + costs["head_calls"] * head_calls
-        assert r["modelled_tokens_per_s"] == pytest.approx(r["new_tokens"] / seconds, abs=0.06)
-    best = max(tuning["grid"], key=lambda r: (r["modelled_tokens_per_s"], r["spec_tokens_per_s"]))
-    assert tuning["chosen"] == {"threshold": best["threshold"], "max_draft": best["max_draft"]}
-    assert (head.config.threshold, head.config.max_draft) == (best["threshold"], best["max_draft"])
+        assert r["ada_drafted"] == (0 if r["threshold"] == 1 else r["drafted"])  # what pays for ada's stop rule
+        seconds = sum(costs[k] * r[k] for k in ("calls", "rounds", "drafted", "ada_drafted"))
+        assert r["modelled_tokens_per_s"] == pytest.approx(r["emitted"] / seconds, abs=0.006)
+    best = max(tuning["grid"], key=lambda r: (r["modelled_tokens_per_s"], r["threshold"] >= 1, -r["max_draft"]))
     # `--schedule ada --head DIR` takes them by default (no --bound on the command line); flags override them
     parser = argparse.ArgumentParser()
     add_decoding_arguments(parser)
@@ -202,13 +210,28 @@ def test_head_for_any_pair_decodes_exactly_with_ada(arch, data, tmp_path, capsys
     assert figures["ada"]["schedule"] == "ada" and figures["ada"]["repeats"] == 2
     for f in (figures["ada"], *figures["constants"].values()):
         assert f["greedy_equal"] == f["prompts"] == measured and len(f["spec_tokens_per_s_runs"]) == 2
-    assert figures["best_constant"] == max(figures["constants"].values(), key=lambda f: f["spec_tokens_per_s"])["gamma"]
+    # the best constant: the fastest by its exact counts priced by costs fitted to this measurement's timings
+    modelled = figures["modelled_tokens_per_s"]
+    assert set(modelled) == {"ada", "constant 2", "constant 3"} and all(v > 0 for v in modelled.values())
+    assert figures["best_constant"] == int(max(("constant 2", "constant 3"), key=lambda n: modelled[n]).split()[1])
+    assert figures["modelled_ada_over_best_constant"] == pytest.approx(
+        modelled["ada"] / modelled[f"constant {figures['best_constant']}"], abs=2e-3)
+    # ada against the best constant: the median of the paired per-prompt, per-pass time ratios, with their spread
+    fastest = figures["constants"][f"constant {figures['best_constant']}"]
+    ratios = sorted(c / a for ada_pass, best_pass in zip(figures["ada"]["prompt_seconds_runs"],
+                                                         fastest["prompt_seconds_runs"])
+                    for a, c in zip(ada_pass, best_pass))
+    assert len(ratios) == 2 * measured
+    spread = figures["ada_over_best_constant_spread"]
+    assert spread[0] == round(ratios[0], 3) and spread[-1] == round(ratios[-1], 3)
+    assert figures["ada_over_best_constant"] == spread[2] == round(statistics.median(ratios), 3)
     assert record["target_fingerprint"] == held[0]["target"] and record["drafter"] == drafter_dir
     card = (final / "README.md").read_text()
     assert f"| acceptance rate α | {figures['ada']['greedy_alpha']:.3f} |" in card
     assert f"stop threshold **{best['threshold']:g}**, MAX **{best['max_draft']}**" in card
     assert f"**{figures['ada_over_best_constant']:.2f}x** the speed of the best constant γ" in card
-    assert ("does not pay over the best constant" in card) == (figures["ada_over_best_constant"] < 1)
+    assert ("does not pay over the best constant" in card) == (spread[3] < 1)
+    assert ("faster than the best constant" in card) == (spread[1] > 1)
     assert f"speedup {figures['ada']['speedup']:.2f}x" in printed and "<- chosen" in printed
 
 
@@ -249,23 +272,45 @@ def test_held_out_prompts_split_into_tuning_and_measurement():
 
 
 def test_tuning_cost_model_recovers_known_costs():
-    """``fit_costs`` on timings made from known costs (a round, a drafted token, a head call) gives them back; a
-    cost the timings would make negative is left out (0) rather than fitted below zero."""
+    """``fit_costs`` on timed decodes made from known costs (a call, a round, a drafted token, a drafted token
+    under ada's stop rule) gives them back; a cost the timings would make negative is left out (0) rather than
+    fitted below zero."""
     from specdec.heads.own import fit_costs
 
-    grid = [(t, m, rounds, drafted) for t, m, rounds, drafted in
-            [(0.5, 2, 40, 70), (1.0, 2, 40, 80), (0.5, 4, 30, 80), (1.0, 4, 28, 112), (0.7, 8, 26, 90), (1.0, 8, 25, 200)]]
     rows = []
-    for t, m, rounds, drafted in grid:
-        head_calls = 0 if t == 1 else drafted - rounds
-        seconds = 0.1 * rounds + 0.01 * drafted + 0.002 * head_calls
-        rows.append({"threshold": t, "max_draft": m, "rounds": rounds, "drafted": drafted,
-                     "seconds_runs": [seconds, seconds]})
-    assert fit_costs(rows) == pytest.approx({"rounds": 0.1, "drafted": 0.01, "head_calls": 0.002})
-    for r in rows:  # head calls that make decoding faster: not a cost, left out
-        r["seconds_runs"] = [0.1 * r["rounds"] + 0.01 * r["drafted"] - (0.0 if r["threshold"] == 1 else 0.5)] * 2
+    for rounds, drafted, ada in [(40, 70, 1), (40, 80, 0), (30, 80, 1), (28, 112, 0), (26, 90, 1), (25, 200, 0),
+                                 (12, 30, 0), (14, 20, 1)]:
+        seconds = 0.05 + 0.1 * rounds + 0.01 * drafted + 0.002 * drafted * ada
+        rows.append({"calls": 1, "rounds": rounds, "drafted": drafted, "ada_drafted": drafted * ada,
+                     "seconds": seconds})
+    assert fit_costs(rows) == pytest.approx({"calls": 0.05, "rounds": 0.1, "drafted": 0.01, "ada_drafted": 0.002})
+    for r in rows:  # a stop rule that makes decoding faster: not a cost, left out
+        r["seconds"] = 0.1 * r["rounds"] + 0.01 * r["drafted"] - 0.005 * r["ada_drafted"]
     costs = fit_costs(rows)
-    assert costs["head_calls"] == 0 and costs["rounds"] > 0 and costs["drafted"] >= 0
+    assert costs["ada_drafted"] == 0 and costs["rounds"] > 0 and costs["drafted"] >= 0
+    # a cost given (ada's rule, from a paired probe) is kept and the others fitted to what it leaves
+    for r in rows:
+        r["seconds"] = 0.05 + 0.1 * r["rounds"] + 0.01 * r["drafted"] + 0.002 * r["ada_drafted"]
+    assert fit_costs(rows, fixed={"ada_drafted": 0.002}) == pytest.approx(
+        {"calls": 0.05, "rounds": 0.1, "drafted": 0.01, "ada_drafted": 0.002})
+
+
+def test_stop_rule_cost_is_the_paired_time_over_the_same_constant():
+    """``rule_cost``: the median, over prompt and pass, of the never-stopping ada probe's time less constant
+    gamma MAX's on the same prompt in the same pass, per drafted token; never below 0."""
+    from specdec.config import ScheduleConfig
+    from specdec.heads.own import NEVER, rule_cost
+
+    probes = {"constant 2": None, "constant 8": None, f"ada {NEVER:g} max 8": ScheduleConfig(
+        "ada", stop_threshold=NEVER, bound=(1, 8), head="h")}
+    constant = [{"rounds": 30, "drafted": 100, "seconds": s} for s in (1.0, 2.0, 1.5, 1.0)]  # (prompt, pass) rows
+    ada = [{"rounds": 30, "drafted": 100, "seconds": s} for s in (1.2, 2.1, 1.9)]  # +0.2, +0.1, +0.4 s / 100 drafts
+    ada.append({"rounds": 40, "drafted": 60, "seconds": 0.1})  # the rule stopped there: not a paired row
+    rows = {"constant 2": [], "constant 8": constant, f"ada {NEVER:g} max 8": ada}
+    assert rule_cost(rows, probes) == pytest.approx(0.002)
+    rows[f"ada {NEVER:g} max 8"] = [{"rounds": 30, "drafted": 100, "seconds": s - 0.5} for s in (1.0, 2.0, 1.5)]
+    assert rule_cost(rows, probes) == 0.0
+    assert rule_cost(rows, {"constant 2": None, "constant 8": None}) == 0.0
 
 
 def test_head_resumes_to_an_uninterrupted_run(data, tmp_path, capsys):
@@ -324,3 +369,14 @@ def test_head_bad_inputs_are_one_line_errors_and_write_nothing(data, tmp_path, c
                                                                           "0.5", "1.5")
     assert "tune_max_draft must be one or more ints >= 1" in _run(capsys, *train, *pair, "--tune-max-draft", "0")
     assert not out.exists()
+
+
+def test_cost_rows_are_corrected_for_the_load_of_their_pass():
+    """A pass run under twice the load (its plain decoding of the prompt took twice as long) gives the same
+    load-corrected seconds as the others, so the costs are not fitted to the machine's load."""
+    from specdec.heads.own import timed_rows
+
+    figures = {"plain_prompt_seconds_runs": [[1.0, 2.0], [2.0, 2.0], [1.0, 2.0]],
+               "prompt_seconds_runs": [[3.0, 4.0], [6.0, 4.0], [3.0, 4.0]]}
+    rows = timed_rows(figures, [{"calls": 1, "rounds": 5}, {"calls": 1, "rounds": 7}])
+    assert [(r["rounds"], r["seconds"]) for r in rows] == [(5, 3.0), (7, 4.0)] * 3

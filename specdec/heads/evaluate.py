@@ -16,7 +16,7 @@ Contract:
   ``sum_{i <= L} prod_{j <= i} l_j``, exact for greedy (0/1 labels) and, for sampling, the
   expectation over the verifier's coin flips given the drafts.
 - ``simulate``: mean drafted length and tau (= accepted + 1, the recovered or bonus token; docs/design.md)
-  per round for constant K and for the head's rule at each threshold. ``walk`` replays greedy
+  per round for constant K and for the head's rule at each threshold. ``walk`` (``walk_counts``) replays greedy
   decoding round by round from the start of each response (greedy speculative decoding commits the
   target's greedy text, so for greedy records the trace is the one a real run makes).
 - ``calibration``: predicted vs observed acceptance in bins, the Brier score; ``plot_calibration``.
@@ -212,23 +212,33 @@ def simulate(rounds: RoundData, accept: torch.Tensor | None, thresholds=(0.1, 0.
     return points
 
 
-def walk(rounds: RoundData, lengths: torch.Tensor) -> tuple[float, float, int]:
+def walk_counts(rounds: RoundData, lengths: torch.Tensor) -> dict[str, int]:
     """Replay greedy decoding: each record from its first response token, round after round, each
     round drafting ``lengths`` [S] (capped by the room left less the verified token) and keeping its
-    leading accepted drafts. -> (mean drafted per round, tau, rounds). Greedy labels only."""
+    leading accepted drafts. -> totals over the records: ``rounds``, ``drafted`` and ``emitted`` tokens. Greedy
+    labels only:
+    greedy speculative decoding commits the target's greedy text, so these are the counts a run makes."""
     index = {(int(r), int(s)): i for i, (r, s) in enumerate(zip(rounds.record, rounds.start))}
     first_reject = torch.where(rounds.labels < 0.5, torch.arange(rounds.labels.shape[1])[None],
                                rounds.labels.shape[1]).min(-1).values  # [S]
-    drafted = emitted = n_rounds = 0
+    totals = dict.fromkeys(("rounds", "drafted", "emitted"), 0)
     for rec in rounds.record.unique().tolist():
         s = 0
         while (rec, s) in index:
             i = index[(rec, s)]
             k = min(int(lengths[i]), int(rounds.room[i]) - 1)
             a = min(k, int(first_reject[i]))
-            drafted, emitted, n_rounds = drafted + k, emitted + a + 1, n_rounds + 1
+            totals["rounds"] += 1
+            totals["drafted"] += k
+            totals["emitted"] += a + 1
             s += a + 1
-    return drafted / n_rounds, emitted / n_rounds, n_rounds
+    return totals
+
+
+def walk(rounds: RoundData, lengths: torch.Tensor) -> tuple[float, float, int]:
+    """``walk_counts`` as (mean drafted per round, tau, rounds)."""
+    c = walk_counts(rounds, lengths)
+    return c["drafted"] / c["rounds"], c["emitted"] / c["rounds"], c["rounds"]
 
 
 @dataclass(frozen=True)

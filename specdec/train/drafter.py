@@ -437,13 +437,15 @@ def measure_pair(target: PreTrainedModel, drafter: PreTrainedModel, records: Seq
 def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records: Sequence[dict], prompts: int,
                       max_new_tokens: int, schedules: dict[str, ScheduleConfig | None],
                       log: Callable[[str], None] = print, gamma: int = 4, gammas: dict[str, int] | None = None,
-                      repeats: int = 1) -> dict[str, dict]:
+                      repeats: int = 1, results: dict[str, list] | None = None) -> dict[str, dict]:
     """Per schedule (name -> config, None: the constant γ: ``gammas[name]``, else ``gamma``), greedy α, τ and
     speedup over plain decoding of the target on the first ``prompts`` held-out prompts, batch 1, outputs
     compared. After one warm-up of each, every prompt is decoded by every method in turn, each call timed: the
     methods meet the same load (a shared machine drifts), so their speeds compare with each other and with the
     plain runs. ``repeats`` passes over the prompts: each pass gives every method a speed (its tokens over its
-    seconds), and the figures are the medians over passes (``spec_tokens_per_s_runs``: each pass's)."""
+    seconds), and the figures are the medians over passes (``spec_tokens_per_s_runs``: each pass's;
+    ``prompt_seconds_runs``: each pass's seconds per prompt, for paired comparisons). ``results``, when given,
+    receives each method's results of the first pass (name -> one result per prompt; ``plain`` included)."""
     from specdec.decode import autoregressive_generate, speculative_generate
 
     chosen = [r["prompt_ids"] for r in records][:prompts]
@@ -461,14 +463,20 @@ def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records
         run(name, chosen[0], 4)
     rates: dict[str, list[float]] = {name: [] for name in names}  # per pass: tokens/s
     spent: dict[str, list[float]] = {name: [] for name in names}  # per pass: seconds
-    results: dict[str, list] = {name: [] for name in names}  # the first pass's results
+    per_prompt: dict[str, list[list[float]]] = {name: [] for name in names}  # per pass, per prompt: seconds
+    results = {} if results is None else results
+    results.update({name: [] for name in names})  # the first pass's results
     for repeat in range(repeats):
         seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+        for name in names:
+            per_prompt[name].append([])
         for ids in chosen:
             for name in names:
                 started = time.perf_counter()
                 result = run(name, ids, max_new_tokens)
-                seconds[name] += time.perf_counter() - started
+                took = time.perf_counter() - started
+                seconds[name] += took
+                per_prompt[name][-1].append(round(took, 4))
                 tokens[name] += len(result.tokens)
                 if repeat == 0:
                     results[name].append(result)
@@ -494,6 +502,7 @@ def measure_schedules(target: PreTrainedModel, drafter: PreTrainedModel, records
             "greedy_equal": sum(a.tokens == b.tokens for a, b in zip(plain, spec)),
             "rounds": sum(r.stats.rounds for r in spec), "drafted": drafted,  # a pass's (greedy: every pass's)
             "new_tokens": sum(len(r.tokens) for r in spec), "seconds_runs": [round(t, 4) for t in spent[name]],
+            "prompt_seconds_runs": per_prompt[name], "plain_prompt_seconds_runs": per_prompt["plain"],
         }
         figures["speedup"] = round(figures["spec_tokens_per_s"] / figures["plain_tokens_per_s"], 3)
         how = f"gamma {figures['gamma']}" if schedule is None else f"schedule {schedule.schedule}"
