@@ -27,7 +27,7 @@ Findings (docs/benchmarks.md, "Compiled decoding with the linear kernels"), code
   144    4.8-5.2 1       25.5   18.0           14.6 (0.81)   12.6 (0.70)
   144    4.8-5.2 5       40.9   23.7           22.0 (0.93)   20.4 (0.86)
 
-At the shipped width the kernels' formulation changes nothing in the compiled step (0.97-1.02 of the
+At the shipped width the kernels' formulation changes nothing in the compiled step (0.99-1.02 of the
 shipped compiled step): a torch profile of the 5-token step puts a quarter of its time in
 ``_scaled_dot_product_flash_attention_for_cpu`` (about 1 ms a layer: 5 queries over 528 masked slots),
 which eager decoding, attending only the cached tokens, does not pay. With narrower caches the compiled

@@ -38,7 +38,7 @@ tracing and compiling at every start (against the server's start-up goal of 20 s
 cache saves only the code generation). No measured run length repays that here. With specdec's linear
 kernels (``specdec.kernels``, eager decoding only) the eager step caught up: tracing the compiled step with
 the kernels' formulation instead of freezing's MKL-packed linears gained nothing at this cache's 528 slots
-(0.97-1.02 of the shipped compiled step), and the compiled verification of gamma + 1 tokens took 1.03-1.22x
+(0.99-1.02 of the shipped compiled step), and the compiled verification of gamma + 1 tokens took 1.03-1.22x
 the eager step with the kernels (the one-token step 0.86-0.93x): every compiled forward attends all the
 slots (a quarter of its time; ``benchmarks/compiled_kernels.py``, docs/benchmarks.md). End to end (12 code
 prompts, 64 tokens, 1 thread) ``on`` gave 0.48-1.15x eager's tokens/s for plain decoding and 0.30-0.32x for
