@@ -35,7 +35,15 @@ thread (docs/guide/cli.md, Compiled decoding): the compiled drafter step gains -
 target's verification of gamma + 1 tokens, most of a round's time, -2 to 8% (its linear layers), so
 speculative decoding gains a few percent, within the noise of a shared machine, for 30-60 s of
 tracing and compiling at every start (against the server's start-up goal of 20 s; inductor's disk
-cache saves only the code generation). No measured run length repays that here.
+cache saves only the code generation). No measured run length repays that here. With specdec's linear
+kernels (``specdec.kernels``, eager decoding only) the eager step caught up: tracing the compiled step with
+the kernels' formulation instead of freezing's MKL-packed linears gained nothing at this cache's 528 slots
+(0.99-1.02 of the shipped compiled step), and the compiled verification of gamma + 1 tokens took 1.03-1.22x
+the eager step with the kernels (the one-token step 0.86-0.93x): every compiled forward attends all the
+slots (a quarter of its time; ``benchmarks/compiled_kernels.py``, docs/benchmarks.md). End to end (12 code
+prompts, 64 tokens, 1 thread) ``on`` gave 0.48-1.15x eager's tokens/s for plain decoding and 0.30-0.32x for
+the default speculation, whose lookup drafts of 3-14 tokens have no compiled bucket and run eagerly on the
+static cache. So the linears stay inductor's and auto stays off.
 """
 
 from __future__ import annotations
