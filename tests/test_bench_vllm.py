@@ -31,8 +31,9 @@ from test_bench_floor import _HFGreedy, pair  # noqa: F401  (pair: the tiny mode
 from specdec.bench import build_report, run_benchmark, vllm_server
 from specdec.bench.cli import main
 from specdec.bench.floor import floor_rows
-from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers
+from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers, vllm_speculative
 from specdec.bench.vllm_server import PYTHON_ENV, TIMEOUT_ENV, VLLMEngine, VLLMServer
+from specdec.folders import resolve_model_path
 from specdec.loading import load_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,8 +126,16 @@ def test_vllm_runs_its_three_configurations_exactly(pair, stub: Path) -> None:  
                                  "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         specs.append(json.loads(flags["--speculative-config"]) if "--speculative-config" in flags else None)
     assert None in specs  # plain
-    assert {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1} in specs
+    assert {"method": "ngram", "num_speculative_tokens": 4} in specs
     assert {"method": "draft_model", "model": str(Path(tiny.drafter).resolve()), "num_speculative_tokens": 4} in specs
+
+
+def test_the_draft_model_is_a_folder_also_when_named() -> None:
+    shipped = vllm_speculative("code-drafter")
+    assert shipped == {"method": "draft_model", "model": str(resolve_model_path("code-drafter").resolve()),
+                       "num_speculative_tokens": 4}
+    assert (Path(shipped["model"]) / "config.json").is_file()  # vLLM takes a folder or a hub id: the folder
+    assert vllm_speculative(None) is None and vllm_speculative(None, ngram=True)["method"] == "ngram"
 
 
 @pytest.mark.parametrize("client", ["openai", "http"])

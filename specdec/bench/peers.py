@@ -49,6 +49,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.bench.runners import BenchModels, DrafterCost, Meters, RunOutput, Setting
+from specdec.folders import resolve_model_path
 from specdec.loading import load_tokenizer
 
 
@@ -231,14 +232,23 @@ for _outtype in ("f32", "q8_0"):
 PEER_GROUPS["llamacpp"] = tuple(name for name in PEERS if name.startswith("llamacpp-"))
 
 
-def _vllm(target: PreTrainedModel, threads: int, drafter: str | None = None, ngram: bool = False) -> PeerEngine:
-    from specdec.bench.vllm_server import SPEC_TOKENS, VLLMEngine
+def vllm_speculative(drafter: str | None = None, ngram: bool = False) -> dict | None:
+    """vLLM's --speculative-config: its n-gram proposer (its own n-gram sizes), or ``drafter`` (a folder or a
+    shipped name) as its draft model, ``SPEC_TOKENS`` a round; None for plain decoding."""
+    from specdec.bench.vllm_server import SPEC_TOKENS
 
-    speculative = ({"method": "ngram", "num_speculative_tokens": SPEC_TOKENS, "prompt_lookup_max": 4,
-                    "prompt_lookup_min": 1} if ngram else
-                   {"method": "draft_model", "model": str(Path(drafter).resolve()), "num_speculative_tokens": SPEC_TOKENS}
-                   if drafter else None)
-    return VLLMEngine(target, threads, speculative)
+    if ngram:
+        return {"method": "ngram", "num_speculative_tokens": SPEC_TOKENS}
+    if drafter:
+        return {"method": "draft_model", "model": str(resolve_model_path(drafter).resolve()),
+                "num_speculative_tokens": SPEC_TOKENS}
+    return None
+
+
+def _vllm(target: PreTrainedModel, threads: int, drafter: str | None = None, ngram: bool = False) -> PeerEngine:
+    from specdec.bench.vllm_server import VLLMEngine
+
+    return VLLMEngine(target, threads, vllm_speculative(drafter, ngram))
 
 
 def _vllm_ready() -> None:

@@ -15,7 +15,7 @@ the model's generation config left out (``--generation-config vllm``: only the r
 apply). Configurations:
 
 - ``vllm``: plain decoding;
-- ``vllm-ngram``: vLLM's n-gram speculation (prompt lookup), ``SPEC_TOKENS`` drafted a round;
+- ``vllm-ngram``: vLLM's n-gram speculation (prompt lookup, its own n-gram sizes), ``SPEC_TOKENS`` drafted a round;
 - ``vllm-draft``: the bench's drafter model (``--drafter``) as vLLM's draft model, ``SPEC_TOKENS`` a round.
 
 A prompt goes as token ids to ``/v1/completions``, greedy (temperature 0, ``max_tokens`` the bench's
