@@ -67,15 +67,15 @@ class Peer:
     """How to find and build one peer engine."""
 
     name: str  # the name --peers takes
-    module: str  # the module it imports (installed or not)
+    module: str  # the module it imports (installed or not); "" where it runs elsewhere (``check`` finds it)
     package: str  # what pip installs
     description: str  # one line for --list
-    build: Callable[[PreTrainedModel, int], PeerEngine]  # (the target as loaded, torch threads) -> engine
+    build: Callable[..., PeerEngine]  # (the target as loaded, torch threads[, --drafter]) -> engine
     speculative: bool = False  # drafts and verifies (not a plain engine for the floor)
     lossy: bool = False  # runs other weights than the target's (q8_0): a differing output is reported, not a failure
     needs: tuple[tuple[str, str], ...] = ()  # further (module, package) pairs it imports (a converter's)
     check: Callable[[], object] | None = None  # raises a ValueError saying what to do where the peer cannot run
-    drafted: bool = False  # build takes the bench's drafter folder as a third argument (a draft model)
+    drafted: bool = False  # build takes the bench's --drafter (a folder or shipped name) as a third argument
 
 
 class CTranslate2Engine:
@@ -301,7 +301,7 @@ class PeerRunner:
 
     def __init__(self, peer: Peer, drafter: str | None = None) -> None:
         self.peer = peer
-        self.drafter = drafter  # the bench's drafter folder, for a peer that drafts with it
+        self.drafter = drafter  # the bench's --drafter, for a peer that drafts with it
         self.name = peer.name
         self.description = f"peer: {peer.description}"
         self.speculative = peer.speculative
@@ -329,6 +329,6 @@ class PeerRunner:
 
 def peer_runners(names: Sequence[str], drafter: str | None = None) -> list[PeerRunner]:
     """A runner per peer named, groups expanded (checked first: known and installed); ``drafter`` the
-    bench's drafter folder, for a peer that drafts with it."""
+    bench's --drafter, for a peer that drafts with it."""
     check_peers(names)
     return [PeerRunner(PEERS[name], drafter) for name in expand_peers(names)]
