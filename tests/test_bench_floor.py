@@ -174,8 +174,8 @@ def test_a_peer_not_installed_or_unknown_is_refused_before_loading(pair, fake_pe
     with pytest.raises(ValueError, match=r"peer 'absent' needs the package no-such-engine, which is not installed: "
                                          r"pip install no-such-engine \(or pip install 'specdec\[peers\]'\)"):
         check_peers(["absent"])
-    with pytest.raises(ValueError, match="unknown peer 'vllm': choose from "):
-        check_peers(["vllm"])
+    with pytest.raises(ValueError, match="unknown peer 'tgi': choose from "):
+        check_peers(["tgi"])
     missing = _config(pair, target=str(tmp_path / "no-model"), peers=("absent",))
     with pytest.raises(ValueError, match="peer 'absent' needs"):  # before the missing target is loaded
         run_benchmark(missing)

@@ -117,6 +117,7 @@ class FloorRow:
     ms_per_token: float  # median over prompts of each prompt's median over repeats
     over_weight_pass: float  # ms_per_token / the target's weight pass
     over_fastest: float | None  # ms_per_token / the fastest exact plain engine's (None when there is none)
+    startup_s: float | None = None  # a peer's start-up to serving (a server's), where it tells
 
 
 def ms_per_token(records) -> float | None:
@@ -139,9 +140,10 @@ def floor_rows(blocks, target_pass: WeightPass) -> list[FloorRow]:
             continue
         exact = not block.mismatches and block.compared == len({r.prompt_id for r in block.records})
         gamma = f" γ={block.setting.gamma}" if block.setting.gamma is not None else ""
-        measured.append((block.runner.name + gamma, bool(block.runner.speculative), exact, ms))
-    plain = [ms for _, speculative, exact, ms in measured if exact and not speculative]
+        measured.append((block.runner.name + gamma, bool(block.runner.speculative), exact, ms,
+                         getattr(block.runner, "startup_s", None)))
+    plain = [ms for _, speculative, exact, ms, _ in measured if exact and not speculative]
     fastest = min(plain) if plain else None
     floor = 1e3 * target_pass.seconds
-    return [FloorRow(name, speculative, exact, ms, ms / floor, ms / fastest if fastest else None)
-            for name, speculative, exact, ms in measured]
+    return [FloorRow(name, speculative, exact, ms, ms / floor, ms / fastest if fastest else None, startup)
+            for name, speculative, exact, ms, startup in measured]

@@ -298,9 +298,14 @@ def run_benchmark(
     labels = compare_labels(config.compare)
     selected = select_runners(config.methods, registry)
     runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels)
-               + scheduled_runners(config.schedules) + peer_runners(config.peers))
-    with _quiet_transformers():
-        return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
+               + scheduled_runners(config.schedules) + peer_runners(config.peers, config.drafter))
+    try:
+        with _quiet_transformers():
+            return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)
+    finally:  # a peer's server is stopped however the run ends (an error, Ctrl-C)
+        for runner in runners:
+            if hasattr(runner, "close"):
+                runner.close()
 
 
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:

