@@ -40,6 +40,7 @@ import functools
 
 import pytest
 import torch
+import transformers
 from conftest import build_tiny, build_toy, hf_greedy
 from transformers import (
     AutoConfig,
@@ -587,3 +588,14 @@ def test_positions_of_its_own_decide_batches_by_the_self_check():
     batch = specdec.speculative_generate(target, "ngram", rows, max_new_tokens=10, gamma=3, stop_token_ids=[],
                                          batch_size=3)
     assert [r.tokens for r in batch] == references and verdict_of(target) == Verdict("", "")
+
+
+def test_an_unported_transformers_release_is_refused_by_name_with_the_fix():
+    """transformers 5.24 renames ``past_key_values`` to ``cache`` in every forward's signature, so specdec's checks
+    would misread every model (a Llama refused as keeping "its own `cache` dictionary"): such a release is refused
+    at import with the supported range and the install command; the installed (supported) one passes."""
+    architectures.check_transformers(transformers.__version__)
+    architectures.check_transformers("5.23.0")
+    for version in ("5.24.0", "5.25.0.dev0", "6.0.0"):
+        with pytest.raises(ImportError, match=r"transformers .* supports transformers < 5\.24 .*pip install"):
+            architectures.check_transformers(version)
