@@ -80,6 +80,11 @@ MODULE_STATES: dict[str, ModuleStateFamily] = {
 }
 
 
+def zeros_state(key: tuple[int, str, int], like: torch.Tensor) -> torch.Tensor:
+    """The state of no tokens of most families (``key`` aside): zeros shaped like ``like``."""
+    return torch.zeros_like(like)
+
+
 class ModuleState:
     """Moves one model's module-held state between its modules and a cache's state layers (see the docstring)."""
 
@@ -104,10 +109,7 @@ class ModuleState:
                 setattr(owner(block), name, states.get((number, kind, 0)))
         return {}
 
-    @staticmethod
-    def blank(key: tuple[int, str, int], like: torch.Tensor) -> torch.Tensor:
-        """The state of no tokens for ``key``, shaped like ``like``: zeros."""
-        return torch.zeros_like(like)
+    blank = staticmethod(zeros_state)  # its state of no tokens: zeros
 
     def collect(self, output: ModelOutput | None = None) -> StateDict:
         """The blocks' state after a forward (for the cache's layers); the blocks are cleared."""

@@ -57,7 +57,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
 from specdec.architectures import INSTEAD, new_cache
 from specdec.cache import RaggedCache, joined
-from specdec.module_state import ARGUMENT_STATES, LISTED, module_state
+from specdec.module_state import ARGUMENT_STATES, LISTED, module_state, zeros_state
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
 # LISTED: a cache's own list of per-layer states (MiniMax's: [B, heads, d, d] each, None: none yet; an argument-state
@@ -167,12 +167,7 @@ def write_states(cache: Cache, states: States) -> None:
         layer.dtype, layer.device = tensor.dtype, tensor.device
 
 
-def _zeros(key: tuple[int, str, int], like: torch.Tensor) -> torch.Tensor:
-    """The state of no tokens of most families: zeros shaped like ``like``."""
-    return torch.zeros_like(like)
-
-
-def restore(cache: Cache, saved: States, rows: torch.Tensor, blank=_zeros) -> None:
+def restore(cache: Cache, saved: States, rows: torch.Tensor, blank=zeros_state) -> None:
     """Give the rows ``rows`` [B] (bool) their state in ``saved`` (``blank``: the state of no tokens, where
     ``saved`` has none)."""
     current = read_states(cache)
@@ -207,7 +202,7 @@ class RecurrentCache(RaggedCache):
         self.attention = any(isinstance(layer, DynamicLayer) for layer in self.cache.layers)
         # state kept on the model's modules (RecurrentGemma) or passed as an argument (RWKV), moved around forwards
         self.held = module_state(model)
-        self.blank = self.held.blank if self.held is not None else _zeros  # a row's state of no tokens
+        self.blank = self.held.blank if self.held is not None else zeros_state  # a row's state of no tokens
         # feed one token at a time once there is state
         declared = self.held.multi_token if self.held is not None else None
         self.stepwise = bool(declared) if declared is not None else not multi_token_exact(model)
@@ -419,7 +414,7 @@ class RecurrentCache(RaggedCache):
         write_states(self.cache, states)
 
 
-def _stacked(first: States, rows: int, second: States, other_rows: int, blank=_zeros) -> States:
+def _stacked(first: States, rows: int, second: States, other_rows: int, blank=zeros_state) -> States:
     """The states of two row sets, one after the other along the batch (``blank``, the state of no tokens, where
     a set has none)."""
     states = {}
