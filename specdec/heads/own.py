@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -117,8 +118,6 @@ def rule_cost(rows: dict[str, list[dict]], probes: dict) -> float:
     time less constant γ MAX's on the same prompt in the same pass (the same rounds and drafts, the rule
     aside; a prompt where a head predicting ~0 did stop it is left out), per drafted token; 0 without that probe. A paired difference: a regression over all the timings
     lost this ~1-2 ms in the noise and fitted 0."""
-    import statistics
-
     never = next((n for n, c in probes.items() if c is not None and c.stop_threshold == NEVER), None)
     if never is None:
         return 0.0
@@ -161,8 +160,6 @@ def timed_rows(figures: dict, counts: list[dict[str, int]]) -> list[dict]:
     prompt, its seconds corrected for the load of the moment: scaled by the prompt's median plain-decoding time
     over the passes over its plain time in that pass (plain decoding ran just before it, on the same prompt), so
     a pass run under twice the load does not read as twice the cost."""
-    import statistics
-
     plain = figures["plain_prompt_seconds_runs"]  # [pass][prompt]
     typical = [statistics.median(p[i] for p in plain) for i in range(len(counts))]
     return [{**c, "seconds": seconds[i] * typical[i] / plain[run][i]}
@@ -283,8 +280,6 @@ def store_tuned(head: Path, threshold: float, max_draft: int) -> None:
 
 def _quartiles(values: list[float]) -> list[float]:
     """[min, 25th, median, 75th, max] of ``values`` (inclusive quartiles), rounded."""
-    import statistics
-
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
     return [round(v, 3) for v in (min(values), q[0], statistics.median(values), q[2], max(values))]
 
