@@ -14,6 +14,10 @@ serves the model's own greedy ``generate`` (or hangs, or exits, as ``STUB_MODE``
    generate's, start-up seconds in the floor rows; both clients (openai, plain HTTP) give the same tokens,
    a stop token a server leaves out of its ids is put back; every server is stopped after the run, also
    when it is interrupted.
+4. ``--serve``: the three configurations as cells beside ours (the same clients and client counts), one
+   server up at a time and each stopped, greedy replies equal to ``off``'s, every server's start-up
+   (``specdec serve`` itself launched as a subprocess) and the issue's ratios reported; the streamed
+   token ids with a stop token put back; peers that are no server, and sampling, refused.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from specdec.bench import build_report, run_benchmark, vllm_server
 from specdec.bench.cli import main
 from specdec.bench.floor import floor_rows
 from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers, vllm_speculative
+from specdec.bench.peers import vllm_config as vllm_server_config
 from specdec.bench.vllm_server import PYTHON_ENV, TIMEOUT_ENV, VLLMEngine, VLLMServer
 from specdec.folders import resolve_model_path
 from specdec.loading import load_model
@@ -172,3 +177,91 @@ def test_an_interrupted_run_stops_its_servers(pair, stub: Path, monkeypatch) -> 
         run_benchmark(config)
     (server,) = _servers(stub)
     assert _gone(server["pid"])
+
+
+# ------------------------------------------------------------------------------------ bench --serve
+
+
+def test_serve_bench_runs_vllms_servers_one_at_a_time_beside_ours(pair, stub: Path, tmp_path: Path,  # noqa: F811
+                                                                   capsys) -> None:
+    tiny, prompts = pair
+    out = tmp_path / "out"
+    argv = ["--serve", "--target", str(tiny.target), "--drafter", str(tiny.drafter), "--prompts", str(prompts),
+            "--num-prompts", "3", "--max-new-tokens", "6", "--repeats", "1", "--warmup", "1", "--clients", "1", "2",
+            "--speculate", "off", "on", "--peers", "vllm", "--gamma", "3", "--device", "cpu", "--no-progress",
+            "--output", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "serve_bench.json").read_text())
+    cells = {(c["mode"], c["clients"]): c for c in saved["cells"]}
+    modes = ["off", "on", *PEER_GROUPS["vllm"]]
+    assert sorted(cells) == sorted((m, c) for m in modes for c in (1, 2))
+    for (mode, clients), cell in cells.items():
+        runs = 3 if mode in ("off", "on") else 1  # ours take turns with each vLLM server in turn
+        assert len(cell["p50_s"]) == len(cell["tokens_per_s"]) == runs, (mode, clients)
+        assert cell["requests"] == (3 if clients == 1 else 4)
+        assert 0 < cell["median_ttft_s"] <= cell["median_p50_s"] <= cell["median_p95_s"]
+        assert 0 < cell["tokens"] <= 6 * cell["requests"]
+        assert cell["greedy_equal"] == cell["compared"] == cell["requests"], (mode, clients)  # vLLM's = off's
+    assert list(saved["startup_s"]) == ["specdec serve", *PEER_GROUPS["vllm"]]
+    assert all(s > 0 for s in saved["startup_s"].values())
+    servers = _servers(stub)
+    assert len(servers) == 3 and all(_gone(s["pid"]) for s in servers)
+    assert [s["others_alive"] for s in servers] == [[], [], []]  # each started after the one before stopped
+    specs = [json.loads(dict(zip(s["argv"][::2], s["argv"][1::2], strict=True)).get("--speculative-config", "null"))
+             for s in servers]
+    assert sorted(str(x) for x in specs) == sorted(str(vllm_server_config(n, str(tiny.drafter)))
+                                                   for n in PEER_GROUPS["vllm"])
+    goals = {g["name"]: g for g in saved["goals"]}
+    latency = {k: cells[k]["median_p50_s"] for k in cells}
+    plain = goals["median latency vllm-plain / off at 1 client"]
+    assert plain["value"] == pytest.approx(latency[("vllm-plain", 1)] / latency[("off", 1)])
+    for clients in (1, 2):
+        best = min(("vllm-ngram", "vllm-draft"), key=lambda m: latency[(m, clients)])
+        goal = goals[f"median latency {best} (vLLM's best) / on at {clients} client(s)"]
+        assert goal["value"] == pytest.approx(latency[(best, clients)] / latency[("on", clients)])
+        assert goal["met"] == (goal["value"] >= 1.5)
+    startup = goals["specdec serve launched to its first reply, s"]
+    assert startup["value"] == saved["startup_s"]["specdec serve"] and startup["target"] == "<= 20"
+    assert "start-up, launch to the first reply: specdec serve " in printed and "vllm-draft " in printed
+    assert "goal median latency vllm-plain / off at 1 client:" in printed
+
+
+def test_the_stream_gives_generates_tokens_and_puts_the_stop_token_back(pair, stub: Path, monkeypatch) -> None:  # noqa: F811
+    from specdec.bench.serve import Endpoint, request
+
+    monkeypatch.setenv("STUB_DROP_STOP", "1")
+    target = load_model(str(pair[0].target), device="cpu")
+    reference = _HFGreedy(target, 1)
+    ids = torch.randint(3, target.config.vocab_size, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    free = reference.generate(ids, 10, [])
+    stop = [free[3]]
+    server = VLLMServer(str(pair[0].target), threads=1, max_model_len=64)
+    try:
+        for stops, expected in (([], free), (stop, free[:free.index(stop[0]) + 1])):
+            endpoint = Endpoint(server.port, "vllm", {"stop_token_ids": stops, "ignore_eos": True,
+                                                      "return_token_ids": True})
+            latency, ttft, tokens = request(endpoint, {"prompt": ids, "max_tokens": 10, "temperature": 0.0,
+                                                       "stream": True})
+            assert tokens == expected and 0 < ttft <= latency
+    finally:
+        server.close()
+
+
+def test_serve_refuses_peers_that_are_no_server_and_sampling(pair) -> None:  # noqa: F811
+    from specdec.bench.serve import serve_peers
+
+    with pytest.raises(ValueError, match=r"--serve runs only vLLM's servers as peers .*not ctranslate2: leave it out"):
+        serve_peers(floor_config(pair, serve=True, peers=("vllm-plain", "ctranslate2")))
+    with pytest.raises(ValueError, match=r"greedy only \(--temperature 0\), got 0.7"):
+        serve_peers(floor_config(pair, serve=True, peers=("vllm",), temperature=(0.7,)))
+    assert serve_peers(floor_config(pair, serve=True, peers=("vllm-draft", "vllm"))) == ["vllm-draft", "vllm-plain",
+                                                                                        "vllm-ngram"]
+
+
+def test_a_specdec_serve_that_cannot_start_fails_quoting_its_output(pair, tmp_path: Path) -> None:  # noqa: F811
+    from specdec.bench.serve import time_specdec_serve
+
+    config = floor_config(pair, serve=True, target=str(tmp_path / "no-model"))
+    with pytest.raises(RuntimeError, match=r"(?s)specdec serve exited before its first reply .*no-model"):
+        time_specdec_serve(config, {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0, "stream": True})

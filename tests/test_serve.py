@@ -666,7 +666,9 @@ def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
         assert 0 < cell.tokens <= 6 * cell.requests
         assert cell.greedy_equal == cell.compared == cell.requests  # speculation changes no greedy token
     assert [g.name for g in serve_goals(run)] == ["median latency off / on at 1 client(s)",
-                                                  "median latency off / on at 2 client(s)"]
+                                                  "median latency off / on at 2 client(s)",
+                                                  "specdec serve launched to its first reply, s"]
+    assert list(run.startup_s) == ["specdec serve"] and run.startup_s["specdec serve"] > 0  # the real command
     saved = json.loads(write_serve(run, tmp_path).read_text())
     assert len(saved["cells"]) == 4 and saved["config"]["serve"] is True
     assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)

@@ -245,6 +245,12 @@ def vllm_speculative(drafter: str | None = None, ngram: bool = False) -> dict | 
     return None
 
 
+def vllm_config(name: str, drafter: str | None) -> dict | None:
+    """The --speculative-config of the vLLM peer ``name`` (a member of ``PEER_GROUPS["vllm"]``), ``drafter``
+    the bench's --drafter (vllm-draft's draft model)."""
+    return vllm_speculative(drafter if name == "vllm-draft" else None, ngram=name == "vllm-ngram")
+
+
 def _vllm(target: PreTrainedModel, threads: int, drafter: str | None = None, ngram: bool = False) -> PeerEngine:
     from specdec.bench.vllm_server import VLLMEngine
 

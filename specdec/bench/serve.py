@@ -20,16 +20,36 @@ Greedy runs check that speculation changes nothing: every prompt's tokens under 
 equal those under ``off``. The goals (issue 20): at 1 and 4 clients, ``on`` has >= 1.5x lower median
 latency than ``off``; at 16 clients its throughput is no worse (and ``auto`` falls back where
 speculation loses). Ratios are from this one run.
+
+``--peers vllm`` (or any of ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``; greedy only) adds vLLM's CPU
+build as more modes of the same cells: each configuration is a server of its own process
+(``specdec.bench.vllm_server.VLLMServer``, as ``--peers`` starts it), started one at a time and stopped
+(in a ``finally``) before the next starts. While one is up, it takes its turns with our modes at every
+client count and repeat (so our modes are timed once per vLLM configuration; their figures are medians
+over all those runs). The same client threads send it the same prompts as token ids, streaming, with
+``return_token_ids`` (its delta token ids are the output), the target's stop tokens as
+``stop_token_ids`` and its EOS otherwise ignored; every reply is checked against ``off``'s. Goals
+(issue 28): ``off`` >= 1.0x vLLM plain's median latency at 1 client; ``on`` >= 1.5x the best speculative
+vLLM configuration's (lowest) median latency at 1 and 4 clients, and >= 1.0x its (highest) tokens/s at 16.
+
+Start-up: the seconds from launching ``specdec serve`` (the real command, a subprocess with the
+bench's target, drafter and threads) to its first successful reply (one prompt, one token), and the
+same from launching each vLLM server; ``specdec serve`` should take <= 20 s.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import queue
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,6 +65,20 @@ from specdec.bench.prompts import Prompt, load_prompts
 from specdec.config import LOOKUP, ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
 
 REQUEST_TIMEOUT_S = 600.0  # one request, at most
+SPECDEC_SERVE = "specdec serve"  # the start-up figure of our own server (the real command, a subprocess)
+SERVE_START_TIMEOUT_S = 300.0  # `specdec serve` launched to its first reply, at most
+STARTUP_GOAL_S = 20.0  # issue 28: start-up to serving
+POLL_S = 0.1  # between tries of a first reply while a server is not listening yet
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A server the clients drive, and how its stream carries tokens: ``specdec`` (our chunks'
+    ``specdec.tokens``) or ``vllm`` (its ``token_ids`` deltas; a stop token it leaves out is put back)."""
+
+    port: int
+    kind: str = "specdec"
+    extra: dict = field(default_factory=dict)  # fields added to every request's body
 
 
 @dataclass(frozen=True)
@@ -61,7 +95,7 @@ class Reply:
 class Cell:
     """One (mode, clients) of the bench: its figures per repeat."""
 
-    mode: str  # off / on / auto
+    mode: str  # off / on / auto, or a vLLM configuration (vllm-plain, vllm-ngram, vllm-draft)
     clients: int
     p50_s: list[float] = field(default_factory=list)  # median latency, per repeat
     p95_s: list[float] = field(default_factory=list)  # 95th percentile latency, per repeat
@@ -85,6 +119,7 @@ class ServeRun:
     batch_size: int
     cells: list[Cell]
     crossover: dict[int, bool]  # auto's choice per batch-size bucket (True: draft)
+    startup_s: dict[str, float] = field(default_factory=dict)  # launch -> first reply: specdec serve, each vLLM server
 
     def cell(self, mode: str, clients: int) -> Cell | None:
         return next((c for c in self.cells if c.mode == mode and c.clients == clients), None)
@@ -99,16 +134,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def request(port: int, body: dict) -> tuple[float, float, list[int]]:
+def request(endpoint: Endpoint, body: dict) -> tuple[float, float, list[int]]:
     """POST one streaming completion; (latency, time to first token, token ids)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    connection = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=REQUEST_TIMEOUT_S)
     try:
         start = time.perf_counter()
-        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        connection.request("POST", "/v1/completions", json.dumps({**body, **endpoint.extra}),
+                           {"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
             raise RuntimeError(f"the server answered {response.status}: {response.read()[:300]!r}")
-        first, tokens = None, []
+        first, tokens, stop = None, [], None
         for line in response:
             if not line.startswith(b"data: "):
                 continue
@@ -118,17 +154,24 @@ def request(port: int, body: dict) -> tuple[float, float, list[int]]:
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"the server failed a request: {chunk['error']['message']}")
-            new = chunk.get("specdec", {}).get("tokens", [])
+            if endpoint.kind == "vllm":
+                choices = chunk.get("choices") or [{}]
+                new = choices[0].get("token_ids") or []
+                stop = choices[0].get("stop_reason", stop)
+            else:
+                new = chunk.get("specdec", {}).get("tokens", [])
             if new and first is None:
                 first = time.perf_counter() - start
             tokens += new
+        if isinstance(stop, int) and (not tokens or tokens[-1] != stop):
+            tokens.append(stop)  # the stop token, which vLLM may leave out of its ids
         latency = time.perf_counter() - start
         return latency, latency if first is None else first, tokens
     finally:
         connection.close()
 
 
-def drive(port: int, bodies: list[tuple[int, dict]], clients: int) -> tuple[list[Reply], float]:
+def drive(endpoint: Endpoint, bodies: list[tuple[int, dict]], clients: int) -> tuple[list[Reply], float]:
     """Send ``bodies`` from ``clients`` closed-loop client threads; (replies, wall seconds)."""
     work: queue.SimpleQueue[tuple[int, dict]] = queue.SimpleQueue()
     for item in bodies:
@@ -143,7 +186,7 @@ def drive(port: int, bodies: list[tuple[int, dict]], clients: int) -> tuple[list
             except queue.Empty:
                 return
             try:
-                latency, ttft, tokens = request(port, body)
+                latency, ttft, tokens = request(endpoint, body)
             except BaseException as err:  # noqa: BLE001 - re-raised by the caller's thread
                 errors.append(err)
                 return
@@ -161,6 +204,48 @@ def drive(port: int, bodies: list[tuple[int, dict]], clients: int) -> tuple[list
     return replies, wall
 
 
+def first_reply_s(endpoint: Endpoint, body: dict, launched: float, alive: Callable[[], bool], what: str,
+                  timeout_s: float) -> float:
+    """Seconds from ``launched`` (``time.perf_counter``) to the first successful reply to ``body``, trying
+    again while the server is not listening yet; a RuntimeError if it exits or ``timeout_s`` passes first."""
+    while True:
+        try:
+            request(endpoint, body)
+            return time.perf_counter() - launched
+        except OSError:  # refused or cut off: not serving yet
+            if not alive():
+                raise RuntimeError(f"{what} exited before its first reply") from None
+            if time.perf_counter() - launched > timeout_s:
+                raise RuntimeError(f"{what} gave no reply within {timeout_s:g} s of its launch") from None
+            time.sleep(POLL_S)
+
+
+def time_specdec_serve(config: BenchConfig, body: dict) -> float:
+    """Launch ``specdec serve`` (a subprocess: the real command, the bench's target, drafter and threads) and
+    time it to its first reply to ``body``; then stop it. A failure quotes the tail of its output."""
+    from specdec.bench.vllm_server import LOG_TAIL, free_port, stop_process
+
+    port = free_port()
+    command = [sys.executable, "-m", "specdec", "serve", "--target", config.target, "--drafter",
+               LOOKUP + config.drafter, "--port", str(port), "--threads", str(torch.get_num_threads())]
+    for flag, value in (("--device", config.device), ("--dtype", config.dtype)):
+        if value is not None:
+            command += [flag, value]
+    with tempfile.TemporaryFile() as log:
+        launched = time.perf_counter()
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        try:
+            return first_reply_s(Endpoint(port), body, launched, lambda: process.poll() is None, SPECDEC_SERVE,
+                                 SERVE_START_TIMEOUT_S)
+        except RuntimeError as err:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-LOG_TAIL:].strip()
+            raise RuntimeError(f"{err} ({' '.join(command)}); its output ends:\n{tail}") from None
+        finally:
+            stop_process(process)
+
+
 def _bodies(prompts: list[Prompt], n: int, config: BenchConfig, temperature: float) -> list[tuple[int, dict]]:
     """``n`` request bodies cycling over the prompts (greedy: no seed; sampled: seeded per prompt)."""
     bodies = []
@@ -174,14 +259,34 @@ def _bodies(prompts: list[Prompt], n: int, config: BenchConfig, temperature: flo
     return bodies
 
 
+def serve_peers(config: BenchConfig) -> list[str]:
+    """The vLLM configurations ``--peers`` names for ``--serve`` (groups expanded); a ValueError for a peer
+    that is no server, or for sampling (vLLM's cells run greedy only)."""
+    from specdec.bench.peers import PEER_GROUPS, expand_peers
+
+    names = expand_peers(config.peers)
+    other = [n for n in names if n not in PEER_GROUPS["vllm"]]
+    if other:
+        raise ValueError(f"--serve runs only vLLM's servers as peers ({', '.join(PEER_GROUPS['vllm'])}), not "
+                         f"{', '.join(other)}: leave {'it' if len(other) == 1 else 'them'} out of --peers, or drop --serve")
+    if names and config.temperature[0] != 0:
+        raise ValueError(f"--serve with vLLM's peers runs greedy only (--temperature 0), got {config.temperature[0]:g}")
+    return names
+
+
 def run_serve_bench(config: BenchConfig, console: Console | None = None) -> ServeRun:
-    """Start a server per mode, drive each with every client count, repeat; the figures."""
+    """Start a server per mode (and each vLLM peer in turn), drive each with every client count, repeat;
+    the figures, and each server's start-up."""
     from specdec.bench.harness import _quiet_transformers
+    from specdec.bench.peers import vllm_config
+    from specdec.bench.vllm_server import SERVED_NAME, START_TIMEOUT_S, TIMEOUT_ENV, VLLMServer, max_model_len
     from specdec.console import Session
     from specdec.schedules import Crossover
     from specdec.serve.config import ServeConfig
     from specdec.serve.server import ServerThread, build_app
+    from specdec.target import make_target
 
+    peers = serve_peers(config)
     with _quiet_transformers():
         load_start = load_average()
         drafter = LOOKUP + config.drafter
@@ -192,8 +297,15 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         temperature = config.temperature[0]
         batch_size = max(config.clients)
         sampling = SamplingConfig(temperature=temperature, top_k=config.top_k, top_p=config.top_p)
+        probe = {"prompt": prompts[0].input_ids.tolist(), "max_tokens": 1, "temperature": 0.0, "stream": True}
+        startup = {SPECDEC_SERVE: time_specdec_serve(config, probe)}  # while nothing else of ours runs
+        target = session.model(config.target)
+        vllm_extra = {"model": SERVED_NAME, "stop_token_ids": sorted(make_target(target).stop_token_ids()),
+                      "ignore_eos": True, "skip_special_tokens": False, "return_token_ids": True}
         servers: dict[str, ServerThread] = {}
         crossover: dict[int, bool] = {}
+        cells: dict[tuple[str, int], Cell] = {}
+        first: dict[tuple[str, int], list[Reply]] = {}
         try:
             for mode in config.speculate:
                 spec = SpecConfig(gamma=config.gamma[0], max_new_tokens=config.max_new_tokens, batch_size=batch_size,
@@ -203,59 +315,91 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                 schedule = next(iter(app.state.models.values())).engine.schedule
                 if isinstance(schedule, Crossover):
                     crossover = schedule.choice  # filled in as auto measures
-            cells = _measure(config, {m: s.port for m, s in servers.items()}, prompts, temperature, console)
+            ours = {m: Endpoint(s.port) for m, s in servers.items()}
+            progress = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=console or Console(stderr=True),
+                                disable=not config.progress, transient=True)
+            phases = [[name] for name in peers] or [[]]  # one vLLM server up at a time
+            per_repeat = len(config.clients) * len(ours)
+            total = sum(config.repeats * (per_repeat + len(config.clients) * len(p)) for p in phases)
+            total += len(config.clients) * (len(ours) + len(peers)) * (config.warmup > 0)
+            with progress:
+                task = progress.add_task("serve bench", total=total)
+                for phase in phases:
+                    up: list[VLLMServer] = []
+                    try:
+                        theirs = {}
+                        for name in phase:
+                            progress.update(task, description=f"starting {name}")
+                            server = VLLMServer(target.name_or_path, torch.get_num_threads(),
+                                                vllm_config(name, config.drafter), max_model_len(target))
+                            up.append(server)
+                            theirs[name] = Endpoint(server.port, "vllm", vllm_extra)
+                            startup[name] = first_reply_s(
+                                theirs[name], probe, server.launched, lambda s=server: s.process.poll() is None, name,
+                                float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
+                        _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task)
+                    finally:
+                        for server in up:
+                            server.close()
         finally:
             for server in servers.values():
                 server.stop()
-        target = session.model(config.target)
+        if temperature == 0 and "off" in config.speculate:
+            _check_greedy(config, cells, first)
         environment = capture_environment((config.target, target), (config.drafter, session.model(config.drafter)),
                                           load_start)
-    return ServeRun(config, environment, prompts, temperature, batch_size, cells, dict(crossover))
+    return ServeRun(config, environment, prompts, temperature, batch_size, list(cells.values()), dict(crossover),
+                    startup)
 
 
-def _measure(config: BenchConfig, ports: dict[str, int], prompts: list[Prompt], temperature: float,
-             console: Console | None) -> list[Cell]:
-    """Every (mode, clients) cell, ``config.repeats`` times after a warm-up; greedy equality with off."""
-    modes = list(ports)
-    cells = {(m, c): Cell(m, c) for c in config.clients for m in modes}
-    first: dict[tuple[str, int], list[Reply]] = {}  # the replies of each cell's first repeat
-    progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console or Console(stderr=True), disable=not config.progress, transient=True)
-    with progress:
-        task = progress.add_task("serve bench", total=len(cells) * (config.repeats + (config.warmup > 0)))
-        if config.warmup > 0:
-            for mode, clients in cells:
-                progress.update(task, description=f"warm-up {mode}, {clients} clients")
-                drive(ports[mode], _bodies(prompts, clients, config, temperature), clients)
-                progress.advance(task)
-        for repeat in range(config.repeats):
-            for turn, clients in enumerate(config.clients):
-                shift = (repeat + turn) % len(modes)
-                for mode in modes[shift:] + modes[:shift]:
-                    progress.update(task, description=f"{mode}, {clients} clients, run {repeat + 1}")
-                    cell = cells[(mode, clients)]
-                    n = -(-config.num_prompts // clients) * clients
-                    replies, wall = drive(ports[mode], _bodies(prompts, n, config, temperature), clients)
-                    latencies = [r.latency_s for r in replies]
-                    cell.requests = len(replies)
-                    cell.p50_s.append(statistics.median(latencies))
-                    cell.p95_s.append(percentile(latencies, 0.95))
-                    cell.ttft_s.append(statistics.median(r.ttft_s for r in replies))
-                    tokens = sum(len(r.tokens) for r in replies)
-                    cell.tokens_per_s.append(tokens / wall)
-                    if repeat == 0:
-                        cell.tokens = tokens
-                        first[(mode, clients)] = replies
-                    progress.advance(task)
-    if temperature == 0 and "off" in modes:
+def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[Prompt], temperature: float,
+             cells: dict[tuple[str, int], Cell], first: dict[tuple[str, int], list[Reply]], progress: Progress,
+             task) -> None:
+    """Every (mode, clients) cell of ``endpoints``, ``config.repeats`` times after a warm-up of the modes not
+    warmed yet, into ``cells`` (a cell met again gets more runs); ``first``: each cell's first replies."""
+    modes = list(endpoints)
+    if config.warmup > 0:
         for clients in config.clients:
-            reference = {r.prompt: r.tokens for r in first[("off", clients)]}
             for mode in modes:
+                if (mode, clients) not in cells:
+                    progress.update(task, description=f"warm-up {mode}, {clients} clients")
+                    drive(endpoints[mode], _bodies(prompts, clients, config, temperature), clients)
+                    progress.advance(task)
+    for clients in config.clients:
+        for mode in modes:
+            cells.setdefault((mode, clients), Cell(mode, clients))
+    for repeat in range(config.repeats):
+        for turn, clients in enumerate(config.clients):
+            shift = (repeat + turn) % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
+                progress.update(task, description=f"{mode}, {clients} clients, run {repeat + 1}")
                 cell = cells[(mode, clients)]
+                n = -(-config.num_prompts // clients) * clients
+                replies, wall = drive(endpoints[mode], _bodies(prompts, n, config, temperature), clients)
+                latencies = [r.latency_s for r in replies]
+                cell.requests = len(replies)
+                cell.p50_s.append(statistics.median(latencies))
+                cell.p95_s.append(percentile(latencies, 0.95))
+                cell.ttft_s.append(statistics.median(r.ttft_s for r in replies))
+                tokens = sum(len(r.tokens) for r in replies)
+                cell.tokens_per_s.append(tokens / wall)
+                if (mode, clients) not in first:
+                    cell.tokens = tokens
+                    first[(mode, clients)] = replies
+                progress.advance(task)
+
+
+def _check_greedy(config: BenchConfig, cells: dict[tuple[str, int], Cell],
+                  first: dict[tuple[str, int], list[Reply]]) -> None:
+    """Each cell's first replies against ``off``'s at the same client count, prompt by prompt."""
+    for clients in config.clients:
+        reference = {r.prompt: r.tokens for r in first[("off", clients)]}
+        for (mode, at), cell in cells.items():
+            if at == clients:
                 for reply in first[(mode, clients)]:
                     cell.compared += 1
                     cell.greedy_equal += reply.tokens == reference[reply.prompt]
-    return list(cells.values())
 
 
 def serve_goals(run: ServeRun) -> list[Goal]:
@@ -275,6 +419,38 @@ def serve_goals(run: ServeRun) -> list[Goal]:
                 value = cell.median("tokens_per_s") / off.median("tokens_per_s")
                 goals.append(Goal(f"throughput {mode} / off at {clients} clients", value, ">= 1.0",
                                        value >= 1.0))
+    return goals + peer_goals(run)
+
+
+VLLM_SPECULATIVE = ("vllm-ngram", "vllm-draft")  # vLLM's speculative configurations: the best one is the bar
+
+
+def peer_goals(run: ServeRun) -> list[Goal]:
+    """Issue 28's goals against vLLM's servers, as ratios of this run's medians, and our start-up."""
+    goals = []
+    off, plain = run.cell("off", 1), run.cell("vllm-plain", 1)
+    if off and plain:
+        value = plain.median("p50_s") / off.median("p50_s")
+        goals.append(Goal("median latency vllm-plain / off at 1 client", value, ">= 1.0", value >= 1.0))
+    for clients in run.config.clients:
+        on = run.cell("on", clients)
+        theirs = [c for c in (run.cell(n, clients) for n in VLLM_SPECULATIVE) if c is not None]
+        if on is None or not theirs:
+            continue
+        if clients <= 4:
+            best = min(theirs, key=lambda c: c.median("p50_s"))
+            value = best.median("p50_s") / on.median("p50_s")
+            goals.append(Goal(f"median latency {best.mode} (vLLM's best) / on at {clients} client(s)", value,
+                              ">= 1.5", value >= 1.5))
+        else:
+            best = max(theirs, key=lambda c: c.median("tokens_per_s"))
+            value = on.median("tokens_per_s") / best.median("tokens_per_s")
+            goals.append(Goal(f"throughput on / {best.mode} (vLLM's best) at {clients} clients", value, ">= 1.0",
+                              value >= 1.0))
+    if SPECDEC_SERVE in run.startup_s:
+        value = run.startup_s[SPECDEC_SERVE]
+        goals.append(Goal(f"{SPECDEC_SERVE} launched to its first reply, s", value, f"<= {STARTUP_GOAL_S:g}",
+                          value <= STARTUP_GOAL_S))
     return goals
 
 
@@ -301,9 +477,14 @@ def serve_table(run: ServeRun) -> Table:
 def print_serve(run: ServeRun, console: Console) -> None:
     console.print(serve_table(run))
     env = run.environment
+    peers = sorted({c.mode for c in run.cells} - set(run.config.speculate))
+    where = ("our servers and the clients in one process, each vLLM server a process of its own (one up at a "
+             "time, as many threads as ours)" if peers else "server and clients in one process")
     console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}, load average "
-                  f"{env.load_average_start} -> {env.load_average_end}; server and clients in one process; torch "
+                  f"{env.load_average_start} -> {env.load_average_end}; {where}; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
+    console.print("start-up, launch to the first reply: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds
+                                                                      in run.startup_s.items()))
     print_choices_and_goals(console, run.crossover, serve_goals(run))
 
 
@@ -318,6 +499,7 @@ def write_serve(run: ServeRun, out_dir: Path) -> Path:
         "cells": [{**asdict(c), **{f"median_{k}": c.median(k) for k in ("p50_s", "p95_s", "ttft_s", "tokens_per_s")}}
                   for c in run.cells],
         "crossover": {str(k): v for k, v in run.crossover.items()},
+        "startup_s": run.startup_s,
         "goals": [asdict(g) for g in serve_goals(run)],
     }, indent=2))
     return path
@@ -330,4 +512,4 @@ def run_and_report(config: BenchConfig, console: Console) -> int:
     path = write_serve(run, Path(config.output))
     print_serve(run, console)
     console.print(f"wrote {path}", style="dim")
-    return 0 if all(c.greedy_equal == c.compared for c in run.cells) else 1
+    return 0 if all(c.greedy_equal == c.compared for c in run.cells) else 1  # vLLM's cells too: float32, exact

@@ -81,7 +81,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_process(process: subprocess.Popen) -> None:
     """Stop a server and every process of its group: SIGTERM, then SIGKILL after 10 s."""
     if process.poll() is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -115,7 +115,7 @@ class VLLMServer:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # OMP_NUM_THREADS threads, unpinned, as ours
         self._log = tempfile.NamedTemporaryFile(prefix="specdec-vllm-", suffix=".log", delete=False)  # noqa: SIM115
         self.log = Path(self._log.name)
-        start = time.perf_counter()
+        start = self.launched = time.perf_counter()  # launch: the bench times its first reply from here
         self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
         atexit.register(self.close)  # on any exit of the bench, Ctrl-C included
@@ -154,7 +154,7 @@ class VLLMServer:
 
     def close(self, keep_log: bool = False) -> None:
         """Stop the server (and its engine's processes); remove its log unless ``keep_log`` (a failure quotes it)."""
-        _stop(self.process)
+        stop_process(self.process)
         self._log.close()
         if not keep_log:
             self.log.unlink(missing_ok=True)
@@ -166,13 +166,17 @@ def openai_installed() -> bool:
     return importlib.util.find_spec("openai") is not None
 
 
+def max_model_len(target) -> int:
+    """vLLM's --max-model-len for ``target`` (a loaded model): its positions, at most ``CONTEXT``."""
+    return min(getattr(target.config, "max_position_embeddings", None) or CONTEXT, CONTEXT)
+
+
 class VLLMEngine:
     """A peer engine: greedy completions from a vLLM server on the target, one request at a time."""
 
     def __init__(self, target, threads: int, speculative: dict | None = None) -> None:
         folder = getattr(target, "name_or_path", "") or ""
-        positions = getattr(target.config, "max_position_embeddings", None) or CONTEXT
-        self.context = min(positions, CONTEXT)
+        self.context = max_model_len(target)
         self.server = VLLMServer(folder, threads, speculative, self.context)
         self.startup_s = self.server.startup_s
         self.client = None

@@ -1,11 +1,14 @@
 """A stand-in for vLLM's OpenAI server in the bench's tests (tests/test_bench_vllm.py): no vLLM involved.
 
 Run as ``python -m vllm.entrypoints.openai.api_server`` with this folder's parent on PYTHONPATH, it
-takes the flags the bench gives vLLM's server, writes them (and its pid and thread settings) to
+takes the flags the bench gives vLLM's server, writes them (and its pid, thread settings, and the pids of
+the stub servers recorded before it that are still running) to
 ``$STUB_RECORD/<port>.json``, then as ``$STUB_MODE`` says: ``hang`` (never listens), ``fail`` (exits 3),
 or serves ``/v1/models`` and ``/v1/completions`` with the model's own greedy ``generate`` on the token
 ids sent, stopping at ``stop_token_ids`` (left out of ``token_ids`` and given as ``stop_reason`` where
-``$STUB_DROP_STOP`` is set, as a server may).
+``$STUB_DROP_STOP`` is set, as a server may); with ``"stream": true`` as server-sent events, one chunk per
+token (its ``token_ids`` delta), the last with ``finish_reason`` and ``stop_reason``, then ``[DONE]``.
+Requests are served on threads (concurrent clients), one ``generate`` at a time.
 """
 
 from __future__ import annotations
@@ -14,9 +17,18 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def main() -> None:
@@ -25,7 +37,8 @@ def main() -> None:
                  "--generation-config", "--seed", "--speculative-config"):
         parser.add_argument(flag)
     args = parser.parse_args()
-    record = {"argv": sys.argv[1:], "pid": os.getpid(),
+    earlier = [json.loads(p.read_text())["pid"] for p in Path(os.environ["STUB_RECORD"]).glob("*.json")]
+    record = {"argv": sys.argv[1:], "pid": os.getpid(), "others_alive": [pid for pid in earlier if alive(pid)],
               "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE",
                                                      "VLLM_CPU_OMP_THREADS_BIND")}}
     Path(os.environ["STUB_RECORD"], f"{args.port}.json").write_text(json.dumps(record))
@@ -62,7 +75,7 @@ def main() -> None:
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             assert request["temperature"] == 0 and request["ignore_eos"] and request["return_token_ids"]
             ids, stop = request["prompt"], request["stop_token_ids"]
-            with torch.no_grad():
+            with lock, torch.no_grad():
                 out = model.generate(torch.tensor([ids]), max_new_tokens=request["max_tokens"], do_sample=False,
                                      eos_token_id=stop or None, pad_token_id=0,
                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long))
@@ -70,15 +83,30 @@ def main() -> None:
             reason = tokens[-1] if tokens and tokens[-1] in stop else None
             if reason is not None and drop_stop:
                 tokens = tokens[:-1]
+            finish = "stop" if reason is not None else "length"
+            if request.get("stream"):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+                chunks = [{"index": 0, "text": "", "token_ids": [t], "finish_reason": None, "stop_reason": None}
+                          for t in tokens]
+                chunks.append({"index": 0, "text": "", "token_ids": [], "finish_reason": finish, "stop_reason": reason})
+                for choice in chunks:
+                    self.wfile.write(b"data: " + json.dumps({"id": "cmpl-stub", "object": "text_completion",
+                                                             "choices": [choice]}).encode() + b"\n\n")
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                return
             self._send({"id": "cmpl-stub", "object": "text_completion", "created": 0, "model": request["model"],
                         "choices": [{"index": 0, "text": "", "logprobs": None, "token_ids": tokens,
-                                     "finish_reason": "stop" if reason is not None else "length",
+                                     "finish_reason": finish,
                                      "stop_reason": reason}]})
 
         def log_message(self, *_) -> None:
             pass
 
-    server = HTTPServer((args.host, int(args.port)), Handler)
+    lock = threading.Lock()
+    server = ThreadingHTTPServer((args.host, int(args.port)), Handler)
     print("stub: ready", flush=True)
     server.serve_forever()
 
