@@ -38,7 +38,7 @@ class BenchConfig:
     target: str = _MODELS.target  # target model: a shipped name or a folder with config + safetensors
     drafter: str = _MODELS.drafter_model  # drafter model used by `spec` and `hf-assisted` (a name or a folder)
     drafter_dtype: tuple[str, ...] = (_MODELS.drafter_dtype,)  # the forms the drafter model runs in (auto, float32, bf16, int8); each form after the first runs spec and spec-lookup again as spec:FORM, spec-lookup:FORM
-    peers: tuple[str, ...] = ()  # other engines run beside ours on the same model and prompts, greedy (specdec.bench.peers): ctranslate2, llamacpp (= llamacpp-f32, llamacpp-q8_0 and each with -lookup); optional extras (pip install 'specdec[peers]'); vllm (= vllm-plain, vllm-ngram, vllm-draft: vLLM's CPU build from the venv SPECDEC_VLLM_PYTHON names)
+    peers: tuple[str, ...] = ()  # other engines run beside ours on the same model and prompts, greedy (specdec.bench.peers): ctranslate2, llamacpp (= llamacpp-f32, llamacpp-q8_0 and each with -lookup); optional extras (pip install 'specdec[peers]'); vllm (= vllm-plain, vllm-ngram, vllm-draft: vLLM's CPU build from the venv SPECDEC_VLLM_PYTHON names; with --serve the only peers taken, as servers driven by the same clients, greedy)
     compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
     schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada) as method spec-<name>; spec itself is the constant schedule (--gamma)
     tokenizer: str | None = None  # folder of the tokenizer; None = the target's own folder

@@ -456,11 +456,14 @@ def peer_goals(run: ServeRun) -> list[Goal]:
 
 def serve_table(run: ServeRun) -> Table:
     c = run.config
+    runs = max(len(cell.p50_s) for cell in run.cells)
+    ours = f" (ours {runs}: with each vLLM server in turn)" if runs > c.repeats else ""
     table = Table(title=f"specdec serve under load: T={run.temperature:g}, γ={c.gamma[0]}, {c.max_new_tokens} new "
-                        f"tokens, batch size {run.batch_size}, drafter {LOOKUP}{c.drafter}, median of {c.repeats} runs")
-    for column in ("clients", "speculate", "requests", "p50 latency s", "p95 latency s", "p50 TTFT s", "tokens/s",
+                        f"tokens, batch size {run.batch_size}, drafter {LOOKUP}{c.drafter}, median of {c.repeats} "
+                        f"runs{ours}")
+    for column in ("clients", "mode", "requests", "p50 latency s", "p95 latency s", "p50 TTFT s", "tokens/s",
                    "p50 × off", "tok/s × off", "greedy = off"):
-        table.add_column(column, justify="left" if column == "speculate" else "right")
+        table.add_column(column, justify="left" if column == "mode" else "right")
     for clients in c.clients:
         off = run.cell("off", clients)
         for cell in (x for x in run.cells if x.clients == clients):

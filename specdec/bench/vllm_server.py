@@ -20,7 +20,8 @@ apply). Configurations:
 
 A prompt goes as token ids to ``/v1/completions``, greedy (temperature 0, ``max_tokens`` the bench's
 new tokens, the bench's stop tokens as ``stop_token_ids``, the tokenizer's EOS otherwise ignored), one
-request at a time (one client), with the official ``openai`` client where it is installed in the bench's
+request at a time (one client; ``specdec bench --serve --peers vllm`` drives the same servers with its
+concurrent streaming clients, ``specdec.bench.serve``), with the official ``openai`` client where it is installed in the bench's
 environment, else plain HTTP; the reply's token ids (``return_token_ids``) are the output, checked
 against ``generate`` like every method's. The server's start-up time (launch to ready) is kept
 (``startup_s``) and reported beside its time per token. A server that exits or is not ready within
