@@ -190,3 +190,51 @@ def test_a_row_joins_a_cache_whose_rows_hold_no_slot():
         for row, token in enumerate((7, 8)):
             alone = model(torch.tensor([[token]])).logits[0, -1]
             torch.testing.assert_close(out.logits[row, -1], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_slack_layer_holds_what_a_dynamic_layer_holds():
+    """A ``SlackLayer`` given the same updates, crops, row selections and replaced tensors as transformers'
+    ``DynamicLayer`` holds the same keys and values after each; updates that fit its room write in place (the
+    buffer is kept), and a cache made in inference mode still takes updates outside it."""
+    from transformers.cache_utils import DynamicLayer
+
+    from specdec.cache import SlackLayer
+
+    generator = torch.Generator().manual_seed(0)
+    ours, reference = SlackLayer(), DynamicLayer()
+
+    def update(rows: int, n: int) -> None:
+        keys, values = torch.randn(rows, 2, n, 4, generator=generator), torch.randn(rows, 2, n, 3, generator=generator)
+        got, want = ours.update(keys, values), reference.update(keys, values)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+    def same() -> None:
+        assert torch.equal(ours.keys, reference.keys) and torch.equal(ours.values, reference.values)
+
+    with torch.inference_mode():
+        update(3, 5)
+        buffer = ours.keys.data_ptr()
+        for n in (1, 4, 1):
+            update(3, n)
+        assert ours.keys.data_ptr() == buffer  # written in place: no new tensor per update
+        for layer in (ours, reference):
+            layer.crop(-3)
+        same()
+        update(3, 2)  # over the cropped slots
+        assert ours.keys.data_ptr() == buffer
+        for _ in range(70):  # past the room: the buffer grows, contents kept
+            update(3, 1)
+        assert ours.keys.data_ptr() != buffer
+        rows = torch.tensor([2, 0])
+        for layer in (ours, reference):
+            layer.batch_select_indices(rows)
+        same()
+        update(2, 3)
+        for layer in (ours, reference):  # a tensor put in place of the keys and values (a gather, a merge)
+            layer.keys, layer.values = layer.keys[:, :, 2:].flip(0), layer.values[:, :, 2:].flip(0)
+        update(2, 1)
+        same()
+    update(2, 2)  # outside inference mode, into buffers made inside it
+    same()
+    assert ours.get_seq_length() == reference.get_seq_length()
