@@ -86,7 +86,6 @@ from specdec.positions import positions_for
 from specdec.selfcheck import verdict_of
 
 COMPACT_MIN_SLOTS = 32  # below this many slots, holes cost too little to be worth re-packing
-SLACK_SLOTS = 64  # the least room a growing layer's buffer leaves beyond its slots (see ``SlackLayer``)
 
 # a self-trimming sliding-window layer -> the plain layer that keeps every slot (the window then the model's mask)
 PLAIN_LAYERS: dict[type, type] = {
@@ -103,75 +102,6 @@ def plain(layer: object) -> object:
         return layer
     states = getattr(layer, "number_of_states", None)
     return kind() if states is None else kind(number_of_states=states)
-
-
-class SlackLayer(DynamicLayer):
-    """A ``DynamicLayer`` that grows in place: its ``keys`` and ``values`` [B, H, S, D] are views of the first S
-    slots of buffers with room for more, so a forward writes its new slots into the room instead of copying every
-    slot into a new tensor (``DynamicLayer.update``'s ``torch.cat``: 14 us against 5 us per tensor at 200 slots on
-    this project's CPU, twelve tensors a step of code-target, and growing with the slots). The buffers grow by half
-    (at least ``SLACK_SLOTS``) when full.
-
-    Everything else is ``DynamicLayer``'s: ``crop`` keeps a shorter view of the same buffer (the rejected slots are
-    overwritten by the next forward, never read meanwhile); where ``keys`` or ``values`` is replaced by another
-    tensor (a gather, a row selection, a merge) the next update copies it into new buffers."""
-
-    _room: tuple[torch.Tensor, ...] | None = None  # (keys' buffer, values' buffer, the keys view, the values view)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
-               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        room = self._room
-        slots = self.get_seq_length()
-        width = slots + key_states.shape[-2]
-        if room is None or room[2] is not self.keys or room[3] is not self.values or width > room[0].shape[-2]:
-            room = self._grow(slots, width, key_states, value_states)
-        try:
-            room[0].narrow(-2, slots, width - slots).copy_(key_states)
-            room[1].narrow(-2, slots, width - slots).copy_(value_states)
-        except RuntimeError:  # buffers made in inference mode, written outside it: new ones, then write
-            room = self._grow(slots, width, key_states, value_states)
-            room[0].narrow(-2, slots, width - slots).copy_(key_states)
-            room[1].narrow(-2, slots, width - slots).copy_(value_states)
-        self.keys, self.values = room[0].narrow(-2, 0, width), room[1].narrow(-2, 0, width)
-        self._room = (room[0], room[1], self.keys, self.values)
-        return self.keys, self.values
-
-    def _grow(self, slots: int, width: int, key_states: torch.Tensor,
-              value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """New buffers with room beyond ``width`` slots, holding the layer's first ``slots`` slots."""
-        size = width + max(SLACK_SLOTS, width // 2)
-        buffers = []
-        for held, new in ((self.keys, key_states), (self.values, value_states)):
-            buffer = new.new_empty(*new.shape[:-2], size, new.shape[-1])
-            if slots:
-                buffer.narrow(-2, 0, slots).copy_(held)
-            buffers.append(buffer)
-        return buffers[0], buffers[1]
-
-    def crop(self, tokens_to_remove: int) -> None:
-        ours = self._room is not None and self._room[2] is self.keys and self._room[3] is self.values
-        super().crop(tokens_to_remove)  # shorter views of the same buffers
-        if ours:
-            self._room = (self._room[0], self._room[1], self.keys, self.values)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self._room = None  # the rows kept are copies: the old buffers go
-
-    def reset(self) -> None:
-        self._room = None
-        super().reset()
-
-
-def slack(cache: Cache) -> None:
-    """Make ``cache``'s plain ``DynamicLayer`` layers (and those it adds later) ``SlackLayer`` ones, in place."""
-    for layer in cache.layers:
-        if type(layer) is DynamicLayer:
-            layer.__class__ = SlackLayer  # the same state: a SlackLayer's buffers are made at its next update
-    if getattr(cache, "layer_class_to_replicate", None) is DynamicLayer:
-        cache.layer_class_to_replicate = SlackLayer
 
 
 def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -221,7 +151,6 @@ class RaggedCache:
             # plain layers: the window is the model's mask over every slot, none trimmed (layers of other kinds kept:
             # sparse attention's indexed layers, a hybrid's (LFM3's) recurrent ones)
             self.cache.layers = [plain(layer) for layer in self.cache.layers]
-        slack(self.cache)
         for layer in self.cache.layers:
             if isinstance(layer, DummyLayer):
                 continue  # a layer without attention: nothing stored
@@ -434,7 +363,7 @@ class RaggedCache:
         width = max(self.slots, other.slots)
         layers = max(len(self.cache.layers), len(other.cache.layers))  # caches made without a config grow lazily
         while len(self.cache.layers) < layers:
-            self.cache.layers.append(SlackLayer())
+            self.cache.layers.append(DynamicLayer())
         for index, mine in enumerate(self.cache.layers):
             if not isinstance(mine, DynamicLayer):
                 continue  # no keys: a layer without attention, or recurrent state (merged by a subclass)
