@@ -48,10 +48,13 @@ static cache. So the linears stay inductor's and auto stays off.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sysconfig
+import types
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +63,7 @@ from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from specdec import kernels
 from specdec.architectures import attention_chunk, local_window
 from specdec.cache import RaggedCache, gather_slots
 from specdec.config import COMPILE_MODES, ModelConfig
@@ -67,8 +71,10 @@ from specdec.loading import context_limit, input_device
 from specdec.positions import positions_for
 
 SLOTS = 512  # slots per row of a static cache (at most the model's context): attention cost vs room
+SLOT_STEP = 32  # a forward attends the first S slots: the pointer plus its new tokens, rounded up to this
 RECOMPILE_LIMIT = 256  # compiled (model, bucket) pairs allowed in one process
 SLOT_SLACK = 16  # slots beyond the context for dead padding before a re-pack is needed
+INDUCTOR = {"freezing": True}  # inductor's options for the step (measured: docs/benchmarks.md)
 CHECK_TOLERANCE = 1e-3  # largest |compiled - eager| logit difference (relative to the logits' scale) at warm-up
 INSTALL = ("torch.compile on CPU needs a C++ compiler and Python's headers: install them (Debian/Ubuntu: "
            "apt-get install g++ python3-dev; or set CXX to a compiler), or use --compile off")
@@ -124,13 +130,84 @@ def compile_refusal(model: PreTrainedModel) -> str | None:
     return None
 
 
+_PACKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # an installed weight's data_ptr -> its pack
+
+
+@torch.library.custom_op("specdec::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` [n, in] @ ``weight``.T (+ bias) by oneDNN on the installed layer's prepacked weight (``specdec.kernels``)."""
+    packed = _PACKS.get(weight.data_ptr())
+    if packed is None:
+        raise KeyError("specdec::packed_linear: not the weight of a layer with specdec's linear kernels")
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.get(weight), bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def traced_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``kernels.fast_linear``'s formulation, traceable: ``W @ x.T`` for 1-2 rows (an extern ``mm`` that
+    freezing's MKL packing leaves alone), oneDNN on the prepacked weight (a custom op: a packed oneDNN
+    tensor has no fake form for a trace) for more."""
+    rows = x.reshape(-1, x.shape[-1])  # [n, in]
+    n = rows.shape[0]
+    if n <= 2:
+        pair = torch.cat([rows, rows]) if n == 1 else rows  # [2, in]
+        out = (weight @ pair.T).T[:n]  # [n, out]
+        out = out + bias if bias is not None else out
+    else:
+        out = packed_linear(rows, weight, bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A compiled model's installed layer: traced as ``traced_linear``, run eagerly as ``specdec.kernels`` says."""
+    if torch.compiler.is_compiling():
+        return traced_linear(x, self.weight, self.bias)
+    return kernels._forward(self, x)
+
+
+def trace_kernels(model: PreTrainedModel) -> bool:
+    """Give ``model``'s linear layers specdec's kernels where ``specdec.kernels`` installs them, traced in the
+    kernels' formulation (``traced_linear``) by the compiled step; whether they have them."""
+    if not kernels.install(model):
+        return False
+    for module in model.modules():
+        if kernels._ours(module):
+            _PACKS[module.weight.data_ptr()] = module._specdec_packed
+            module.forward = types.MethodType(_traced_forward, module)
+    return True
+
+
+class WindowLayer(StaticLayer):
+    """A ``StaticLayer`` whose forwards attend only its first ``window`` slots (the write pointer plus the new
+    tokens, rounded up: ``attended``); the slots beyond hold nothing live. Its buffers keep one slot more
+    than a forward ever attends, so every window is a proper slice and one graph serves every width."""
+
+    window: int
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        return keys[:, :, : self.window], values[:, :, : self.window]  # [R, heads, S, dim]
+
+
+def attended(end: int, slots: int) -> int:
+    """S, the slots a forward attends when its last new token is written at slot ``end - 1``: ``end`` rounded up
+    to ``SLOT_STEP`` (so the graph sees few distinct widths), at most ``slots``; at least 2 (dynamo specializes
+    a size of 1)."""
+    return max(2, min(slots, math.ceil(end / SLOT_STEP) * SLOT_STEP))
+
+
 @dataclass(frozen=True)
 class Shape:
-    """One bucket: rows, new tokens per row, slots per row, and whether the last hidden state is returned."""
+    """One bucket: rows, new tokens per row, and whether the last hidden state is returned (every slot width
+    shares it: the slot dimension is dynamic)."""
 
     rows: int
     tokens: int
-    slots: int
     hidden: bool = False
 
 
@@ -144,13 +221,14 @@ class CompiledModel:
 
     def __init__(self, model: PreTrainedModel, slots: int) -> None:
         self.model = model
-        self.slots = slots  # C
+        self.slots = slots  # C: slots per row a forward may use (the buffers hold C + 1: ``WindowLayer``)
         self.shapes: set[Shape] = set()  # compiled and warmed
         self.rows: tuple[int, ...] = ()
         self.tokens: tuple[int, ...] = ()
         self.eager_shapes: set[Shape] = set()  # shapes run eagerly (told once each)
         self.calls = {"compiled": 0, "eager": 0}  # decode forwards run each way
-        self._compiled = torch.compile(self._step, dynamic=False, fullgraph=True, options={"freezing": True})
+        self.kernels = trace_kernels(model)  # the linears traced in specdec's kernels' formulation
+        self._compiled = torch.compile(self._step, dynamic=None, fullgraph=True, options=dict(INDUCTOR))
         self.layout = self._layout()
 
     def _layout(self) -> list[tuple[int, int, int, torch.dtype]]:
@@ -163,48 +241,56 @@ class CompiledModel:
 
     @torch.inference_mode()
     def new_cache(self, rows: int, device: torch.device | str) -> StaticCache:
-        """A ``StaticCache`` of ``rows`` rows and ``self.slots`` slots, allocated now."""
-        cache = StaticCache(config=self.model.config, max_cache_len=self.slots)
+        """A ``StaticCache`` of ``rows`` rows and ``self.slots`` (+ 1) slots, allocated now."""
+        width = self.slots + 1
+        cache = StaticCache(config=self.model.config, max_cache_len=width)
+        cache.layers = [WindowLayer(width) for _ in cache.layers]
         for layer, (heads, key_dim, value_dim, dtype) in zip(cache.layers, self.layout):
             # what StaticLayer.lazy_initialization sets, without marking static addresses (a CUDA-graph need):
             # the buffers are plain inputs of the compiled step, so every cache of this shape reuses its code
             layer.dtype, layer.device, layer.batch_size, layer.num_heads = dtype, torch.device(device), rows, heads
             layer.k_head_dim, layer.v_head_dim = key_dim, value_dim
-            layer.keys = torch.zeros(rows, heads, self.slots, key_dim, dtype=dtype, device=device)
-            layer.values = torch.zeros(rows, heads, self.slots, value_dim, dtype=dtype, device=device)
+            layer.keys = torch.zeros(rows, heads, width, key_dim, dtype=dtype, device=device)
+            layer.values = torch.zeros(rows, heads, width, value_dim, dtype=dtype, device=device)
             layer.cumulative_length = torch.tensor(0, dtype=torch.long, device=device)
-            layer.is_initialized = True
+            layer.is_initialized, layer.window = True, self.slots
         return cache
 
     def _step(self, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
               cache: StaticCache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [R, n, V] (and the last hidden states [R, n, H]) of ``ids`` [R, n] written at slots
-        ``start + 0..n-1``; ``live`` [R, C] marks the slots each row attends (its new real tokens included)."""
+        ``start + 0..n-1``; ``live`` [R, S] marks the slots each row attends (its new real tokens included),
+        the first S of the cache's."""
         n, slots = ids.shape[1], live.shape[1]
+        for layer in cache.layers:
+            layer.window = slots  # attend the first S slots
         query = start + torch.arange(n, device=ids.device)  # [n] slots of the new tokens
-        key = torch.arange(slots, device=ids.device)  # [C]
-        allowed = live[:, None, :] & (key[None, None, :] <= query[None, :, None])  # [R, n, C]
+        key = torch.arange(slots, device=ids.device)  # [S]
+        allowed = live[:, None, :] & (key[None, None, :] <= query[None, :, None])  # [R, n, S]
         allowed = allowed | (key[None, None, :] == query[None, :, None])  # a padding query sees itself: no empty row
         dtype = self.layout[0][3]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, n, C]
+            ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, n, S]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True, logits_to_keep=n, output_hidden_states=hidden)
         return out.logits, out.hidden_states[-1] if hidden else None
 
     @torch.inference_mode()
-    def run(self, shape: Shape, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The step, compiled when ``shape`` was warmed, else eager (told once per shape)."""
+    def run(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
+            cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step over the first S slots (``live`` [R, S]), compiled when ``shape`` was warmed, else eager
+        (told once per shape)."""
         if shape in self.shapes:
             self.calls["compiled"] += 1
-            return self._compiled(*args, shape.hidden)
+            torch._dynamo.mark_dynamic(live, 1)  # as warmed
+            return self._compiled(ids, live, positions, start, cache, shape.hidden)
         self.calls["eager"] += 1
         if shape not in self.eager_shapes:
             self.eager_shapes.add(shape)
-            warnings.warn(f"{type(self.model).__name__}: a forward of {shape.rows} rows x {shape.tokens} tokens "
-                          f"({shape.slots} slots{', hidden states' if shape.hidden else ''}) has no compiled "
-                          "bucket: it runs eagerly", stacklevel=4)
-        return self._step(*args, shape.hidden)
+            warnings.warn(f"{type(self.model).__name__}: a forward of {shape.rows} rows x {shape.tokens} tokens"
+                          f"{' (hidden states)' if shape.hidden else ''} has no compiled bucket: it runs eagerly",
+                          stacklevel=4)
+        return self._step(ids, live, positions, start, cache, shape.hidden)
 
     @torch.inference_mode()
     def warm(self, shape: Shape) -> None:
@@ -212,16 +298,19 @@ class CompiledModel:
         device = input_device(self.model)
         ids = torch.randint(0, self.model.config.get_text_config().vocab_size, (shape.rows, shape.tokens),
                             device=device)
+        span = attended(3 + shape.tokens, self.slots)
         results = []
         for compiled in (True, False):
             cache = self.new_cache(shape.rows, device)
-            live = torch.zeros(shape.rows, shape.slots, dtype=torch.bool, device=device)
+            live = torch.zeros(shape.rows, self.slots + 1, dtype=torch.bool, device=device)[:, :span]  # as forward's
             live[:, 3: 3 + shape.tokens] = True
             for layer in cache.layers:
                 layer.cumulative_length.fill_(3)
             positions = torch.arange(shape.tokens, device=device)[None].repeat(shape.rows, 1)  # contiguous, as forward's
+            torch._dynamo.mark_dynamic(live, 1)
             args = (ids, live, positions, torch.tensor(3, device=device), cache, shape.hidden)
-            results.append((self._compiled if compiled else self._step)(*args)[0])
+            with kernels.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # dynamic: S only
+                results.append((self._compiled if compiled else self._step)(*args)[0])
         error = float((results[0] - results[1]).abs().max())
         scale = float(results[1].abs().max()) + 1.0
         if not error <= CHECK_TOLERANCE * scale:
@@ -266,7 +355,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         limit = context_limit(model)
         width = slots or (SLOTS if limit is None else min(SLOTS, limit)) + SLOT_SLACK
         compiled = CompiledModel(model, width)
-    wanted = [Shape(r, n, compiled.slots, h) for r in rows for n in tokens for h in sorted({False, hidden})]
+    wanted = [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
     try:
         for shape in wanted:
             if shape not in compiled.shapes:
@@ -306,7 +395,7 @@ class StaticRaggedCache:
         self.model, self.compiled, self.device = model, compiled, torch.device(device)
         self.capacity = 0  # R: rows of the buffers
         self.cache: StaticCache | None = None
-        self.slots_live = torch.zeros(0, compiled.slots, dtype=torch.bool, device=self.device)  # [R, C]
+        self.slots_live = torch.zeros(0, compiled.slots + 1, dtype=torch.bool, device=self.device)  # [R, C + 1]
         self.live = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
         self.used = 0  # slots in use: the write pointer (every row writes at the same slots)
 
@@ -349,7 +438,7 @@ class StaticRaggedCache:
         for old, new in zip(self._layers(), fresh.layers):
             new.keys[: self.capacity].copy_(old.keys)
             new.values[: self.capacity].copy_(old.values)
-        live = torch.zeros(bucket, self.compiled.slots, dtype=torch.bool, device=self.device)
+        live = torch.zeros(bucket, self.compiled.slots + 1, dtype=torch.bool, device=self.device)
         live[: self.capacity] = self.slots_live
         self.cache, self.slots_live, self.capacity = fresh, live, bucket
         self._point(self.used)
@@ -373,24 +462,26 @@ class StaticRaggedCache:
             raise TypeError(f"the compiled path takes no {', '.join(kwargs)}")
         rows, n = input_ids.shape
         self._reserve(rows)
-        width = _bucket(n, self.compiled.tokens) or n  # tokens per row, padded on the left to a bucket
-        shape = Shape(self.capacity, width, self.compiled.slots, bool(output_hidden_states))
+        width = _bucket(n, self.compiled.tokens) or n  # tokens per row: n real columns, then dead padding
         self._room(width)
+        span = attended(self.used + width, self.compiled.slots)  # S: the slots this forward attends
+        shape = Shape(self.capacity, width, bool(output_hidden_states))
         real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
         ids = input_ids.new_zeros(self.capacity, width)
-        ids[:rows, width - n:] = input_ids
+        ids[:rows, :n] = input_ids
         new = torch.zeros(self.capacity, width, dtype=torch.bool, device=self.device)
-        new[:rows, width - n:] = real  # [R, w] real new tokens
+        new[:rows, :n] = real  # [R, w] real new tokens
         positions = torch.zeros(self.capacity, width, dtype=torch.long, device=self.device)
         positions[:rows] = (self.live[:, None] + new[:rows].long().cumsum(1) - 1).clamp_min(0)  # [B, w]
         self.slots_live[:, self.used: self.used + width] = new
-        logits, hidden = self.compiled.run(shape, ids, self.slots_live, positions,
+        logits, hidden = self.compiled.run(shape, ids, self.slots_live[:, :span], positions,
                                            torch.tensor(self.used, device=self.device), self.cache)
-        self.used += width  # the layers' pointers moved inside the step
+        self.slots_live[:, self.used + n: self.used + width] = False
+        self._point(self.used + n)  # the dead columns' slots are free again, as a rejected draft's
         self.live = self.live + real.sum(dim=1)
         keep = min(logits_to_keep, n) if logits_to_keep else n
-        states = (hidden[:rows, -keep:],) if hidden is not None else None
-        return CausalLMOutputWithPast(logits=logits[:rows, -keep:], hidden_states=states)
+        states = (hidden[:rows, n - keep: n],) if hidden is not None else None
+        return CausalLMOutputWithPast(logits=logits[:rows, n - keep: n], hidden_states=states)
 
     # ----------------------------------------------------------------------- rows and rollback
 
