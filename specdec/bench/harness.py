@@ -308,6 +308,20 @@ def run_benchmark(
                 runner.close()
 
 
+def _compile(config: BenchConfig, target: PreTrainedModel, drafter: PreTrainedModel | None) -> str:
+    """``--compile on``: compile the target and the drafter model for the shapes of every method of ours, at
+    every ``--gamma`` (``specdec.compiled.token_buckets``, one row), before any timing; what was done."""
+    from specdec.compiled import compiles, prepare, token_buckets
+
+    if not compiles(config.compile):
+        return config.compile
+    plans = [token_buckets(g, "lookup+", True, True) for g in config.gamma]
+    done = [f"target {prepare(target, 'on', tokens=tuple(sorted({n for p in plans for n in p[0]}))).reason}"]
+    if drafter is not None:
+        done.append(f"drafter {prepare(drafter, 'on', tokens=tuple(sorted({n for p in plans for n in p[1]}))).reason}")
+    return "; ".join(done)
+
+
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
@@ -330,6 +344,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     for model in (drafter, *compared.values()):  # int8 and bf16 forms are left alone by install
         if model is not None:
             install(model)
+    compiled = _compile(config, target, drafter)
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,
@@ -388,6 +403,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         (config.drafter, drafter) if drafter is not None else None,
         load_start,
         {label: (compare[label], m) for label, m in compared.items()},
+        compile=compiled,
     )
     return BenchRun(
         config=config,
