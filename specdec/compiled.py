@@ -119,6 +119,8 @@ def compile_refusal(model: PreTrainedModel) -> str | None:
         return f"{name}'s forward takes no position_ids"
     if attention_chunk(config) or local_window(config):
         return f"{name} has local or chunked attention (windows over slots a static cache does not keep)"
+    if any(type(m).__module__.startswith("torch.ao.nn.quantized") for m in model.modules()):
+        return f"{name} is dynamically quantised (int8 linears have no traceable form here)"
     if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
         return f"{name} uses the {config._attn_implementation!r} attention implementation (sdpa or eager only)"
     try:

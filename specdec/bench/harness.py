@@ -308,17 +308,22 @@ def run_benchmark(
                 runner.close()
 
 
-def _compile(config: BenchConfig, target: PreTrainedModel, drafter: PreTrainedModel | None) -> str:
-    """``--compile on``: compile the target and the drafter model for the shapes of every method of ours, at
-    every ``--gamma`` (``specdec.compiled.token_buckets``, one row), before any timing; what was done."""
+def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, PreTrainedModel | None]) -> str:
+    """``--compile on``: compile the target and the drafter model's forms (as loaded: behind lookup; the form
+    ``spec`` drafts with) for the shapes of every method of ours, at every ``--gamma``
+    (``specdec.compiled.token_buckets``, one row), before any timing; what was done."""
     from specdec.compiled import compiles, prepare, token_buckets
 
     if not compiles(config.compile):
         return config.compile
     plans = [token_buckets(g, "lookup+", True, True) for g in config.gamma]
     done = [f"target {prepare(target, 'on', tokens=tuple(sorted({n for p in plans for n in p[0]}))).reason}"]
-    if drafter is not None:
-        done.append(f"drafter {prepare(drafter, 'on', tokens=tuple(sorted({n for p in plans for n in p[1]}))).reason}")
+    tokens = tuple(sorted({n for p in plans for n in p[1]}))
+    seen: set[int] = set()
+    for label, drafter in drafters.items():
+        if drafter is not None and id(drafter) not in seen:
+            seen.add(id(drafter))
+            done.append(f"{label} {prepare(drafter, 'on', tokens=tokens).reason}")
     return "; ".join(done)
 
 
@@ -344,7 +349,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     for model in (drafter, *compared.values()):  # int8 and bf16 forms are left alone by install
         if model is not None:
             install(model)
-    compiled = _compile(config, target, drafter)
+    compiled = _compile(config, target, {"drafter": loaded, f"drafter ({form})": drafter})
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,
