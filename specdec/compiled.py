@@ -2,24 +2,34 @@
 
 Eager decoding pays transformers' Python around every forward (module dispatch, mask building,
 ``torch.cat`` into a growing ``DynamicCache``). Here a model's decode forwards run through
-``torch.compile`` (inductor: generated C++ on CPU) over a preallocated cache of fixed shape:
+``torch.compile`` (inductor: generated C++ on CPU) over a preallocated cache:
 
 - ``StaticRaggedCache``: the cache handle of a compiled model, with ``RaggedCache``'s interface and
   rule (each row's live slots ``mask``, positions = live tokens before each token, ``keep`` per row,
   ``select``, ``merge``, ``compact``), its keys and values in transformers' ``StaticCache`` layers
-  ``[R, heads, C, dim]``: ``R`` rows (a bucket >= the batch's rows; spare rows are dead), ``C`` slots.
+  ``[R, heads, C + 1, dim]``: ``R`` rows (a bucket >= the batch's rows; spare rows are dead), ``C`` slots.
   The layers' write pointer (``cumulative_length``) is the first unused slot; a rollback moves it
-  back (the rejected slots are overwritten later and never attended meanwhile). Holes cost no
-  attention here (every forward attends ``C`` slots, masked), only room: the rows are re-packed
+  back (the rejected slots are overwritten later and never attended meanwhile). The rows are re-packed
   (``compact``) when the next forward would not fit.
-- ``CompiledModel``: one model's compiled step, ``torch.compile(..., dynamic=False)`` of a forward
-  taking ``(ids [R, n], live slots [R, C], positions [R, n], first new slot)`` that builds the 4D mask
-  (the live slots, causal over the new ones) inside the graph. Shapes are bucketed: rows (``1`` and
-  the batch size), tokens per row (the drafter's 1-token step and its 2-token catch-up, the target's
-  ``gamma + 1`` verification), ``C`` slots; every bucket is compiled and warmed when the model is
-  prepared (``prepare``), and checked against the eager forward. A forward of another shape
-  (a longer lookup draft, a batch grown past its bucket) runs the same step eagerly on the same
-  cache: exact, only slower. Prefill stays eager (a ``RaggedCache``, merged in).
+- Slot widths: a forward attends only the first ``S`` slots (``attended``: the pointer plus its new
+  tokens, rounded up to ``SLOT_STEP``), through ``WindowLayer``, a ``StaticLayer`` whose update returns
+  that slice, and a mask of ``S`` columns; short contexts pay short attention. ``S`` is one dynamic
+  dimension of the graph (``mark_dynamic``), not one graph per width: the buffers keep one slot more
+  than a forward ever attends, so every slice has the same strides and no width recompiles.
+- ``CompiledModel``: one model's compiled step, ``torch.compile(..., fullgraph=True)`` of a forward
+  taking ``(ids [R, n], live slots [R, S], positions [R, n], first new slot)`` that builds the 4D mask
+  (the live slots, causal over the new ones) inside the graph. Shapes are bucketed by rows (``1`` and
+  the batch size) and tokens per row (``token_buckets``: the target's ``gamma + 1`` verification and a
+  prompt-lookup copy + 1, a drafter's 1-token step, its 2-token catch-up and a catch-up after a lookup
+  copy); a forward of fewer tokens is padded on the right to its bucket with dead tokens (masked out,
+  their slots freed at once like a rejected draft's, their logits dropped). Every bucket is compiled and
+  warmed when the model is prepared (``prepare``) and checked against the eager forward. A forward of
+  another shape (a longer copy, a batch grown past its bucket) runs the same step eagerly on the same
+  cache: exact, only slower, said once. Prefill stays eager (a ``RaggedCache``, merged in).
+- The linear layers: where ``specdec.kernels`` installs its kernels on the model, the graph traces
+  them in the kernels' formulation (``traced_linear``: ``W @ x.T`` for 1-2 rows, oneDNN on the prepacked
+  weight through the ``specdec::packed_linear`` op for more), not inductor's (freezing turns ``F.linear``
+  into MKL's packed kernel, the slow one on this CPU).
 
 Exactness: the compiled step computes what the eager forward computes (same cache contents, same
 positions, same mask), to float rounding; greedy tokens match ``generate`` up to near ties, as the
@@ -31,19 +41,19 @@ Inductor's on-disk FX graph cache lives under ``~/.cache/specdec/inductor/torch-
 start reuses the compiled code, and another torch version gets its own folder (rebuilt, never read).
 
 ``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one
-thread (docs/guide/cli.md, Compiled decoding): the compiled drafter step gains -3 to 40%, and the
-target's verification of gamma + 1 tokens, most of a round's time, -2 to 8% (its linear layers), so
-speculative decoding gains a few percent, within the noise of a shared machine, for 30-60 s of
-tracing and compiling at every start (against the server's start-up goal of 20 s; inductor's disk
-cache saves only the code generation). No measured run length repays that here. With specdec's linear
-kernels (``specdec.kernels``, eager decoding only) the eager step caught up: tracing the compiled step with
-the kernels' formulation instead of freezing's MKL-packed linears gained nothing at this cache's 528 slots
-(0.99-1.02 of the shipped compiled step), and the compiled verification of gamma + 1 tokens took 1.03-1.22x
-the eager step with the kernels (the one-token step 0.86-0.93x): every compiled forward attends all the
-slots (a quarter of its time; ``benchmarks/compiled_kernels.py``, docs/benchmarks.md). End to end (12 code
-prompts, 64 tokens, 1 thread) ``on`` gave 0.48-1.15x eager's tokens/s for plain decoding and 0.30-0.32x for
-the default speculation, whose lookup drafts of 3-14 tokens have no compiled bucket and run eagerly on the
-static cache. So the linears stay inductor's and auto stays off.
+thread (docs/benchmarks.md, "Compiled decoding: slot widths and token buckets";
+``benchmarks/compiled_buckets.py`` for the steps). Per step, compiled against eager with specdec's linear
+kernels (code-target, load 8-10): 0.68-0.78 for 1 token, 0.69-0.89 for the verification of 5, 0.90-0.91
+for a lookup copy's 13; the drafter's step 0.75-1.00. End to end (``specdec bench --methods plain spec
+spec-lookup --num-prompts 12 --repeats 3 --compile off|on``, alternated, two pairs, load 5-10, every
+output equal): plain decoding 1.32-1.39x -> 1.49-1.57x ``generate``, the default speculation (prompt
+lookup + code-drafter) 2.55-2.91x -> 2.65-2.87x, even where the path of before (all 528 slots attended,
+no bucket for the lookup copies) made it 3x slower. The start pays for it: 24-53 s to trace and compile
+the six buckets of a bench's default run with inductor's cache warm; ``specdec generate --compile on`` (10
+buckets: rows of 1 and 8) printed its first token after 63-146 s (load 7-9; tracing, paid at every start,
+is most of it, whether inductor's disk cache is warm or not), against the server's start-up goal of 20 s,
+for a gain within the noise of a shared machine on the default speculation. So auto stays off: ``on``
+pays for plain decoding and long runs whose start is paid once.
 """
 
 from __future__ import annotations

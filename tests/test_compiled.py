@@ -272,3 +272,29 @@ def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_pat
     assert "compile" not in errors["off"]
     assert f"{pair.target}: compile on: 4 shapes warmed" in errors["on"]  # gamma + 1, the lookup copy + 1
     assert f"{pair.drafter}: compile on: 6 shapes warmed" in errors["on"]  # 1, 2, the copy + 2
+
+
+def test_the_bench_times_a_compiled_run_beside_the_eager_methods(tmp_path):
+    """`specdec bench --compile on`: the target and the drafter model are compiled before timing (said in the
+    environment line), and the greedy output of every method of ours equals generate's."""
+    import json
+
+    from tiny_models import save_tiny_pair
+
+    from specdec.bench.config import BenchConfig
+    from specdec.bench.harness import run_benchmark
+    from specdec.bench.report import build_report
+
+    pair = save_tiny_pair(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(["def add(a, b):", "class Point:\n    def"])))
+    run = run_benchmark(BenchConfig(target=str(pair.target), drafter=str(pair.drafter), prompts=str(prompts),
+                                    num_prompts=2, max_new_tokens=8, repeats=1, warmup=0, device="cpu",
+                                    progress=False, methods=("plain", "spec-lookup"), compile="on"))
+    assert run.environment.compile.startswith("target on: ") and "drafter on: " in run.environment.compile
+    rows = {r.method: r for r in build_report(run).rows}
+    for method in ("plain", "spec-lookup"):
+        assert (rows[method].greedy_equal, rows[method].greedy_total) == (2, 2)
+    with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
+        BenchConfig(compile="fast")
