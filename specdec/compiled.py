@@ -176,7 +176,7 @@ def traced_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A compiled model's installed layer: traced as ``traced_linear``, run eagerly as ``specdec.kernels`` says."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and self.weight.dtype == x.dtype == torch.float32 and x.device.type == "cpu":
         return traced_linear(x, self.weight, self.bias)
     return kernels._forward(self, x)
 
@@ -187,7 +187,8 @@ def trace_kernels(model: PreTrainedModel) -> bool:
     if not kernels.install(model):
         return False
     for module in model.modules():
-        if kernels._ours(module):
+        traced = getattr(vars(module).get("forward"), "__func__", None) is _traced_forward  # e.g. a deep copy's
+        if kernels._ours(module) or traced:
             _PACKS[module.weight.data_ptr()] = module._specdec_packed
             module.forward = types.MethodType(_traced_forward, module)
     return True
