@@ -390,19 +390,17 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s")
 
 
-def token_buckets(gamma: int, drafter: str | None, speculating: bool, plain: bool) -> tuple[tuple[int, ...],
-                                                                                          tuple[int, ...]]:
+def token_buckets(gamma: int, drafter: str | None, speculating: bool, plain: bool,
+                  copy: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The tokens-per-row buckets (target, drafter model) a run compiles, measured on the shipped pair (12 code
     prompts, the default ``lookup+code-drafter``: the target verified 5 tokens 97 times, 13 tokens 69 times and
     1-12 tokens 15 times; the drafter stepped 1 token 339 times, caught up 2 tokens 16 times and 3-14 tokens 26
-    times). The target verifies ``gamma + 1`` tokens, and with prompt lookup up to its copy + 1
-    (``LOOKUP_NGRAM.num_tokens + 1``); plain decoding steps 1; a drafter model steps 1, catches up 2, and
+    times). The target verifies ``gamma + 1`` tokens, and with prompt lookup up to its copy + 1 (``copy``: the
+    longest copy, ``drafters.hybrid.LOOKUP_NGRAM.num_tokens``); plain decoding steps 1; a drafter model steps 1, catches up 2, and
     after a lookup round up to the copy + 2. A forward pads up to the next bucket (dead tokens, dropped)."""
     from specdec.config import LOOKUP
-    from specdec.drafters.hybrid import LOOKUP_NGRAM
 
     lookup = speculating and drafter is not None and drafter.startswith(LOOKUP)
-    copy = LOOKUP_NGRAM.num_tokens or gamma
     target = ({gamma + 1} if speculating else set()) | ({copy + 1} if lookup else set()) | ({1} if plain else set())
     model = {1, 2} | ({copy + 2} if lookup else set())
     return tuple(sorted(target)), tuple(sorted(model))

@@ -95,13 +95,15 @@ class Session:
         drafter model steps 1 token and catches up (``compiled.token_buckets``), in rows of 1 and the batch
         size. Returns what was decided, per model."""
         from specdec.compiled import compiled_for, compiles, prepare, token_buckets
+        from specdec.drafters.hybrid import LOOKUP_NGRAM
 
         if not compiles(self.models.compile):
             return []
         rows = tuple(sorted({1, spec.batch_size}))
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
         plain = mode != "speculative" or spec.speculate != "on"
-        verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain)
+        verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,
+                                      LOOKUP_NGRAM.num_tokens or spec.gamma)
         plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, False)]
         drafter = self.models.drafter_model
         if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):

@@ -157,9 +157,9 @@ def test_token_buckets_cover_the_lookup_copies():
     from specdec.drafters.hybrid import LOOKUP_NGRAM
 
     copy = LOOKUP_NGRAM.num_tokens
-    assert token_buckets(4, "lookup+code-drafter", True, False) == ((5, copy + 1), (1, 2, copy + 2))
-    assert token_buckets(4, "code-drafter", True, False) == ((5,), (1, 2))
-    assert token_buckets(4, "code-drafter", False, True) == ((1,), (1, 2))
+    assert token_buckets(4, "lookup+code-drafter", True, False, copy) == ((5, copy + 1), (1, 2, copy + 2))
+    assert token_buckets(4, "code-drafter", True, False, copy) == ((5,), (1, 2))
+    assert token_buckets(4, "code-drafter", False, True, copy) == ((1,), (1, 2))
 
 
 def test_static_cache_follows_the_ragged_rule():

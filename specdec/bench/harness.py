@@ -313,10 +313,11 @@ def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, P
     ``spec`` drafts with) for the shapes of every method of ours, at every ``--gamma``
     (``specdec.compiled.token_buckets``, one row), before any timing; what was done."""
     from specdec.compiled import compiles, prepare, token_buckets
+    from specdec.drafters.hybrid import LOOKUP_NGRAM
 
     if not compiles(config.compile):
         return config.compile
-    plans = [token_buckets(g, "lookup+", True, True) for g in config.gamma]
+    plans = [token_buckets(g, "lookup+", True, True, LOOKUP_NGRAM.num_tokens or g) for g in config.gamma]
     done = [f"target {prepare(target, 'on', tokens=tuple(sorted({n for p in plans for n in p[0]}))).reason}"]
     tokens = tuple(sorted({n for p in plans for n in p[1]}))
     seen: set[int] = set()
