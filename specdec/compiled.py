@@ -40,20 +40,20 @@ full-attention layers only (``compile_refusal`` says why another one decodes eag
 Inductor's on-disk FX graph cache lives under ``~/.cache/specdec/inductor/torch-VERSION``: a second
 start reuses the compiled code, and another torch version gets its own folder (rebuilt, never read).
 
-``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one
-thread (docs/benchmarks.md, "Compiled decoding: slot widths and token buckets";
-``benchmarks/compiled_buckets.py`` for the steps). Per step, compiled against eager with specdec's linear
-kernels (code-target, load 8-10): 0.68-0.78 for 1 token, 0.69-0.89 for the verification of 5, 0.90-0.91
-for a lookup copy's 13; the drafter's step 0.75-1.00. End to end (``specdec bench --methods plain spec
-spec-lookup --num-prompts 12 --repeats 3 --compile off|on``, alternated, two pairs, load 5-10, every
-output equal): plain decoding 1.32-1.39x -> 1.49-1.57x ``generate``, the default speculation (prompt
-lookup + code-drafter) 2.55-2.91x -> 2.65-2.87x, even where the path of before (all 528 slots attended,
-no bucket for the lookup copies) made it 3x slower. The start pays for it: 24-53 s to trace and compile
-the six buckets of a bench's default run with inductor's cache warm; ``specdec generate --compile on`` (10
-buckets: rows of 1 and 8) printed its first token after 63-146 s (load 7-9; tracing, paid at every start,
-is most of it, whether inductor's disk cache is warm or not), against the server's start-up goal of 20 s,
-for a gain within the noise of a shared machine on the default speculation. So auto stays off: ``on``
-pays for plain decoding and long runs whose start is paid once.
+``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one thread
+(docs/benchmarks.md, "Compiled decoding: slot widths and token buckets"; ``benchmarks/compiled_buckets.py``
+for the steps). Per step, compiled against eager with specdec's linear kernels (code-target, load 8-10):
+0.68-0.78 for 1 token, 0.69-0.89 for the verification of 5, 0.90-0.91 for a lookup copy's 13; the drafter's
+step 0.75-1.00. End to end (``specdec bench --methods plain spec spec-lookup --num-prompts 12 --repeats 3
+--compile off|on``, alternated, three pairs, load 2-10, every output equal): plain decoding 1.29-1.39x ->
+1.49-1.57x (medians 1.32 -> 1.50) ``generate``, the default speculation (prompt lookup + code-drafter)
+2.55-2.91x -> 2.65-2.94x (medians 2.82 -> 2.87), even where the path of before (all 528 slots attended, no
+bucket for the lookup copies) made it 3x slower. The start pays for it: 24-53 s to trace and compile the six
+buckets of a bench's default run with inductor's cache warm; ``specdec generate --compile on`` (10 buckets:
+rows of 1 and 8) printed its first token after 63-146 s (load 7-9; tracing, paid at every start, is most of
+it, whether inductor's disk cache is warm or not), against the server's start-up goal of 20 s, for a gain
+within the noise of a shared machine on the default speculation. So auto stays off: ``on`` pays for plain
+decoding and long runs whose start is paid once.
 """
 
 from __future__ import annotations
