@@ -91,20 +91,23 @@ class Session:
     def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig) -> list[str]:
         """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
         says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
-        the target verifies gamma + 1 tokens (and steps 1 when it may decode alone), a drafter model steps 1
-        token and catches up 2, in rows of 1 and the batch size. Returns what was decided, per model."""
-        from specdec.compiled import compiled_for, compiles, prepare
+        the target verifies gamma + 1 tokens (and a prompt-lookup copy, and steps 1 when it may decode alone), a
+        drafter model steps 1 token and catches up (``compiled.token_buckets``), in rows of 1 and the batch
+        size. Returns what was decided, per model."""
+        from specdec.compiled import compiled_for, compiles, prepare, token_buckets
+        from specdec.drafters.hybrid import LOOKUP_NGRAM
 
         if not compiles(self.models.compile):
             return []
         rows = tuple(sorted({1, spec.batch_size}))
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
-        verify = (spec.gamma + 1,) if speculating else ()
-        plain = (1,) if mode != "speculative" or spec.speculate != "on" else ()
-        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify + plain, False)]
+        plain = mode != "speculative" or spec.speculate != "on"
+        verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,
+                                      LOOKUP_NGRAM.num_tokens or spec.gamma)
+        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, False)]
         drafter = self.models.drafter_model
         if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
-            plan.append((drafter, (1, 2), schedule.schedule == "ada"))
+            plan.append((drafter, steps, schedule.schedule == "ada"))
         decided = []
         for name, tokens, hidden in plan:
             model = self.model(name)

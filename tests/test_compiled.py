@@ -19,6 +19,7 @@ from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
 from specdec.cli import main as cli_main
 from specdec.compiled import (
+    SLOT_STEP,
     CompiledModel,
     StaticRaggedCache,
     cache_folder,
@@ -27,7 +28,10 @@ from specdec.compiled import (
     compiled_for,
     compiles,
     prepare,
+    token_buckets,
 )
+from specdec.config import NgramConfig
+from specdec.drafters.ngram import NgramDrafter
 from specdec.seq2seq import prefilled_cache
 
 GAMMA = 3
@@ -36,8 +40,8 @@ PROMPTS = [[1, 5, 9, 33, 7], [1, 40, 41, 42, 43, 44, 45, 46, 12], [1, 60, 3, 3, 
 
 
 def spec(target, drafter, prompts, **kw):
-    return specdec.speculative_generate(target, drafter, prompts, gamma=kw.pop("gamma", GAMMA), max_new_tokens=NEW,
-                                        **kw)
+    return specdec.speculative_generate(target, drafter, prompts, gamma=kw.pop("gamma", GAMMA),
+                                        max_new_tokens=kw.pop("max_new_tokens", NEW), **kw)
 
 
 @pytest.fixture(scope="module", params=("llama", "gpt2"))
@@ -50,6 +54,9 @@ def pair(request):
         "batch": [r.tokens for r in spec(target, drafter, PROMPTS, batch_size=4)],
         "sampled": [spec(target, drafter, p, temperature=1.0, seed=7).tokens for p in PROMPTS],
         "gamma5": spec(target, drafter, PROMPTS[0], gamma=5).tokens,
+        "gamma2": [spec(target, drafter, p, gamma=2).tokens for p in PROMPTS],
+        "ngram": [spec(target, NgramDrafter(NgramConfig(min_ngram=1, num_tokens=GAMMA)), p).tokens for p in PROMPTS],
+        "long": spec(target, drafter, PROMPTS[2], max_new_tokens=90).tokens,
     }
     assert prepare(target, "on", tokens=(GAMMA + 1,), rows=(1, 4)).compiled
     assert prepare(drafter, "on", tokens=(1, 2), rows=(1, 4)).compiled
@@ -95,6 +102,64 @@ def test_a_shape_outside_the_buckets_runs_eagerly_and_exactly(pair):
         ours = spec(target, drafter, PROMPTS[0], gamma=5).tokens  # verifies 6 tokens: above the bucket of 4
     assert ours == eager["gamma5"]
     assert calls(target)["eager"] > 0
+
+
+def test_a_draft_padded_to_a_token_bucket_equals_the_eager_result(pair):
+    """Verifications shorter than the bucket (gamma 2: 3 tokens; prompt lookup: 1 to 4) run compiled, padded
+    with dead tokens on the right (their slots freed at once, their logits dropped): the same tokens."""
+    target, drafter, eager = pair
+    before = calls(target)
+    assert [spec(target, drafter, p, gamma=2).tokens for p in PROMPTS] == eager["gamma2"]
+    lookup = NgramDrafter(NgramConfig(min_ngram=1, num_tokens=GAMMA))  # copies of 1..GAMMA tokens
+    assert [spec(target, lookup, p).tokens for p in PROMPTS] == eager["ngram"]
+    after = calls(target)
+    assert after["eager"] == before["eager"] and after["compiled"] > before["compiled"]
+
+
+def test_a_context_crossing_slot_widths_runs_in_one_graph(pair):
+    """A forward attends the live slots rounded up to SLOT_STEP: a generation whose cache grows across several
+    widths gives the eager tokens and generate's, with no new compilation (the slot dimension is dynamic)."""
+    from torch._dynamo.utils import counters
+
+    target, drafter, eager = pair
+    graphs = counters["stats"]["unique_graphs"]
+    before = calls(target)
+    ours = spec(target, drafter, PROMPTS[2], max_new_tokens=90).tokens
+    assert ours == eager["long"]
+    assert_same_greedy(target, PROMPTS[2], ours, hf_greedy(target, PROMPTS[2], 90, [2]))
+    assert len(PROMPTS[2]) < SLOT_STEP and len(PROMPTS[2]) + len(ours) > 3 * SLOT_STEP  # widths 32 .. 128
+    assert calls(target)["eager"] == before["eager"]
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_the_kernels_formulation_traced_into_the_graph_is_exact(monkeypatch):
+    """With specdec's linear kernels installed (SPECDEC_LINEAR=on), the compiled step traces the linears as the
+    kernels compute them (W @ x.T for 1-2 rows, oneDNN on the prepacked weight for more): greedy output equals
+    generate's, plain (1 row) and speculative (gamma + 1 rows)."""
+    from specdec import kernels
+
+    if not kernels.available():
+        pytest.skip("this torch has no oneDNN linear op (specdec's kernels never install)")
+    monkeypatch.setenv("SPECDEC_LINEAR", "on")
+    target = build_tiny("llama", seed=11, layers=2)
+    assert prepare(target, "on", tokens=(1, GAMMA + 1)).compiled and compiled_for(target).kernels
+    lookup = NgramDrafter(NgramConfig(min_ngram=1, num_tokens=GAMMA))
+    for prompt in PROMPTS:
+        reference = hf_greedy(target, prompt, NEW, [2])
+        assert_same_greedy(target, prompt, specdec.autoregressive_generate(target, prompt, max_new_tokens=NEW,
+                                                                           stop_token_ids=[2]).tokens, reference)
+        assert_same_greedy(target, prompt, spec(target, lookup, prompt, stop_token_ids=[2]).tokens, reference)
+    assert compiled_for(target).calls["eager"] == 0
+
+
+def test_token_buckets_cover_the_lookup_copies():
+    """The shapes a run compiles: the target's gamma + 1 and a lookup copy + 1, a drafter's 1, 2 and copy + 2."""
+    from specdec.drafters.hybrid import LOOKUP_NGRAM
+
+    copy = LOOKUP_NGRAM.num_tokens
+    assert token_buckets(4, "lookup+code-drafter", True, False, copy) == ((5, copy + 1), (1, 2, copy + 2))
+    assert token_buckets(4, "code-drafter", True, False, copy) == ((5,), (1, 2))
+    assert token_buckets(4, "code-drafter", False, True, copy) == ((1,), (1, 2))
 
 
 def test_static_cache_follows_the_ragged_rule():
@@ -185,8 +250,8 @@ def test_the_compile_cache_is_per_torch_version(monkeypatch, tmp_path):
 
 def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_path, capsys):
     """`specdec generate --compile on` (a batch of two prompts, the default drafter with prompt lookup)
-    prints what `--compile off` prints, having compiled the target for gamma + 1 tokens and the drafter
-    for 1 and 2 (rows of 1 and the batch size: 2 and 4 buckets), said on stderr."""
+    prints what `--compile off` prints, having compiled the target for gamma + 1 tokens and a lookup copy + 1,
+    the drafter for 1, 2 and the copy + 2 (rows of 1 and the batch size: 4 and 6 buckets), said on stderr."""
     import json
 
     from tiny_models import save_tiny_pair
@@ -205,5 +270,31 @@ def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_pat
     assert [o["tokens"] for o in outputs["on"]] == [o["tokens"] for o in outputs["off"]]
     assert [o["compile"] for o in outputs["on"] + outputs["off"]] == ["on"] * 2 + ["off"] * 2
     assert "compile" not in errors["off"]
-    assert f"{pair.target}: compile on: 2 shapes warmed" in errors["on"]
-    assert f"{pair.drafter}: compile on: 4 shapes warmed" in errors["on"]
+    assert f"{pair.target}: compile on: 4 shapes warmed" in errors["on"]  # gamma + 1, the lookup copy + 1
+    assert f"{pair.drafter}: compile on: 6 shapes warmed" in errors["on"]  # 1, 2, the copy + 2
+
+
+def test_the_bench_times_a_compiled_run_beside_the_eager_methods(tmp_path):
+    """`specdec bench --compile on`: the target and the drafter model are compiled before timing (said in the
+    environment line), and the greedy output of every method of ours equals generate's."""
+    import json
+
+    from tiny_models import save_tiny_pair
+
+    from specdec.bench.config import BenchConfig
+    from specdec.bench.harness import run_benchmark
+    from specdec.bench.report import build_report
+
+    pair = save_tiny_pair(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(["def add(a, b):", "class Point:\n    def"])))
+    run = run_benchmark(BenchConfig(target=str(pair.target), drafter=str(pair.drafter), prompts=str(prompts),
+                                    num_prompts=2, max_new_tokens=8, repeats=1, warmup=0, device="cpu",
+                                    progress=False, methods=("plain", "spec-lookup"), compile="on"))
+    assert run.environment.compile.startswith("target on: ") and "drafter on: " in run.environment.compile
+    rows = {r.method: r for r in build_report(run).rows}
+    for method in ("plain", "spec-lookup"):
+        assert (rows[method].greedy_equal, rows[method].greedy_total) == (2, 2)
+    with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
+        BenchConfig(compile="fast")

@@ -55,6 +55,7 @@ class BenchConfig:
     warmup: int = 2  # untimed runs per method and setting before timing (first prompts of the set)
     device: str | None = _MODELS.device  # None = cuda if available else cpu; also "cpu", "cuda:N"
     dtype: str | None = _MODELS.dtype  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
+    compile: str = "off"  # torch.compile our decode forwards (specdec.compiled): on compiles the target and drafter model for every method of ours before timing (the compile time is not timed); off (default) and auto decode eagerly
     threads: int | None = _MODELS.threads  # torch CPU threads; None = $OMP_NUM_THREADS if set, else chosen from the target's size (specdec.threads)
     seed: int = 0  # seeds prompt selection and sampling (the same seed for every method)
     output: str = "bench-out"  # directory for records.jsonl, summary.json and the plots
@@ -110,7 +111,7 @@ class BenchConfig:
         ScheduleConfig(bound=self.pareto_bound)  # the core's own check of MIN MAX
         for t in (*self.pareto_confidence, *self.pareto_ada):
             ScheduleConfig(stop_threshold=t)  # ...and of the thresholds
-        ModelConfig(threads=self.threads)  # the core's own check of the thread count
+        ModelConfig(threads=self.threads, compile=self.compile)  # the core's own checks of threads and compile
         if not self.drafter_dtype or any(d not in DRAFTER_DTYPES for d in self.drafter_dtype):
             raise ValueError(f"drafter_dtype must be one or more of {', '.join(DRAFTER_DTYPES)}, got {self.drafter_dtype}")
         if self.task not in TASKS:

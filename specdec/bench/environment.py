@@ -87,6 +87,7 @@ class Environment:
     drafter: ModelInfo | None  # None when no drafter model was loaded
     compared: dict[str, ModelInfo] = field(default_factory=dict)  # label -> a compared drafter (--compare)
     linear: str = ""  # the target's linear kernels while specdec decodes: "specdec" or "torch" (specdec.kernels)
+    compile: str = ""  # --compile: "off", or what was compiled and how long it took (specdec.compiled)
 
     @property
     def threads(self) -> str:
@@ -107,6 +108,7 @@ def capture_environment(
     drafter: tuple[str, PreTrainedModel] | None,
     load_average_start: tuple[float, float, float] | None,
     compared: dict[str, tuple[str, PreTrainedModel]] | None = None,
+    compile: str = "",
 ) -> Environment:
     """Describe this process's machine and the models (called at the end of a run)."""
     model = target[1]
@@ -130,4 +132,5 @@ def capture_environment(
         drafter=model_info(*drafter) if drafter else None,
         compared={label: model_info(*named) for label, named in (compared or {}).items()},
         linear=f"{'specdec' if installed(model) else 'torch'} (SPECDEC_LINEAR={mode()})",
+        compile=compile,
     )

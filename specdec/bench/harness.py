@@ -308,6 +308,26 @@ def run_benchmark(
                 runner.close()
 
 
+def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, PreTrainedModel | None]) -> str:
+    """``--compile on``: compile the target and the drafter model's forms (as loaded: behind lookup; the form
+    ``spec`` drafts with) for the shapes of every method of ours, at every ``--gamma``
+    (``specdec.compiled.token_buckets``, one row), before any timing; what was done."""
+    from specdec.compiled import compiles, prepare, token_buckets
+    from specdec.drafters.hybrid import LOOKUP_NGRAM
+
+    if not compiles(config.compile):
+        return config.compile
+    plans = [token_buckets(g, "lookup+", True, True, LOOKUP_NGRAM.num_tokens or g) for g in config.gamma]
+    done = [f"target {prepare(target, 'on', tokens=tuple(sorted({n for p in plans for n in p[0]}))).reason}"]
+    tokens = tuple(sorted({n for p in plans for n in p[1]}))
+    seen: set[int] = set()
+    for label, drafter in drafters.items():
+        if drafter is not None and id(drafter) not in seen:
+            seen.add(id(drafter))
+            done.append(f"{label} {prepare(drafter, 'on', tokens=tokens).reason}")
+    return "; ".join(done)
+
+
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
@@ -330,6 +350,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     for model in (drafter, *compared.values()):  # int8 and bf16 forms are left alone by install
         if model is not None:
             install(model)
+    compiled = _compile(config, target, {"drafter": loaded, f"drafter ({form})": drafter})
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,
@@ -388,6 +409,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         (config.drafter, drafter) if drafter is not None else None,
         load_start,
         {label: (compare[label], m) for label, m in compared.items()},
+        compile=compiled,
     )
     return BenchRun(
         config=config,

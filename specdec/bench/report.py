@@ -68,6 +68,7 @@ def describe_environment(run: BenchRun) -> str:
     return (
         f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}{load}; "
         + (f"linear kernels {env.linear}; " if env.linear else "")
+        + (f"compile {env.compile}; " if env.compile else "")
         + f"torch {env.torch_version}, transformers {env.transformers_version}; "
         f"target {env.target.parameters / 1e6:.2f}M params ({env.target.weight_mib:.0f} MiB), {drafter}; "
         f"{len(run.prompts)} prompts, max {cfg.max_new_tokens} new tokens, top-k {cfg.top_k}, top-p {cfg.top_p:g}, "
