@@ -88,18 +88,19 @@ class Session:
             self._models[name] = model
         return self._models[name]
 
-    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig) -> list[str]:
+    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig, prompts: int | None = None) -> list[str]:
         """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
         says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
         the target verifies gamma + 1 tokens (and a prompt-lookup copy, and steps 1 when it may decode alone), a
         drafter model steps 1 token and catches up (``compiled.token_buckets``), in rows of 1 and the batch
-        size. Returns what was decided, per model."""
+        size (at most ``prompts``, where the caller knows how many it decodes: one prompt compiles rows of 1 only).
+        Returns what was decided, per model."""
         from specdec.compiled import compiled_for, compiles, prepare, token_buckets
         from specdec.drafters.hybrid import LOOKUP_NGRAM
 
         if not compiles(self.models.compile):
             return []
-        rows = tuple(sorted({1, spec.batch_size}))
+        rows = tuple(sorted({1, min(spec.batch_size, prompts or spec.batch_size)}))
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
         plain = mode != "speculative" or spec.speculate != "on"
         verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,
@@ -167,7 +168,8 @@ class Session:
                  on_round: Callable[[RoundEvent], None] | None = None,
                  on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
-        self.compile(settings.mode, settings.spec, settings.schedule)
+        batch = bool(prompt_ids) and isinstance(prompt_ids[0], list)
+        self.compile(settings.mode, settings.spec, settings.schedule, prompts=len(prompt_ids) if batch else 1)
         sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,

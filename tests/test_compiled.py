@@ -272,6 +272,12 @@ def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_pat
     assert "compile" not in errors["off"]
     assert f"{pair.target}: compile on: 4 shapes warmed" in errors["on"]  # gamma + 1, the lookup copy + 1
     assert f"{pair.drafter}: compile on: 6 shapes warmed" in errors["on"]  # 1, 2, the copy + 2
+    one = ["generate", "--target", str(pair.target), "--drafter", f"lookup+{pair.drafter}", "def add(a, b):",
+           "--batch-size", "2", "--max-new-tokens", "8", "--gamma", "3", "--compile", "on"]
+    assert cli_main(one) == 0
+    error = capsys.readouterr().err  # one prompt: rows of 1 only, none of the batch size's shapes
+    assert f"{pair.target}: compile on: 2 shapes warmed" in error
+    assert f"{pair.drafter}: compile on: 3 shapes warmed" in error
 
 
 def test_the_bench_times_a_compiled_run_beside_the_eager_methods(tmp_path):
