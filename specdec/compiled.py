@@ -49,9 +49,10 @@ step 0.75-1.00. End to end (``specdec bench --methods plain spec spec-lookup --n
 1.49-1.57x (medians 1.32 -> 1.50) ``generate``, the default speculation (prompt lookup + code-drafter)
 2.55-2.91x -> 2.65-2.94x (medians 2.82 -> 2.87), even where the path of before (all 528 slots attended, no
 bucket for the lookup copies) made it 3x slower. The start pays for it: 24-53 s to trace and compile the six
-buckets of a bench's default run with inductor's cache warm; ``specdec generate --compile on`` (10 buckets:
-rows of 1 and 8) printed its first token after 63-146 s (load 7-9; tracing, paid at every start, is most of
-it, whether inductor's disk cache is warm or not), against the server's start-up goal of 20 s, for a gain
+buckets of a bench's default run with inductor's cache warm; ``specdec generate --compile on`` on one prompt
+(5 buckets, rows of 1) printed its first token after 16.0-19.5 s at load 1.0-1.3 (63-146 s at load 7-9 when it
+also compiled rows of 8; tracing, paid at every start, is most of it, whether inductor's disk cache is warm or
+not), against the server's start-up goal of 20 s, for a gain
 within the noise of a shared machine on the default speculation. So auto stays off: ``on`` pays for plain
 decoding and long runs whose start is paid once.
 """
