@@ -6,8 +6,9 @@ transformers, so it drops the last row of every vocabulary matrix (embeddings, o
 its bias) whatever that row is, and it starts the decoder from a *zero* embedding with ``</s>`` as
 its start token. A Marian model trained in transformers need not follow it: the shipped
 ``translate-target`` has ``<pad>`` = 0 = the decoder start token with a trained (nonzero)
-embedding, so the stock conversion loses the real last token (``ĠSHA``), shifts nothing but cuts the
-vocabulary to 7,999 tokens against 8,000 names, and starts every translation from the wrong vector.
+embedding: the stock conversion cuts its real last token (``ĠSHA``) from the weights while naming all
+8,000 tokens, which CTranslate2 refuses ("Source vocabulary 0 has size 8000 but the model expected a
+vocabulary of size 7999"), and would start every translation from the wrong vector.
 
 ``MarianLoader`` converts what transformers computes instead: every vocabulary row kept (the
 tokenizer's tokens in id order, placeholders where the model has more rows than the tokenizer
