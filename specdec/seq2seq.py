@@ -69,16 +69,30 @@ class Seq2SeqCache(RaggedCache):
         self.encoded: torch.Tensor | None = None  # [B, S, H] encoder outputs
         self._encoder_output = BaseModelOutput  # the encoder's output class (MoE encoders add router_logits)
         self.source_mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)  # [B, S] real source tokens
+        self._sources: tuple[ModelOutput | None, torch.Tensor | None] = (None, None)  # what every forward passes
         self.cross = DynamicCache()  # cross-attention keys and values, computed at the first decoder forward
         self.past = EncoderDecoderCache(self.cache, self.cross)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def encode(self, source: torch.Tensor, valid: torch.Tensor) -> int:
         """Run the encoder once on the rows' sources [B, S] (``valid`` [B, S] marks real tokens)."""
-        out = self.model.get_encoder()(input_ids=source, attention_mask=valid.long())
+        full = bool(valid.all())  # no padding: no mask (what transformers' sdpa masks make of all ones too)
+        out = self.model.get_encoder()(input_ids=source, attention_mask=None if full else valid.long())
         self.encoded, self._encoder_output = out.last_hidden_state, type(out)
         self.source_mask = valid
+        self._sources_changed(full)
         return 1
+
+    def _sources_changed(self, full: bool | None = None) -> None:
+        """Build once what every decoder forward passes for the rows' sources: the encoder's output object and
+        the source mask, None where no source is padded (``full``; found from the mask when not given), which
+        spares every step transformers' mask building (its check of an all-ones mask reads it on the host)."""
+        if self.encoded is None:
+            self._sources = (None, None)
+            return
+        full = bool(self.source_mask.all()) if full is None else full
+        self._sources = (self._encoder_output(last_hidden_state=self.encoded),
+                         None if full else self.source_mask.long())
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, positions: torch.Tensor,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
@@ -93,9 +107,9 @@ class Seq2SeqCache(RaggedCache):
             decoder_mask = causal_mask(valid, n, self.encoded.dtype, block)
         if self._keeps_logits:
             kwargs["logits_to_keep"] = logits_to_keep
-        encoded = self._encoder_output(last_hidden_state=self.encoded)
+        encoded, source_mask = self._sources
         with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
-            out = self.model(encoder_outputs=encoded, attention_mask=self.source_mask.long(),
+            out = self.model(encoder_outputs=encoded, attention_mask=source_mask,
                              decoder_input_ids=input_ids, decoder_attention_mask=decoder_mask,
                              past_key_values=self.past, use_cache=True, **kwargs)
         if not self._keeps_logits:
@@ -111,6 +125,7 @@ class Seq2SeqCache(RaggedCache):
         super().select(rows)
         if self.encoded is not None:
             self.encoded, self.source_mask = self.encoded[rows], self.source_mask[rows]
+            self._sources_changed()
         self.cross.batch_select_indices(rows)
         self.past = EncoderDecoderCache(self.cache, self.cross)
         self.past.is_updated = {i: self.cross.get_seq_length(i) > 0 for i in range(len(self.cross))}
@@ -128,6 +143,7 @@ class Seq2SeqCache(RaggedCache):
             self.encoded = torch.cat([pad(self.encoded), pad(other.encoded)])
             masks = [nn.functional.pad(m, (0, width - m.shape[1])) for m in (self.source_mask, other.source_mask)]
             self.source_mask = torch.cat(masks)
+        self._sources_changed()
         self._reset_cross()
 
 

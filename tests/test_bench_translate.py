@@ -219,3 +219,79 @@ def test_bench_flags_pick_the_shipped_drafters_for_the_shipped_target_only(pair)
     assert shipped.block_drafter == str(default_model_path("translate-block-drafter"))
     own = config_from_bench(BenchConfig(task="translate", data=str(data), target=str(root / "target")))
     assert own.target == str(root / "target") and own.drafter is None and own.block_drafter is None
+
+
+# ----------------------------------------------------------------- CTranslate2 as a peer (an optional extra)
+
+
+def _greedy(model, ids, max_new_tokens):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             num_beams=1, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, 1:].tolist()
+
+
+def _opus_layout(target):
+    """The target as OPUS-MT lays a Marian model out: the decoder starts from the last row, a zero embedding."""
+    model = copy.deepcopy(target)
+    last = model.config.vocab_size - 1
+    with torch.no_grad():
+        model.get_input_embeddings().weight[last] = 0
+    model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = last
+    return model
+
+
+@pytest.mark.parametrize("layout", ["pad first, trained start embedding", "OPUS-MT: start last, zero embedding"])
+def test_ctranslate2_conversion_gives_generates_tokens(pair, layout):
+    ctranslate2_seq2seq = pytest.importorskip("specdec.bench.ctranslate2_seq2seq", exc_type=ImportError)
+    root, data = pair
+    tokenizer = AutoTokenizer.from_pretrained(root / "target")
+    target = MarianMTModel.from_pretrained(root / "target").eval()
+    if layout.startswith("OPUS"):
+        target = _opus_layout(target)
+    else:  # the start token (pad, 0) has a vector of its own, as the shipped translate-target's trained one
+        assert target.config.decoder_start_token_id == target.config.pad_token_id == 0
+        with torch.no_grad():
+            target.get_input_embeddings().weight[0] = torch.randn(target.config.d_model, generator=torch.Generator().manual_seed(1))
+    assert target.final_logits_bias.abs().sum() > 0  # the eos bias the fixture sets: converted too
+    sources = [tokenizer(p["src"])["input_ids"] for p in sample_pairs(data, "test", 0, 0)]
+    translator = ctranslate2_seq2seq.CTranslate2Translator(target, tokenizer, threads=1)
+    outputs = [translator.translate(ids, 10, target.config.eos_token_id) for ids in sources]
+    assert outputs == [_greedy(target, ids, 10) for ids in sources]
+    assert any(len(o) < 10 for o in outputs) and any(len(o) == 10 for o in outputs)  # ended and capped both
+
+
+def test_ctranslate2_vocabulary_names_every_row(pair):
+    ctranslate2_seq2seq = pytest.importorskip("specdec.bench.ctranslate2_seq2seq", exc_type=ImportError)
+    root, _data = pair
+    tokenizer = AutoTokenizer.from_pretrained(root / "target")
+    target = MarianMTModel.from_pretrained(root / "target").eval()
+    names = ctranslate2_seq2seq.vocabulary(target, tokenizer)
+    assert names == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))  # pad first, kept
+    target.resize_token_embeddings(len(tokenizer) + 3)  # rows the tokenizer does not name
+    names = ctranslate2_seq2seq.vocabulary(target, tokenizer)
+    assert len(names) == len(tokenizer) + 3 and len(set(names)) == len(names)
+    assert names[-1] == ctranslate2_seq2seq.PLACEHOLDER.format(len(tokenizer) + 2)
+
+
+def test_the_bench_times_ctranslate2_beside_ours(pair):
+    pytest.importorskip("ctranslate2")
+    root, data = pair
+    config = TranslateBenchConfig(target=str(root / "target"), data=str(data), limit=8, max_new_tokens=10, repeats=1,
+                                  hf=False, memory_batches=(), peers=("ctranslate2",))
+    report = run_bench(config, log=lambda s: None)
+    methods = {m["name"]: m for m in report["methods"]}
+    assert set(methods) == {"plain", "ngram", "ctranslate2"}
+    assert methods["ctranslate2"]["exact"] and methods["ctranslate2"]["differ"] == 0
+    assert methods["ctranslate2"]["tokens"] == methods["plain"]["tokens"] > 8
+    assert "| ctranslate2 |" in table(report)
+
+
+def test_the_translate_bench_refuses_a_decoder_only_peer(pair, capsys):
+    root, data = pair
+    config = TranslateBenchConfig(target=str(root / "target"), data=str(data), peers=("llamacpp",))
+    with pytest.raises(ValueError, match="--task translate runs the peers ctranslate2, not llamacpp"):
+        run_bench(config, log=lambda s: None)
+    with pytest.raises(SystemExit):
+        main(["--target", str(root / "target"), "--data", str(data), "--peers", "llamacpp"])
+    assert "invalid choice" in capsys.readouterr().err

@@ -215,3 +215,26 @@ def test_saved_encoder_decoder_folders_load_and_decode(tmp_path):
     res = specdec.speculative_generate(loaded, str(tmp_path / "drafter"), SOURCES[1], max_new_tokens=12,
                                        stop_token_ids=[])
     assert res.tokens == generate(target, SOURCES[1], 12, [])
+
+
+def test_decoder_settings_read_as_get_text_config_reads_them_without_its_copy(monkeypatch):
+    """Every row that joins builds a cache that reads the decoder's window and chunk settings; for a flat
+    encoder-decoder config transformers' get_text_config(decoder=True) deep-copies the config each time, so
+    they are read from the config itself, as the copy would give them (``decoder_X`` renamed ``X``)."""
+    from transformers import AutoConfig, LEDConfig, MarianConfig, T5GemmaConfig
+
+    from specdec.architectures import attention_chunk, decoder_setting, local_window
+
+    names = ("layer_types", "attention_layers", "sliding_window", "window_size", "attention_window",
+             "attention_chunk_size", "is_encoder_decoder")
+    flat = [MarianConfig(), AutoConfig.for_model("bart"), AutoConfig.for_model("t5"), LEDConfig(attention_window=16),
+            MarianConfig(decoder_sliding_window=5, sliding_window=9)]  # a decoder_ setting wins, as in the copy
+    nested = [T5GemmaConfig(), AutoConfig.for_model("llama", sliding_window=7)]
+    for config in flat + nested:
+        copied = config.get_text_config(decoder=True)
+        assert [decoder_setting(config, n) for n in names] == [getattr(copied, n, None) for n in names], config
+    assert decoder_setting(flat[-1], "sliding_window") == 5
+    for config, window in zip(flat, [None, None, None, None, 5]):  # no copy made
+        monkeypatch.setattr(type(config), "get_text_config", lambda *a, **k: pytest.fail("copied the config"))
+        assert (local_window(config), attention_chunk(config)) == (window, None)
+        monkeypatch.undo()

@@ -14,7 +14,11 @@ at a time, greedy, up to ``max_new_tokens``:
   lookup finds nothing;
 - ``block``: SpecDec's block drafter (k drafts in one forward), verified exactly (β = 1);
   ``block β5τ3``: the same verified by SpecDec's relaxed top-β/τ rule (β 5, τ 3: not exact, its
-  BLEU is the point); ``lookup+block``: lookup first, the block drafter otherwise.
+  BLEU is the point); ``lookup+block``: lookup first, the block drafter otherwise;
+- ``ctranslate2`` (``peers``, an optional extra): CTranslate2's ``Translator`` on the target,
+  float32, greedy, converted at start (untimed) by ``specdec.bench.ctranslate2_seq2seq``, which
+  converts a Marian model as transformers runs it (CTranslate2's stock Marian converter assumes
+  OPUS-MT's vocabulary layout); exact like ours: its outputs must equal plain greedy's.
 
 The repeats run in one process; in each repeat every method runs once, in rotating order, so the
 machine's noise falls on all of them alike. Reported per method: tokens/s of the median repeat,
@@ -91,6 +95,7 @@ class TranslateBenchConfig:
     memory_batches: tuple[int, ...] = (1, 4, 8, 16)  # batch sizes of the memory measurement (empty = none)
     memory_sources: int = 16  # sources decoded at each of them (the sample's longest)
     threads: int = 1  # torch threads
+    peers: tuple[str, ...] = ()  # other engines timed beside ours (TRANSLATE_PEERS): ctranslate2
 
 
 @dataclass
@@ -208,12 +213,37 @@ def inexact(report: dict) -> list[str]:
     return [m["name"] for m in report["methods"] if m["differ"] and m["exact"]]
 
 
+TRANSLATE_PEERS = ("ctranslate2",)  # the peers this bench runs (an encoder-decoder engine each)
+
+
+def check_translate_peers(peers: Sequence[str]) -> None:
+    """Refuse a peer this bench does not run (naming those it does), or one not installed (naming the package)."""
+    from specdec.bench.peers import check_peers
+
+    other = [p for p in peers if p not in TRANSLATE_PEERS]
+    if other:
+        raise ValueError(f"--task translate runs the peers {', '.join(TRANSLATE_PEERS)}, not {', '.join(other)} "
+                         "(those decode decoder-only targets: drop them or use --task code)")
+    check_peers(peers)
+
+
+def ctranslate2_rows(translator, sources: Sequence[list[int]], max_new_tokens: int, eos: int) -> list[RowOutput]:
+    """CTranslate2's greedy translation of each source alone (a ``CTranslate2Translator``), timed per source."""
+    outs = []
+    for ids in sources:
+        start = time.perf_counter()
+        tokens = translator.translate(ids, max_new_tokens, eos)
+        outs.append(RowOutput(tokens, len(tokens), time.perf_counter() - start))
+    return outs
+
+
 def _load(folder: str | None) -> PreTrainedModel | None:
     return AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval() if folder else None
 
 
 def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) -> dict:
     """Decode the sampled sources with every method ``config.repeats`` times; return the figures."""
+    check_translate_peers(config.peers)
     torch.set_num_threads(config.threads)
     tokenizer = AutoTokenizer.from_pretrained(config.target)
     target = AutoModelForSeq2SeqLM.from_pretrained(config.target, dtype=torch.float32).eval()
@@ -248,6 +278,11 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
             methods[f"hf beam{config.beams}"] = hf(num_beams=config.beams)
         if drafter_model is not None:
             methods["hf assisted"] = hf(assistant=drafter_model)
+    if "ctranslate2" in config.peers:
+        from specdec.bench.ctranslate2_seq2seq import CTranslate2Translator
+
+        translator = CTranslate2Translator(target, tokenizer, config.threads)  # converted here: untimed
+        methods["ctranslate2"] = lambda: ctranslate2_rows(translator, sources, config.max_new_tokens, eos)
     runs = {name: MethodRun(name) for name in methods}
     outputs: dict[str, list[list[int]]] = {}
     names = list(methods)
@@ -347,8 +382,8 @@ def table(report: dict) -> str:
               "| uncapped: tokens/s | × plain | τ |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in report["methods"]:
-        drafts = m["name"] != "plain" and not m["name"].startswith("hf")
-        tau = f"{m['tau']:.2f}" if drafts else "1" if m["name"] in ("plain", "hf") else ""
+        drafts = m["name"] not in ("plain", *TRANSLATE_PEERS) and not m["name"].startswith("hf")
+        tau = f"{m['tau']:.2f}" if drafts else "1" if m["name"] in ("plain", "hf", *TRANSLATE_PEERS) else ""
         alpha = f"{m['alpha']:.2f}" if drafts else ""
         differ = f"{m['differ']}/{report['sources']}" + ("" if m.get("exact", True) else " (not exact)")
         lines.append(f"| {m['name']} | {m['bleu']:.2f} | {m['chrf']:.2f} | {m['tokens_per_s']:.1f} | "
@@ -399,10 +434,12 @@ def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
 
     drafter = shipped("translate-drafter") if config.drafter == defaults.drafter else config.drafter
     check_model_folder("drafter", drafter)  # the target's folder was checked as it was resolved
+    check_translate_peers(config.peers)
     return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter,
                                 block_drafter=shipped("translate-block-drafter"),
                                 limit=config.num_prompts, seed=config.seed, max_new_tokens=config.max_new_tokens,
-                                gamma=config.gamma[0], repeats=config.repeats, threads=current_threads().threads)
+                                gamma=config.gamma[0], repeats=config.repeats, threads=current_threads().threads,
+                                peers=tuple(config.peers))
 
 
 def run_and_report(config: BenchConfig, console) -> int:
@@ -438,12 +475,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-batches", type=int, nargs="*", default=list(defaults.memory_batches),
                         help="batch sizes of the memory measurement (none: skip it)")
     parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument("--peers", nargs="*", default=[], choices=TRANSLATE_PEERS,
+                        help="other engines timed beside ours (optional extras: pip install ctranslate2)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     try:
         check_model_folder("target", args.target or None)
         check_model_folder("drafter", args.drafter or None)
         check_model_folder("block-drafter", args.block_drafter or None)
+        check_translate_peers(args.peers)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -454,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   block_drafter=args.block_drafter, split=args.split, limit=args.limit, seed=args.seed,
                                   max_new_tokens=args.max_new_tokens, gamma=args.gamma, repeats=args.repeats,
                                   hf=not args.no_hf, beams=args.beams, memory_batches=tuple(args.memory_batches),
-                                  threads=args.threads)
+                                  threads=args.threads, peers=tuple(args.peers))
     try:
         report = run_bench(config, log=lambda s: print(s, file=sys.stderr, flush=True))
     except FileNotFoundError as err:
