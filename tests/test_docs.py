@@ -70,7 +70,7 @@ SHORTENED: dict[str, list[str]] = {
                            "--measure-tokens", "4", "--measure-repeats", "1", "--tune-thresholds", "0.5", "1",
                            "--tune-max-draft", "2", "--tune-tokens", "4", "--tune-repeats", "1"],
     "OMP_NUM_THREADS=1 specdec bench --task translate --data data/gettext-de --num-prompts 120 --seed 19 "
-    "--max-new-tokens 64 --repeats 3 --peers ctranslate2": BENCH_SHORT,
+    "--max-new-tokens 64 --repeats 3": BENCH_SHORT,
 }
 # Commands that may take long and must therefore be in SHORTENED (their --help excepted).
 LONG = re.compile(r"^(specdec (bench|train)\b|python -m specdec\.bench\b)")
