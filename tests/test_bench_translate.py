@@ -250,24 +250,26 @@ def _opus_layout(target):
     return model
 
 
-def _ctranslate2_or_refused():
-    """The peer's module where ctranslate2 is installed. Where it is not (an optional extra, as on a fresh
-    machine), the bench's refusal naming the install is what is checked, and None is returned."""
+def _ctranslate2_or_refused(root):
+    """The peer's module, the tokenizer and the Marian target where ctranslate2 is installed. Where it is not
+    (an optional extra, as on a fresh machine), the bench's refusal naming the install is what is checked, and
+    None is returned."""
     if importlib.util.find_spec("ctranslate2") is None:
         with pytest.raises(ValueError, match="pip install ctranslate2"):
             check_translate_peers(("ctranslate2",))
         return None
-    return importlib.import_module("specdec.bench.ctranslate2_seq2seq")
+    tokenizer = AutoTokenizer.from_pretrained(root / "target")
+    target = MarianMTModel.from_pretrained(root / "target").eval()
+    return importlib.import_module("specdec.bench.ctranslate2_seq2seq"), tokenizer, target
 
 
 @pytest.mark.parametrize("layout", ["pad first, trained start embedding", "OPUS-MT: start last, zero embedding"])
 def test_ctranslate2_conversion_gives_generates_tokens(pair, layout):
-    ctranslate2_seq2seq = _ctranslate2_or_refused()
-    if ctranslate2_seq2seq is None:
-        return
     root, data = pair
-    tokenizer = AutoTokenizer.from_pretrained(root / "target")
-    target = MarianMTModel.from_pretrained(root / "target").eval()
+    peer = _ctranslate2_or_refused(root)
+    if peer is None:
+        return
+    ctranslate2_seq2seq, tokenizer, target = peer
     if layout.startswith("OPUS"):
         target = _opus_layout(target)
     else:  # the start token (pad, 0) has a vector of its own, as the shipped translate-target's trained one
@@ -283,12 +285,10 @@ def test_ctranslate2_conversion_gives_generates_tokens(pair, layout):
 
 
 def test_ctranslate2_vocabulary_names_every_row(pair):
-    ctranslate2_seq2seq = _ctranslate2_or_refused()
-    if ctranslate2_seq2seq is None:
+    peer = _ctranslate2_or_refused(pair[0])
+    if peer is None:
         return
-    root, _data = pair
-    tokenizer = AutoTokenizer.from_pretrained(root / "target")
-    target = MarianMTModel.from_pretrained(root / "target").eval()
+    ctranslate2_seq2seq, tokenizer, target = peer
     names = ctranslate2_seq2seq.vocabulary(target, tokenizer)
     assert names == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))  # pad first, kept
     target.resize_token_embeddings(len(tokenizer) + 3)  # rows the tokenizer does not name
