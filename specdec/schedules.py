@@ -20,13 +20,15 @@ Every decision is per row. Drafted lengths stay within ``ScheduleConfig.bound`` 
   prompts); threshold 1 never stops a row (MAX every round, the head unused: the constant gamma MAX).
 - ``Crossover`` wraps any of them for ``speculate="auto"``: the first rounds at each batch size
   (bucketed to powers of two) alternate between drafting as the inner schedule says and not drafting
-  at all (plain decoding through the same loop), timed by the loop's events; from then on that batch
-  size drafts only if its rounds produced more tokens per second. Batched verification gets dearer
+  at all (plain decoding through the same loop), each timed from its plan to the next round's (rows
+  leaving included, prefill left out); from then on that batch size drafts only if its rounds
+  committed more tokens per second, measured again now and then. Batched verification gets dearer
   as the batch grows, so speculation that pays at batch 1 can lose at batch 16 on the same machine.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ import torch
 from specdec.acceptance import Verdict
 from specdec.config import ScheduleConfig, SpecConfig
 from specdec.drafters.base import Drafter, DraftStep, Proposal, StopRule
-from specdec.events import Listener, RoundSummary
+from specdec.events import DRAFT_PREFILL, PREFILL, Listener, RoundSummary
 from specdec.stats import AutoChoice
 
 CONFIDENCE_START = 0.4  # transformers 5's assistant_confidence_threshold default
@@ -244,33 +246,47 @@ def batch_bucket(rows: int) -> int:
 class Crossover(Schedule, Listener):
     """``speculate="auto"``: per batch size, draft only where drafting measured faster than not drafting.
 
-    Per batch-size bucket, ``trial_rounds`` rounds of each mode (alternating, drafting first) are
-    timed; the mode with more tokens per second of round time is kept. After ``recheck_rounds`` rounds
-    in a bucket the choice is dropped and measured again, so one noisy trial (a shared machine, a
-    burst of prompts that lookup copies well) does not decide for good."""
+    What it compares is the batch's committed tokens per second of wall time, as a server sees it. A
+    measured round runs from its plan to the plan of the next round: the round itself, then the rows
+    that finished leaving the caches and the bookkeeping before the next round (drafting makes rows
+    finish in different rounds, so more separate compactions). Left out: the prefill of rows joining
+    (``PREFILL``, ``DRAFT_PREFILL``: each request pays it once whichever the mode, and a burst of
+    arrivals would swamp a round), and the idle wait after the batch emptied. Per batch-size bucket,
+    ``trial_rounds`` rounds of each mode are measured, alternating (drafting first), so both modes see
+    the same rows, contexts and machine load; the mode with more tokens per second is kept. After
+    ``recheck_rounds`` rounds in a bucket the choice is dropped and measured again, so one noisy trial
+    (a shared machine, a burst of prompts that lookup copies well) does not decide for good. In the
+    plain rounds the drafter only follows the committed tokens; a model drafter catches them up in its
+    next forward, which a drafting round pays (as it would after a plain stretch). ``clock`` is
+    injectable (tests)."""
 
-    def __init__(self, inner: Schedule, trial_rounds: int = 16, recheck_rounds: int = 512) -> None:
+    def __init__(self, inner: Schedule, trial_rounds: int = 16, recheck_rounds: int = 512,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.inner = inner
-        self.trial_rounds = trial_rounds  # timed rounds of each mode per batch-size bucket
+        self.trial_rounds = trial_rounds  # measured rounds of each mode per batch-size bucket
         self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
+        self.clock = clock
         self.choice: dict[int, bool] = {}  # bucket -> draft?
         self._trials: dict[int, dict[bool, list[float]]] = {}  # bucket -> mode -> [rounds, tokens, seconds]
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
-        self._mode: tuple[int, bool] | None = None  # (bucket, drafting) of the round in flight
+        self._open: tuple[int, bool, float] | None = None  # (bucket, drafting, started) of the measured round
+        self._tokens: int | None = None  # its committed tokens, once it ended
+        self._left_out = 0.0  # seconds of prefill since it started
+        self._prefill_at: float | None = None
 
     @property
     def most(self) -> int | None:
         return self.inner.most
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
+        self._close()
         bucket = batch_bucket(rows)
         drafting = self.choice.get(bucket)
         if drafting is None:  # still measuring: alternate the two modes, drafting first
             trials = self._trials.setdefault(bucket, {True: [0, 0, 0.0], False: [0, 0, 0.0]})
             drafting = trials[True][0] <= trials[False][0]
-            self._mode = (bucket, drafting)
+            self._open, self._tokens, self._left_out = (bucket, drafting, self.clock()), None, 0.0
         else:
-            self._mode = None
             self._kept[bucket] = self._kept.get(bucket, 0) + 1
             if self._kept[bucket] >= self.recheck_rounds:  # measure this bucket again from its next round
                 del self.choice[bucket], self._trials[bucket]
@@ -278,18 +294,35 @@ class Crossover(Schedule, Listener):
         plan = self.inner.plan(rows, device)
         return plan if drafting else DraftPlan(torch.zeros_like(plan.limit))
 
-    def round_ended(self, summary: RoundSummary) -> None:
-        if self._mode is None:
+    def _close(self) -> None:
+        """Record the measured round in flight, if it ended (one that raised is dropped)."""
+        if self._open is None:
             return
-        bucket, drafting = self._mode
+        (bucket, drafting, started), tokens = self._open, self._tokens
+        self._open = None
+        if tokens is None or bucket not in self._trials:
+            return
         trials = self._trials[bucket]
         record = trials[drafting]
         record[0] += 1
-        record[1] += summary.tokens
-        record[2] += summary.seconds
+        record[1] += tokens
+        record[2] += max(0.0, self.clock() - started - self._left_out)
         if all(trials[m][0] >= self.trial_rounds for m in (True, False)):
             speed = {m: trials[m][1] / trials[m][2] if trials[m][2] > 0 else 0.0 for m in (True, False)}
-            self.choice[bucket] = speed[True] >= speed[False]
+            self.choice[bucket] = speed[True] > speed[False]
+
+    def phase_started(self, phase: str) -> None:
+        if self._open is not None and phase in (PREFILL, DRAFT_PREFILL):
+            self._prefill_at = self.clock()
+
+    def phase_ended(self, phase: str) -> None:
+        if self._prefill_at is not None and phase in (PREFILL, DRAFT_PREFILL):
+            self._left_out += self.clock() - self._prefill_at
+            self._prefill_at = None
+
+    def round_ended(self, summary: RoundSummary) -> None:
+        if self._open is not None:
+            self._tokens = summary.tokens
 
     def update(self, proposal: Proposal, verdict: Verdict) -> None:
         self.inner.update(proposal, verdict)
@@ -299,6 +332,8 @@ class Crossover(Schedule, Listener):
 
     def select(self, rows: torch.Tensor) -> None:
         self.inner.select(rows)
+        if len(rows) == 0:  # the batch emptied: what follows may be an idle wait, not this round's cost
+            self._close()
 
     def choices(self) -> list[AutoChoice]:
         """Per batch-size bucket met so far, smallest first: the mode kept and the measured speeds."""

@@ -113,7 +113,7 @@ class AutoChoice:
 
     rows: tuple[int, int]  # the bucket: batches of rows[0] to rows[1] rows share one measurement
     speculate: str  # "on" (drafting measured faster), "off" (plain decoding did) or "measuring" (trials unfinished)
-    draft_tokens_per_s: float  # tokens per second of round time over the trial rounds that drafted (0: none yet)
+    draft_tokens_per_s: float  # committed tokens per second over the trial rounds that drafted (0: none yet)
     plain_tokens_per_s: float  # the same over the trial rounds that did not draft
 
 

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
@@ -22,7 +20,18 @@ import specdec
 from specdec.acceptance import Verdict
 from specdec.config import ScheduleConfig, SpecConfig
 from specdec.drafters.base import DraftStep, Proposal
-from specdec.schedules import Ada, Confidence, Crossover, Heuristic, _AdaStop, make_schedule, roc_threshold
+from specdec.events import DRAFT_PREFILL, PREFILL, RoundSummary
+from specdec.schedules import (
+    Ada,
+    Confidence,
+    Constant,
+    Crossover,
+    Heuristic,
+    _AdaStop,
+    batch_bucket,
+    make_schedule,
+    roc_threshold,
+)
 
 PROMPTS = [[5, 17, 33, 5, 17], [3], [9, 8, 7, 6, 5, 4, 3, 2, 11, 12], [40, 41]]
 
@@ -162,39 +171,116 @@ def test_ada_at_threshold_one_is_the_constant_gamma_max(pair):
     assert {a.stats.records[0].drafted for a in ada} == {3}
 
 
-def test_crossover_measures_both_modes_then_keeps_one():
-    from specdec.events import RoundSummary
-    from specdec.schedules import Constant
+class FakeClock:
+    """A clock the test moves by hand: the seconds a round, a leave or a prefill costs are injected."""
 
-    auto = Crossover(Constant(4), trial_rounds=2)
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def drive(auto: Crossover, clock: FakeClock, rows: int, n: int, draft: tuple[float, int], plain: tuple[float, int],
+          leave_s: tuple[float, float] = (0.0, 0.0)) -> list[bool]:
+    """``n`` rounds of ``rows`` rows as the decoder runs them: plan, the round's cost in seconds, its committed
+    tokens (``draft`` / ``plain``: (seconds, tokens) of a round), then the rows leaving (``leave_s``: seconds after
+    a drafting / plain round). The modes the rounds ran in."""
     modes = []
-    for fast_draft in itertools.repeat(True, 4):
-        plan = auto.plan(3, "cpu")
-        drafting = bool(plan.limit.any())
+    for _ in range(n):
+        drafting = bool(auto.plan(rows, "cpu").limit.any())
         modes.append(drafting)
-        auto.round_ended(RoundSummary(3, 12 if drafting else 0, 9 if drafting and fast_draft else 3, 0.01))
-    assert modes == [True, False, True, False] and auto.choice == {4: True}
+        seconds, tokens = draft if drafting else plain
+        clock.now += seconds
+        auto.round_ended(RoundSummary(rows, 4 * rows if drafting else 0, tokens, seconds))
+        clock.now += leave_s[0] if drafting else leave_s[1]
+    return modes
+
+
+def test_crossover_measures_both_modes_then_keeps_one():
+    clock = FakeClock()
+    auto = Crossover(Constant(4), trial_rounds=2, clock=clock)
+    modes = drive(auto, clock, 3, 5, draft=(0.01, 9), plain=(0.01, 3))
+    assert modes == [True, False, True, False, True] and auto.choice == {4: True}
     assert auto.plan(4, "cpu").limit.tolist() == [4] * 4  # the bucket of 3 and 4 rows: decided
     assert auto.plan(5, "cpu").limit.tolist() == [4] * 5  # a new bucket (8): measuring again, drafting first
 
 
-def test_crossover_measures_again_and_follows_a_change():
-    from specdec.events import RoundSummary
-    from specdec.schedules import Constant
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 16])
+def test_crossover_keeps_the_mode_with_more_committed_tokens_per_second(rows):
+    """Per batch size: drafting's rounds commit more tokens but cost more; the mode kept is the one with more
+    tokens per second (ties go to plain), whichever way the costs fall, and the speeds it reports are those."""
+    for draft_s, plain_s in ((0.02, 0.01), (0.08, 0.01), (0.041, 0.01), (0.039, 0.01)):
+        clock = FakeClock()
+        auto = Crossover(Constant(4), trial_rounds=3, clock=clock)
+        drive(auto, clock, rows, 7, draft=(draft_s, 4 * rows), plain=(plain_s, rows))
+        draft_speed, plain_speed = 4 * rows / draft_s, rows / plain_s
+        assert auto.choice == {batch_bucket(rows): draft_speed > plain_speed}
+        [choice] = auto.choices()
+        assert choice.draft_tokens_per_s == pytest.approx(draft_speed)
+        assert choice.plain_tokens_per_s == pytest.approx(plain_speed)
 
-    auto = Crossover(Constant(4), trial_rounds=2, recheck_rounds=5)
+
+def test_crossover_decides_each_batch_size_on_its_own():
+    """Drafting pays at 1 row and loses at 16 (verification of 16 rows' drafts dearer than it saves)."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), trial_rounds=4, clock=clock)
+    drive(auto, clock, 1, 8, draft=(0.02, 3), plain=(0.01, 1))  # 150 against 100 tokens/s
+    drive(auto, clock, 16, 9, draft=(0.25, 48), plain=(0.06, 16))  # 192 against 267 tokens/s
+    assert auto.choice == {1: True, 16: False}
+    assert drive(auto, clock, 1, 3, draft=(0.02, 3), plain=(0.01, 1)) == [True] * 3
+    assert drive(auto, clock, 12, 3, draft=(0.25, 48), plain=(0.06, 16)) == [False] * 3
+
+
+def test_crossover_counts_the_rows_leaving_after_a_round():
+    """A round's measure runs to the next round's plan: drafting's rounds are as fast in their phases, but the
+    compactions after them (rows finishing in different rounds) make it lose."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), trial_rounds=3, clock=clock)
+    drive(auto, clock, 8, 7, draft=(0.02, 16), plain=(0.01, 8), leave_s=(0.02, 0.0))  # 400 against 800 tokens/s
+    assert auto.choice == {8: False}
+    assert auto.choices()[0].draft_tokens_per_s == pytest.approx(400)
+
+
+def test_crossover_leaves_out_prefill_and_idle_waits():
+    """Rows joining (their prefill phases) and the wait after the batch emptied are not a round's cost."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), trial_rounds=2, clock=clock)
+    for _ in range(5):
+        drafting = bool(auto.plan(2, "cpu").limit.any())
+        clock.now += 0.01
+        auto.round_ended(RoundSummary(2, 8 if drafting else 0, 6 if drafting else 2, 0.01))
+        if drafting:  # every drafting round is followed by a slow join of a new row, then an idle wait
+            auto.select(torch.tensor([0, 1]))
+            for phase in (PREFILL, DRAFT_PREFILL):
+                auto.phase_started(phase)
+                clock.now += 5.0
+                auto.phase_ended(phase)
+            auto.select(torch.zeros(0, dtype=torch.long))
+            clock.now += 100.0
+            auto.add(2)
+    assert auto.choice == {2: True}
+    assert auto.choices()[0].draft_tokens_per_s == pytest.approx(600)
+
+
+def test_crossover_drops_a_round_that_raised():
+    clock = FakeClock()
+    auto = Crossover(Constant(4), trial_rounds=1, clock=clock)
+    auto.plan(1, "cpu")
+    clock.now += 50.0  # the round raised: no round_ended; the engine starts over with a fresh batch
+    drive(auto, clock, 1, 2, draft=(0.02, 2), plain=(0.01, 1))
+    assert auto.choices()[0].draft_tokens_per_s == pytest.approx(100)
+
+
+def test_crossover_measures_again_and_follows_a_change():
+    clock = FakeClock()
+    auto = Crossover(Constant(4), trial_rounds=2, recheck_rounds=5, clock=clock)
 
     def rounds(n: int, drafting_wins: bool) -> list[bool]:
-        modes = []
-        for _ in range(n):
-            drafting = bool(auto.plan(1, "cpu").limit.any())
-            modes.append(drafting)
-            tokens = (4 if drafting_wins else 1) if drafting else 2  # tokens per 0.01 s round
-            auto.round_ended(RoundSummary(1, 4 if drafting else 0, tokens, 0.01))
-        return modes
+        return drive(auto, clock, 1, n, draft=(0.01, 4 if drafting_wins else 1), plain=(0.01, 2))
 
-    assert rounds(4, drafting_wins=True) == [True, False, True, False] and auto.choice == {1: True}
-    assert rounds(4, drafting_wins=False) == [True] * 4  # kept while its recheck is not due
+    assert rounds(5, drafting_wins=True) == [True, False, True, False, True] and auto.choice == {1: True}
+    assert rounds(3, drafting_wins=False) == [True] * 3  # kept while its recheck is not due
     assert rounds(6, drafting_wins=False) == [True, True, False, True, False, False]  # due: measured again
     assert auto.choice == {1: False}
 
