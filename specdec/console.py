@@ -292,7 +292,8 @@ def auto_text(choices: list[AutoChoice]) -> str:
     parts = []
     for c in choices:
         rows = f"{c.rows[0]}" if c.rows[0] == c.rows[1] else f"{c.rows[0]}-{c.rows[1]}"
-        speeds = f"drafting {c.draft_tokens_per_s:.0f}, plain {c.plain_tokens_per_s:.0f} tokens/s"
+        drafting = "drafting" if c.width is None else f"drafting <= {c.width}"
+        speeds = f"{drafting} {c.draft_tokens_per_s:.0f}, plain {c.plain_tokens_per_s:.0f} tokens/s"
         parts.append(f"{rows} row{'s' if c.rows[1] > 1 else ''}: {c.speculate} ({speeds})")
     return "speculate auto: " + "; ".join(parts)
 

@@ -323,6 +323,8 @@ class Decoder:
                            for r in self.rows], self.device) if self.processing else []
         with self.events.phase(PROPOSE):
             plan = self.schedule.plan(len(self.rows), self.device)
+            if plan.width is not None:  # verifying B rows costs their longest draft: the schedule caps it
+                caps = [min(cap, plan.width) for cap in caps]
             limits = [min(n, cap) for n, cap in zip(plan.limit.tolist(), caps)]
             limit = torch.tensor(limits, dtype=torch.long, device=self.device)  # [B]
             sampler = DraftSampler.wrap(self.sampler, rows) if self.processing else self.sampler

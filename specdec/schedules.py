@@ -53,6 +53,7 @@ class DraftPlan:
 
     limit: torch.Tensor  # [B] long, the most tokens each row drafts (before the room caps)
     stop: StopRule | None = None  # a within-round stop rule, or None
+    width: int | None = None  # the most tokens any row's draft holds this round, lookup copies included; None = no cap
 
 
 class Schedule(ABC):
@@ -243,33 +244,54 @@ def batch_bucket(rows: int) -> int:
     return 1 << max(0, rows - 1).bit_length()
 
 
+def crossover_widths(most: int | None, free: int = 0) -> tuple[int | None, ...]:
+    """The draft widths ``Crossover`` tries for a schedule drafting up to ``most`` tokens a round and a drafter
+    copying up to ``free`` tokens past it: uncapped (None) first, then each power of two below ``most`` (and
+    ``most`` itself where copies go past it), then 0 (plain decoding)."""
+    most = most or free or 1
+    caps = [most] if free > most else []
+    cap = 1 << (most - 1).bit_length() >> 1  # the largest power of two below most
+    while cap >= 1:
+        caps.append(cap)
+        cap //= 2
+    return (None, *caps, 0)
+
+
 class Crossover(Schedule, Listener):
-    """``speculate="auto"``: per batch size, draft only where drafting measured faster than not drafting.
+    """``speculate="auto"``: per batch size, the draft width that commits the most tokens per second.
+
+    Verifying B rows costs the longest draft of any row (the forward is [B, width + 1]): the wider the
+    batch, the fewer drafted tokens pay, down to none (plain decoding, width 0). So per batch-size bucket
+    it measures each width of ``widths`` (None: the inner schedule's own drafts, lookup copies included;
+    k: no row's draft longer than k, ``DraftPlan.width``; 0: plain decoding) and keeps the fastest.
 
     What it compares is the batch's committed tokens per second of wall time, as a server sees it. A
     measured round runs from its plan to the plan of the next round: the round itself, then the rows
     that finished leaving the caches and the bookkeeping before the next round (drafting makes rows
     finish in different rounds, so more separate compactions). Left out: the prefill of rows joining
-    (``PREFILL``, ``DRAFT_PREFILL``: each request pays it once whichever the mode, and a burst of
-    arrivals would swamp a round), and the idle wait after the batch emptied. Per batch-size bucket,
-    ``trial_rounds`` rounds of each mode are measured, alternating (drafting first), so both modes see
-    the same rows, contexts and machine load; the mode with more tokens per second is kept. After
-    ``recheck_rounds`` rounds in a bucket the choice is dropped and measured again, so one noisy trial
-    (a shared machine, a burst of prompts that lookup copies well) does not decide for good. In the
-    plain rounds the drafter only follows the committed tokens; a model drafter catches them up in its
-    next forward, which a drafting round pays (as it would after a plain stretch). ``clock`` is
-    injectable (tests)."""
+    (``PREFILL``, ``DRAFT_PREFILL``: each request pays it once whichever the width, and a burst of
+    arrivals would swamp a round), and the idle wait after the batch emptied. Per bucket,
+    ``trial_rounds`` rounds of each width are measured, taking turns (the widest first), so all see
+    the same rows, contexts and machine load. After ``recheck_rounds`` rounds in a bucket the choice is
+    dropped and measured again, so one noisy trial (a shared machine, a burst of prompts that lookup
+    copies well) does not decide for good. In plain rounds the drafter only follows the committed
+    tokens; a model drafter catches them up in its next forward, which a drafting round pays (as it
+    would after a plain stretch). ``clock`` is injectable (tests)."""
 
-    def __init__(self, inner: Schedule, trial_rounds: int = 16, recheck_rounds: int = 512,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, inner: Schedule, trial_rounds: int = 12, recheck_rounds: int = 512,
+                 clock: Callable[[], float] = time.perf_counter, widths: tuple[int | None, ...] | None = None) -> None:
         self.inner = inner
-        self.trial_rounds = trial_rounds  # measured rounds of each mode per batch-size bucket
+        self.widths = widths if widths is not None else crossover_widths(inner.most)  # tried in this order
+        if 0 not in self.widths or len(set(self.widths)) != len(self.widths):
+            raise ValueError(f"Crossover's widths must be distinct and include 0 (plain decoding), got {self.widths}")
+        self.trial_rounds = trial_rounds  # measured rounds of each width per batch-size bucket
         self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
         self.clock = clock
-        self.choice: dict[int, bool] = {}  # bucket -> draft?
-        self._trials: dict[int, dict[bool, list[float]]] = {}  # bucket -> mode -> [rounds, tokens, seconds]
+        self.choice: dict[int, bool] = {}  # bucket -> draft? (its width kept: ``width``)
+        self.width: dict[int, int | None] = {}  # bucket -> the width kept (0: plain)
+        self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
-        self._open: tuple[int, bool, float] | None = None  # (bucket, drafting, started) of the measured round
+        self._open: tuple[int, int | None, float] | None = None  # (bucket, width, started) of the measured round
         self._tokens: int | None = None  # its committed tokens, once it ended
         self._left_out = 0.0  # seconds of prefill since it started
         self._prefill_at: float | None = None
@@ -281,35 +303,38 @@ class Crossover(Schedule, Listener):
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         self._close()
         bucket = batch_bucket(rows)
-        drafting = self.choice.get(bucket)
-        if drafting is None:  # still measuring: alternate the two modes, drafting first
-            trials = self._trials.setdefault(bucket, {True: [0, 0, 0.0], False: [0, 0, 0.0]})
-            drafting = trials[True][0] <= trials[False][0]
-            self._open, self._tokens, self._left_out = (bucket, drafting, self.clock()), None, 0.0
-        else:
+        if bucket in self.width:
+            width = self.width[bucket]
             self._kept[bucket] = self._kept.get(bucket, 0) + 1
             if self._kept[bucket] >= self.recheck_rounds:  # measure this bucket again from its next round
-                del self.choice[bucket], self._trials[bucket]
+                del self.choice[bucket], self.width[bucket], self._trials[bucket]
                 self._kept[bucket] = 0
+        else:  # still measuring: the widths take turns, the widest first
+            trials = self._trials.setdefault(bucket, {w: [0, 0, 0.0] for w in self.widths})
+            width = min(self.widths, key=lambda w: trials[w][0])
+            self._open, self._tokens, self._left_out = (bucket, width, self.clock()), None, 0.0
         plan = self.inner.plan(rows, device)
-        return plan if drafting else DraftPlan(torch.zeros_like(plan.limit))
+        if width is None:
+            return plan
+        return DraftPlan(plan.limit.clamp(max=width), plan.stop if width else None, width)
 
     def _close(self) -> None:
         """Record the measured round in flight, if it ended (one that raised is dropped)."""
         if self._open is None:
             return
-        (bucket, drafting, started), tokens = self._open, self._tokens
+        (bucket, width, started), tokens = self._open, self._tokens
         self._open = None
         if tokens is None or bucket not in self._trials:
             return
         trials = self._trials[bucket]
-        record = trials[drafting]
+        record = trials[width]
         record[0] += 1
         record[1] += tokens
         record[2] += max(0.0, self.clock() - started - self._left_out)
-        if all(trials[m][0] >= self.trial_rounds for m in (True, False)):
-            speed = {m: trials[m][1] / trials[m][2] if trials[m][2] > 0 else 0.0 for m in (True, False)}
-            self.choice[bucket] = speed[True] > speed[False]
+        if all(r[0] >= self.trial_rounds for r in trials.values()):
+            speed = _speeds(trials)
+            best = max(self.widths, key=lambda w: (speed[w], w == 0))  # a tie goes to plain decoding
+            self.width[bucket], self.choice[bucket] = best, best != 0
 
     def phase_started(self, phase: str) -> None:
         if self._open is not None and phase in (PREFILL, DRAFT_PREFILL):
@@ -336,15 +361,22 @@ class Crossover(Schedule, Listener):
             self._close()
 
     def choices(self) -> list[AutoChoice]:
-        """Per batch-size bucket met so far, smallest first: the mode kept and the measured speeds."""
+        """Per batch-size bucket met so far, smallest first: the mode and width kept and the measured speeds
+        (drafting's: of the width kept, else of the fastest drafting width)."""
         out = []
         for bucket in sorted(self._trials.keys() | self.choice.keys()):
-            trials = self._trials.get(bucket, {})
-            speed = {m: r[1] / r[2] if r[2] > 0 else 0.0 for m, r in trials.items()}
+            speed = _speeds(self._trials.get(bucket, {}))
             drafting = self.choice.get(bucket)
             kept = "measuring" if drafting is None else ("on" if drafting else "off")
-            out.append(AutoChoice((bucket // 2 + 1, bucket), kept, speed.get(True, 0.0), speed.get(False, 0.0)))
+            width = self.width.get(bucket) if drafting else max((w for w in speed if w != 0), key=speed.get,
+                                                                default=None)
+            out.append(AutoChoice((bucket // 2 + 1, bucket), kept, speed.get(width, 0.0), speed.get(0, 0.0), width))
         return out
+
+
+def _speeds(trials: dict[int | None, list[float]]) -> dict[int | None, float]:
+    """Committed tokens per second of each width's measured rounds (0 before any)."""
+    return {w: r[1] / r[2] if r[2] > 0 else 0.0 for w, r in trials.items()}
 
 
 def _ada(spec: SpecConfig, config: ScheduleConfig, drafter: Drafter) -> Schedule:
@@ -392,4 +424,7 @@ def make_schedule(spec: SpecConfig, config: ScheduleConfig | None = None, drafte
         raise ValueError(f"the {config.schedule} schedule may ask for {schedule.most} drafted tokens per round, but "
                          f"this drafter drafts at most {most} (the largest block it was trained for): use {flag} "
                          f"{most} or less")
-    return Crossover(schedule) if spec.speculate == "auto" else schedule
+    if spec.speculate != "auto":
+        return schedule
+    return Crossover(schedule, widths=crossover_widths(schedule.most or spec.gamma, 0 if drafter is None else
+                                                       drafter.free_tokens))

@@ -115,6 +115,7 @@ class AutoChoice:
     speculate: str  # "on" (drafting measured faster), "off" (plain decoding did) or "measuring" (trials unfinished)
     draft_tokens_per_s: float  # committed tokens per second over the trial rounds that drafted (0: none yet)
     plain_tokens_per_s: float  # the same over the trial rounds that did not draft
+    width: int | None = None  # drafting's width: the longest draft a row holds (None: uncapped)
 
 
 @dataclass

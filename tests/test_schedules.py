@@ -26,9 +26,11 @@ from specdec.schedules import (
     Confidence,
     Constant,
     Crossover,
+    DraftPlan,
     Heuristic,
     _AdaStop,
     batch_bucket,
+    crossover_widths,
     make_schedule,
     roc_threshold,
 )
@@ -71,6 +73,33 @@ def test_every_schedule_keeps_greedy_exact(pair, name, lookup):
     drafted = [r.drafted for res in results for r in res.stats.records]
     if name == "constant" and not lookup:
         assert set(drafted) <= {0, 1, 2, 3}
+
+
+class Narrow(Constant):
+    """gamma drafts per row, every draft (lookup copies included) capped to ``width`` by the plan."""
+
+    def __init__(self, gamma: int, width: int) -> None:
+        super().__init__(gamma)
+        self.cap = width
+
+    def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
+        return DraftPlan(super().plan(rows, device).limit, width=self.cap)
+
+
+def test_a_plan_width_caps_every_draft_lookup_copies_included(pair):
+    """``DraftPlan.width`` cuts every row's draft, the lookup copies that go past the limit too, and the output
+    stays the target's greedy decoding; uncapped, the same lookup copies up to 12 tokens."""
+    target, drafter = pair
+    prompts = [[5, 17, 33, 5, 17, 33, 5, 17, 33, 5], *PROMPTS]
+    drafted = {}
+    for width in (None, 2):
+        schedule = Constant(3) if width is None else Narrow(3, width)
+        results = specdec.speculative_generate(target, specdec.LookupDrafter(drafter), prompts, max_new_tokens=24,
+                                               stop_token_ids=[], batch_size=3, schedule=schedule)
+        for prompt, result in zip(prompts, results):
+            assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, 24, []))
+        drafted[width] = {r.drafted for res in results for r in res.stats.records}
+    assert max(drafted[None]) > 3 and max(drafted[2]) == 2
 
 
 def test_heuristic_moves_each_row_within_its_bounds():
@@ -199,7 +228,7 @@ def drive(auto: Crossover, clock: FakeClock, rows: int, n: int, draft: tuple[flo
 
 def test_crossover_measures_both_modes_then_keeps_one():
     clock = FakeClock()
-    auto = Crossover(Constant(4), trial_rounds=2, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, clock=clock)
     modes = drive(auto, clock, 3, 5, draft=(0.01, 9), plain=(0.01, 3))
     assert modes == [True, False, True, False, True] and auto.choice == {4: True}
     assert auto.plan(4, "cpu").limit.tolist() == [4] * 4  # the bucket of 3 and 4 rows: decided
@@ -212,7 +241,7 @@ def test_crossover_keeps_the_mode_with_more_committed_tokens_per_second(rows):
     tokens per second (ties go to plain), whichever way the costs fall, and the speeds it reports are those."""
     for draft_s, plain_s in ((0.02, 0.01), (0.08, 0.01), (0.041, 0.01), (0.039, 0.01)):
         clock = FakeClock()
-        auto = Crossover(Constant(4), trial_rounds=3, clock=clock)
+        auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=3, clock=clock)
         drive(auto, clock, rows, 7, draft=(draft_s, 4 * rows), plain=(plain_s, rows))
         draft_speed, plain_speed = 4 * rows / draft_s, rows / plain_s
         assert auto.choice == {batch_bucket(rows): draft_speed > plain_speed}
@@ -224,7 +253,7 @@ def test_crossover_keeps_the_mode_with_more_committed_tokens_per_second(rows):
 def test_crossover_decides_each_batch_size_on_its_own():
     """Drafting pays at 1 row and loses at 16 (verification of 16 rows' drafts dearer than it saves)."""
     clock = FakeClock()
-    auto = Crossover(Constant(4), trial_rounds=4, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=4, clock=clock)
     drive(auto, clock, 1, 8, draft=(0.02, 3), plain=(0.01, 1))  # 150 against 100 tokens/s
     drive(auto, clock, 16, 9, draft=(0.25, 48), plain=(0.06, 16))  # 192 against 267 tokens/s
     assert auto.choice == {1: True, 16: False}
@@ -232,11 +261,54 @@ def test_crossover_decides_each_batch_size_on_its_own():
     assert drive(auto, clock, 12, 3, draft=(0.25, 48), plain=(0.06, 16)) == [False] * 3
 
 
+def test_crossover_widths():
+    """Uncapped first, then powers of two below the schedule's most (and the most itself where lookup copies go
+    past it), then plain decoding; make_schedule gives auto the drafter's."""
+    assert crossover_widths(4, free=12) == (None, 4, 2, 1, 0)
+    assert crossover_widths(4) == (None, 2, 1, 0)
+    assert crossover_widths(5) == (None, 4, 2, 1, 0)
+    assert crossover_widths(1, free=12) == (None, 1, 0)
+    assert crossover_widths(1) == (None, 0)
+    with pytest.raises(ValueError, match="include 0"):
+        Crossover(Constant(4), widths=(None, 2))
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_crossover_keeps_the_draft_width_with_more_committed_tokens_per_second(rows):
+    """A round of ``rows`` rows verifies [rows, width + 1] tokens: its cost grows with both once the forward is
+    past streaming the weights, while the tokens it commits per row saturate with the width. The width kept is
+    the one with the most committed tokens per second, each round capped to it (lookup copies included)."""
+    committed = {None: 4.0, 4: 3.25, 2: 2.5, 1: 1.75, 0: 1.0}  # tokens a row commits per round at each width
+    longest = {None: 12, 4: 4, 2: 2, 1: 1, 0: 0}  # the longest draft verified (a lookup copy of 12 uncapped)
+
+    def seconds(width):  # weight streaming (0.01 s) or compute (1 ms a token), whichever is more
+        return max(0.01, 0.001 * rows * (longest[width] + 1))
+
+    clock = FakeClock()
+    auto = Crossover(Constant(4), trial_rounds=2, clock=clock)
+    assert auto.widths == (None, 2, 1, 0)
+    auto.widths = widths = (None, 4, 2, 1, 0)
+    for _ in range(2 * len(widths) + 1):
+        plan = auto.plan(rows, "cpu")
+        width = auto._open[1] if auto._open else auto.width[batch_bucket(rows)]
+        assert plan.width == width and plan.limit.tolist() == [4 if width is None else min(4, width)] * rows
+        clock.now += seconds(width)
+        auto.round_ended(RoundSummary(rows, 0, round(rows * committed[width]), seconds(width)))
+    speed = {w: round(rows * committed[w]) / seconds(w) for w in widths}
+    best = max(widths, key=lambda w: speed[w])
+    assert auto.width == {batch_bucket(rows): best} and auto.choice == {batch_bucket(rows): best != 0}
+    assert best == {1: None, 4: 2, 16: 0}[rows]  # with these costs: all of it alone, drafts of 2 at 4 rows, none at 16
+    [choice] = auto.choices()
+    assert choice.plain_tokens_per_s == pytest.approx(speed[0])
+    drafting = best if best != 0 else max((w for w in widths if w != 0), key=lambda w: speed[w])
+    assert (choice.width, choice.draft_tokens_per_s) == (drafting, pytest.approx(speed[drafting]))
+
+
 def test_crossover_counts_the_rows_leaving_after_a_round():
     """A round's measure runs to the next round's plan: drafting's rounds are as fast in their phases, but the
     compactions after them (rows finishing in different rounds) make it lose."""
     clock = FakeClock()
-    auto = Crossover(Constant(4), trial_rounds=3, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=3, clock=clock)
     drive(auto, clock, 8, 7, draft=(0.02, 16), plain=(0.01, 8), leave_s=(0.02, 0.0))  # 400 against 800 tokens/s
     assert auto.choice == {8: False}
     assert auto.choices()[0].draft_tokens_per_s == pytest.approx(400)
@@ -245,7 +317,7 @@ def test_crossover_counts_the_rows_leaving_after_a_round():
 def test_crossover_leaves_out_prefill_and_idle_waits():
     """Rows joining (their prefill phases) and the wait after the batch emptied are not a round's cost."""
     clock = FakeClock()
-    auto = Crossover(Constant(4), trial_rounds=2, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, clock=clock)
     for _ in range(5):
         drafting = bool(auto.plan(2, "cpu").limit.any())
         clock.now += 0.01
@@ -265,7 +337,7 @@ def test_crossover_leaves_out_prefill_and_idle_waits():
 
 def test_crossover_drops_a_round_that_raised():
     clock = FakeClock()
-    auto = Crossover(Constant(4), trial_rounds=1, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=1, clock=clock)
     auto.plan(1, "cpu")
     clock.now += 50.0  # the round raised: no round_ended; the engine starts over with a fresh batch
     drive(auto, clock, 1, 2, draft=(0.02, 2), plain=(0.01, 1))
@@ -274,7 +346,7 @@ def test_crossover_drops_a_round_that_raised():
 
 def test_crossover_measures_again_and_follows_a_change():
     clock = FakeClock()
-    auto = Crossover(Constant(4), trial_rounds=2, recheck_rounds=5, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, recheck_rounds=5, clock=clock)
 
     def rounds(n: int, drafting_wins: bool) -> list[bool]:
         return drive(auto, clock, 1, n, draft=(0.01, 4 if drafting_wins else 1), plain=(0.01, 2))

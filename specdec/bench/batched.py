@@ -173,7 +173,7 @@ class SweepRun:
     prompts: list[Prompt]
     temperature: float
     cells: list[Cell]
-    crossover: dict[int, bool]  # auto's choice per batch-size bucket (True: draft)
+    crossover: dict[int, int | None]  # auto's draft width per batch-size bucket (0: plain; None: uncapped)
 
     def cell(self, method: str, batch: int) -> Cell | None:
         return next((c for c in self.cells if c.method == method and c.batch == batch), None)
@@ -257,7 +257,7 @@ def run_sweep(config: BenchConfig, console: Console | None = None) -> SweepRun:
     crossover = {}
     for schedule in models.crossovers.values():
         assert isinstance(schedule, Crossover)
-        crossover.update(schedule.choice)
+        crossover.update(schedule.width)
     return SweepRun(config, environment, prompts, temperature, cells, crossover)
 
 
@@ -321,11 +321,17 @@ def print_sweep(run: SweepRun, console: Console) -> None:
     print_choices_and_goals(console, run.crossover, sweep_goals(run))
 
 
-def print_choices_and_goals(console: Console, crossover: dict[int, bool], goals: list[Goal]) -> None:
-    """What ``auto`` chose per batch-size bucket, then each goal with its value and whether it was met."""
+def width_text(width: int | None) -> str:
+    """``auto``'s choice at a batch size, from its draft width: plain, draft (uncapped) or draft <= k."""
+    return "plain" if width == 0 else "draft" if width is None else f"draft <= {width}"
+
+
+def print_choices_and_goals(console: Console, crossover: dict[int, int | None], goals: list[Goal]) -> None:
+    """What ``auto`` chose per batch-size bucket (its draft width), then each goal with its value and whether it
+    was met."""
     if crossover:
-        console.print("auto chose: " + ", ".join(f"B<={b}: {'draft' if d else 'plain'}"
-                                                  for b, d in sorted(crossover.items())), style="dim")
+        console.print("auto chose: " + ", ".join(f"B<={b}: {width_text(w)}" for b, w in sorted(crossover.items())),
+                      style="dim")
     for goal in goals:
         mark = "–" if goal.met is None else ("met" if goal.met else "NOT met")
         value = "–" if goal.value is None else f"{goal.value:.3g}"

@@ -118,7 +118,7 @@ class ServeRun:
     temperature: float
     batch_size: int
     cells: list[Cell]
-    crossover: dict[int, bool]  # auto's choice per batch-size bucket (True: draft)
+    crossover: dict[int, int | None]  # auto's draft width per batch-size bucket (0: plain; None: uncapped)
     startup_s: dict[str, float] = field(default_factory=dict)  # launch -> first reply: specdec serve, each vLLM server
 
     def cell(self, mode: str, clients: int) -> Cell | None:
@@ -303,7 +303,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         vllm_extra = {"model": SERVED_NAME, "stop_token_ids": sorted(make_target(target).stop_token_ids()),
                       "ignore_eos": True, "skip_special_tokens": False, "return_token_ids": True}
         servers: dict[str, ServerThread] = {}
-        crossover: dict[int, bool] = {}
+        crossover: dict[int, int | None] = {}
         cells: dict[tuple[str, int], Cell] = {}
         first: dict[tuple[str, int], list[Reply]] = {}
         try:
@@ -314,7 +314,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                 servers[mode] = ServerThread(app).start()
                 schedule = next(iter(app.state.models.values())).engine.schedule
                 if isinstance(schedule, Crossover):
-                    crossover = schedule.choice  # filled in as auto measures
+                    crossover = schedule.width  # filled in as auto measures
             ours = {m: Endpoint(s.port) for m, s in servers.items()}
             progress = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=console or Console(stderr=True),
