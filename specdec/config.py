@@ -56,7 +56,7 @@ class SpecConfig:
     gamma: int = 4  # tokens drafted per round (shrinks near the context limit and the token budget)
     max_new_tokens: int = 128  # upper bound on generated tokens, prompt excluded (at least 1)
     batch_size: int = 8  # prompts decoded together; more wait and join as rows finish
-    speculate: str = "on"  # on: draft every round; off: plain decoding; auto: measure both per batch size, keep the faster
+    speculate: str = "on"  # on: draft every round; off: plain decoding; auto: per batch size, measure plain decoding and a few draft widths, keep the fastest
 
     def __post_init__(self) -> None:
         if not _is_int(self.gamma) or self.gamma < 1:

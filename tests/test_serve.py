@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import io
 import itertools
 import json
 import os
@@ -94,7 +95,7 @@ def server(pair, tmp_path_factory):
     """`specdec serve` in a subprocess on a free loopback port."""
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     with serving(pair, log, "--max-new-tokens", str(MAX_TOKENS), "--batch-size", str(BATCH),
-                 "--schedule", SCHEDULE.schedule) as (url, port):
+                 "--schedule", SCHEDULE.schedule, "--speculate", "on") as (url, port):
         yield Server(url, port, pair, log)
 
 
@@ -507,6 +508,17 @@ def test_every_endpoint_but_health_needs_the_key(server, key):
     assert get(server.url + "/", key=key)[0] == 200  # the page's static files hold no data
 
 
+def test_the_server_speculates_auto_by_default():
+    """A server's batch grows with its clients: by default it keeps the draft width measured fastest per batch
+    size (plain decoding included), while generate drafts every round."""
+    from specdec.cli import build_parser
+    from specdec.config import SpecConfig
+
+    assert build_parser("serve").parse_args(["serve"]).speculate == "auto"
+    assert build_parser("serve").parse_args(["serve", "--speculate", "on"]).speculate == "on"
+    assert SpecConfig().speculate == "on"
+
+
 def test_exposure_warning():
     assert ServeConfig().host == "127.0.0.1" and exposure_warning(ServeConfig()) is None
     assert exposure_warning(ServeConfig(host="::1")) is None
@@ -648,16 +660,19 @@ def check_page(page: DevTools, server: Server, prompt: str, tokens: list[int], t
 
 
 def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
+    from rich.console import Console
+
     from specdec.bench.config import BenchConfig
-    from specdec.bench.serve import percentile, run_serve_bench, serve_goals, write_serve
+    from specdec.bench.serve import percentile, print_serve, run_serve_bench, serve_goals, write_serve
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:3])))
     config = BenchConfig(target=str(pair.target), drafter=str(pair.drafter), serve=True, clients=(1, 2),
-                         speculate=("off", "on"), prompts=str(prompts), num_prompts=3, max_new_tokens=6, repeats=2,
+                         speculate=("off", "on", "auto"), prompts=str(prompts), num_prompts=3, max_new_tokens=6, repeats=2,
                          warmup=1, progress=False, device="cpu", output=str(tmp_path))
     run = run_serve_bench(config)
-    assert sorted((c.mode, c.clients) for c in run.cells) == [("off", 1), ("off", 2), ("on", 1), ("on", 2)]
+    assert sorted((c.mode, c.clients) for c in run.cells) == [("auto", 1), ("auto", 2), ("off", 1), ("off", 2),
+                                                              ("on", 1), ("on", 2)]
     assert run.batch_size == 2
     for cell in run.cells:
         assert cell.requests == (3 if cell.clients == 1 else 4)  # rounded up to a multiple of the clients
@@ -666,11 +681,19 @@ def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
         assert 0 < cell.tokens <= 6 * cell.requests
         assert cell.greedy_equal == cell.compared == cell.requests  # speculation changes no greedy token
     assert [g.name for g in serve_goals(run)] == ["median latency off / on at 1 client(s)",
+                                                  "median latency off / auto at 1 client(s)",
                                                   "median latency off / on at 2 client(s)",
+                                                  "median latency off / auto at 2 client(s)",
                                                   "specdec serve launched to its first reply, s"]
+    assert run.auto and {c.rows for c in run.auto} <= {(1, 1), (2, 2)}  # auto's buckets, with what it measured
+    assert run.crossover == {c.rows[1]: c.width if c.speculate == "on" else 0 for c in run.auto
+                             if c.speculate != "measuring"}
+    console = Console(file=io.StringIO(), width=200)
+    print_serve(run, console)
+    assert "speculate auto: 1 row: " in console.file.getvalue()
     assert list(run.startup_s) == ["specdec serve"] and run.startup_s["specdec serve"] > 0  # the real command
     saved = json.loads(write_serve(run, tmp_path).read_text())
-    assert len(saved["cells"]) == 4 and saved["config"]["serve"] is True
+    assert len(saved["cells"]) == 6 and saved["config"]["serve"] is True and len(saved["auto"]) == len(run.auto)
     assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
 
 

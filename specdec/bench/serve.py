@@ -1,7 +1,8 @@
 """``specdec bench --serve``: the server under concurrent clients, speculation on vs off (and auto).
 
 One server per ``--speculate`` mode (off: plain decoding; on: the drafter ``lookup+<--drafter>``,
-the CLI's default kind; auto: ``Crossover``, drafting only at batch sizes where it measured faster),
+the CLI's default kind; auto: ``Crossover``, per batch size the draft width, none included, that
+measured fastest),
 all started in this process on free loopback ports (``ServerThread``) over the same loaded models,
 each with its own engine and caches, a batch size of the largest client count (so every client's
 request runs at once) and the bench's ``--gamma``, ``--temperature`` and ``--max-new-tokens``.
@@ -63,6 +64,7 @@ from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.config import LOOKUP, ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.stats import AutoChoice
 
 REQUEST_TIMEOUT_S = 600.0  # one request, at most
 SPECDEC_SERVE = "specdec serve"  # the start-up figure of our own server (the real command, a subprocess)
@@ -120,6 +122,7 @@ class ServeRun:
     cells: list[Cell]
     crossover: dict[int, int | None]  # auto's draft width per batch-size bucket (0: plain; None: uncapped)
     startup_s: dict[str, float] = field(default_factory=dict)  # launch -> first reply: specdec serve, each vLLM server
+    auto: list[AutoChoice] = field(default_factory=list)  # auto's choices with the speeds it measured, at the end
 
     def cell(self, mode: str, clients: int) -> Cell | None:
         return next((c for c in self.cells if c.mode == mode and c.clients == clients), None)
@@ -304,6 +307,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                       "ignore_eos": True, "skip_special_tokens": False, "return_token_ids": True}
         servers: dict[str, ServerThread] = {}
         crossover: dict[int, int | None] = {}
+        auto: Crossover | None = None
         cells: dict[tuple[str, int], Cell] = {}
         first: dict[tuple[str, int], list[Reply]] = {}
         try:
@@ -314,7 +318,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                 servers[mode] = ServerThread(app).start()
                 schedule = next(iter(app.state.models.values())).engine.schedule
                 if isinstance(schedule, Crossover):
-                    crossover = schedule.width  # filled in as auto measures
+                    crossover, auto = schedule.width, schedule  # filled in as auto measures
             ours = {m: Endpoint(s.port) for m, s in servers.items()}
             progress = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=console or Console(stderr=True),
@@ -350,7 +354,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         environment = capture_environment((config.target, target), (config.drafter, session.model(config.drafter)),
                                           load_start)
     return ServeRun(config, environment, prompts, temperature, batch_size, list(cells.values()), dict(crossover),
-                    startup)
+                    startup, auto.choices() if auto is not None else [])
 
 
 def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[Prompt], temperature: float,
@@ -478,6 +482,8 @@ def serve_table(run: ServeRun) -> Table:
 
 
 def print_serve(run: ServeRun, console: Console) -> None:
+    from specdec.console import auto_text
+
     console.print(serve_table(run))
     env = run.environment
     peers = sorted({c.mode for c in run.cells} - set(run.config.speculate))
@@ -488,6 +494,8 @@ def print_serve(run: ServeRun, console: Console) -> None:
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
     console.print("start-up, launch to the first reply: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds
                                                                       in run.startup_s.items()))
+    if run.auto:
+        console.print(auto_text(run.auto), style="dim")
     print_choices_and_goals(console, run.crossover, serve_goals(run))
 
 
@@ -502,6 +510,7 @@ def write_serve(run: ServeRun, out_dir: Path) -> Path:
         "cells": [{**asdict(c), **{f"median_{k}": c.median(k) for k in ("p50_s", "p95_s", "ttft_s", "tokens_per_s")}}
                   for c in run.cells],
         "crossover": {str(k): v for k, v in run.crossover.items()},
+        "auto": [asdict(c) for c in run.auto],
         "startup_s": run.startup_s,
         "goals": [asdict(g) for g in serve_goals(run)],
     }, indent=2))

@@ -3,7 +3,7 @@
 Flags come from ``ServeConfig`` (host, port, API key, model id, body limit) and from the core's
 config classes, exactly as for ``generate`` (``--target``, ``--drafter``, ``--gamma``,
 ``--batch-size``, ``--speculate``, ``--schedule``, ``--temperature``...): the decoding flags are the defaults of
-requests that do not set their own. FastAPI and uvicorn are the optional extra
+requests that do not set their own. One default differs: ``--speculate auto`` (``serve.config.SPECULATE``). FastAPI and uvicorn are the optional extra
 ``pip install -e ".[serve]"``; without them the command says so in one line.
 """
 
@@ -14,7 +14,7 @@ import sys
 
 from specdec.arguments import UsageError, add_config_arguments, config_from
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
-from specdec.serve.config import API_KEY_ENV, ServeConfig
+from specdec.serve.config import API_KEY_ENV, SPECULATE, ServeConfig
 from specdec.threads import current as current_threads
 
 EXTRA = 'pip install -e ".[serve]"'  # how to install what the server needs
@@ -70,4 +70,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for cls in (ServeConfig, ModelConfig, SpecConfig, SamplingConfig, VerifyConfig, ScheduleConfig):
         add_config_arguments(parser, cls)
     parser.add_argument("--gpu", metavar="ID", help="LMFlow's flag: the same as --device cuda:ID")
-    parser.set_defaults(func=_run_serve)
+    parser.set_defaults(func=_run_serve, speculate=SPECULATE)

@@ -12,6 +12,10 @@ import os
 from dataclasses import dataclass
 
 API_KEY_ENV = "SPECDEC_API_KEY"  # the environment variable read when --api-key is not given
+# The server's --speculate default (generate's is SpecConfig's "on"): a server's batch grows with its clients, and
+# verifying a batch costs its longest draft in every row, so per batch size it keeps the draft width measured
+# fastest, plain decoding included (docs/benchmarks.md, the server).
+SPECULATE = "auto"
 
 
 @dataclass(frozen=True)
