@@ -19,11 +19,13 @@ Every decision is per row. Drafted lengths stay within ``ScheduleConfig.bound`` 
   MAX default to the ones stored with the head (``specdec train head`` tunes them on held-out
   prompts); threshold 1 never stops a row (MAX every round, the head unused: the constant gamma MAX).
 - ``Crossover`` wraps any of them for ``speculate="auto"``: the first rounds at each batch size
-  (bucketed to powers of two) alternate between drafting as the inner schedule says and not drafting
-  at all (plain decoding through the same loop), each timed from its plan to the next round's (rows
-  leaving included, prefill left out); from then on that batch size drafts only if its rounds
-  committed more tokens per second, measured again now and then. Batched verification gets dearer
-  as the batch grows, so speculation that pays at batch 1 can lose at batch 16 on the same machine.
+  (bucketed to powers of two) take turns among draft widths: as the inner schedule says, every draft
+  capped at a few tokens (``DraftPlan.width``), and none at all (plain decoding through the same
+  loop), each timed from its plan to the next round's (rows leaving included, prefill left out); from
+  then on that batch size keeps the width that committed the most tokens per second, measured again
+  now and then. Batched verification gets dearer as the batch grows (every row pays the longest
+  draft), so speculation that pays in full at batch 1 pays only with short drafts, or not at all, at
+  batch 16 on the same machine.
 """
 
 from __future__ import annotations
