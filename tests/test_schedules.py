@@ -228,7 +228,7 @@ def drive(auto: Crossover, clock: FakeClock, rows: int, n: int, draft: tuple[flo
 
 def test_crossover_measures_both_modes_then_keeps_one():
     clock = FakeClock()
-    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, clock=clock, block=1)
     modes = drive(auto, clock, 3, 5, draft=(0.01, 9), plain=(0.01, 3))
     assert modes == [True, False, True, False, True] and auto.choice == {4: True}
     assert auto.plan(4, "cpu").limit.tolist() == [4] * 4  # the bucket of 3 and 4 rows: decided
@@ -304,6 +304,22 @@ def test_crossover_keeps_the_draft_width_with_more_committed_tokens_per_second(r
     assert (choice.width, choice.draft_tokens_per_s) == (drafting, pytest.approx(speed[drafting]))
 
 
+def test_crossover_measures_each_width_in_blocks_of_rounds():
+    """A width runs ``block`` rounds in a row while measuring (the holes its rounds leave in the cache are then
+    paid mostly by its own rounds), the widths taking turns, the widest first, until each has its rounds."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), widths=(None, 2, 0), trial_rounds=4, clock=clock, block=2)
+    widths = []
+    for _ in range(12):
+        plan = auto.plan(4, "cpu")
+        widths.append(plan.width)
+        clock.now += 0.01
+        auto.round_ended(RoundSummary(4, 0, 4 if plan.width == 0 else 8, 0.01))
+    assert widths == [None, None, 2, 2, 0, 0, None, None, 2, 2, 0, 0]
+    auto.plan(4, "cpu")
+    assert auto.width == {4: None}  # a tie between the widths that draft goes to the first measured
+
+
 def test_crossover_counts_the_rows_leaving_after_a_round():
     """A round's measure runs to the next round's plan: drafting's rounds are as fast in their phases, but the
     compactions after them (rows finishing in different rounds) make it lose."""
@@ -346,7 +362,7 @@ def test_crossover_drops_a_round_that_raised():
 
 def test_crossover_measures_again_and_follows_a_change():
     clock = FakeClock()
-    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, recheck_rounds=5, clock=clock)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, recheck_rounds=5, clock=clock, block=1)
 
     def rounds(n: int, drafting_wins: bool) -> list[bool]:
         return drive(auto, clock, 1, n, draft=(0.01, 4 if drafting_wins else 1), plain=(0.01, 2))
