@@ -146,6 +146,36 @@ def use_cache_folder() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_folder())
 
 
+def probed_isa(record: bool = False) -> bool:
+    """Skip inductor's probe of the CPU's vector instruction sets (it builds and loads a test library for each
+    in a child process: 2-3 s of every start; the AVX-512 variants' own probes, about half of it, still run)
+    where an earlier start probed them here: the sets the probe accepted are kept in ``cache_folder("graphs")
+    / "vec-isa.json"``, and trusted only when they are the ones the CPU's flags name (else probed again).
+    ``record``: keep this process's probe. Whether the probe was skipped."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    file = cache_folder("graphs") / "vec-isa.json"
+    if record:
+        if config.cpp.vec_isa_ok is None:  # probed in this process
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps(sorted(str(isa) for isa in valid_vec_isa_list())))
+        return False
+    if config.cpp.vec_isa_ok is not None or not file.is_file():  # the user's choice, or never probed here
+        return False
+    try:
+        probed = json.loads(file.read_text())
+    except ValueError:
+        probed = None
+    config.cpp.vec_isa_ok = True  # the sets the CPU's flags name, unprobed
+    valid_vec_isa_list.cache_clear()
+    if sorted(str(isa) for isa in valid_vec_isa_list()) == probed:
+        return True
+    config.cpp.vec_isa_ok = None  # another machine's record: probe
+    valid_vec_isa_list.cache_clear()
+    return False
+
+
 def model_digest(model: PreTrainedModel, slots: int) -> str:
     """What a compiled step of ``model`` depends on besides its bucket: the versions, the machine's vector
     instructions and threads (inductor's C++ is generated for them), inductor's options, the model's class,
@@ -482,6 +512,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({reason})")
     use_cache_folder()
+    isa = probed_isa()
     # one code object (the step) compiled per model and bucket: dynamo's default limit of 8 is too few
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     started = time.perf_counter()
@@ -501,6 +532,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
                       f"{str(error).splitlines()[0] if str(error) else ''}); it decodes eagerly", stacklevel=2)
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({type(model).__name__} failed to compile)")
+    if not isa:
+        probed_isa(record=True)
     compiled.rows = tuple(sorted(set(compiled.rows) | set(rows)))
     compiled.tokens = tuple(sorted(set(compiled.tokens) | set(tokens)))
     model._specdec_compiled = compiled

@@ -326,6 +326,31 @@ def test_an_unusable_compile_cache_file_is_compiled_again(monkeypatch, tmp_path)
     assert compiled_for(model).calls["eager"] == 0 and compiled_for(model).calls["compiled"] > 0
 
 
+def test_the_vector_instruction_probe_is_kept_and_trusted_only_on_the_same_cpu(monkeypatch, tmp_path):
+    """A start records the vector instruction sets inductor's probe accepted; a later one trusts the CPU's
+    flags instead of probing only where they name the same sets (another machine's record: probed again)."""
+    import json
+
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    from specdec.compiled import probed_isa
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
+    assert not probed_isa()  # nothing recorded yet
+    probed = sorted(str(isa) for isa in valid_vec_isa_list())
+    assert not probed_isa(record=True)
+    record = cache_folder("graphs") / "vec-isa.json"
+    assert json.loads(record.read_text()) == probed
+    assert probed_isa() and config.cpp.vec_isa_ok is True
+    assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
+    config.cpp.vec_isa_ok = None
+    record.write_text(json.dumps(["another machine's"]))
+    assert not probed_isa() and config.cpp.vec_isa_ok is None
+    assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
+
+
 def test_a_cached_graph_traced_from_changed_code_is_not_used():
     """A loaded graph names the code it was traced from (module, lines, checksum): any change is found."""
     import types as pytypes
