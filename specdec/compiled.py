@@ -42,8 +42,8 @@ AOT autograd and inductor's code in one object, without guards, since ``run`` pi
 under ``~/.cache/specdec/graphs/torch-VERSION`` (``graph_file``: keyed by the versions, the CPU's vector
 instructions, threads, inductor's options, the model's class, configuration and weight layout, its traced
 linears and slots), inductor's C++ builds under ``~/.cache/specdec/inductor/torch-VERSION``. A second start
-loads the step instead of tracing it (code-target's 1- and 5-token steps: 0.2-4 s against 10-20 s, the
-eager check included), and checks it against the eager step as a fresh compile is. A file that cannot be
+loads the step instead of tracing it (code-target's 1- and 5-token steps in a fresh process, checked: 5 s
+against 15-23 s), and checks it against the eager step as a fresh compile is. A file that cannot be
 used (corrupt, another Python or torch, traced from code that has changed since) is compiled again and
 overwritten, said once. Inductor's freezing stays off: a frozen graph bypasses AOT autograd's cache, which
 ``aot_compile`` needs, and the step is as fast without it (the linears are traced as specdec's kernels).
