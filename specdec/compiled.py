@@ -37,8 +37,16 @@ eager batched path does, and the verification rule is unchanged, so sampling sta
 
 Which models: decoder-only models whose forward takes ``position_ids`` and a 4D mask, with
 full-attention layers only (``compile_refusal`` says why another one decodes eagerly, once).
-Inductor's on-disk FX graph cache lives under ``~/.cache/specdec/inductor/torch-VERSION``: a second
-start reuses the compiled code, and another torch version gets its own folder (rebuilt, never read).
+The compile cache: each bucket's step is compiled ahead of time (dynamo's ``aot_compile``: Dynamo's trace,
+AOT autograd and inductor's code in one object, without guards, since ``run`` picks the bucket) and saved
+under ``~/.cache/specdec/graphs/torch-VERSION`` (``graph_file``: keyed by the versions, the CPU's vector
+instructions, threads, inductor's options, the model's class, configuration and weight layout, its traced
+linears and slots), inductor's C++ builds under ``~/.cache/specdec/inductor/torch-VERSION``. A second start
+loads the step instead of tracing it (code-target's 1- and 5-token steps in a fresh process, checked: 5 s
+against 15-23 s), and checks it against the eager step as a fresh compile is. A file that cannot be
+used (corrupt, another Python or torch, traced from code that has changed since) is compiled again and
+overwritten, said once. Inductor's freezing stays off: a frozen graph bypasses AOT autograd's cache, which
+``aot_compile`` needs, and the step is as fast without it (the linears are traced as specdec's kernels).
 
 ``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one thread
 (docs/benchmarks.md, "Compiled decoding: slot widths and token buckets"; ``benchmarks/compiled_buckets.py``
@@ -59,13 +67,19 @@ decoding and long runs whose start is paid once.
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import inspect
+import json
 import math
 import os
 import shutil
+import sys
 import sysconfig
 import types
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,7 +99,8 @@ SLOTS = 512  # slots per row of a static cache (at most the model's context): at
 SLOT_STEP = 32  # a forward attends the first S slots: the pointer plus its new tokens, rounded up to this
 RECOMPILE_LIMIT = 256  # compiled (model, bucket) pairs allowed in one process
 SLOT_SLACK = 16  # slots beyond the context for dead padding before a re-pack is needed
-INDUCTOR = {"freezing": True}  # inductor's options for the step (measured: docs/benchmarks.md)
+INDUCTOR: dict[str, object] = {}  # inductor's options for the step (freezing off: its graphs cannot be cached)
+GRAPH_FORMAT = 1  # the layout of a graph file (``graph_file``): another is compiled again, never read
 CHECK_TOLERANCE = 1e-3  # largest |compiled - eager| logit difference (relative to the logits' scale) at warm-up
 INSTALL = ("torch.compile on CPU needs a C++ compiler and Python's headers: install them (Debian/Ubuntu: "
            "apt-get install g++ python3-dev; or set CXX to a compiler), or use --compile off")
@@ -114,10 +129,85 @@ def compiler_missing() -> str | None:
     return None
 
 
-def cache_folder() -> Path:
-    """Inductor's on-disk cache for this torch version (another version's folder is never read)."""
+def cache_folder(kind: str = "inductor") -> Path:
+    """specdec's on-disk compile cache for this torch version (another version's folder is never read):
+    ``inductor`` (inductor's generated code and its C++ builds) or ``graphs`` (``graph_file``)."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "specdec" / "inductor" / f"torch-{torch.__version__}"
+    return root / "specdec" / kind / f"torch-{torch.__version__}"
+
+
+def use_cache_folder() -> None:
+    """Point inductor at ``cache_folder()`` unless the user chose a folder (``TORCHINDUCTOR_CACHE_DIR``).
+    Importing torch._dynamo already sets that variable to inductor's default (under /tmp), so a
+    ``setdefault`` would never apply."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_folder())
+
+
+def probed_isa(record: bool = False) -> bool:
+    """Skip inductor's probe of the CPU's vector instruction sets (it builds and loads a test library for each
+    in a child process: 2-3 s of every start; the AVX-512 variants' own probes, about half of it, still run)
+    where an earlier start probed them here: the sets the probe accepted are kept in ``cache_folder("graphs")
+    / "vec-isa.json"``, and trusted only when they are the ones the CPU's flags name (else probed again).
+    ``record``: keep this process's probe. Whether the probe was skipped."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    file = cache_folder("graphs") / "vec-isa.json"
+    if record:
+        if config.cpp.vec_isa_ok is None:  # probed in this process
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(json.dumps(sorted(str(isa) for isa in valid_vec_isa_list())))
+        return False
+    if config.cpp.vec_isa_ok is not None or not file.is_file():  # the user's choice, or never probed here
+        return False
+    try:
+        probed = json.loads(file.read_text())
+    except ValueError:
+        probed = None
+    config.cpp.vec_isa_ok = True  # the sets the CPU's flags name, unprobed
+    valid_vec_isa_list.cache_clear()
+    if sorted(str(isa) for isa in valid_vec_isa_list()) == probed:
+        return True
+    config.cpp.vec_isa_ok = None  # another machine's record: probe
+    valid_vec_isa_list.cache_clear()
+    return False
+
+
+def model_digest(model: PreTrainedModel, slots: int) -> str:
+    """What a compiled step of ``model`` depends on besides its bucket: the versions, the machine's vector
+    instructions and threads (inductor's C++ is generated for them), inductor's options, the model's class,
+    configuration, the names, shapes and dtypes of its weights (not their values: a graph reads the weights
+    at every call), which linears are traced in the kernels' formulation, and the slots per row."""
+    import transformers
+
+    traced = sorted(name for name, m in model.named_modules()
+                    if getattr(vars(m).get("forward"), "__func__", None) is _traced_forward)
+    tensors = [(name, tuple(t.shape), str(t.dtype), str(t.device))
+               for name, t in [*model.named_parameters(), *model.named_buffers()]]
+    config = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}  # not where it was read
+    parts = [GRAPH_FORMAT, sys.version, torch.__version__, transformers.__version__,
+             torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), sorted(INDUCTOR.items()),
+             type(model).__module__, type(model).__qualname__, json.dumps(config, sort_keys=True, default=str),
+             getattr(model.config, "_attn_implementation", None), tensors, traced, slots]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def graph_file(model: PreTrainedModel, slots: int, shape: Shape) -> Path:
+    """Where the compiled step of ``model`` for ``shape`` is kept between runs (``cache_folder("graphs")``)."""
+    name = f"{model_digest(model, slots)}-r{shape.rows}-n{shape.tokens}{'-hidden' if shape.hidden else ''}.bin"
+    return cache_folder("graphs") / name
+
+
+def _changed_source(graph: object) -> str | None:
+    """The first source a loaded graph was traced from that has changed since (module and lines), or None."""
+    for code in graph.source_info().inlined_sources:
+        lines = inspect.getsourcelines(importlib.import_module(code.module))[0][code.firstlineno - 1: code.lastlineno - 1]
+        if hashlib.sha256("".join(lines).encode()).hexdigest() != code.checksum:
+            return f"{code.module} lines {code.firstlineno}-{code.lastlineno} changed"
+    return None
 
 
 def compile_refusal(model: PreTrainedModel) -> str | None:
@@ -242,8 +332,44 @@ class CompiledModel:
         self.eager_shapes: set[Shape] = set()  # shapes run eagerly (told once each)
         self.calls = {"compiled": 0, "eager": 0}  # decode forwards run each way
         self.kernels = trace_kernels(model)  # the linears traced in specdec's kernels' formulation
-        self._compiled = torch.compile(self._step, dynamic=None, fullgraph=True, options=dict(INDUCTOR))
+        self.graphs: dict[Shape, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {}  # warm's
+        self.loaded = 0  # shapes whose compiled step came from the on-disk cache (``graph_file``)
+        self._compiled = self._graph
         self.layout = self._layout()
+
+    def _graph(self, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
+               cache: StaticCache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step compiled for the bucket of these inputs (``run`` calls it for warmed shapes only)."""
+        graph = self.graphs[Shape(ids.shape[0], ids.shape[1], hidden)]
+        return graph(self, ids, live, positions, start, cache, hidden)
+
+    def _trace(self, args: tuple[object, ...]) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+        """The step compiled ahead of time for ``args``' shapes (the slot width dynamic), as a function that
+        can be saved: dynamo's ``aot_compile``, without guards. ``run`` picks the bucket before the call and
+        every input's layout follows from the bucket and the model (``graph_file``'s key), so guards would
+        only re-check that at every call (and dynamo's identity guards on the model cannot be saved)."""
+        options = {**INDUCTOR, "guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+        with kernels.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # dynamic: S only
+            graph = torch.compile(self._step, dynamic=None, fullgraph=True, options=options).aot_compile((args, {}))
+        graph.disable_guard_check()
+        return graph
+
+    def _load(self, path: Path) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None:
+        """The compiled step saved at ``path``, or None when there is none or it cannot be used (unreadable,
+        written by another Python or torch, or traced from code that has changed since), told once."""
+        if not path.is_file():
+            return None
+        try:
+            with path.open("rb") as file:
+                graph = torch.compiler.load_compiled_function(file)
+            if (changed := _changed_source(graph)) is not None:
+                raise ValueError(changed)
+        except Exception as error:  # noqa: BLE001 - any unusable file is compiled again and overwritten
+            warnings.warn(f"the compile cache's {path.name} was not used ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}); compiling it again", stacklevel=4)
+            return None
+        graph.disable_guard_check()
+        return graph
 
     def _layout(self) -> list[tuple[int, int, int, torch.dtype]]:
         """Per layer: (kv heads, key dim, value dim, dtype), read from one eager forward of one token."""
@@ -314,13 +440,14 @@ class CompiledModel:
 
     @torch.inference_mode()
     def warm(self, shape: Shape) -> None:
-        """Compile ``shape`` and check it against the eager step on random tokens (a ValueError if they differ)."""
+        """Compile ``shape`` (or load it from the on-disk cache, ``graph_file``) and check it against the eager
+        step on random tokens (a ValueError if a fresh compile differs; a cached one is compiled again)."""
         device = input_device(self.model)
         ids = torch.randint(0, self.model.config.get_text_config().vocab_size, (shape.rows, shape.tokens),
                             device=device)
         span = attended(3 + shape.tokens, self.slots)
-        results = []
-        for compiled in (True, False):
+
+        def inputs() -> tuple[object, ...]:  # a fresh cache each time: the step writes into it
             cache = self.new_cache(shape.rows, device)
             live = torch.zeros(shape.rows, self.slots + 1, dtype=torch.bool, device=device)[:, :span]  # as forward's
             live[:, 3: 3 + shape.tokens] = True
@@ -328,13 +455,31 @@ class CompiledModel:
                 layer.cumulative_length.fill_(3)
             positions = torch.arange(shape.tokens, device=device)[None].repeat(shape.rows, 1)  # contiguous, as forward's
             torch._dynamo.mark_dynamic(live, 1)
-            args = (ids, live, positions, torch.tensor(3, device=device), cache, shape.hidden)
-            with kernels.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # dynamic: S only
-                results.append((self._compiled if compiled else self._step)(*args)[0])
-        error = float((results[0] - results[1]).abs().max())
-        scale = float(results[1].abs().max()) + 1.0
-        if not error <= CHECK_TOLERANCE * scale:
-            raise ValueError(f"compiled logits differ from eager by {error:.3g} (scale {scale:.3g})")
+            return (ids, live, positions, torch.tensor(3, device=device), cache, shape.hidden)
+
+        with kernels.active():
+            expected = self._step(*inputs())[0]
+        path = graph_file(self.model, self.slots, shape)
+        graph = self._load(path)
+        for cached in (True, False) if graph is not None else (False,):
+            if not cached:
+                graph = self._trace(inputs())
+            with kernels.active():
+                logits = graph(self, *inputs())[0]
+            error = float((logits - expected).abs().max())
+            scale = float(expected.abs().max()) + 1.0
+            if error <= CHECK_TOLERANCE * scale:
+                break
+            if not cached:
+                raise ValueError(f"compiled logits differ from eager by {error:.3g} (scale {scale:.3g})")
+            warnings.warn(f"the compile cache's {path.name} differs from eager by {error:.3g} (scale {scale:.3g}); "
+                          "compiling it again", stacklevel=3)
+        if cached:
+            self.loaded += 1
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            graph.save_compiled_function(str(path))  # written to a temporary file, then renamed
+        self.graphs[shape] = graph
         self.shapes.add(shape)
 
 
@@ -366,7 +511,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         warnings.warn(f"--compile on: {reason}; it decodes eagerly", stacklevel=2)
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({reason})")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_folder()))
+    use_cache_folder()
+    isa = probed_isa()
     # one code object (the step) compiled per model and bucket: dynamo's default limit of 8 is too few
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     started = time.perf_counter()
@@ -375,6 +521,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         limit = context_limit(model)
         width = slots or (SLOTS if limit is None else min(SLOTS, limit)) + SLOT_SLACK
         compiled = CompiledModel(model, width)
+    loaded = compiled.loaded
     wanted = [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
     try:
         for shape in wanted:
@@ -385,10 +532,13 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
                       f"{str(error).splitlines()[0] if str(error) else ''}); it decodes eagerly", stacklevel=2)
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({type(model).__name__} failed to compile)")
+    if not isa:
+        probed_isa(record=True)
     compiled.rows = tuple(sorted(set(compiled.rows) | set(rows)))
     compiled.tokens = tuple(sorted(set(compiled.tokens) | set(tokens)))
     model._specdec_compiled = compiled
-    return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s")
+    return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s "
+                               f"({compiled.loaded - loaded} from the compile cache)")
 
 
 def token_buckets(gamma: int, drafter: str | None, speculating: bool, plain: bool,

@@ -21,12 +21,14 @@ from specdec.cli import main as cli_main
 from specdec.compiled import (
     SLOT_STEP,
     CompiledModel,
+    Shape,
     StaticRaggedCache,
     cache_folder,
     check_mode,
     compile_refusal,
     compiled_for,
     compiles,
+    graph_file,
     prepare,
     token_buckets,
 )
@@ -246,6 +248,124 @@ def test_a_model_that_cannot_compile_decodes_eagerly_said_once():
 def test_the_compile_cache_is_per_torch_version(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_folder() == tmp_path / "specdec" / "inductor" / f"torch-{torch.__version__}"
+
+
+SECOND_START = """
+import json, sys
+import specdec
+from transformers import AutoModelForCausalLM
+from specdec.compiled import compiled_for, prepare
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+choice = prepare(model, "on", tokens=(1,))
+tokens = specdec.autoregressive_generate(model, [1, 5, 9, 33, 7], max_new_tokens=16, stop_token_ids=[2]).tokens
+print(json.dumps({"reason": choice.reason, "loaded": compiled_for(model).loaded, "calls": compiled_for(model).calls,
+                  "tokens": tokens}))
+"""
+
+
+def test_a_second_start_loads_the_compiled_step_from_disk(tmp_path):
+    """A fresh process compiles the 1-token step and saves it; a second fresh process, on a model of the same
+    configuration and other weights, loads it instead of tracing (the weights are read at every call, not
+    built into the graph) and decodes generate's greedy tokens with it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "SPECDEC_LINEAR": "off"}  # the same traced linears in both processes (the kernels' choice is timed)
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    runs = []
+    for seed in (0, 1):
+        folder = tmp_path / f"model-{seed}"
+        build_tiny("llama", seed=seed, layers=1).save_pretrained(folder)
+        done = subprocess.run([sys.executable, "-c", SECOND_START, str(folder)], env=env, capture_output=True,
+                              text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        prompt = [1, 5, 9, 33, 7]
+        assert_same_greedy(model, prompt, runs[-1]["tokens"], hf_greedy(model, prompt, 16, [2]))
+        assert runs[-1]["calls"]["eager"] == 0 and runs[-1]["calls"]["compiled"] > 0
+    assert [run["loaded"] for run in runs] == [0, 1]
+    assert runs[1]["reason"].endswith("(1 from the compile cache)")
+    assert len(list((tmp_path / "cache" / "specdec" / "graphs").rglob("*.bin"))) == 1
+
+
+def test_an_unusable_compile_cache_file_is_compiled_again(monkeypatch, tmp_path):
+    """A graph file written by another torch version, or corrupted, is not used: the step is compiled again
+    (said once), the file overwritten, and the next start loads it; the tokens stay generate's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPECDEC_LINEAR", "off")  # the same traced linears in every model below
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    shape = Shape(1, 1)
+    with monkeypatch.context() as foreign:
+        foreign.setattr(torch, "__version__", "2.0.0-another")  # its folder, and the version inside its files
+        model = build_tiny("llama", seed=7, layers=1)
+        assert prepare(model, "on", tokens=(1,)).compiled
+        slots = compiled_for(model).slots
+        written = graph_file(model, slots, shape)
+    assert "torch-2.0.0-another" in str(written) and written.is_file()
+    path = graph_file(model, slots, shape)  # this torch's file for the same model and bucket
+    for content, reason in ((written.read_bytes(), "different PyTorch version"), (b"not a graph", "Error")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        model = build_tiny("llama", seed=7, layers=1)
+        with pytest.warns(UserWarning, match=f"compile cache's {path.name} was not used .*{reason}"):
+            choice = prepare(model, "on", tokens=(1,))
+        assert choice.compiled and compiled_for(model).loaded == 0 and path.read_bytes() != content
+    model = build_tiny("llama", seed=7, layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert prepare(model, "on", tokens=(1,)).reason.endswith("(1 from the compile cache)")
+    prompt = PROMPTS[1]
+    ours = specdec.autoregressive_generate(model, prompt, max_new_tokens=NEW, stop_token_ids=[2]).tokens
+    assert_same_greedy(model, prompt, ours, hf_greedy(model, prompt, NEW, [2]))
+    assert compiled_for(model).calls["eager"] == 0 and compiled_for(model).calls["compiled"] > 0
+
+
+def test_the_vector_instruction_probe_is_kept_and_trusted_only_on_the_same_cpu(monkeypatch, tmp_path):
+    """A start records the vector instruction sets inductor's probe accepted; a later one trusts the CPU's
+    flags instead of probing only where they name the same sets (another machine's record: probed again)."""
+    import json
+
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    from specdec.compiled import probed_isa
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
+    assert not probed_isa()  # nothing recorded yet
+    probed = sorted(str(isa) for isa in valid_vec_isa_list())
+    assert not probed_isa(record=True)
+    record = cache_folder("graphs") / "vec-isa.json"
+    assert json.loads(record.read_text()) == probed
+    assert probed_isa() and config.cpp.vec_isa_ok is True
+    assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
+    config.cpp.vec_isa_ok = None
+    record.write_text(json.dumps(["another machine's"]))
+    assert not probed_isa() and config.cpp.vec_isa_ok is None
+    assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
+
+
+def test_a_cached_graph_traced_from_changed_code_is_not_used():
+    """A loaded graph names the code it was traced from (module, lines, checksum): any change is found."""
+    import types as pytypes
+
+    from torch._dynamo.package import InlinedSource, SourceInfo, _hash_sourcelines
+
+    from specdec import compiled
+
+    def graph(checksum):
+        source = InlinedSource(module="specdec.compiled", firstlineno=1, lastlineno=5, checksum=checksum,
+                               content="")
+        return pytypes.SimpleNamespace(source_info=lambda: SourceInfo(inlined_sources={source}))
+
+    assert compiled._changed_source(graph(_hash_sourcelines(compiled, 1, 5))) is None
+    assert compiled._changed_source(graph("0" * 64)) == "specdec.compiled lines 1-5 changed"
 
 
 def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_path, capsys):
