@@ -198,14 +198,20 @@ def trace_kernels(model: PreTrainedModel) -> bool:
 class WindowLayer(StaticLayer):
     """A ``StaticLayer`` whose forwards attend only its first ``window`` slots (the write pointer plus the new
     tokens, rounded up: ``attended``); the slots beyond hold nothing live. Its buffers keep one slot more
-    than a forward ever attends, so every window is a proper slice and one graph serves every width."""
+    than a forward ever attends, so every window is a proper slice and one graph serves every width.
+
+    Every layer of a cache shares one write pointer (``cumulative_length``, a 0-d tensor), which an update
+    reads but does not advance: the cache handle moves it once per forward (``StaticRaggedCache._point``),
+    not once per layer."""
 
     window: int
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        return keys[:, :, : self.window], values[:, :, : self.window]  # [R, heads, S, dim]
+        slots = self.cumulative_length + torch.arange(key_states.shape[-2], device=key_states.device)  # [n]
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys[:, :, : self.window], self.values[:, :, : self.window]  # [R, heads, S, dim]
 
 
 def attended(end: int, slots: int) -> int:
@@ -225,6 +231,15 @@ class Shape:
     hidden: bool = False
 
 
+def step_guards(guards: list) -> list[bool]:
+    """Which of dynamo's guards a compiled step checks at every call: those on its inputs (the ids' and live
+    slots' shapes, dtypes and strides, the slot width's range, ``hidden``, the cache's tensors) and the global
+    state (grad mode and the like); not those on the model's modules, parameters and config, nor on the module
+    globals of torch and transformers (the module docstring says why that is safe)."""
+    modules = torch.compiler.skip_guard_on_all_nn_modules_unsafe(guards)
+    return [keep and not guard.is_global for keep, guard in zip(modules, guards)]
+
+
 def _bucket(value: int, buckets: tuple[int, ...]) -> int | None:
     """The smallest bucket >= value, or None."""
     return next((b for b in sorted(buckets) if b >= value), None)
@@ -242,7 +257,8 @@ class CompiledModel:
         self.eager_shapes: set[Shape] = set()  # shapes run eagerly (told once each)
         self.calls = {"compiled": 0, "eager": 0}  # decode forwards run each way
         self.kernels = trace_kernels(model)  # the linears traced in specdec's kernels' formulation
-        self._compiled = torch.compile(self._step, dynamic=None, fullgraph=True, options=dict(INDUCTOR))
+        self._compiled = torch.compile(self._step, dynamic=None, fullgraph=True, isolate_recompiles=True,
+                                       options={**INDUCTOR, "guard_filter_fn": step_guards})
         self.layout = self._layout()
 
     def _layout(self) -> list[tuple[int, int, int, torch.dtype]]:
@@ -259,6 +275,7 @@ class CompiledModel:
         width = self.slots + 1
         cache = StaticCache(config=self.model.config, max_cache_len=width)
         cache.layers = [WindowLayer(width) for _ in cache.layers]
+        pointer = torch.tensor(0, dtype=torch.long, device=device)  # the first free slot, shared by every layer
         for layer, (heads, key_dim, value_dim, dtype) in zip(cache.layers, self.layout):
             # what StaticLayer.lazy_initialization sets, without marking static addresses (a CUDA-graph need):
             # the buffers are plain inputs of the compiled step, so every cache of this shape reuses its code
@@ -266,19 +283,22 @@ class CompiledModel:
             layer.k_head_dim, layer.v_head_dim = key_dim, value_dim
             layer.keys = torch.zeros(rows, heads, width, key_dim, dtype=dtype, device=device)
             layer.values = torch.zeros(rows, heads, width, value_dim, dtype=dtype, device=device)
-            layer.cumulative_length = torch.tensor(0, dtype=torch.long, device=device)
+            layer.cumulative_length = pointer
             layer.is_initialized, layer.window = True, self.slots
         return cache
 
-    def _step(self, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
-              cache: StaticCache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _step(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
+              hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [R, n, V] (and the last hidden states [R, n, H]) of ``ids`` [R, n] written at slots
-        ``start + 0..n-1``; ``live`` [R, S] marks the slots each row attends (its new real tokens included),
-        the first S of the cache's."""
+        ``start + 0..n-1`` (``start``: the cache's write pointer); ``live`` [R, S] marks the slots each row
+        attends (its new real tokens included), the first S of the cache's. A token's position is the number
+        of live slots before its own (RaggedCache's rule: live tokens before it), counted here in the graph."""
         n, slots = ids.shape[1], live.shape[1]
         for layer in cache.layers:
             layer.window = slots  # attend the first S slots
+        start = cache.layers[0].cumulative_length  # the write pointer (every layer shares it)
         query = start + torch.arange(n, device=ids.device)  # [n] slots of the new tokens
+        positions = (live.cumsum(dim=1).gather(1, query[None].expand(ids.shape[0], n)) - 1).clamp_min(0)  # [R, n]
         key = torch.arange(slots, device=ids.device)  # [S]
         allowed = live[:, None, :] & (key[None, None, :] <= query[None, :, None])  # [R, n, S]
         allowed = allowed | (key[None, None, :] == query[None, :, None])  # a padding query sees itself: no empty row
@@ -290,7 +310,7 @@ class CompiledModel:
         return out.logits, out.hidden_states[-1] if hidden else None
 
     @torch.inference_mode()
-    def run(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
+    def run(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor,
             cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The step over the first S slots (``live`` [R, S]), compiled when ``shape`` was warmed, else eager
         (told once per shape)."""
@@ -298,11 +318,13 @@ class CompiledModel:
             self.calls["compiled"] += 1
             torch._dynamo.mark_dynamic(live, 1)  # as warmed
             model = self.model  # its forward hooks (the bench's meters) run around the graph, traced without them
-            for hook in list(model._forward_pre_hooks.values()):
-                hook(model, ())
-            out = self._compiled(ids, live, positions, start, cache, shape.hidden)
-            for hook in list(model._forward_hooks.values()):
-                hook(model, (), out)
+            if model._forward_pre_hooks:
+                for hook in list(model._forward_pre_hooks.values()):
+                    hook(model, ())
+            out = self._compiled(ids, live, cache, shape.hidden)
+            if model._forward_hooks:
+                for hook in list(model._forward_hooks.values()):
+                    hook(model, (), out)
             return out
         self.calls["eager"] += 1
         if shape not in self.eager_shapes:
@@ -310,7 +332,7 @@ class CompiledModel:
             warnings.warn(f"{type(self.model).__name__}: a forward of {shape.rows} rows x {shape.tokens} tokens"
                           f"{' (hidden states)' if shape.hidden else ''} has no compiled bucket: it runs eagerly",
                           stacklevel=4)
-        return self._step(ids, live, positions, start, cache, shape.hidden)
+        return self._step(ids, live, cache, shape.hidden)
 
     @torch.inference_mode()
     def warm(self, shape: Shape) -> None:
@@ -324,11 +346,9 @@ class CompiledModel:
             cache = self.new_cache(shape.rows, device)
             live = torch.zeros(shape.rows, self.slots + 1, dtype=torch.bool, device=device)[:, :span]  # as forward's
             live[:, 3: 3 + shape.tokens] = True
-            for layer in cache.layers:
-                layer.cumulative_length.fill_(3)
-            positions = torch.arange(shape.tokens, device=device)[None].repeat(shape.rows, 1)  # contiguous, as forward's
+            cache.layers[0].cumulative_length.fill_(3)  # every layer's pointer
             torch._dynamo.mark_dynamic(live, 1)
-            args = (ids, live, positions, torch.tensor(3, device=device), cache, shape.hidden)
+            args = (ids, live, cache, shape.hidden)
             with kernels.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # dynamic: S only
                 results.append((self._compiled if compiled else self._step)(*args)[0])
         error = float((results[0] - results[1]).abs().max())
@@ -434,6 +454,7 @@ class StaticRaggedCache:
         self.slots_live = torch.zeros(0, compiled.slots + 1, dtype=torch.bool, device=self.device)  # [R, C + 1]
         self.live = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
         self.used = 0  # slots in use: the write pointer (every row writes at the same slots)
+        self._widths: dict[int, int] = {}  # tokens per row -> its token bucket (or itself)
 
     # ------------------------------------------------------------------ RaggedCache's read-only view
 
@@ -460,10 +481,10 @@ class StaticRaggedCache:
         return list(self.cache.layers) if self.cache is not None else []
 
     def _point(self, used: int) -> None:
-        """Move the write pointer of every layer to ``used``."""
+        """Move the write pointer (shared by every layer: ``WindowLayer``) to ``used``."""
         self.used = used
-        for layer in self._layers():
-            layer.cumulative_length.fill_(used)
+        if self.cache is not None:
+            self.cache.layers[0].cumulative_length.fill_(used)
 
     def _reserve(self, rows: int) -> None:
         """Buffers of at least ``rows`` rows (the next row bucket; spare rows dead), contents kept."""
@@ -497,24 +518,22 @@ class StaticRaggedCache:
         if kwargs:
             raise TypeError(f"the compiled path takes no {', '.join(kwargs)}")
         rows, n = input_ids.shape
-        self._reserve(rows)
-        width = _bucket(n, self.compiled.tokens) or n  # tokens per row: n real columns, then dead padding
-        self._room(width)
+        if rows > self.capacity or self.cache is None:
+            self._reserve(rows)
+        width = self._widths.get(n) or self._widths.setdefault(n, _bucket(n, self.compiled.tokens) or n)
+        if self.used + width > self.compiled.slots:  # tokens per row: n real columns, then dead padding
+            self._room(width)
         span = attended(self.used + width, self.compiled.slots)  # S: the slots this forward attends
         shape = Shape(self.capacity, width, bool(output_hidden_states))
-        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
-        ids = input_ids.new_zeros(self.capacity, width)
-        ids[:rows, :n] = input_ids
-        new = torch.zeros(self.capacity, width, dtype=torch.bool, device=self.device)
-        new[:rows, :n] = real  # [R, w] real new tokens
-        positions = torch.zeros(self.capacity, width, dtype=torch.long, device=self.device)
-        positions[:rows] = (self.live[:, None] + new[:rows].long().cumsum(1) - 1).clamp_min(0)  # [B, w]
-        self.slots_live[:, self.used: self.used + width] = new
-        logits, hidden = self.compiled.run(shape, ids, self.slots_live[:, :span], positions,
-                                           torch.tensor(self.used, device=self.device), self.cache)
-        self.slots_live[:, self.used + n: self.used + width] = False
+        ids = input_ids
+        if rows != self.capacity or n != width or input_ids.stride() != (n, 1):  # the strides the graph was traced for
+            ids = input_ids.new_zeros(self.capacity, width)  # [R, w]: dead rows and columns of token 0
+            ids[:rows, :n] = input_ids
+        # the new real tokens' slots go live (slots from the pointer on are all dead: the padding stays so)
+        self.slots_live[:rows, self.used: self.used + n] = True if valid is None else valid
+        logits, hidden = self.compiled.run(shape, ids, self.slots_live[:, :span], self.cache)
         self._point(self.used + n)  # the dead columns' slots are free again, as a rejected draft's
-        self.live = self.live + real.sum(dim=1)
+        self.live = self.live + (n if valid is None else valid.sum(dim=1))
         keep = min(logits_to_keep, n) if logits_to_keep else n
         states = (hidden[:rows, n - keep: n],) if hidden is not None else None
         return CausalLMOutputWithPast(logits=logits[:rows, n - keep: n], hidden_states=states)
@@ -523,7 +542,10 @@ class StaticRaggedCache:
 
     @torch.inference_mode()
     def keep(self, n: torch.Tensor) -> None:
-        """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
+        """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest. Keeping every
+        token (plain decoding, a fully accepted draft) changes nothing, the pointer included."""
+        if torch.equal(n, self.live):
+            return
         if bool((n > self.live).any()):
             raise ValueError(f"cannot keep {n.tolist()} tokens of rows holding {self.live.tolist()}")
         mask = self.mask
