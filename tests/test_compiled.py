@@ -152,6 +152,70 @@ def test_the_kernels_formulation_traced_into_the_graph_is_exact(monkeypatch):
     assert compiled_for(target).calls["eager"] == 0
 
 
+def _region_entries(step: CompiledModel) -> int:
+    from torch._dynamo.eval_frame import _get_cache_entries_for_region
+
+    return len(_get_cache_entries_for_region(step._step, step._compiled._isolate_recompiles_id))
+
+
+def test_the_step_guards_still_check_the_inputs_shapes_and_the_hidden_flag():
+    """The step checks no guard on the model's modules (``step_guards``), but still those on its inputs: another
+    slot width reuses the graph (the slot dimension is dynamic) and equals the eager step; another token count,
+    ``hidden`` flag or cache shape fails a guard (dynamo would recompile: here told to raise instead)."""
+    from torch._dynamo.exc import RecompileError
+
+    model = build_tiny("llama", seed=4)
+    assert prepare(model, "on", tokens=(1,)).compiled
+    step = compiled_for(model)
+
+    def call(run, n=1, width=SLOT_STEP, hidden=False, rows=1):
+        with torch.inference_mode():
+            cache = step.new_cache(rows, "cpu")
+            cache.layers[0].cumulative_length.fill_(3)  # every layer's write pointer
+            live = torch.zeros(rows, step.slots + 1, dtype=torch.bool)[:, :width]
+            live[:, :3 + n] = True
+            torch._dynamo.mark_dynamic(live, 1)
+            return run(torch.full((rows, n), 7), live, cache, hidden)
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for width in (SLOT_STEP, 3 * SLOT_STEP):
+            assert torch.allclose(call(step._compiled, width=width)[0], call(step._step, width=width)[0], atol=1e-5)
+        for changed in ({"n": 3}, {"hidden": True}, {"rows": 2}):
+            with pytest.raises(RecompileError):
+                call(step._compiled, **changed)
+    assert _region_entries(step) == 1
+
+
+def test_models_of_the_same_shapes_keep_graphs_of_their_own():
+    """Without module guards, a graph could not tell two models of the same shapes apart (here a norm epsilon,
+    a constant in the graph): each model's step has its own entries (``isolate_recompiles``), so each decodes
+    its own eager tokens."""
+    a, b = build_tiny("llama", seed=6), build_tiny("llama", seed=6)
+    for module in b.modules():
+        if hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = 0.5
+    prompt = PROMPTS[1]
+    eager = [specdec.autoregressive_generate(m, prompt, max_new_tokens=NEW).tokens for m in (a, b)]
+    assert eager[0] != eager[1]
+    for model in (a, b):
+        assert prepare(model, "on", tokens=(1,)).compiled
+    assert [specdec.autoregressive_generate(m, prompt, max_new_tokens=NEW).tokens for m in (a, b)] == eager
+    assert [compiled_for(m).calls["eager"] for m in (a, b)] == [0, 0]
+    assert [_region_entries(compiled_for(m)) for m in (a, b)] == [1, 1]
+
+
+def test_the_bench_times_a_compiled_model_on_its_compiled_step():
+    """``bench.measure.step_times`` times the path a run decodes with: a compiled model's static cache step."""
+    from specdec.bench.measure import Clock, step_path, step_times
+
+    model, eager = build_tiny("llama", seed=8), build_tiny("llama", seed=9)
+    assert prepare(model, "on", tokens=(1,)).compiled
+    before = compiled_for(model).calls["compiled"]
+    times = step_times([model, eager], torch.tensor([PROMPTS[1]]), 6, Clock(torch.device("cpu")), run=3)
+    assert all(t > 0 for t in times) and [step_path(m) for m in (model, eager)] == ["compiled", "eager"]
+    assert compiled_for(model).calls["compiled"] - before == 6
+
+
 def test_token_buckets_cover_the_lookup_copies():
     """The shapes a run compiles: the target's gamma + 1 and a lookup copy + 1, a drafter's 1, 2 and copy + 2."""
     from specdec.drafters.hybrid import LOOKUP_NGRAM
@@ -299,6 +363,7 @@ def test_the_bench_times_a_compiled_run_beside_the_eager_methods(tmp_path):
                                     num_prompts=2, max_new_tokens=8, repeats=1, warmup=0, device="cpu",
                                     progress=False, methods=("plain", "spec-lookup"), compile="on"))
     assert run.environment.compile.startswith("target on: ") and "drafter on: " in run.environment.compile
+    assert run.step_paths == {"target": "compiled", "drafter": "eager"}  # the int8 form (spec's) decodes eagerly
     rows = {r.method: r for r in build_report(run).rows}
     for method in ("plain", "spec-lookup"):
         assert (rows[method].greedy_equal, rows[method].greedy_total) == (2, 2)
