@@ -476,7 +476,7 @@ class StaticRaggedCache:
         self.slots_live = torch.zeros(0, compiled.slots + 1, dtype=torch.bool, device=self.device)  # [R, C + 1]
         self.live = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
         self.used = 0  # slots in use: the write pointer (every row writes at the same slots)
-        self._widths: dict[int, int] = {}  # tokens per row -> its token bucket (or itself)
+        self._buckets, self._widths = compiled.tokens, {}  # tokens per row -> its token bucket (or itself)
 
     # ------------------------------------------------------------------ RaggedCache's read-only view
 
@@ -542,7 +542,9 @@ class StaticRaggedCache:
         rows, n = input_ids.shape
         if rows > self.capacity or self.cache is None:
             self._reserve(rows)
-        width = self._widths.get(n) or self._widths.setdefault(n, _bucket(n, self.compiled.tokens) or n)
+        if self._buckets is not self.compiled.tokens:  # prepare added buckets since
+            self._buckets, self._widths = self.compiled.tokens, {}
+        width = self._widths.get(n) or self._widths.setdefault(n, _bucket(n, self._buckets) or n)
         if self.used + width > self.compiled.slots:  # tokens per row: n real columns, then dead padding
             self._room(width)
         span = attended(self.used + width, self.compiled.slots)  # S: the slots this forward attends
