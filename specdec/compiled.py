@@ -17,8 +17,8 @@ Eager decoding pays transformers' Python around every forward (module dispatch, 
   dimension of the graph (``mark_dynamic``), not one graph per width: the buffers keep one slot more
   than a forward ever attends, so every slice has the same strides and no width recompiles.
 - ``CompiledModel``: one model's compiled step, ``torch.compile(..., fullgraph=True)`` of a forward
-  taking ``(ids [R, n], live slots [R, S], positions [R, n], first new slot)`` that builds the 4D mask
-  (the live slots, causal over the new ones) inside the graph. Shapes are bucketed by rows (``1`` and
+  taking ``(ids [R, n], live slots [R, S], cache)`` that builds the positions and the 4D mask (the live
+  slots, causal over the new ones) inside the graph. Shapes are bucketed by rows (``1`` and
   the batch size) and tokens per row (``token_buckets``: the target's ``gamma + 1`` verification and a
   prompt-lookup copy + 1, a drafter's 1-token step, its 2-token catch-up and a catch-up after a lookup
   copy); a forward of fewer tokens is padded on the right to its bucket with dead tokens (masked out,
@@ -30,6 +30,16 @@ Eager decoding pays transformers' Python around every forward (module dispatch, 
   them in the kernels' formulation (``traced_linear``: ``W @ x.T`` for 1-2 rows, oneDNN on the prepacked
   weight through the ``specdec::packed_linear`` op for more), not inductor's (freezing turns ``F.linear``
   into MKL's packed kernel, the slow one on this CPU).
+
+Guards: a step runs without dynamo's guards (``CompiledModel._trace``). With all of them, the check before
+every call took 0.08 ms for code-drafter and 0.12 ms for code-target (one thread, ``guard_manager.check`` timed
+alone), as long as a drafter step's linears take. ``run`` picks the bucket's graph itself, and every input's
+layout follows from the bucket and the model (``graph_file``'s key). The parameters are inputs of the graph, read
+at every call (an in-place weight update is seen), but the graph keeps what it traced of the model's structure:
+replacing a parameter by one of another shape, dtype or device, swapping a module, adding a hook to a
+submodule, changing the config (attention implementation, output flags), or patching a function of torch or
+transformers after ``prepare`` would be ignored or fail; specdec does none of these after loading. Each
+``CompiledModel`` keeps its graphs to itself (a norm epsilon, say, is a constant of the graph).
 
 Exactness: the compiled step computes what the eager forward computes (same cache contents, same
 positions, same mask), to float rounding; greedy tokens match ``generate`` up to near ties, as the
@@ -62,7 +72,12 @@ buckets of a bench's default run with inductor's cache warm; ``specdec generate 
 also compiled rows of 8; tracing, paid at every start, is most of it, whether inductor's disk cache is warm or
 not), against the server's start-up goal of 20 s, for a gain
 within the noise of a shared machine on the default speculation. So auto stays off: ``on`` pays for plain
-decoding and long runs whose start is paid once.
+decoding and long runs whose start is paid once. With the guards and bookkeeping cut (above; docs/benchmarks.md,
+"Compiled decoding: per-call overhead"), three alternated pairs of ``specdec bench --methods plain-hf plain spec-lookup --peers
+llamacpp --num-prompts 12 --repeats 3 --drafter-dtype float32 --compile off|on`` (1 thread, load 4-7, every
+output equal) put compiled plain decoding at 1.43-1.71x llama.cpp float32's time per token (eager 1.90-2.08x).
+The target's step came to 1.04-1.29x its weight pass and the drafter's to 1.77-3.97x. The default speculation
+ran at 2.98-3.29x ``generate`` (eager 2.88-3.07x).
 """
 
 from __future__ import annotations
@@ -82,11 +97,11 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specdec import kernels
 from specdec.architectures import attention_chunk, local_window
@@ -288,14 +303,20 @@ def trace_kernels(model: PreTrainedModel) -> bool:
 class WindowLayer(StaticLayer):
     """A ``StaticLayer`` whose forwards attend only its first ``window`` slots (the write pointer plus the new
     tokens, rounded up: ``attended``); the slots beyond hold nothing live. Its buffers keep one slot more
-    than a forward ever attends, so every window is a proper slice and one graph serves every width."""
+    than a forward ever attends, so every window is a proper slice and one graph serves every width.
+
+    Every layer of a cache shares one write pointer (``cumulative_length``, a 0-d tensor), which an update
+    reads but does not advance: the cache handle moves it once per forward (``StaticRaggedCache._point``),
+    not once per layer."""
 
     window: int
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        return keys[:, :, : self.window], values[:, :, : self.window]  # [R, heads, S, dim]
+        slots = self.cumulative_length + torch.arange(key_states.shape[-2], device=key_states.device)  # [n]
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        return self.keys[:, :, : self.window], self.values[:, :, : self.window]  # [R, heads, S, dim]
 
 
 def attended(end: int, slots: int) -> int:
@@ -337,11 +358,11 @@ class CompiledModel:
         self._compiled = self._graph
         self.layout = self._layout()
 
-    def _graph(self, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
-               cache: StaticCache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _graph(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
+               hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The step compiled for the bucket of these inputs (``run`` calls it for warmed shapes only)."""
         graph = self.graphs[Shape(ids.shape[0], ids.shape[1], hidden)]
-        return graph(self, ids, live, positions, start, cache, hidden)
+        return graph(self, ids, live, cache, hidden)
 
     def _trace(self, args: tuple[object, ...]) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
         """The step compiled ahead of time for ``args``' shapes (the slot width dynamic), as a function that
@@ -385,6 +406,7 @@ class CompiledModel:
         width = self.slots + 1
         cache = StaticCache(config=self.model.config, max_cache_len=width)
         cache.layers = [WindowLayer(width) for _ in cache.layers]
+        pointer = torch.tensor(0, dtype=torch.long, device=device)  # the first free slot, shared by every layer
         for layer, (heads, key_dim, value_dim, dtype) in zip(cache.layers, self.layout):
             # what StaticLayer.lazy_initialization sets, without marking static addresses (a CUDA-graph need):
             # the buffers are plain inputs of the compiled step, so every cache of this shape reuses its code
@@ -392,19 +414,22 @@ class CompiledModel:
             layer.k_head_dim, layer.v_head_dim = key_dim, value_dim
             layer.keys = torch.zeros(rows, heads, width, key_dim, dtype=dtype, device=device)
             layer.values = torch.zeros(rows, heads, width, value_dim, dtype=dtype, device=device)
-            layer.cumulative_length = torch.tensor(0, dtype=torch.long, device=device)
+            layer.cumulative_length = pointer
             layer.is_initialized, layer.window = True, self.slots
         return cache
 
-    def _step(self, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
-              cache: StaticCache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _step(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
+              hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [R, n, V] (and the last hidden states [R, n, H]) of ``ids`` [R, n] written at slots
-        ``start + 0..n-1``; ``live`` [R, S] marks the slots each row attends (its new real tokens included),
-        the first S of the cache's."""
+        ``start + 0..n-1`` (``start``: the cache's write pointer); ``live`` [R, S] marks the slots each row
+        attends (its new real tokens included), the first S of the cache's. A token's position is the number
+        of live slots before its own (RaggedCache's rule: live tokens before it), counted here in the graph."""
         n, slots = ids.shape[1], live.shape[1]
         for layer in cache.layers:
             layer.window = slots  # attend the first S slots
+        start = cache.layers[0].cumulative_length  # the write pointer (every layer shares it)
         query = start + torch.arange(n, device=ids.device)  # [n] slots of the new tokens
+        positions = (live.cumsum(dim=1).gather(1, query[None].expand(ids.shape[0], n)) - 1).clamp_min(0)  # [R, n]
         key = torch.arange(slots, device=ids.device)  # [S]
         allowed = live[:, None, :] & (key[None, None, :] <= query[None, :, None])  # [R, n, S]
         allowed = allowed | (key[None, None, :] == query[None, :, None])  # a padding query sees itself: no empty row
@@ -416,7 +441,7 @@ class CompiledModel:
         return out.logits, out.hidden_states[-1] if hidden else None
 
     @torch.inference_mode()
-    def run(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
+    def run(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor,
             cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The step over the first S slots (``live`` [R, S]), compiled when ``shape`` was warmed, else eager
         (told once per shape)."""
@@ -424,11 +449,13 @@ class CompiledModel:
             self.calls["compiled"] += 1
             torch._dynamo.mark_dynamic(live, 1)  # as warmed
             model = self.model  # its forward hooks (the bench's meters) run around the graph, traced without them
-            for hook in list(model._forward_pre_hooks.values()):
-                hook(model, ())
-            out = self._compiled(ids, live, positions, start, cache, shape.hidden)
-            for hook in list(model._forward_hooks.values()):
-                hook(model, (), out)
+            if model._forward_pre_hooks:
+                for hook in list(model._forward_pre_hooks.values()):
+                    hook(model, ())
+            out = self._compiled(ids, live, cache, shape.hidden)
+            if model._forward_hooks:
+                for hook in list(model._forward_hooks.values()):
+                    hook(model, (), out)
             return out
         self.calls["eager"] += 1
         if shape not in self.eager_shapes:
@@ -436,7 +463,7 @@ class CompiledModel:
             warnings.warn(f"{type(self.model).__name__}: a forward of {shape.rows} rows x {shape.tokens} tokens"
                           f"{' (hidden states)' if shape.hidden else ''} has no compiled bucket: it runs eagerly",
                           stacklevel=4)
-        return self._step(ids, live, positions, start, cache, shape.hidden)
+        return self._step(ids, live, cache, shape.hidden)
 
     @torch.inference_mode()
     def warm(self, shape: Shape) -> None:
@@ -451,11 +478,9 @@ class CompiledModel:
             cache = self.new_cache(shape.rows, device)
             live = torch.zeros(shape.rows, self.slots + 1, dtype=torch.bool, device=device)[:, :span]  # as forward's
             live[:, 3: 3 + shape.tokens] = True
-            for layer in cache.layers:
-                layer.cumulative_length.fill_(3)
-            positions = torch.arange(shape.tokens, device=device)[None].repeat(shape.rows, 1)  # contiguous, as forward's
+            cache.layers[0].cumulative_length.fill_(3)  # every layer's pointer
             torch._dynamo.mark_dynamic(live, 1)
-            return (ids, live, positions, torch.tensor(3, device=device), cache, shape.hidden)
+            return (ids, live, cache, shape.hidden)
 
         with kernels.active():
             expected = self._step(*inputs())[0]
@@ -571,6 +596,14 @@ def decoding_cache(model: PreTrainedModel, device: torch.device | str) -> object
     return StaticRaggedCache(model, compiled, device) if compiled is not None else cache_for(model, 0, device)
 
 
+class StepOutput(NamedTuple):
+    """A static cache forward's output: what callers read of ``RaggedCache.forward``'s ``CausalLMOutputWithPast``,
+    without its construction (about 10-40 us a step, measured: as much as the rest of the bookkeeping)."""
+
+    logits: torch.Tensor  # [B, k, V]
+    hidden_states: tuple[torch.Tensor] | None  # (the last hidden states [B, k, H],) when asked for
+
+
 class StaticRaggedCache:
     """``RaggedCache``'s interface and rule over a preallocated static cache (see the module docstring)."""
 
@@ -584,6 +617,7 @@ class StaticRaggedCache:
         self.slots_live = torch.zeros(0, compiled.slots + 1, dtype=torch.bool, device=self.device)  # [R, C + 1]
         self.live = torch.zeros(0, dtype=torch.long, device=self.device)  # [B]
         self.used = 0  # slots in use: the write pointer (every row writes at the same slots)
+        self._buckets, self._widths = compiled.tokens, {}  # tokens per row -> its token bucket (or itself)
 
     # ------------------------------------------------------------------ RaggedCache's read-only view
 
@@ -610,10 +644,10 @@ class StaticRaggedCache:
         return list(self.cache.layers) if self.cache is not None else []
 
     def _point(self, used: int) -> None:
-        """Move the write pointer of every layer to ``used``."""
+        """Move the write pointer (shared by every layer: ``WindowLayer``) to ``used``."""
         self.used = used
-        for layer in self._layers():
-            layer.cumulative_length.fill_(used)
+        if self.cache is not None:
+            self.cache.layers[0].cumulative_length.fill_(used)
 
     def _reserve(self, rows: int) -> None:
         """Buffers of at least ``rows`` rows (the next row bucket; spare rows dead), contents kept."""
@@ -642,38 +676,41 @@ class StaticRaggedCache:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 1,
-                output_hidden_states: bool = False, **kwargs: object) -> CausalLMOutputWithPast:
+                output_hidden_states: bool = False, **kwargs: object) -> StepOutput:
         """Run the model on ``input_ids`` [B, n] (``valid`` [B, n] marks the real ones), as ``RaggedCache.forward``."""
         if kwargs:
             raise TypeError(f"the compiled path takes no {', '.join(kwargs)}")
         rows, n = input_ids.shape
-        self._reserve(rows)
-        width = _bucket(n, self.compiled.tokens) or n  # tokens per row: n real columns, then dead padding
-        self._room(width)
+        if rows > self.capacity or self.cache is None:
+            self._reserve(rows)
+        if self._buckets is not self.compiled.tokens:  # prepare added buckets since
+            self._buckets, self._widths = self.compiled.tokens, {}
+        width = self._widths.get(n) or self._widths.setdefault(n, _bucket(n, self._buckets) or n)
+        if self.used + width > self.compiled.slots:  # tokens per row: n real columns, then dead padding
+            self._room(width)
         span = attended(self.used + width, self.compiled.slots)  # S: the slots this forward attends
         shape = Shape(self.capacity, width, bool(output_hidden_states))
-        real = valid if valid is not None else torch.ones_like(input_ids, dtype=torch.bool)  # [B, n]
-        ids = input_ids.new_zeros(self.capacity, width)
-        ids[:rows, :n] = input_ids
-        new = torch.zeros(self.capacity, width, dtype=torch.bool, device=self.device)
-        new[:rows, :n] = real  # [R, w] real new tokens
-        positions = torch.zeros(self.capacity, width, dtype=torch.long, device=self.device)
-        positions[:rows] = (self.live[:, None] + new[:rows].long().cumsum(1) - 1).clamp_min(0)  # [B, w]
-        self.slots_live[:, self.used: self.used + width] = new
-        logits, hidden = self.compiled.run(shape, ids, self.slots_live[:, :span], positions,
-                                           torch.tensor(self.used, device=self.device), self.cache)
-        self.slots_live[:, self.used + n: self.used + width] = False
+        ids = input_ids
+        if rows != self.capacity or n != width or input_ids.stride() != (n, 1):  # the strides the graph was traced for
+            ids = input_ids.new_zeros(self.capacity, width)  # [R, w]: dead rows and columns of token 0
+            ids[:rows, :n] = input_ids
+        # the new real tokens' slots go live (slots from the pointer on are all dead: the padding stays so)
+        self.slots_live[:rows, self.used: self.used + n] = True if valid is None else valid
+        logits, hidden = self.compiled.run(shape, ids, self.slots_live[:, :span], self.cache)
         self._point(self.used + n)  # the dead columns' slots are free again, as a rejected draft's
-        self.live = self.live + real.sum(dim=1)
+        self.live = self.live + (n if valid is None else valid.sum(dim=1))
         keep = min(logits_to_keep, n) if logits_to_keep else n
         states = (hidden[:rows, n - keep: n],) if hidden is not None else None
-        return CausalLMOutputWithPast(logits=logits[:rows, n - keep: n], hidden_states=states)
+        return StepOutput(logits[:rows, n - keep: n], states)
 
     # ----------------------------------------------------------------------- rows and rollback
 
     @torch.inference_mode()
     def keep(self, n: torch.Tensor) -> None:
-        """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
+        """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest. Keeping every
+        token (plain decoding, a fully accepted draft) changes nothing, the pointer included."""
+        if torch.equal(n, self.live):
+            return
         if bool((n > self.live).any()):
             raise ValueError(f"cannot keep {n.tolist()} tokens of rows holding {self.live.tolist()}")
         mask = self.mask

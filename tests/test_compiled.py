@@ -154,6 +154,60 @@ def test_the_kernels_formulation_traced_into_the_graph_is_exact(monkeypatch):
     assert compiled_for(target).calls["eager"] == 0
 
 
+def test_a_bucket_graph_serves_every_slot_width_and_other_shapes_run_eagerly():
+    """A step runs without guards: ``run`` picks the bucket's graph. One graph serves every slot width (the slot
+    dimension is dynamic) and equals the eager step; a shape that was not warmed runs the eager step, counted."""
+    model = build_tiny("llama", seed=4)
+    assert prepare(model, "on", tokens=(1,)).compiled
+    step = compiled_for(model)
+
+    def inputs(n=1, width=SLOT_STEP, rows=1):
+        cache = step.new_cache(rows, "cpu")
+        cache.layers[0].cumulative_length.fill_(3)  # every layer's write pointer
+        live = torch.zeros(rows, step.slots + 1, dtype=torch.bool)[:, :width]
+        live[:, :3 + n] = True
+        return torch.full((rows, n), 7), live, cache
+
+    with torch.inference_mode():
+        for width in (SLOT_STEP, 3 * SLOT_STEP):
+            compiled = step.run(Shape(1, 1), *inputs(width=width))[0]
+            assert torch.allclose(compiled, step._step(*inputs(width=width), False)[0], atol=1e-5)
+        assert step.calls == {"compiled": 2, "eager": 0}
+        with pytest.warns(UserWarning, match="no compiled bucket"):
+            step.run(Shape(1, 3), *inputs(n=3))
+    assert step.calls["eager"] == 1 and list(step.graphs) == [Shape(1, 1)]
+
+
+def test_models_of_the_same_shapes_keep_graphs_of_their_own():
+    """Without guards, a graph could not tell two models of the same shapes apart (here a norm epsilon, a constant
+    in the graph, set outside the config the compile cache is keyed by): each model keeps graphs of its own (one
+    loaded from the cache is checked against the model's eager step), so each decodes its own eager tokens."""
+    a, b = build_tiny("llama", seed=6), build_tiny("llama", seed=6)
+    for module in b.modules():
+        if hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = 0.5
+    prompt = PROMPTS[1]
+    eager = [specdec.autoregressive_generate(m, prompt, max_new_tokens=NEW).tokens for m in (a, b)]
+    assert eager[0] != eager[1]
+    for model in (a, b):
+        assert prepare(model, "on", tokens=(1,)).compiled
+    assert [specdec.autoregressive_generate(m, prompt, max_new_tokens=NEW).tokens for m in (a, b)] == eager
+    assert [compiled_for(m).calls["eager"] for m in (a, b)] == [0, 0]
+    assert compiled_for(a).graphs[Shape(1, 1)] is not compiled_for(b).graphs[Shape(1, 1)]
+
+
+def test_the_bench_times_a_compiled_model_on_its_compiled_step():
+    """``bench.measure.step_times`` times the path a run decodes with: a compiled model's static cache step."""
+    from specdec.bench.measure import Clock, step_path, step_times
+
+    model, eager = build_tiny("llama", seed=8), build_tiny("llama", seed=9)
+    assert prepare(model, "on", tokens=(1,)).compiled
+    before = compiled_for(model).calls["compiled"]
+    times = step_times([model, eager], torch.tensor([PROMPTS[1]]), 6, Clock(torch.device("cpu")), run=3)
+    assert all(t > 0 for t in times) and [step_path(m) for m in (model, eager)] == ["compiled", "eager"]
+    assert compiled_for(model).calls["compiled"] - before == 6
+
+
 def test_token_buckets_cover_the_lookup_copies():
     """The shapes a run compiles: the target's gamma + 1 and a lookup copy + 1, a drafter's 1, 2 and copy + 2."""
     from specdec.drafters.hybrid import LOOKUP_NGRAM
@@ -419,6 +473,7 @@ def test_the_bench_times_a_compiled_run_beside_the_eager_methods(tmp_path):
                                     num_prompts=2, max_new_tokens=8, repeats=1, warmup=0, device="cpu",
                                     progress=False, methods=("plain", "spec-lookup"), compile="on"))
     assert run.environment.compile.startswith("target on: ") and "drafter on: " in run.environment.compile
+    assert run.step_paths == {"target": "compiled", "drafter": "eager"}  # the int8 form (spec's) decodes eagerly
     rows = {r.method: r for r in build_report(run).rows}
     for method in ("plain", "spec-lookup"):
         assert (rows[method].greedy_equal, rows[method].greedy_total) == (2, 2)

@@ -42,7 +42,7 @@ from transformers.utils import logging as hf_logging
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.floor import PassMeter, WeightPass
-from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_times
+from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_path, step_times
 from specdec.bench.peers import peer_runners
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
@@ -106,6 +106,7 @@ class BenchRun:
     compared_step_s: dict[str, float] = field(default_factory=dict)  # the same per compared drafter label
     target_pass: WeightPass | None = None  # one pass over the target's linear weights (specdec.bench.floor)
     drafter_pass: WeightPass | None = None  # the same for the drafter model, in its form (None when not loaded)
+    step_paths: dict[str, str] = field(default_factory=dict)  # "target", "drafter" -> "compiled" or "eager" (step_path)
 
 
 def _stop_token_ids(target: PreTrainedModel) -> list[int]:
@@ -421,4 +422,5 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         compared_step_s=compared_step,
         target_pass=target_pass,
         drafter_pass=drafter_pass,
+        step_paths={name: step_path(m) for name, m in (("target", target), ("drafter", drafter)) if m is not None},
     )

@@ -14,7 +14,9 @@
   samples the RSS every millisecond instead.
 - ``step_times``: the median time of a single-token cached forward of each model, each drafter's
   steps right after the target's as in a round, used for the cost ratio c = drafter step / target
-  step of Leviathan et al.
+  step of Leviathan et al. A model compiled by ``specdec.compiled.prepare`` is timed on its compiled
+  step (``StaticRaggedCache.forward``, the path the run decodes with, bookkeeping included); any other
+  model on its eager forward with transformers' cache (``step_path`` names which).
 """
 
 from __future__ import annotations
@@ -182,20 +184,48 @@ def step_times(
         return _step_times(models, context, steps, clock, run)
 
 
+def step_path(model: torch.nn.Module) -> str:
+    """How ``step_times`` times ``model``'s step: "compiled" (its compiled step, as decoded) or "eager"."""
+    from specdec.compiled import compiled_for
+
+    return "compiled" if compiled_for(model) is not None else "eager"
+
+
+def _eager_step(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> tuple[object, torch.Tensor]:
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return out.past_key_values, out.logits
+
+
+def _compiled_step(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> tuple[object, torch.Tensor]:
+    return cache, cache.forward(ids).logits
+
+
 def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int) -> list[float]:
-    caches, tokens = [], []
+    from specdec.cache import RaggedCache
+    from specdec.compiled import decoding_cache
+
+    caches, tokens, steppers = [], [], []
     for model in models:
-        out = model(input_ids=context, use_cache=True)
-        caches.append(out.past_key_values)
+        if step_path(model) == "compiled":  # prefilled eagerly, merged into its static cache, as a run does
+            prefill = RaggedCache(model, context.shape[0], context.device)
+            out = prefill.forward(context)
+            static = decoding_cache(model, context.device)
+            static.merge(prefill)
+            caches.append(static)
+            steppers.append(_compiled_step)
+        else:
+            out = model(input_ids=context, use_cache=True)
+            caches.append(out.past_key_values)
+            steppers.append(_eager_step)
         tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
     times: list[list[float]] = [[] for _ in models]
 
     def take_run(i: int) -> None:
         for _ in range(run):
             start = clock.now()
-            out = models[i](input_ids=tokens[i], past_key_values=caches[i], use_cache=True)
+            caches[i], logits = steppers[i](models[i], tokens[i], caches[i])
             times[i].append(clock.now() - start)
-            caches[i], tokens[i] = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            tokens[i] = logits[:, -1:].argmax(-1)
 
     while len(times[0]) < steps:
         for drafter in range(1, len(models)) if len(models) > 1 else [None]:

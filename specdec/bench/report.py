@@ -73,8 +73,8 @@ def describe_environment(run: BenchRun) -> str:
         f"target {env.target.parameters / 1e6:.2f}M params ({env.target.weight_mib:.0f} MiB), {drafter}; "
         f"{len(run.prompts)} prompts, max {cfg.max_new_tokens} new tokens, top-k {cfg.top_k}, top-p {cfg.top_p:g}, "
         f"{cfg.repeats} repeats (median), {cfg.warmup} warm-up runs; "
-        f"step time target {run.target_step_s * 1e3:.2f} ms"
-        + (f", drafter {run.drafter_step_s * 1e3:.2f} ms" if run.drafter_step_s is not None else "")
+        f"step time target {run.target_step_s * 1e3:.2f} ms ({_path(run, 'target')})"
+        + (f", drafter {run.drafter_step_s * 1e3:.2f} ms ({_path(run, 'drafter')})" if run.drafter_step_s is not None else "")
         + "".join(
             f"; compared drafter {label}: {info.parameters / 1e6:.2f}M params, step {run.compared_step_s[label] * 1e3:.2f} ms"
             for label, info in env.compared.items()
@@ -137,6 +137,11 @@ def sweep_table(cells: list[SweepCell]) -> Table:
     return table
 
 
+def _path(run: BenchRun, model: str) -> str:
+    """How a model's step was timed, as the run decodes with it: "compiled" or "eager" (``measure.step_path``)."""
+    return run.step_paths.get(model, "eager")
+
+
 def floor_table(run: BenchRun) -> Table | None:
     """Greedy time per token of each method beside one pass over the target's weights (and the fastest exact
     plain engine); None when the run has no weight pass."""
@@ -147,7 +152,7 @@ def floor_table(run: BenchRun) -> Table | None:
                         f"({floor.bytes / 2**20:.0f} MiB, {floor.gb_per_s:.1f} GB/s)", title_justify="left")
     for name in ("method", "ms/token", "× weight pass", "× fastest exact plain", "greedy exact"):
         table.add_column(name, justify="left" if name == "method" else "right")
-    table.add_row("target: one cached forward (step)", f"{run.target_step_s * 1e3:.2f}",
+    table.add_row(f"target: one cached forward (step, {_path(run, 'target')})", f"{run.target_step_s * 1e3:.2f}",
                   f"{run.target_step_s / floor.seconds:.2f}×", "–", "–", style="dim")
     for row in floor_rows(run.blocks, floor):
         table.add_row(row.method + (" (speculative)" if row.speculative else "")
@@ -157,7 +162,7 @@ def floor_table(run: BenchRun) -> Table | None:
     if run.drafter_pass is not None and run.drafter_step_s is not None:
         table.add_row(f"drafter: one pass over its weights ({run.drafter_pass.bytes / 2**20:.1f} MiB)",
                       f"{run.drafter_pass.seconds * 1e3:.2f}", "–", "–", "–", style="dim")
-        table.add_row("drafter: one cached forward (step)", f"{run.drafter_step_s * 1e3:.2f}",
+        table.add_row(f"drafter: one cached forward (step, {_path(run, 'drafter')})", f"{run.drafter_step_s * 1e3:.2f}",
                       f"{run.drafter_step_s / run.drafter_pass.seconds:.2f}× its own", "–", "–", style="dim")
     return table
 
@@ -173,6 +178,7 @@ def floor_dict(run: BenchRun) -> dict | None:
         "drafter_pass": asdict(drafter) if drafter else None,
         "drafter_step_over_pass": run.drafter_step_s / drafter.seconds if drafter and run.drafter_step_s else None,
         "rows": [asdict(r) for r in floor_rows(run.blocks, run.target_pass)],
+        "step_paths": run.step_paths,
     }
 
 
