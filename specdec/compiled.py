@@ -125,8 +125,11 @@ def compile_refusal(model: PreTrainedModel) -> str | None:
     name = type(model).__name__
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
-        return f"{name} is an encoder-decoder model (the compiled path covers decoder-only models)"
-    if not positions_for(model).argument:
+        from specdec.compiled_seq2seq import refusal
+
+        if (reason := refusal(model)) is not None:
+            return reason
+    elif not positions_for(model).argument:
         return f"{name}'s forward takes no position_ids"
     if attention_chunk(config) or local_window(config):
         return f"{name} has local or chunked attention (windows over slots a static cache does not keep)"
@@ -374,7 +377,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     if compiled is None:
         limit = context_limit(model)
         width = slots or (SLOTS if limit is None else min(SLOTS, limit)) + SLOT_SLACK
-        compiled = CompiledModel(model, width)
+        compiled = _compiled_class(model)(model, width)
     wanted = [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
     try:
         for shape in wanted:
@@ -412,13 +415,25 @@ def compiled_for(model: PreTrainedModel) -> CompiledModel | None:
     return getattr(model, "_specdec_compiled", None)
 
 
+def _compiled_class(model: PreTrainedModel) -> type[CompiledModel]:
+    """``CompiledModel``, or its encoder-decoder form (``specdec.compiled_seq2seq``)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        from specdec.compiled_seq2seq import CompiledSeq2Seq
+
+        return CompiledSeq2Seq
+    return CompiledModel
+
+
 def decoding_cache(model: PreTrainedModel, device: torch.device | str) -> object:
-    """The cache handle a target or drafter decodes with: static when ``prepare`` compiled the model, else
-    ``cache_for``'s (prefills stay eager, merged in)."""
+    """The cache handle a target or drafter decodes with: static when ``prepare`` compiled the model (its
+    compiled form's ``handle``: ``StaticRaggedCache``, or ``StaticSeq2SeqCache`` for an encoder-decoder model),
+    else ``cache_for``'s (prefills stay eager, merged in)."""
     from specdec.seq2seq import cache_for
 
     compiled = compiled_for(model)
-    return StaticRaggedCache(model, compiled, device) if compiled is not None else cache_for(model, 0, device)
+    if compiled is None:
+        return cache_for(model, 0, device)
+    return (getattr(compiled, "handle", None) or StaticRaggedCache)(model, compiled, device)
 
 
 class StaticRaggedCache:
