@@ -36,7 +36,10 @@ positions, same mask), to float rounding; greedy tokens match ``generate`` up to
 eager batched path does, and the verification rule is unchanged, so sampling stays lossless.
 
 Which models: decoder-only models whose forward takes ``position_ids`` and a 4D mask, with
-full-attention layers only (``compile_refusal`` says why another one decodes eagerly, once).
+full-attention layers only, and encoder-decoder models with BART-style cross-attention and table
+positions (Marian, BART, ...: ``specdec.compiled_seq2seq``, the same static cache, buckets and rule, each
+row's source in static buffers; the encoder and prefill stay eager); ``compile_refusal`` says why another
+one decodes eagerly, once.
 Inductor's on-disk FX graph cache lives under ``~/.cache/specdec/inductor/torch-VERSION``: a second
 start reuses the compiled code, and another torch version gets its own folder (rebuilt, never read).
 
