@@ -25,8 +25,11 @@ hook or a ``decoder_position_ids`` argument) and whose decoder layers have a BAR
 (``encoder_attn``, reading ``EncoderDecoderCache.is_updated``); ``refusal`` names why another one (T5's
 relative position bias, ...) decodes eagerly, said once.
 
-Measured (``python benchmarks/compiled_buckets.py --model translate-target``; docs/benchmarks.md,
-"Translation against CTranslate2"): see there.
+Measured (docs/benchmarks.md, "The translation pair compiled"; 1 thread, a busy 2-core CPU): the decoder
+step of ``translate-target`` 0.85-0.88 of eager (``benchmarks/compiled_buckets.py --model translate-target``),
+``translate-drafter``'s 0.77-0.91; end to end (``specdec bench --task translate --compile off|on``,
+``benchmarks/translate_breakdown.py --compile``) within the machine's noise: per source the encoder and the
+row's set-up, per round the loop and dynamo's guard checks are most of a token's time at this model size.
 """
 
 from __future__ import annotations
