@@ -5,6 +5,10 @@ runs, with specdec's linear kernels where they install) against the compiled ste
 the static cache, attending only the slot bucket the live slots fit in), interleaved (one step of each
 in turn per repeat; every step rolled back, so each sees the same cached prompt), medians, for several
 new-token counts and cached lengths. Compiling every (tokens, slot bucket) shape is timed too.
+
+An encoder-decoder model (``--model translate-target``) is timed the same way on its decoder step
+(``Seq2SeqCache`` against ``specdec.compiled_seq2seq``'s static cache), each row's source of ``--source``
+random tokens encoded once, untimed; ``--cached`` counts the decoder's cached tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import torch
 from specdec import compiled, kernels
 from specdec.cache import RaggedCache
 from specdec.compiled import SLOT_SLACK, SLOTS, CompiledModel, Shape, StaticRaggedCache, cache_folder
+from specdec.compiled_seq2seq import CompiledSeq2Seq, StaticSeq2SeqCache
 from specdec.loading import load_model
+from specdec.seq2seq import Seq2SeqCache, is_encoder_decoder
 
 
 def main() -> None:
@@ -30,6 +36,7 @@ def main() -> None:
     parser.add_argument("--cached", type=int, nargs="+", default=[40, 200], help="prompt tokens in the cache")
     parser.add_argument("--slots", type=int, default=SLOTS + SLOT_SLACK)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--source", type=int, default=30, help="source tokens of an encoder-decoder model")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--linear", choices=("auto", "off"), default="auto",
                         help="specdec's linear kernels (SPECDEC_LINEAR): eager and traced into the compiled step")
@@ -47,7 +54,9 @@ def main() -> None:
         options[key] = bool(int(value))
     compiled.INDUCTOR.clear()
     compiled.INDUCTOR.update(options)
-    step = CompiledModel(model, args.slots)
+    seq2seq = is_encoder_decoder(model)
+    eager_cache, static_cache = (Seq2SeqCache, StaticSeq2SeqCache) if seq2seq else (RaggedCache, StaticRaggedCache)
+    step = (CompiledSeq2Seq if seq2seq else CompiledModel)(model, args.slots)
     linear = "specdec" if step.kernels else "torch"
     step.rows, step.tokens = (1,), tuple(sorted(args.tokens))
     for n in args.tokens:
@@ -60,11 +69,14 @@ def main() -> None:
         caches = {}
         with torch.inference_mode():
             for variant in ("eager", "compiled"):
-                prefill = RaggedCache(model, 1, "cpu")
+                prefill = eager_cache(model, 1, "cpu")
+                if seq2seq:
+                    source = torch.randint(2, vocab, (1, args.source))
+                    prefill.encode(source, torch.ones_like(source, dtype=torch.bool))
                 prefill.forward(prompt)
                 caches[variant] = prefill
                 if variant == "compiled":
-                    caches[variant] = StaticRaggedCache(model, step, "cpu")
+                    caches[variant] = static_cache(model, step, "cpu")
                     caches[variant].merge(prefill)
 
         def step_time(variant: str, n: int, caches: dict = caches) -> float:
@@ -86,7 +98,8 @@ def main() -> None:
                         seconds = step_time(variant, n)
                         if i >= 2:
                             times[(variant, n)].append(seconds)
-        print(f"{args.model}, {args.threads} thread(s), linear {linear}, {cached} cached tokens, options {options}, "
+        print(f"{args.model}, {args.threads} thread(s), linear {linear}, {cached} cached tokens"
+              f"{f', a source of {args.source}' if seq2seq else ''}, options {options}, "
               f"medians of {args.repeats}, load {os.getloadavg()[0]:.1f}")
         for n in args.tokens:
             eager, fast = (statistics.median(times[(v, n)]) * 1e3 for v in ("eager", "compiled"))

@@ -18,6 +18,10 @@ the encoders):
 - the weight pass of a decoder step: the linear layers one step applies (self-attention, the cross-attention's
   query and output, the feed-forward, the output projection; not the cross-attention's keys and values,
   computed once per source) on a one-token input, with the kernels (``specdec.bench.floor.weight_pass``).
+- ``--compile``: ``specdec plain`` and ``drafter alone`` also with their decode steps compiled
+  (``specdec.compiled_seq2seq``, rows of 1, the buckets of ``compiled.token_buckets``), and prompt lookup
+  (``ngram``, the default) and the drafter model (γ 4) each way, in the same process, interleaved with
+  the eager jobs (every output checked equal to ``generate``'s).
 
     python benchmarks/translate_breakdown.py --data data/gettext-de --sources 40 --repeats 5
 """
@@ -28,7 +32,8 @@ import argparse
 import importlib.util
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -84,6 +89,19 @@ def encoder_only(model: PreTrainedModel, sources: list[list[int]]) -> None:
             model.get_encoder()(input_ids=torch.tensor([ids]))
 
 
+@contextmanager
+def eager(*models: PreTrainedModel) -> Iterator[None]:
+    """Within the block, ``models`` decode eagerly even where ``--compile`` compiled them."""
+    held = [getattr(m, "_specdec_compiled", None) for m in models]
+    for model in models:
+        model._specdec_compiled = None
+    try:
+        yield
+    finally:
+        for model, compiled in zip(models, held):
+            model._specdec_compiled = compiled
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default="data/gettext-de", help="a `specdec data gettext` folder")
@@ -92,6 +110,7 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=40, help="test sources sampled (seed 19)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="also time plain decoding with compiled decode steps")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -105,23 +124,50 @@ def main() -> None:
                               pad_token_id=target.config.pad_token_id,
                               decoder_start_token_id=target.config.decoder_start_token_id)
     common = {"max_new_tokens": n, "stop_token_ids": [eos], "batch_size": 1}
+    if args.compile:
+        from specdec.compiled import prepare, token_buckets
+
+        verify, steps = token_buckets(4, "lookup+", True, True, 4)
+        print("compile:", prepare(target, "on", tokens=verify).reason, "(target);",
+              prepare(drafter, "on", tokens=steps).reason, "(drafter)")
+
+    def plain(model: PreTrainedModel, compiled: bool = False) -> list:
+        if compiled:
+            return specdec.autoregressive_generate(model, sources, **common)
+        with eager(target, drafter):
+            return specdec.autoregressive_generate(model, sources, **common)
+
+    def speculative(chosen: object, compiled: bool) -> list:
+        if compiled:
+            return specdec.speculative_generate(target, chosen, sources, gamma=4, **common)
+        with eager(target, drafter):
+            return specdec.speculative_generate(target, chosen, sources, gamma=4, **common)
 
     def hf() -> list[list[int]]:
         return [target.generate(torch.tensor([ids]), generation_config=config)[0, 1:].tolist() for ids in sources]
 
     with torch.inference_mode():
         reference = hf()
-        drafter_tokens = sum(len(r.tokens) for r in specdec.autoregressive_generate(drafter, sources, **common))
+        drafter_tokens = sum(len(r.tokens) for r in plain(drafter))
         jobs: dict[str, Callable[[], object]] = {
             "hf generate": hf,
-            "specdec plain": lambda: specdec.autoregressive_generate(target, sources, **common),
+            "specdec plain": lambda: plain(target),
             "raw transformers loop": lambda: raw_loop(target, sources, n, eos),
-            "drafter alone (specdec plain)": lambda: specdec.autoregressive_generate(drafter, sources, **common),
+            "drafter alone (specdec plain)": lambda: plain(drafter),
             "encoder only": lambda: encoder_only(target, sources),
             "drafter encoder only": lambda: encoder_only(drafter, sources),
         }
         checks = {"specdec plain": lambda: [r.tokens for r in jobs["specdec plain"]()],
                   "raw transformers loop": jobs["raw transformers loop"]}
+        if args.compile:
+            jobs["specdec plain compiled"] = lambda: plain(target, compiled=True)
+            jobs["drafter alone compiled"] = lambda: plain(drafter, compiled=True)
+            checks["specdec plain compiled"] = lambda: [r.tokens for r in jobs["specdec plain compiled"]()]
+            for label, chosen in (("ngram", "ngram"), ("drafter model", drafter)):
+                for compiled in (False, True):
+                    name = f"specdec {label}{' compiled' if compiled else ''}"
+                    jobs[name] = lambda chosen=chosen, compiled=compiled: speculative(chosen, compiled)
+                    checks[name] = lambda name=name: [r.tokens for r in jobs[name]()]
         if importlib.util.find_spec("ctranslate2") is not None:
             from specdec.bench.ctranslate2_seq2seq import CTranslate2Translator
 

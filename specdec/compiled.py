@@ -46,7 +46,10 @@ positions, same mask), to float rounding; greedy tokens match ``generate`` up to
 eager batched path does, and the verification rule is unchanged, so sampling stays lossless.
 
 Which models: decoder-only models whose forward takes ``position_ids`` and a 4D mask, with
-full-attention layers only (``compile_refusal`` says why another one decodes eagerly, once).
+full-attention layers only, and encoder-decoder models with BART-style cross-attention and table
+positions (Marian, BART, ...: ``specdec.compiled_seq2seq``, the same static cache, buckets and rule, each
+row's source in static buffers; the encoder and prefill stay eager); ``compile_refusal`` says why another
+one decodes eagerly, once.
 The compile cache: each bucket's step is compiled ahead of time (dynamo's ``aot_compile``: Dynamo's trace,
 AOT autograd and inductor's code in one object, without guards, since ``run`` picks the bucket) and saved
 under ``~/.cache/specdec/graphs/torch-VERSION`` (``graph_file``: keyed by the versions, the CPU's vector
@@ -230,8 +233,11 @@ def compile_refusal(model: PreTrainedModel) -> str | None:
     name = type(model).__name__
     config = model.config
     if getattr(config, "is_encoder_decoder", False):
-        return f"{name} is an encoder-decoder model (the compiled path covers decoder-only models)"
-    if not positions_for(model).argument:
+        from specdec.compiled_seq2seq import refusal
+
+        if (reason := refusal(model)) is not None:
+            return reason
+    elif not positions_for(model).argument:
         return f"{name}'s forward takes no position_ids"
     if attention_chunk(config) or local_window(config):
         return f"{name} has local or chunked attention (windows over slots a static cache does not keep)"
@@ -336,6 +342,27 @@ class Shape:
     hidden: bool = False
 
 
+def step_inputs(ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a compiled step gives the model for ``ids`` [R, n] written at the cache's write pointer, ``live``
+    [R, S] marking the slots each row attends (its new real tokens included): the positions [R, n] (live slots
+    before each token's own: RaggedCache's rule) and the additive 4D mask [R, 1, n, S] (the live slots, causal
+    over the new ones; a padding token sees itself, so no row of the mask is empty). Sets the layers' window
+    to S, the slots attended."""
+    n, slots = ids.shape[1], live.shape[1]
+    for layer in cache.layers:
+        layer.window = slots  # attend the first S slots
+    start = cache.layers[0].cumulative_length  # the write pointer (every layer shares it)
+    query = start + torch.arange(n, device=ids.device)  # [n] slots of the new tokens
+    positions = (live.cumsum(dim=1).gather(1, query[None].expand(ids.shape[0], n)) - 1).clamp_min(0)  # [R, n]
+    key = torch.arange(slots, device=ids.device)  # [S]
+    allowed = live[:, None, :] & (key[None, None, :] <= query[None, :, None])  # [R, n, S]
+    allowed = allowed | (key[None, None, :] == query[None, :, None])
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, n, S]
+    return positions, mask
+
+
 def _bucket(value: int, buckets: tuple[int, ...]) -> int | None:
     """The smallest bucket >= value, or None."""
     return next((b for b in sorted(buckets) if b >= value), None)
@@ -424,18 +451,8 @@ class CompiledModel:
         ``start + 0..n-1`` (``start``: the cache's write pointer); ``live`` [R, S] marks the slots each row
         attends (its new real tokens included), the first S of the cache's. A token's position is the number
         of live slots before its own (RaggedCache's rule: live tokens before it), counted here in the graph."""
-        n, slots = ids.shape[1], live.shape[1]
-        for layer in cache.layers:
-            layer.window = slots  # attend the first S slots
-        start = cache.layers[0].cumulative_length  # the write pointer (every layer shares it)
-        query = start + torch.arange(n, device=ids.device)  # [n] slots of the new tokens
-        positions = (live.cumsum(dim=1).gather(1, query[None].expand(ids.shape[0], n)) - 1).clamp_min(0)  # [R, n]
-        key = torch.arange(slots, device=ids.device)  # [S]
-        allowed = live[:, None, :] & (key[None, None, :] <= query[None, :, None])  # [R, n, S]
-        allowed = allowed | (key[None, None, :] == query[None, :, None])  # a padding query sees itself: no empty row
-        dtype = self.layout[0][3]
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=ids.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min)[:, None]  # [R, 1, n, S]
+        n = ids.shape[1]
+        positions, mask = step_inputs(ids, live, cache, self.layout[0][3])
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True, logits_to_keep=n, output_hidden_states=hidden)
         return out.logits, out.hidden_states[-1] if hidden else None
@@ -545,7 +562,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     if compiled is None:
         limit = context_limit(model)
         width = slots or (SLOTS if limit is None else min(SLOTS, limit)) + SLOT_SLACK
-        compiled = CompiledModel(model, width)
+        compiled = _compiled_class(model)(model, width)
     loaded = compiled.loaded
     wanted = [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
     try:
@@ -587,13 +604,25 @@ def compiled_for(model: PreTrainedModel) -> CompiledModel | None:
     return getattr(model, "_specdec_compiled", None)
 
 
+def _compiled_class(model: PreTrainedModel) -> type[CompiledModel]:
+    """``CompiledModel``, or its encoder-decoder form (``specdec.compiled_seq2seq``)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        from specdec.compiled_seq2seq import CompiledSeq2Seq
+
+        return CompiledSeq2Seq
+    return CompiledModel
+
+
 def decoding_cache(model: PreTrainedModel, device: torch.device | str) -> object:
-    """The cache handle a target or drafter decodes with: static when ``prepare`` compiled the model, else
-    ``cache_for``'s (prefills stay eager, merged in)."""
+    """The cache handle a target or drafter decodes with: static when ``prepare`` compiled the model (its
+    compiled form's ``handle``: ``StaticRaggedCache``, or ``StaticSeq2SeqCache`` for an encoder-decoder model),
+    else ``cache_for``'s (prefills stay eager, merged in)."""
     from specdec.seq2seq import cache_for
 
     compiled = compiled_for(model)
-    return StaticRaggedCache(model, compiled, device) if compiled is not None else cache_for(model, 0, device)
+    if compiled is None:
+        return cache_for(model, 0, device)
+    return (getattr(compiled, "handle", None) or StaticRaggedCache)(model, compiled, device)
 
 
 class StepOutput(NamedTuple):

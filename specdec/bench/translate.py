@@ -96,6 +96,7 @@ class TranslateBenchConfig:
     memory_sources: int = 16  # sources decoded at each of them (the sample's longest)
     threads: int = 1  # torch threads
     peers: tuple[str, ...] = ()  # other engines timed beside ours (TRANSLATE_PEERS): ctranslate2
+    compile: str = "off"  # --compile: on compiles the target's and the drafter model's decode steps before timing (specdec.compiled_seq2seq)
 
 
 @dataclass
@@ -251,6 +252,7 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     pairs = sample_pairs(config.data, config.split, config.limit, config.seed)
     sources = encode_sources(tokenizer, target, [p["src"] for p in pairs])
     drafter_model, block_model = _load(config.drafter), _load(config.block_drafter)
+    compiled = compile_models(config, target, drafter_model, log)
     common = {"max_new_tokens": config.max_new_tokens, "stop_token_ids": [eos], "batch_size": 1}
 
     def ours(drafter: object, **options: object) -> Callable[[], list[RowOutput]]:
@@ -337,8 +339,26 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
     drafters = {name: model for name, model in (("model", drafter_model), ("block", block_model)) if model is not None}
     longest = sorted(sources, key=len, reverse=True)[: config.memory_sources]
     memory = memory_sweep(target, drafters, longest, config.memory_batches, config.max_new_tokens, eos, log)
-    return {"config": asdict(config), "sources": len(sources), "uncapped_sources": len(uncapped),
+    return {"config": asdict(config), "compile": compiled, "sources": len(sources), "uncapped_sources": len(uncapped),
             "bleu": bleu, "chrf": chrf, "methods": rows, "memory": memory}
+
+
+def compile_models(config: TranslateBenchConfig, target: PreTrainedModel, drafter: PreTrainedModel | None,
+                   log: Callable[[str], None]) -> str:
+    """``--compile on``: compile the target's and the drafter model's decode steps (rows of 1, the buckets of
+    ``compiled.token_buckets`` for plain decoding, the ``gamma`` verification and a lookup copy) before any
+    timing; what was done. The block drafter decodes eagerly (its block forwards have no static form)."""
+    from specdec.compiled import compiles, prepare, token_buckets
+    from specdec.drafters.hybrid import LOOKUP_NGRAM
+
+    if not compiles(config.compile):
+        return config.compile
+    verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.num_tokens or config.gamma)
+    done = [f"target {prepare(target, 'on', tokens=verify).reason}"]
+    if drafter is not None:
+        done.append(f"drafter {prepare(drafter, 'on', tokens=steps).reason}")
+    log("compile " + "; ".join(done))
+    return "; ".join(done)
 
 
 @torch.inference_mode()
@@ -412,7 +432,7 @@ def check_model_folder(flag: str, folder: str | None) -> None:
 def headline(report: dict) -> str:
     """The report's first line: the sources and the plain output's quality."""
     return (f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
-            f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}")
+            f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}, compile {report.get('compile', 'off')}")
 
 
 def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
@@ -439,7 +459,7 @@ def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
                                 block_drafter=shipped("translate-block-drafter"),
                                 limit=config.num_prompts, seed=config.seed, max_new_tokens=config.max_new_tokens,
                                 gamma=config.gamma[0], repeats=config.repeats, threads=current_threads().threads,
-                                peers=tuple(config.peers))
+                                peers=tuple(config.peers), compile=config.compile)
 
 
 def run_and_report(config: BenchConfig, console) -> int:
@@ -477,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--peers", nargs="*", default=[], choices=TRANSLATE_PEERS,
                         help="other engines timed beside ours (optional extras: pip install ctranslate2)")
+    parser.add_argument("--compile", default=defaults.compile, choices=["auto", "on", "off"],
+                        help="compile our decode steps before timing (specdec.compiled_seq2seq)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     try:
@@ -494,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   block_drafter=args.block_drafter, split=args.split, limit=args.limit, seed=args.seed,
                                   max_new_tokens=args.max_new_tokens, gamma=args.gamma, repeats=args.repeats,
                                   hf=not args.no_hf, beams=args.beams, memory_batches=tuple(args.memory_batches),
-                                  threads=args.threads, peers=tuple(args.peers))
+                                  threads=args.threads, peers=tuple(args.peers), compile=args.compile)
     try:
         report = run_bench(config, log=lambda s: print(s, file=sys.stderr, flush=True))
     except FileNotFoundError as err:

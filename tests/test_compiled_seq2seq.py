@@ -1,0 +1,192 @@
+"""The compiled decode step of encoder-decoder models (specdec.compiled_seq2seq): exact against ``generate``.
+
+Tiny random Marian and BART pairs (tests/test_seq2seq.py's: the drafter is the target with one decoder
+layer) and the shipped translate pair, compiled for a few buckets once per module: greedy output equals
+the target's own ``generate`` for one source and for ragged batches (rows accept different numbers of
+tokens, leave and join with sources of other lengths, which widens the source buffers without a new
+graph); a shape outside the buckets runs eagerly and exactly; T5 (relative position bias) is refused by
+name and decodes eagerly. The static cache's bookkeeping is checked against ``Seq2SeqCache`` forward by
+forward with nothing compiled.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+
+import pytest
+import torch
+from test_seq2seq import SOURCES, build, first_decoder_layer, generate
+
+import specdec
+from specdec.batch import PromptBatch
+from specdec.compiled import compile_refusal, compiled_for, prepare
+from specdec.compiled_seq2seq import CompiledSeq2Seq, StaticSeq2SeqCache
+from specdec.seq2seq import Seq2SeqCache, prefilled_cache
+
+GAMMA = 4
+NEW = 18
+
+
+def spec(target, drafter, sources, **kw):
+    return specdec.speculative_generate(target, drafter, sources, gamma=kw.pop("gamma", GAMMA),
+                                        max_new_tokens=kw.pop("max_new_tokens", NEW), stop_token_ids=[], **kw)
+
+
+def calls(model) -> dict[str, int]:
+    return dict(compiled_for(model).calls)
+
+
+@pytest.fixture(scope="module")
+def marian():
+    """A tiny Marian target and drafter, compiled: the target for rows 1 and 3 x 1 and gamma + 1 tokens, the
+    drafter for rows 1 and 3 x 1 and 2 tokens; the references are the target's own greedy ``generate``."""
+    target = build("marian")
+    drafter = first_decoder_layer(target)
+    references = [generate(target, s, NEW, []) for s in SOURCES]
+    assert prepare(target, "on", tokens=(1, GAMMA + 1), rows=(1, 3)).compiled
+    assert prepare(drafter, "on", tokens=(1, 2), rows=(1, 3)).compiled
+    return target, drafter, references
+
+
+def test_compiled_marian_is_exact_single_and_ragged(marian):
+    from torch._dynamo.utils import counters
+
+    target, drafter, references = marian
+    graphs = counters["stats"]["unique_graphs"]
+    before = calls(target), calls(drafter)
+    assert spec(target, drafter, SOURCES[0]).tokens == references[0]
+    assert calls(target)["eager"] == before[0]["eager"] and calls(drafter)["eager"] == before[1]["eager"]
+    batch = spec(target, drafter, SOURCES, batch_size=3)  # rows leave and join; a source of 37 tokens widens
+    assert [r.tokens for r in batch] == references
+    assert sum(r.stats.accepted for r in batch) < sum(r.stats.drafted for r in batch)  # rollbacks
+    assert len({round(r.stats.acceptance_rate, 2) for r in batch}) > 1  # ragged: rows accepted differently
+    plain = specdec.autoregressive_generate(target, SOURCES, max_new_tokens=NEW, stop_token_ids=[], batch_size=3)
+    assert [r.tokens for r in plain] == references
+    lookup = [spec(target, "ngram", s).tokens for s in SOURCES]  # shorter verifications, padded to the bucket
+    assert lookup == references
+    after = calls(target), calls(drafter)
+    for old, new in zip(before, after):  # every forward ran compiled, in the graphs compiled at prepare
+        assert new["compiled"] > old["compiled"] and new["eager"] == old["eager"]
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_shape_outside_the_buckets_runs_eagerly_and_exactly(marian):
+    target, drafter, references = marian
+    with pytest.warns(UserWarning, match="no compiled bucket: it runs eagerly"):
+        ours = spec(target, drafter, SOURCES[2], gamma=6).tokens  # verifies 7 tokens: no bucket
+    assert ours == references[2]
+    assert calls(target)["eager"] > 0
+
+
+def test_compiled_bart_is_exact():
+    target = build("bart")
+    references = [generate(target, s, NEW, []) for s in SOURCES[:3]]
+    assert prepare(target, "on", tokens=(1, GAMMA + 1)).compiled
+    assert [spec(target, "ngram", s).tokens for s in SOURCES[:3]] == references
+    plain = [specdec.autoregressive_generate(target, s, max_new_tokens=NEW, stop_token_ids=[]).tokens
+             for s in SOURCES[:3]]
+    assert plain == references
+    assert calls(target)["eager"] == 0 and calls(target)["compiled"] > 0
+
+
+def test_t5_is_refused_by_name_and_decodes_eagerly_said_once():
+    target = build("t5")
+    reference = generate(target, SOURCES[0], NEW, [])
+    assert "relative position bias" in compile_refusal(target)
+    with pytest.warns(UserWarning, match="relative position bias.*it decodes eagerly"):
+        choice = prepare(target, "on")
+    assert not choice.compiled and compiled_for(target) is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert spec(target, "ngram", SOURCES[0]).tokens == reference
+    assert not [w for w in caught if "eager" in str(w.message)]  # said once, at prepare
+
+
+def test_static_seq2seq_cache_follows_the_ragged_rule():
+    """Random forwards (left and right padding), rollbacks, selects, joins with sources of other lengths (the
+    source buffers widen) and compactions: the static cache's logits equal Seq2SeqCache's at every step
+    (nothing compiled: the static step runs eagerly)."""
+    model = build("marian", seed=3)
+    compiled = CompiledSeq2Seq(model, slots=40)
+    compiled.rows, compiled.tokens = (4,), (1, 3)
+    static, eager = StaticSeq2SeqCache(model, compiled), Seq2SeqCache(model, 0)
+    rng = random.Random(0)
+    widths = []
+
+    def join(prompts, sources):
+        batch = PromptBatch.from_lists(prompts, "cpu", sources)
+        static.merge(prefilled_cache(model, batch, "cpu")[0])
+        eager.merge(prefilled_cache(model, batch, "cpu")[0])
+        widths.append(static.source_width)
+
+    join([[0, 4, 5, 6, 7], [0, 9]], [[5, 6, 7], [8, 9, 10, 11, 2]])
+    compactions = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # every shape runs eagerly here, by design
+        for step in range(40):
+            rows, n = static.rows, rng.randint(1, 3)
+            ids = torch.randint(3, 96, (rows, n))
+            valid = None
+            if rows > 1 and rng.random() < 0.5:
+                counts = torch.tensor([rng.randint(1, n) for _ in range(rows)])
+                columns = torch.arange(n)[None]
+                valid = columns >= n - counts[:, None] if rng.random() < 0.5 else columns < counts[:, None]
+            with torch.no_grad():
+                a = static.forward(ids, valid, logits_to_keep=n)
+                b = eager.forward(ids, valid, logits_to_keep=n)
+            real = valid if valid is not None else torch.ones(rows, n, dtype=torch.bool)
+            assert torch.allclose(a.logits[real], b.logits[real], atol=1e-5), f"step {step}"
+            assert static.live.tolist() == eager.live.tolist()
+            fed = real.sum(1)
+            keep = torch.tensor([rng.randint(0, int(f)) for f in fed]) + static.live - fed
+            before = static.used
+            static.keep(keep)
+            eager.keep(keep)
+            compactions += static.used < before - n
+            if step % 9 == 4 and static.rows > 1:
+                rows = torch.tensor(sorted(rng.sample(range(static.rows), static.rows - 1)))
+                static.select(rows)
+                eager.select(rows)
+            if step % 9 == 7 and static.rows < 4:
+                join([[0] + [rng.randint(3, 95) for _ in range(rng.randint(1, 8))]],
+                     [[rng.randint(3, 95) for _ in range(rng.choice([2, 20, 45]))]])
+            if static.used + 3 > compiled.slots - 4:
+                static.compact()
+                compactions += 1
+    assert compactions > 0 and widths[0] < max(widths)  # re-packed, and a longer source widened the buffers
+
+
+def test_the_shipped_translate_pair_compiled_equals_generate():
+    """translate-target and translate-drafter compiled (rows of 1 and 2 for the target's verification): the
+    drafter model, lookup then the drafter, prompt lookup and plain decoding give the target's own greedy
+    ``generate`` (its generation config), one source at a time and in a ragged batch of 2."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from specdec.loading import default_model_path
+
+    folder = default_model_path("translate-target")
+    target = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
+    drafter = AutoModelForSeq2SeqLM.from_pretrained(default_model_path("translate-drafter"),
+                                                   dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    sources = ["Cannot open file %s: No such file or directory", "Save the document before closing?",
+               "The file %s could not be copied to %s.", "%d files removed"]
+    expected = []
+    for source in sources:
+        ids = tokenizer(source, return_tensors="pt").input_ids
+        with torch.no_grad():
+            expected.append(target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40)[0, 1:].tolist())
+    assert prepare(target, "on", tokens=(1, GAMMA + 1)).compiled
+    assert prepare(target, "on", tokens=(GAMMA + 1,), rows=(2,)).compiled
+    assert prepare(drafter, "on", tokens=(1, 2)).compiled
+    common = {"tokenizer": tokenizer, "max_new_tokens": 40, "gamma": GAMMA}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lookup's longer copies and the drafter's rows of 2 run eagerly, said
+        for chosen in (drafter, specdec.LookupDrafter(specdec.drafters.model_drafter(drafter)), "ngram"):
+            for batch_size in (1, 2):
+                results = specdec.speculative_generate(target, chosen, sources, batch_size=batch_size, **common)
+                assert [r.tokens for r in results] == expected, (chosen, batch_size)
+        plain = specdec.autoregressive_generate(target, sources, tokenizer=tokenizer, max_new_tokens=40)
+    assert [r.tokens for r in plain] == expected
+    assert calls(target)["compiled"] > calls(target)["eager"] and calls(drafter)["compiled"] > 0
