@@ -390,18 +390,19 @@ def test_the_vector_instruction_probe_is_kept_and_trusted_only_on_the_same_cpu(m
     from specdec.compiled import probed_isa
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(config.cpp, "vec_isa_ok", None)
-    assert not probed_isa()  # nothing recorded yet
-    probed = sorted(str(isa) for isa in valid_vec_isa_list())
-    assert not probed_isa(record=True)
-    record = cache_folder("graphs") / "vec-isa.json"
-    assert json.loads(record.read_text()) == probed
-    assert probed_isa() and config.cpp.vec_isa_ok is True
-    assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
-    config.cpp.vec_isa_ok = None
-    record.write_text(json.dumps(["another machine's"]))
-    assert not probed_isa() and config.cpp.vec_isa_ok is None
-    assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
+    with config.patch({"cpp.vec_isa_ok": None}):  # restored after (a monkeypatch undo deletes the option)
+        assert not probed_isa()  # nothing recorded yet
+        probed = sorted(str(isa) for isa in valid_vec_isa_list())
+        assert not probed_isa(record=True)
+        record = cache_folder("graphs") / "vec-isa.json"
+        assert json.loads(record.read_text()) == probed
+        assert probed_isa() and config.cpp.vec_isa_ok is True
+        assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
+        config.cpp.vec_isa_ok = None
+        record.write_text(json.dumps(["another machine's"]))
+        assert not probed_isa() and config.cpp.vec_isa_ok is None
+        assert sorted(str(isa) for isa in valid_vec_isa_list()) == probed
+    valid_vec_isa_list.cache_clear()
 
 
 def test_a_cached_graph_traced_from_changed_code_is_not_used():
