@@ -7,7 +7,7 @@ in turn per repeat; every step rolled back, so each sees the same cached prompt)
 new-token counts and cached lengths. Compiling every (tokens, slot bucket) shape is timed too.
 
 An encoder-decoder model (``--model translate-target``) is timed the same way on its decoder step
-(``Seq2SeqCache`` against ``specdec.compiled_seq2seq``'s static cache), each row's source of ``--source``
+(``Seq2SeqCache`` against ``specdec.compiled``'s StaticSeq2SeqCache), each row's source of ``--source``
 random tokens encoded once, untimed; ``--cached`` counts the decoder's cached tokens.
 """
 
@@ -23,8 +23,16 @@ import torch
 
 from specdec import compiled, kernels
 from specdec.cache import RaggedCache
-from specdec.compiled import SLOT_SLACK, SLOTS, CompiledModel, Shape, StaticRaggedCache, cache_folder
-from specdec.compiled_seq2seq import CompiledSeq2Seq, StaticSeq2SeqCache
+from specdec.compiled import (
+    SLOT_SLACK,
+    SLOTS,
+    CompiledModel,
+    CompiledSeq2Seq,
+    Shape,
+    StaticRaggedCache,
+    StaticSeq2SeqCache,
+    cache_folder,
+)
 from specdec.loading import load_model
 from specdec.seq2seq import Seq2SeqCache, is_encoder_decoder
 

@@ -19,7 +19,7 @@ the encoders):
   query and output, the feed-forward, the output projection; not the cross-attention's keys and values,
   computed once per source) on a one-token input, with the kernels (``specdec.bench.floor.weight_pass``).
 - ``--compile``: ``specdec plain`` and ``drafter alone`` also with their decode steps compiled
-  (``specdec.compiled_seq2seq``, rows of 1, the buckets of ``compiled.token_buckets``), and prompt lookup
+  (``specdec.compiled.CompiledSeq2Seq``, rows of 1, the buckets of ``compiled.token_buckets``), and prompt lookup
   (``ngram``, the default) and the drafter model (γ 4) each way, in the same process, interleaved with
   the eager jobs (every output checked equal to ``generate``'s).
 

@@ -292,7 +292,7 @@ def test_a_model_that_cannot_compile_decodes_eagerly_said_once():
     torch.manual_seed(0)
     t5 = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1,
                                              num_decoder_layers=1, num_heads=2, decoder_start_token_id=0)).eval()
-    assert "relative position bias" in compile_refusal(t5)  # encoder-decoder models: specdec.compiled_seq2seq
+    assert "relative position bias" in compile_refusal(t5)  # encoder-decoder models: specdec.compiled.seq2seq_refusal
     with pytest.warns(UserWarning, match="relative position bias.* it decodes eagerly"):
         choice = prepare(t5, "on")
     assert not choice.compiled and compiled_for(t5) is None

@@ -1,4 +1,4 @@
-"""The compiled decode step of encoder-decoder models (specdec.compiled_seq2seq): exact against ``generate``.
+"""The compiled decode step of encoder-decoder models (specdec.compiled, its encoder-decoder part): exact against ``generate``.
 
 Tiny random Marian and BART pairs (tests/test_seq2seq.py's: the drafter is the target with one decoder
 layer) and the shipped translate pair, compiled for a few buckets once per module: greedy output equals
@@ -20,8 +20,7 @@ from test_seq2seq import SOURCES, build, first_decoder_layer, generate
 
 import specdec
 from specdec.batch import PromptBatch
-from specdec.compiled import compile_refusal, compiled_for, prepare
-from specdec.compiled_seq2seq import CompiledSeq2Seq, StaticSeq2SeqCache
+from specdec.compiled import CompiledSeq2Seq, StaticSeq2SeqCache, compile_refusal, compiled_for, prepare
 from specdec.seq2seq import Seq2SeqCache, prefilled_cache
 
 GAMMA = 4

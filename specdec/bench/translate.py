@@ -96,7 +96,7 @@ class TranslateBenchConfig:
     memory_sources: int = 16  # sources decoded at each of them (the sample's longest)
     threads: int = 1  # torch threads
     peers: tuple[str, ...] = ()  # other engines timed beside ours (TRANSLATE_PEERS): ctranslate2
-    compile: str = "off"  # --compile: on compiles the target's and the drafter model's decode steps before timing (specdec.compiled_seq2seq)
+    compile: str = "off"  # --compile: on compiles the target's and the drafter model's decode steps before timing (specdec.compiled)
 
 
 @dataclass
@@ -498,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--peers", nargs="*", default=[], choices=TRANSLATE_PEERS,
                         help="other engines timed beside ours (optional extras: pip install ctranslate2)")
     parser.add_argument("--compile", default=defaults.compile, choices=["auto", "on", "off"],
-                        help="compile our decode steps before timing (specdec.compiled_seq2seq)")
+                        help="compile our decode steps before timing (specdec.compiled)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     try:
