@@ -413,7 +413,6 @@ class CompiledModel:
         self.kernels = trace_kernels(model)  # the linears traced in specdec's kernels' formulation
         self.graphs: dict[Shape, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {}  # warm's
         self.loaded = 0  # shapes whose compiled step came from the on-disk cache (``graph_file``)
-        self._compiled = self._graph
         self.layout = self._layout()
 
     def _graph(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
@@ -500,7 +499,7 @@ class CompiledModel:
             if model._forward_pre_hooks:
                 for hook in list(model._forward_pre_hooks.values()):
                     hook(model, ())
-            out = self._compiled(ids, live, cache, shape.hidden)
+            out = self._graph(ids, live, cache, shape.hidden)
             if model._forward_hooks:
                 for hook in list(model._forward_hooks.values()):
                     hook(model, (), out)
@@ -641,13 +640,14 @@ def _compiled_class(model: PreTrainedModel) -> type[CompiledModel]:
 
 
 def decoding_cache(model: PreTrainedModel, device: torch.device | str) -> object:
-    """The cache handle a target or drafter decodes with: static when ``prepare`` compiled the model (its
-    compiled form's ``handle``: ``StaticRaggedCache``, or ``StaticSeq2SeqCache`` for an encoder-decoder model),
-    else ``cache_for``'s (prefills stay eager, merged in)."""
+    """The cache handle a target or drafter decodes with: static when ``prepare`` compiled the model
+    (``StaticRaggedCache``, or ``StaticSeq2SeqCache`` for an encoder-decoder model), else ``cache_for``'s
+    (prefills stay eager, merged in)."""
     compiled = compiled_for(model)
     if compiled is None:
         return cache_for(model, 0, device)
-    return (getattr(compiled, "handle", None) or StaticRaggedCache)(model, compiled, device)
+    handle = StaticSeq2SeqCache if isinstance(compiled, CompiledSeq2Seq) else StaticRaggedCache
+    return handle(model, compiled, device)
 
 
 class StepOutput(NamedTuple):
@@ -913,8 +913,6 @@ def _static_sources(rows: int, width: int, cross_layout: list, hidden: int, dtyp
 class CompiledSeq2Seq(CompiledModel):
     """An encoder-decoder model's compiled decode step (see the module docstring)."""
 
-    handle = None  # set below: the cache handle ``compiled.decoding_cache`` gives
-
     def _layout(self) -> list[tuple[int, int, int, torch.dtype]]:
         """Per decoder layer: (kv heads, key dim, value dim, dtype) of the self-attention, and ``cross_layout``,
         read from one eager forward of one token on a one-token source."""
@@ -1032,5 +1030,3 @@ class StaticSeq2SeqCache(StaticRaggedCache):
         self.cache.source_live[new] = False
         self.cache.source_live[new, :width] = other.source_mask.to(self.device)
 
-
-CompiledSeq2Seq.handle = StaticSeq2SeqCache
