@@ -295,7 +295,6 @@ class Crossover(Schedule, Listener):
         self.trial_rounds = trial_rounds  # measured rounds of each width per batch-size bucket
         self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
         self.clock = clock
-        self.choice: dict[int, bool] = {}  # bucket -> draft? (its width kept: ``width``)
         self.width: dict[int, int | None] = {}  # bucket -> the width kept (0: plain)
         self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
@@ -316,7 +315,7 @@ class Crossover(Schedule, Listener):
             width = self.width[bucket]
             self._kept[bucket] = self._kept.get(bucket, 0) + 1
             if self._kept[bucket] >= self.recheck_rounds:  # measure this bucket again from its next round
-                del self.choice[bucket], self.width[bucket], self._trials[bucket]
+                del self.width[bucket], self._trials[bucket]
                 self._kept[bucket] = 0
         else:  # still measuring: the widths take turns, the widest first
             trials = self._trials.setdefault(bucket, {w: [0, 0, 0.0] for w in self.widths})
@@ -345,7 +344,7 @@ class Crossover(Schedule, Listener):
         if all(r[0] >= self.trial_rounds for r in trials.values()):
             speed = _speeds(trials)
             best = max(self.widths, key=lambda w: (speed[w], w == 0))  # a tie goes to plain decoding
-            self.width[bucket], self.choice[bucket] = best, best != 0
+            self.width[bucket] = best
 
     def phase_started(self, phase: str) -> None:
         if self._open is not None and phase in (PREFILL, DRAFT_PREFILL):
@@ -371,11 +370,16 @@ class Crossover(Schedule, Listener):
         if len(rows) == 0:  # the batch emptied: what follows may be an idle wait, not this round's cost
             self._close()
 
+    @property
+    def choice(self) -> dict[int, bool]:
+        """Per batch-size bucket decided: whether it drafts (the width kept, ``width``, is not 0)."""
+        return {bucket: width != 0 for bucket, width in self.width.items()}
+
     def choices(self) -> list[AutoChoice]:
         """Per batch-size bucket met so far, smallest first: the mode and width kept and the measured speeds
         (drafting's: of the width kept, else of the fastest drafting width)."""
         out = []
-        for bucket in sorted(self._trials.keys() | self.choice.keys()):
+        for bucket in sorted(self._trials.keys() | self.width.keys()):
             speed = _speeds(self._trials.get(bucket, {}))
             drafting = self.choice.get(bucket)
             kept = "measuring" if drafting is None else ("on" if drafting else "off")
