@@ -404,6 +404,7 @@ class CompiledModel:
 
     def __init__(self, model: PreTrainedModel, slots: int) -> None:
         self.model = model
+        self.positions = positions_for(model)  # read through ``self`` in the traced step: a saved graph's input
         self.slots = slots  # C: slots per row a forward may use (the buffers hold C + 1: ``WindowLayer``)
         self.shapes: set[Shape] = set()  # compiled and warmed
         self.rows: tuple[int, ...] = ()
@@ -949,7 +950,7 @@ class CompiledSeq2Seq(CompiledModel):
         source_mask = torch.zeros(source.shape, dtype=dtype, device=ids.device).masked_fill(
             ~source, torch.finfo(dtype).min)  # [R, 1, n, W] (a dead row attends nothing: uniform, dropped)
         kwargs: dict = {}
-        with positions_for(self.model).applied(kwargs, positions, None, slots):
+        with self.positions.applied(kwargs, positions, None, slots):
             out = self.model(encoder_outputs=(cache.encoded,), attention_mask=source_mask, decoder_input_ids=ids,
                              decoder_attention_mask=mask, past_key_values=cache, use_cache=True,
                              output_hidden_states=hidden, **kwargs)

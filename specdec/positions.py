@@ -32,6 +32,7 @@ A model with none of these computes positions its own way: it is decoded without
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -50,6 +51,7 @@ class Positions:
     """How one model receives per-row positions (see the module docstring)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
+        self.owner = weakref.ref(model)  # the model whose hooks read this (a deep copy's attribute is not its own)
         self.query: torch.Tensor | None = None  # [B, n] positions of the new tokens, while a forward runs
         self.keys: torch.Tensor | None = None  # [B, S + n] positions of every slot (dead ones: any)
         self.argument = takes_position_ids(model)
@@ -152,13 +154,11 @@ class Positions:
             self.query = self.keys = None
 
 
-_POSITIONS: dict[int, Positions] = {}  # id(model) -> its Positions (hooks are installed once per model)
-
-
 def positions_for(model: PreTrainedModel) -> Positions:
-    """The ``Positions`` of ``model``, made (and its hooks installed) on first use."""
-    key = id(model)
-    if key not in _POSITIONS or getattr(model, "_specdec_positions", None) is not _POSITIONS[key]:
-        _POSITIONS[key] = Positions(model)
-        model._specdec_positions = _POSITIONS[key]
-    return _POSITIONS[key]
+    """The ``Positions`` of ``model``, made (and its hooks installed) on first use and kept on the model: not in
+    a table keyed by ``id(model)``, which a later model can reuse and which a compiled graph saved to disk would
+    look up by a number of another process."""
+    positions = getattr(model, "_specdec_positions", None)
+    if positions is None or positions.owner() is not model:  # none yet, or a deep copy's of another model's
+        positions = model._specdec_positions = Positions(model)
+    return positions

@@ -189,3 +189,47 @@ def test_the_shipped_translate_pair_compiled_equals_generate():
         plain = specdec.autoregressive_generate(target, sources, tokenizer=tokenizer, max_new_tokens=40)
     assert [r.tokens for r in plain] == expected
     assert calls(target)["compiled"] > calls(target)["eager"] and calls(drafter)["compiled"] > 0
+
+
+SECOND_START = """
+import json, sys
+import torch
+for _ in range(int(sys.argv[1])):  # other forward hooks first: hook ids (and object ids) differ between the starts
+    torch.nn.Linear(1, 1).register_forward_hook(lambda *args: None)
+sys.path.insert(0, sys.argv[2])
+from test_seq2seq import SOURCES, build
+import specdec
+from specdec.compiled import compiled_for, prepare
+target = build("marian", seed=int(sys.argv[3]))
+choice = prepare(target, "on", tokens=(1,), rows=(1, 3))
+results = specdec.autoregressive_generate(target, SOURCES, max_new_tokens=18, stop_token_ids=[], batch_size=3)
+print(json.dumps({"loaded": compiled_for(target).loaded, "calls": compiled_for(target).calls,
+                  "tokens": [r.tokens for r in results]}))
+"""
+
+
+def test_a_second_start_loads_the_compiled_decoder_step_from_disk(tmp_path):
+    """A fresh process compiles Marian's decoder step (rows of 1 and 3) and saves it; a second fresh process,
+    with other forward hooks registered before and a model of other weights, loads both graphs and decodes
+    a ragged batch (rows join at position 0 beside rows further on: the positions hook matters) exactly as
+    ``generate``. The saved graph reaches the model's ``Positions`` through its inputs, not through a table
+    keyed by the first process's ``id(model)`` (a KeyError in the second start, which then decoded eagerly)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "OMP_NUM_THREADS": "1", "SPECDEC_LINEAR": "off"}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    runs = []
+    for hooks, seed in ((0, 0), (7, 1)):
+        done = subprocess.run([sys.executable, "-c", SECOND_START, str(hooks), str(Path(__file__).parent), str(seed)],
+                              env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "could not be compiled" not in done.stderr and "compiling it again" not in done.stderr, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.splitlines()[-1]))
+        target = build("marian", seed=seed)
+        assert runs[-1]["tokens"] == [generate(target, s, NEW, []) for s in SOURCES]
+        assert runs[-1]["calls"]["eager"] == 0 and runs[-1]["calls"]["compiled"] > 0
+    assert [run["loaded"] for run in runs] == [0, 2]
