@@ -227,6 +227,11 @@ def probed_isa(record: bool = False) -> bool:
     return False
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message ('' if it has none)."""
+    return str(error).splitlines()[0] if str(error) else ""
+
+
 def model_digest(model: PreTrainedModel, slots: int) -> str:
     """What a compiled step of ``model`` depends on besides its bucket: the versions, the machine's vector
     instructions and threads (inductor's C++ is generated for them), inductor's options, the model's class,
@@ -445,7 +450,7 @@ class CompiledModel:
                 raise ValueError(changed)
         except Exception as error:  # noqa: BLE001 - any unusable file is compiled again and overwritten
             warnings.warn(f"the compile cache's {path.name} was not used ({type(error).__name__}: "
-                          f"{str(error).splitlines()[0] if str(error) else ''}); compiling it again", stacklevel=4)
+                          f"{first_line(error)}); compiling it again", stacklevel=4)
             return None
         graph.disable_guard_check()
         return graph
@@ -537,8 +542,16 @@ class CompiledModel:
         for cached in (True, False) if graph is not None else (False,):
             if not cached:
                 graph = self._trace(inputs())
-            with kernels.active():
-                logits = graph(self, *inputs())[0]
+            try:
+                with kernels.active():
+                    logits = graph(self, *inputs())[0]
+            except Exception as failure:  # a cached graph that cannot run here is compiled again (a fresh one raises)
+                if not cached:
+                    raise
+                warnings.warn(f"the compile cache's {path.name} failed to run ({type(failure).__name__}: "
+                              f"{first_line(failure)}); compiling it again",
+                              stacklevel=3)
+                continue
             error = float((logits - expected).abs().max())
             scale = float(expected.abs().max()) + 1.0
             if error <= CHECK_TOLERANCE * scale:
@@ -602,7 +615,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
                 compiled.warm(shape)
     except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager, said once
         warnings.warn(f"--compile on: {type(model).__name__} could not be compiled ({type(error).__name__}: "
-                      f"{str(error).splitlines()[0] if str(error) else ''}); it decodes eagerly", stacklevel=2)
+                      f"{first_line(error)}); it decodes eagerly", stacklevel=2)
         model._specdec_compiled = None
         return CompileChoice(False, f"off ({type(model).__name__} failed to compile)")
     if not isa:

@@ -348,7 +348,7 @@ def test_a_second_start_loads_the_compiled_step_from_disk(tmp_path):
 
 
 def test_an_unusable_compile_cache_file_is_compiled_again(monkeypatch, tmp_path):
-    """A graph file written by another torch version, or corrupted, is not used: the step is compiled again
+    """A graph file written by another torch version, or corrupted, or one that fails to run, is not used: the step is compiled again
     (said once), the file overwritten, and the next start loads it; the tokens stay generate's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("SPECDEC_LINEAR", "off")  # the same traced linears in every model below
@@ -377,6 +377,15 @@ def test_an_unusable_compile_cache_file_is_compiled_again(monkeypatch, tmp_path)
     ours = specdec.autoregressive_generate(model, prompt, max_new_tokens=NEW, stop_token_ids=[2]).tokens
     assert_same_greedy(model, prompt, ours, hf_greedy(model, prompt, NEW, [2]))
     assert compiled_for(model).calls["eager"] == 0 and compiled_for(model).calls["compiled"] > 0
+
+    def stale(*args):  # a file that loads but cannot run here (a graph bound to another process's objects)
+        raise KeyError(140163756335952)
+
+    monkeypatch.setattr(CompiledModel, "_load", lambda self, path: stale)
+    model = build_tiny("llama", seed=7, layers=1)
+    with pytest.warns(UserWarning, match=f"compile cache's {path.name} failed to run .*KeyError"):
+        choice = prepare(model, "on", tokens=(1,))
+    assert choice.compiled and compiled_for(model).loaded == 0 and compiled_for(model).graphs[shape] is not stale
 
 
 def test_the_vector_instruction_probe_is_kept_and_trusted_only_on_the_same_cpu(monkeypatch, tmp_path):
