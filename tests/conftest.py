@@ -15,7 +15,11 @@ Helpers (import them in other tests with ``from conftest import ...``):
 
 from __future__ import annotations
 
+import atexit
 import copy
+import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -35,6 +39,14 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# The session's own on-disk caches (specdec's compile cache, inductor's code): empty at the start, so what a test
+# sees never depends on what an earlier run, or the user, left in ~/.cache (a cached graph loads in a fresh process
+# in tests/test_compiled*.py's second-start tests, on purpose).
+_CACHE = tempfile.mkdtemp(prefix="specdec-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # specdec.compiled.use_cache_folder points it into _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 torch.set_num_threads(1)  # tiny models: threads only add contention on a shared 2-core machine
 
