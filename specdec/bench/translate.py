@@ -353,7 +353,7 @@ def compile_models(config: TranslateBenchConfig, target: PreTrainedModel, drafte
 
     if not compiles(config.compile):
         return config.compile
-    verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.num_tokens or config.gamma)
+    verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.copy_length(config.gamma))
     done = [f"target {prepare(target, 'on', tokens=verify).reason}"]
     if drafter is not None:
         done.append(f"drafter {prepare(drafter, 'on', tokens=steps).reason}")
