@@ -299,7 +299,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     packed = _PACKS.get(weight.data_ptr())
     if packed is None:
         raise KeyError("specdec::packed_linear: not the weight of a layer with specdec's linear kernels")
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.get(weight), bias, "none", [], "")
+    return packed(x, weight, bias)
 
 
 @packed_linear.register_fake
@@ -308,18 +308,10 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 def traced_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``kernels.fast_linear``'s formulation, traceable: ``W @ x.T`` for 1-2 rows (an extern ``mm`` that
-    freezing's MKL packing leaves alone), oneDNN on the prepacked weight (a custom op: a packed oneDNN
-    tensor has no fake form for a trace) for more."""
-    rows = x.reshape(-1, x.shape[-1])  # [n, in]
-    n = rows.shape[0]
-    if n <= 2:
-        pair = torch.cat([rows, rows]) if n == 1 else rows  # [2, in]
-        out = (weight @ pair.T).T[:n]  # [n, out]
-        out = out + bias if bias is not None else out
-    else:
-        out = packed_linear(rows, weight, bias)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    """``kernels.fast_linear`` traced: ``W @ x.T`` for 1-2 rows (an extern ``mm`` that freezing's MKL packing
+    leaves alone), its layout left to inductor; oneDNN on the prepacked weight for more, through the
+    ``specdec::packed_linear`` op (a packed oneDNN tensor has no fake form for a trace)."""
+    return kernels.fast_linear(x, weight, bias, packed_linear, traced=True)
 
 
 def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -143,6 +143,11 @@ class NgramConfig:
                 f"max_ngram must be an int >= min_ngram ({self.min_ngram}), got {self.max_ngram!r}"
             )
 
+    def copy_length(self, gamma: int) -> int:
+        """The longest continuation copied in a round of ``gamma`` drafted tokens (``num_tokens``, else gamma):
+        what a round proposes at most, and the longest copy a compiled run prepares shapes for."""
+        return self.num_tokens or gamma
+
 
 NGRAM = "ngram"  # the drafter name of model-free prompt lookup
 LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter NAME when it finds nothing

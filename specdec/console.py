@@ -104,7 +104,7 @@ class Session:
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
         plain = mode != "speculative" or spec.speculate != "on"
         verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,
-                                      LOOKUP_NGRAM.num_tokens or spec.gamma)
+                                      LOOKUP_NGRAM.copy_length(spec.gamma))
         plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, False)]
         drafter = self.models.drafter_model
         if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):

@@ -36,7 +36,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -100,21 +100,39 @@ class _Packed:
             self.key = key
         return self.weight
 
+    def __call__(self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``rows`` [n, in] @ ``weight``.T (+ bias) by oneDNN on the prepacked weight: [n, out]."""
+        return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.get(weight), bias, "none", [], "")
 
-def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: _Packed) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` by the kernel that is fast for x's row count (see the module doc)."""
+
+Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (rows [n, in], W, b) -> [n, out]
+
+
+def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: Product,
+                traced: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by the kernel that is fast for x's row count n (see the module doc): ``W @ x.T``
+    for n <= 2, one row padded to two (two columns, not a matrix-vector product: an expanded view, stride 0, takes
+    a slower kernel still); ``packed(rows, weight, bias)`` for more, oneDNN on the prepacked weight (the layer's
+    ``_Packed``; in a trace, ``specdec.compiled.traced_linear``'s op that finds the layer's pack). ``traced``
+    leaves the layout of the product of n <= 2 to inductor; eagerly it is made contiguous, with the bias."""
     rows = x.reshape(-1, x.shape[-1])  # [n, in]
     n = rows.shape[0]
-    if n == 1:  # two columns, not a matrix-vector product (an expanded view, stride 0, takes a slower kernel still)
-        out = torch.mm(weight, torch.cat((rows, rows)).t()).select(1, 0)  # [out]
-        out = out.contiguous() if bias is None else out + bias
-    elif n == 2:
-        out = torch.mm(weight, rows.t()).t().contiguous()  # [2, out]
-        if bias is not None:
-            out += bias
+    if n <= 2:
+        pair = torch.cat((rows, rows)) if n == 1 else rows  # [2, in]
+        product = torch.mm(weight, pair.T)  # [out, 2]
+        if traced:
+            out = product.T[:n]  # [n, out], a view
+            out = out + bias if bias is not None else out
+        elif n == 1:
+            out = product.select(1, 0)  # [out]
+            out = out.contiguous() if bias is None else out + bias
+        else:
+            out = product.T.contiguous()  # [2, out]
+            if bias is not None:
+                out += bias
     else:
-        out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), packed.get(weight), bias, "none", [], "")
-    return out.view(*x.shape[:-1], weight.shape[0])
+        out = packed(rows, weight, bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

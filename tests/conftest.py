@@ -11,6 +11,10 @@ Helpers (import them in other tests with ``from conftest import ...``):
 - ``char_tokenizer(vocab_size)``: a character-level fast tokenizer for stop-string tests.
 - ``assert_same_greedy(target, prompt, ours, reference)``: token equality, allowing a divergence
   only at a near tie of the target's top-2 logits (recomputed without a cache).
+- ``drive_alike(static, reference, slots, join)``: random ragged forwards, rollbacks, selects, joins and
+  compactions on a static cache handle and its eager reference, their logits compared at every step.
+- ``shipped_translations`` (fixture): the shipped translate-target, its tokenizer, a few gettext-like
+  sources and the target's own greedy ``generate`` of each.
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ from __future__ import annotations
 import atexit
 import copy
 import os
+import random
 import shutil
 import tempfile
+import warnings
+from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -247,3 +255,84 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def drive_alike(static, reference, slots: int, join: Callable[[random.Random], None], *, hidden: bool = False) -> int:
+    """Drive a static cache handle (``specdec.compiled``) and its eager reference (``RaggedCache``,
+    ``Seq2SeqCache``) alike through 40 random forwards of 1-3 tokens (left and right padding), rollbacks
+    (``keep``), selects, joins (``join(rng)`` merges new rows into both, up to 4 rows) and compactions
+    (forced when fewer than 4 of the ``slots`` would be left): their logits agree at every step (with ``hidden``,
+    every other step's last hidden states too) and so do the rows' live counts. Nothing is compiled here (the
+    static step runs eagerly). Returns how many compactions there were."""
+    rng = random.Random(0)
+    compactions = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # every shape runs eagerly here, by design
+        for step in range(40):
+            rows, n = static.rows, rng.randint(1, 3)
+            ids = torch.randint(3, 96, (rows, n))
+            valid = None
+            if rows > 1 and rng.random() < 0.5:
+                counts = torch.tensor([rng.randint(1, n) for _ in range(rows)])
+                columns = torch.arange(n)[None]
+                valid = columns >= n - counts[:, None] if rng.random() < 0.5 else columns < counts[:, None]
+            wanted = hidden and step % 2 == 1  # the last hidden states too (an acceptance head reads them)
+            extra = {"output_hidden_states": wanted} if hidden else {}
+            with torch.no_grad():
+                a = static.forward(ids, valid, logits_to_keep=n, **extra)
+                b = reference.forward(ids, valid, logits_to_keep=n, **extra)
+            real = valid if valid is not None else torch.ones(rows, n, dtype=torch.bool)
+            assert torch.allclose(a.logits[real], b.logits[real], atol=1e-5), f"step {step}"
+            if wanted:
+                assert torch.allclose(a.hidden_states[-1][real], b.hidden_states[-1][real], atol=1e-5), f"step {step}"
+            assert static.live.tolist() == reference.live.tolist()
+            fed = real.sum(1)
+            keep = torch.tensor([rng.randint(0, int(f)) for f in fed]) + static.live - fed
+            before = static.used
+            static.keep(keep)
+            reference.keep(keep)
+            compactions += static.used < before - n  # the pointer fell back past this step's slots
+            if step % 9 == 4 and static.rows > 1:
+                rows = torch.tensor(sorted(rng.sample(range(static.rows), static.rows - 1)))
+                static.select(rows)
+                reference.select(rows)
+            if step % 9 == 7 and static.rows < 4:
+                join(rng)
+            if static.used + 3 > slots - 4:
+                static.compact()
+                compactions += 1
+    return compactions
+
+
+TRANSLATE_SOURCES = ("Cannot open file %s: No such file or directory", "Save the document before closing?",
+                     "The file %s could not be copied to %s.", "%d files removed")
+TRANSLATE_NEW = 40  # new tokens a translation may take
+
+
+class Translations(NamedTuple):
+    """The shipped translate-target (float32, eval), its tokenizer, ``TRANSLATE_SOURCES`` and each source's
+    greedy ``generate`` (new tokens, the decoder's start token dropped)."""
+
+    target: PreTrainedModel
+    tokenizer: object
+    sources: list[str]
+    expected: list[list[int]]
+
+
+@pytest.fixture(scope="module")
+def shipped_translations() -> Translations:
+    """``Translations`` of models/translate-target, loaded once per test module (a module may compile it)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from specdec.loading import default_model_path
+
+    folder = default_model_path("translate-target")
+    target = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    expected = []
+    for source in TRANSLATE_SOURCES:
+        ids = tokenizer(source, return_tensors="pt").input_ids
+        with torch.no_grad():
+            expected.append(target.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1, do_sample=False,
+                                            max_new_tokens=TRANSLATE_NEW)[0, 1:].tolist())
+    return Translations(target, tokenizer, list(TRANSLATE_SOURCES), expected)

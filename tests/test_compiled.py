@@ -7,12 +7,11 @@ against ``RaggedCache`` forward by forward with nothing compiled (the same step,
 
 from __future__ import annotations
 
-import random
 import warnings
 
 import pytest
 import torch
-from conftest import assert_same_greedy, build_tiny, hf_greedy
+from conftest import assert_same_greedy, build_tiny, drive_alike, hf_greedy
 
 import specdec
 from specdec.batch import PromptBatch
@@ -225,49 +224,17 @@ def test_static_cache_follows_the_ragged_rule():
     compiled = CompiledModel(model, slots=40)
     compiled.rows, compiled.tokens = (4,), (1, 3)
     static, ragged = StaticRaggedCache(model, compiled), RaggedCache(model, 0)
-    rng = random.Random(0)
 
     def join(prompts):
         batch = PromptBatch.from_lists(prompts, "cpu")
         static.merge(prefilled_cache(model, batch, "cpu")[0])
         ragged.merge(prefilled_cache(model, batch, "cpu")[0])
 
+    def join_random(rng):
+        join([[1] + [rng.randint(3, 95) for _ in range(rng.randint(1, 8))]])
+
     join([[1, 4, 5, 6, 7], [1, 9, 10]])
-    compactions = 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # every shape runs eagerly here, by design
-        for step in range(40):
-            rows, n = static.rows, rng.randint(1, 3)
-            ids = torch.randint(3, 96, (rows, n))
-            valid = None
-            if rows > 1 and rng.random() < 0.5:
-                counts = torch.tensor([rng.randint(1, n) for _ in range(rows)])
-                columns = torch.arange(n)[None]
-                valid = columns >= n - counts[:, None] if rng.random() < 0.5 else columns < counts[:, None]
-            hidden = step % 2 == 1  # the last hidden states too (an acceptance head reads them)
-            with torch.no_grad():
-                a = static.forward(ids, valid, logits_to_keep=n, output_hidden_states=hidden)
-                b = ragged.forward(ids, valid, logits_to_keep=n, output_hidden_states=hidden)
-            real = valid if valid is not None else torch.ones(rows, n, dtype=torch.bool)
-            assert torch.allclose(a.logits[real], b.logits[real], atol=1e-5), f"step {step}"
-            if hidden:
-                assert torch.allclose(a.hidden_states[-1][real], b.hidden_states[-1][real], atol=1e-5), f"step {step}"
-            assert static.live.tolist() == ragged.live.tolist()
-            fed = real.sum(1)
-            keep = torch.tensor([rng.randint(0, int(f)) for f in fed]) + static.live - fed
-            before = static.used
-            static.keep(keep)
-            ragged.keep(keep)
-            compactions += static.used < before - n  # the pointer fell back past this step's slots
-            if step % 9 == 4 and static.rows > 1:
-                rows = torch.tensor(sorted(rng.sample(range(static.rows), static.rows - 1)))
-                static.select(rows)
-                ragged.select(rows)
-            if step % 9 == 7 and static.rows < 4:
-                join([[1] + [rng.randint(3, 95) for _ in range(rng.randint(1, 8))]])
-            if static.used + 3 > compiled.slots - 4:
-                static.compact()
-                compactions += 1
+    compactions = drive_alike(static, ragged, compiled.slots, join_random, hidden=True)
     assert compactions > 0
 
 

@@ -11,11 +11,11 @@ forward with nothing compiled.
 
 from __future__ import annotations
 
-import random
 import warnings
 
 import pytest
 import torch
+from conftest import TRANSLATE_NEW, drive_alike
 from test_seq2seq import SOURCES, build, first_decoder_layer, generate
 
 import specdec
@@ -110,7 +110,6 @@ def test_static_seq2seq_cache_follows_the_ragged_rule():
     compiled = CompiledSeq2Seq(model, slots=40)
     compiled.rows, compiled.tokens = (4,), (1, 3)
     static, eager = StaticSeq2SeqCache(model, compiled), Seq2SeqCache(model, 0)
-    rng = random.Random(0)
     widths = []
 
     def join(prompts, sources):
@@ -119,74 +118,37 @@ def test_static_seq2seq_cache_follows_the_ragged_rule():
         eager.merge(prefilled_cache(model, batch, "cpu")[0])
         widths.append(static.source_width)
 
+    def join_random(rng):
+        join([[0] + [rng.randint(3, 95) for _ in range(rng.randint(1, 8))]],
+             [[rng.randint(3, 95) for _ in range(rng.choice([2, 20, 45]))]])
+
     join([[0, 4, 5, 6, 7], [0, 9]], [[5, 6, 7], [8, 9, 10, 11, 2]])
-    compactions = 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # every shape runs eagerly here, by design
-        for step in range(40):
-            rows, n = static.rows, rng.randint(1, 3)
-            ids = torch.randint(3, 96, (rows, n))
-            valid = None
-            if rows > 1 and rng.random() < 0.5:
-                counts = torch.tensor([rng.randint(1, n) for _ in range(rows)])
-                columns = torch.arange(n)[None]
-                valid = columns >= n - counts[:, None] if rng.random() < 0.5 else columns < counts[:, None]
-            with torch.no_grad():
-                a = static.forward(ids, valid, logits_to_keep=n)
-                b = eager.forward(ids, valid, logits_to_keep=n)
-            real = valid if valid is not None else torch.ones(rows, n, dtype=torch.bool)
-            assert torch.allclose(a.logits[real], b.logits[real], atol=1e-5), f"step {step}"
-            assert static.live.tolist() == eager.live.tolist()
-            fed = real.sum(1)
-            keep = torch.tensor([rng.randint(0, int(f)) for f in fed]) + static.live - fed
-            before = static.used
-            static.keep(keep)
-            eager.keep(keep)
-            compactions += static.used < before - n
-            if step % 9 == 4 and static.rows > 1:
-                rows = torch.tensor(sorted(rng.sample(range(static.rows), static.rows - 1)))
-                static.select(rows)
-                eager.select(rows)
-            if step % 9 == 7 and static.rows < 4:
-                join([[0] + [rng.randint(3, 95) for _ in range(rng.randint(1, 8))]],
-                     [[rng.randint(3, 95) for _ in range(rng.choice([2, 20, 45]))]])
-            if static.used + 3 > compiled.slots - 4:
-                static.compact()
-                compactions += 1
+    compactions = drive_alike(static, eager, compiled.slots, join_random)
     assert compactions > 0 and widths[0] < max(widths)  # re-packed, and a longer source widened the buffers
 
 
-def test_the_shipped_translate_pair_compiled_equals_generate():
+def test_the_shipped_translate_pair_compiled_equals_generate(shipped_translations):
     """translate-target and translate-drafter compiled (rows of 1 and 2 for the target's verification): the
     drafter model, lookup then the drafter, prompt lookup and plain decoding give the target's own greedy
     ``generate`` (its generation config), one source at a time and in a ragged batch of 2."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoModelForSeq2SeqLM
 
     from specdec.loading import default_model_path
 
-    folder = default_model_path("translate-target")
-    target = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
+    target, tokenizer, sources, expected = shipped_translations
     drafter = AutoModelForSeq2SeqLM.from_pretrained(default_model_path("translate-drafter"),
                                                    dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    sources = ["Cannot open file %s: No such file or directory", "Save the document before closing?",
-               "The file %s could not be copied to %s.", "%d files removed"]
-    expected = []
-    for source in sources:
-        ids = tokenizer(source, return_tensors="pt").input_ids
-        with torch.no_grad():
-            expected.append(target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40)[0, 1:].tolist())
     assert prepare(target, "on", tokens=(1, GAMMA + 1)).compiled
     assert prepare(target, "on", tokens=(GAMMA + 1,), rows=(2,)).compiled
     assert prepare(drafter, "on", tokens=(1, 2)).compiled
-    common = {"tokenizer": tokenizer, "max_new_tokens": 40, "gamma": GAMMA}
+    common = {"tokenizer": tokenizer, "max_new_tokens": TRANSLATE_NEW, "gamma": GAMMA}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lookup's longer copies and the drafter's rows of 2 run eagerly, said
         for chosen in (drafter, specdec.LookupDrafter(specdec.drafters.model_drafter(drafter)), "ngram"):
             for batch_size in (1, 2):
                 results = specdec.speculative_generate(target, chosen, sources, batch_size=batch_size, **common)
                 assert [r.tokens for r in results] == expected, (chosen, batch_size)
-        plain = specdec.autoregressive_generate(target, sources, tokenizer=tokenizer, max_new_tokens=40)
+        plain = specdec.autoregressive_generate(target, sources, tokenizer=tokenizer, max_new_tokens=TRANSLATE_NEW)
     assert [r.tokens for r in plain] == expected
     assert calls(target)["compiled"] > calls(target)["eager"] and calls(drafter)["compiled"] > 0
 

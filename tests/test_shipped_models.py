@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import TRANSLATE_NEW
 
 import specdec
 from specdec.data.prompts import code_completion_prompts
@@ -63,52 +64,34 @@ def test_all_shipped_models_stay_within_100_mb():
     assert total <= 100 * 10**6, f"models/ takes {total / 1e6:.1f} MB > 100 MB"
 
 
-def test_shipped_translate_target_is_a_plain_marian_that_translates_exactly():
+def test_shipped_translate_target_is_a_plain_marian_that_translates_exactly(shipped_translations):
     """models/translate-target loads with transformers alone (no specdec class), in bf16 safetensors;
     speculative decoding with source-copy lookup gives its own greedy `generate`, token for token."""
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
+    from transformers import MarianMTModel
 
     folder = default_model_path("translate-target")
     assert (folder / "README.md").exists() and not list(folder.glob("*.bin"))
     assert json.loads((folder / "config.json").read_text())["dtype"] == "bfloat16"
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model, tokenizer, sources, expected = shipped_translations
     assert isinstance(model, MarianMTModel) and model.config.is_encoder_decoder
-    sources = ["Cannot open file %s: No such file or directory", "Save the document before closing?",
-               "The file %s could not be copied to %s.", "%d files removed"]
-    results = specdec.speculative_generate(model, "ngram", sources, tokenizer=tokenizer, max_new_tokens=40)
-    for source, result in zip(sources, results):
-        ids = tokenizer(source, return_tensors="pt").input_ids
-        with torch.no_grad():
-            expected = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1, do_sample=False,
-                                      max_new_tokens=40)[0, 1:].tolist()
-        assert result.tokens == expected, source
+    results = specdec.speculative_generate(model, "ngram", sources, tokenizer=tokenizer, max_new_tokens=TRANSLATE_NEW)
+    for source, result, reference in zip(sources, results, expected):
+        assert result.tokens == reference, source
     # it translates: the German for "file" and the format markers come through
     text = tokenizer.decode(results[0].tokens, skip_special_tokens=True)
     assert "Datei" in text and "%s" in text, text
 
 
-def test_shipped_translate_drafters_are_plain_marians_that_draft_exactly():
+def test_shipped_translate_drafters_are_plain_marians_that_draft_exactly(shipped_translations):
     """models/translate-drafter (autoregressive, distilled) and models/translate-block-drafter (SpecDec's
     block drafter) load with transformers alone, in bf16 safetensors; each, alone and after lookup,
     gives the shipped target's own greedy `generate`, token for token, and its drafts are heard."""
     import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
+    from transformers import AutoModelForSeq2SeqLM, MarianMTModel
 
     from specdec.drafters.block import is_block_drafter
 
-    target_folder = default_model_path("translate-target")
-    target = AutoModelForSeq2SeqLM.from_pretrained(target_folder, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(target_folder)
-    sources = ["Cannot open file %s: No such file or directory", "Save the document before closing?",
-               "The file %s could not be copied to %s.", "%d files removed"]
-    expected = []
-    for source in sources:
-        ids = tokenizer(source, return_tensors="pt").input_ids
-        with torch.no_grad():
-            expected.append(target.generate(ids, attention_mask=torch.ones_like(ids), num_beams=1, do_sample=False,
-                                            max_new_tokens=40)[0, 1:].tolist())
+    target, tokenizer, sources, expected = shipped_translations
     for name, block in (("translate-drafter", False), ("translate-block-drafter", True)):
         folder = default_model_path(name)
         assert (folder / "README.md").exists() and not list(folder.glob("*.bin"))
@@ -117,9 +100,10 @@ def test_shipped_translate_drafters_are_plain_marians_that_draft_exactly():
         assert isinstance(drafter, MarianMTModel) and is_block_drafter(drafter) == block
         assert sum(p.numel() for p in drafter.parameters()) < sum(p.numel() for p in target.parameters())
         for chosen in (drafter, specdec.LookupDrafter(specdec.drafters.model_drafter(drafter))):
-            results = specdec.speculative_generate(target, chosen, sources, tokenizer=tokenizer, max_new_tokens=40,
-                                                   batch_size=2)
+            results = specdec.speculative_generate(target, chosen, sources, tokenizer=tokenizer,
+                                                   max_new_tokens=TRANSLATE_NEW, batch_size=2)
             assert [r.tokens for r in results] == expected, name
             assert sum(r.stats.accepted for r in results) > 0, name
-    by_name = specdec.speculative_generate(target, "lookup+block", sources[0], tokenizer=tokenizer, max_new_tokens=40)
+    by_name = specdec.speculative_generate(target, "lookup+block", sources[0], tokenizer=tokenizer,
+                                           max_new_tokens=TRANSLATE_NEW)
     assert by_name.tokens == expected[0]  # "block" names the shipped block drafter of an encoder-decoder target

@@ -318,7 +318,7 @@ def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, P
 
     if not compiles(config.compile):
         return config.compile
-    plans = [token_buckets(g, "lookup+", True, True, LOOKUP_NGRAM.num_tokens or g) for g in config.gamma]
+    plans = [token_buckets(g, "lookup+", True, True, LOOKUP_NGRAM.copy_length(g)) for g in config.gamma]
     done = [f"target {prepare(target, 'on', tokens=tuple(sorted({n for p in plans for n in p[0]}))).reason}"]
     tokens = tuple(sorted({n for p in plans for n in p[1]}))
     seen: set[int] = set()

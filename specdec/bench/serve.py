@@ -45,9 +45,7 @@ import json
 import os
 import queue
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -226,7 +224,7 @@ def first_reply_s(endpoint: Endpoint, body: dict, launched: float, alive: Callab
 def time_specdec_serve(config: BenchConfig, body: dict) -> float:
     """Launch ``specdec serve`` (a subprocess: the real command, the bench's target, drafter and threads) and
     time it to its first reply to ``body``; then stop it. A failure quotes the tail of its output."""
-    from specdec.bench.vllm_server import LOG_TAIL, free_port, stop_process
+    from specdec.bench.vllm_server import ServerProcess, free_port
 
     port = free_port()
     command = [sys.executable, "-m", "specdec", "serve", "--target", config.target, "--drafter",
@@ -234,19 +232,13 @@ def time_specdec_serve(config: BenchConfig, body: dict) -> float:
     for flag, value in (("--device", config.device), ("--dtype", config.dtype)):
         if value is not None:
             command += [flag, value]
-    with tempfile.TemporaryFile() as log:
-        launched = time.perf_counter()
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        try:
-            return first_reply_s(Endpoint(port), body, launched, lambda: process.poll() is None, SPECDEC_SERVE,
-                                 SERVE_START_TIMEOUT_S)
-        except RuntimeError as err:
-            log.seek(0)
-            tail = log.read().decode(errors="replace")[-LOG_TAIL:].strip()
-            raise RuntimeError(f"{err} ({' '.join(command)}); its output ends:\n{tail}") from None
-        finally:
-            stop_process(process)
+    server = ServerProcess(command, {**os.environ, "PYTHONUNBUFFERED": "1"}, "specdec-serve-")
+    try:
+        return first_reply_s(Endpoint(port), body, server.launched, server.alive, SPECDEC_SERVE, SERVE_START_TIMEOUT_S)
+    except RuntimeError as err:
+        raise RuntimeError(f"{err} ({' '.join(command)}); its output ends:\n{server.log_tail()}") from None
+    finally:
+        server.close()
 
 
 def _bodies(prompts: list[Prompt], n: int, config: BenchConfig, temperature: float) -> list[tuple[int, dict]]:
@@ -340,7 +332,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                             up.append(server)
                             theirs[name] = Endpoint(server.port, "vllm", vllm_extra)
                             startup[name] = first_reply_s(
-                                theirs[name], probe, server.launched, lambda s=server: s.process.poll() is None, name,
+                                theirs[name], probe, server.launched, server.alive, name,
                                 float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
                         _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task)
                     finally:

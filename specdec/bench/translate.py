@@ -243,7 +243,8 @@ def _load(folder: str | None) -> PreTrainedModel | None:
 
 
 def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) -> dict:
-    """Decode the sampled sources with every method ``config.repeats`` times; return the figures."""
+    """Decode the sampled sources with every method ``config.repeats`` times; return the figures; a peer it does
+    not run, or one not installed, is refused first (here only: both commands reach the bench through this)."""
     check_translate_peers(config.peers)
     torch.set_num_threads(config.threads)
     tokenizer = AutoTokenizer.from_pretrained(config.target)
@@ -353,7 +354,7 @@ def compile_models(config: TranslateBenchConfig, target: PreTrainedModel, drafte
 
     if not compiles(config.compile):
         return config.compile
-    verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.num_tokens or config.gamma)
+    verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.copy_length(config.gamma))
     done = [f"target {prepare(target, 'on', tokens=verify).reason}"]
     if drafter is not None:
         done.append(f"drafter {prepare(drafter, 'on', tokens=steps).reason}")
@@ -454,7 +455,6 @@ def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
 
     drafter = shipped("translate-drafter") if config.drafter == defaults.drafter else config.drafter
     check_model_folder("drafter", drafter)  # the target's folder was checked as it was resolved
-    check_translate_peers(config.peers)
     return TranslateBenchConfig(target=target, data=str(config.data), drafter=drafter,
                                 block_drafter=shipped("translate-block-drafter"),
                                 limit=config.num_prompts, seed=config.seed, max_new_tokens=config.max_new_tokens,
@@ -505,7 +505,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_model_folder("target", args.target or None)
         check_model_folder("drafter", args.drafter or None)
         check_model_folder("block-drafter", args.block_drafter or None)
-        check_translate_peers(args.peers)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -518,8 +517,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   hf=not args.no_hf, beams=args.beams, memory_batches=tuple(args.memory_batches),
                                   threads=args.threads, peers=tuple(args.peers), compile=args.compile)
     try:
-        report = run_bench(config, log=lambda s: print(s, file=sys.stderr, flush=True))
-    except FileNotFoundError as err:
+        report = run_bench(config, log=lambda s: print(s, file=sys.stderr, flush=True))  # refuses a peer first
+    except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.json:

@@ -98,34 +98,23 @@ def stop_process(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-class VLLMServer:
-    """One vLLM OpenAI server on ``model``, started now and ready, or a RuntimeError quoting its log."""
+class ServerProcess:
+    """A server's command launched now in a session of its own (its process group holds what it starts), its output
+    to a temporary log (``log_tail`` quotes it in a failure); ``close`` stops the group, at the latest when the
+    bench exits. ``launched``: the ``time.perf_counter`` of the launch, which start-up figures are timed from."""
 
-    def __init__(self, model: str, threads: int, speculative: dict | None = None, max_model_len: int = CONTEXT,
-                 python: Path | None = None) -> None:
-        self.python = python or vllm_python()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [str(self.python), "-m", SERVER_MODULE, "--model", model, "--served-model-name", SERVED_NAME,
-                        "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1",
-                        "--port", str(self.port), "--generation-config", "vllm", "--seed", "0"]
-        if speculative:
-            self.command += ["--speculative-config", json.dumps(speculative)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # OMP_NUM_THREADS threads, unpinned, as ours
-        self._log = tempfile.NamedTemporaryFile(prefix="specdec-vllm-", suffix=".log", delete=False)  # noqa: SIM115
+    def __init__(self, command: list[str], env: dict[str, str], log_prefix: str) -> None:
+        self.command = command
+        self._log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)  # noqa: SIM115
         self.log = Path(self._log.name)
-        start = self.launched = time.perf_counter()  # launch: the bench times its first reply from here
-        self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.launched = time.perf_counter()
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True)
         atexit.register(self.close)  # on any exit of the bench, Ctrl-C included
-        try:
-            self._wait_ready(float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
-        except BaseException:
-            self.close(keep_log=True)
-            raise
-        self.startup_s = time.perf_counter() - start  # launch to ready
+
+    def alive(self) -> bool:
+        """Whether the server's process still runs."""
+        return self.process.poll() is None
 
     def log_tail(self) -> str:
         """The last ``LOG_TAIL`` characters of the server's output."""
@@ -134,6 +123,39 @@ class VLLMServer:
             return self.log.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL:].strip()
         except OSError:
             return ""
+
+    def close(self, keep_log: bool = False) -> None:
+        """Stop the server (and its engine's processes); remove its log unless ``keep_log`` (a failure quotes it)."""
+        stop_process(self.process)
+        self._log.close()
+        if not keep_log:
+            self.log.unlink(missing_ok=True)
+        atexit.unregister(self.close)
+
+
+class VLLMServer(ServerProcess):
+    """One vLLM OpenAI server on ``model``, started now and ready, or a RuntimeError quoting its log."""
+
+    def __init__(self, model: str, threads: int, speculative: dict | None = None, max_model_len: int = CONTEXT,
+                 python: Path | None = None) -> None:
+        self.python = python or vllm_python()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [str(self.python), "-m", SERVER_MODULE, "--model", model, "--served-model-name", SERVED_NAME,
+                   "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1",
+                   "--port", str(self.port), "--generation-config", "vllm", "--seed", "0"]
+        if speculative:
+            command += ["--speculative-config", json.dumps(speculative)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # OMP_NUM_THREADS threads, unpinned, as ours
+        super().__init__(command, env, "specdec-vllm-")  # launch: the bench times its first reply from here
+        try:
+            self._wait_ready(float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
+        except BaseException:
+            self.close(keep_log=True)
+            raise
+        self.startup_s = time.perf_counter() - self.launched  # launch to ready
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -152,14 +174,6 @@ class VLLMServer:
                 raise RuntimeError(f"vLLM's server was not ready within {timeout_s:g} s ({TIMEOUT_ENV} to wait "
                                    f"longer); its log {self.log} ends:\n{self.log_tail()}")
             time.sleep(0.5)
-
-    def close(self, keep_log: bool = False) -> None:
-        """Stop the server (and its engine's processes); remove its log unless ``keep_log`` (a failure quotes it)."""
-        stop_process(self.process)
-        self._log.close()
-        if not keep_log:
-            self.log.unlink(missing_ok=True)
-        atexit.unregister(self.close)
 
 
 def openai_installed() -> bool:

@@ -100,7 +100,7 @@ class NgramDrafter(FollowingDrafter):
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
         """Up to ``limit[b]`` (or ``num_tokens``) copied tokens per row whose limit is not 0."""
-        self._drafts = [row.propose(self.config.num_tokens or n) if n > 0 else []
+        self._drafts = [row.propose(self.config.copy_length(n)) if n > 0 else []
                         for row, n in zip(self.rows, limit.tolist())]
         return Proposal.from_lists(self._drafts, self.device,  # tokens [B, k], lengths [B]
                                    ended=tuple(ENDED_LOOKUP if d else ENDED_NONE for d in self._drafts))
