@@ -132,7 +132,7 @@ class ModelTarget(Target):
     def verify(self, tokens: torch.Tensor, lengths: torch.Tensor, hidden: bool = False) -> Scores:
         width = tokens.shape[1]
         valid = None
-        if any(n != width for n in lengths.tolist()):
+        if width > 1 and any(n != width for n in lengths.tolist()):  # one token per row: every row is full
             valid = torch.arange(width, device=tokens.device)[None, :] < lengths[:, None]  # [B, m]
         self._mark = self.cache.live.clone()
         out = self.cache.forward(tokens, valid, logits_to_keep=width, output_hidden_states=hidden)

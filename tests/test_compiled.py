@@ -238,6 +238,42 @@ def test_static_cache_follows_the_ragged_rule():
     assert compactions > 0
 
 
+def test_a_dropped_static_cache_lends_its_buffers_to_the_next_one():
+    """Every generate call builds a new cache handle: its buffers are the last dropped handle's, zeroed (a fresh
+    allocation cost milliseconds a call), never those of a handle still alive; a handle that grows to a larger
+    row bucket lets its old buffers go too."""
+    model = build_tiny("llama", seed=3)
+    compiled = CompiledModel(model, slots=40)
+    compiled.rows, compiled.tokens = (1, 4), (1,)
+
+    def filled(prompts):
+        handle = StaticRaggedCache(model, compiled)
+        handle.merge(prefilled_cache(model, PromptBatch.from_lists(prompts, "cpu"), "cpu")[0])
+        return handle
+
+    first = filled([[1, 4, 5, 6, 7]])
+    keys = first.cache.layers[0].keys  # [1, heads, 41, dim]
+    assert bool(keys.any()) and int(first.cache.layers[0].cumulative_length) == 4
+    second = filled([[1, 9, 10]])
+    assert second.cache.layers[0].keys.data_ptr() != keys.data_ptr()  # the first handle still holds its own
+    del first
+    third = StaticRaggedCache(model, compiled)
+    with torch.inference_mode():
+        third._reserve(1)
+    assert third.cache.layers[0].keys is keys and not bool(keys.any())  # the dropped one's, zeroed
+    assert int(third.cache.layers[0].cumulative_length) == 0 and third.used == 0
+    second.merge(prefilled_cache(model, PromptBatch.from_lists([[1, 2, 3]], "cpu"), "cpu")[0])  # 2 rows: bucket 4
+    assert second.capacity == 4 and compiled.spare[(1, torch.device("cpu"))]  # its 1-row buffers were let go
+    with torch.inference_mode():  # the grown handle kept its rows: the same logits as a fresh eager cache's
+        ragged = RaggedCache(model, 0)
+        ragged.merge(prefilled_cache(model, PromptBatch.from_lists([[1, 9, 10], [1, 2, 3]], "cpu"), "cpu")[0])
+        ids = torch.tensor([[11], [12]])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nothing warmed: the static step runs eagerly
+            ours = second.forward(ids).logits
+        assert torch.allclose(ours, ragged.forward(ids).logits, atol=1e-5)
+
+
 def test_compile_modes_and_refusals(monkeypatch, capsys):
     with pytest.raises(ValueError, match="compile must be one of auto, on, off, got 'fast'"):
         check_mode("fast")

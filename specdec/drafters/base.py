@@ -200,6 +200,7 @@ class NoDrafter(Drafter):
     def __init__(self) -> None:
         self.rows = 0
         self.device = torch.device("cpu")
+        self._empty: Proposal | None = None  # the last proposal, the same every round while the rows stay
 
     def prefill(self, prompts: PromptBatch) -> int:
         self.rows += prompts.size
@@ -207,7 +208,10 @@ class NoDrafter(Drafter):
         return 0
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
-        return Proposal.empty(self.rows, self.device, ENDED_NONE)
+        empty = self._empty
+        if empty is None or empty.tokens.shape[0] != self.rows or empty.tokens.device != self.device:
+            empty = self._empty = Proposal.empty(self.rows, self.device, ENDED_NONE)  # immutable: shared by rounds
+        return empty
 
     def commit(self, accepted: torch.Tensor, next_token: torch.Tensor) -> None:
         pass
