@@ -749,7 +749,7 @@ class StaticRaggedCache:
         if rows <= self.capacity and self.cache is not None:
             return
         bucket = _bucket(rows, self.compiled.rows) or rows
-        fresh = self.compiled.new_cache(bucket, self.device)
+        fresh = self._buffers(bucket)
         for old, new in zip(self._layers(), fresh.layers):
             new.keys[: self.capacity].copy_(old.keys)
             new.values[: self.capacity].copy_(old.values)
@@ -759,6 +759,10 @@ class StaticRaggedCache:
         # the buffers go back to the model's spares when this handle lets them go (grown again, or dropped)
         self._lease = _Lease(self.compiled, getattr(fresh, "self_attention_cache", fresh))
         self._point(self.used)
+
+    def _buffers(self, rows: int) -> StaticCache:
+        """New buffers of ``rows`` rows for ``_reserve`` (which copies the self-attention contents into them)."""
+        return self.compiled.new_cache(rows, self.device)
 
     def _room(self, needed: int) -> None:
         """Make ``needed`` free slots after the pointer (re-packing the rows), or refuse."""
@@ -1011,36 +1015,32 @@ class StaticSeq2SeqCache(StaticRaggedCache):
     def source_width(self) -> int:
         return self.cache.source_live.shape[1] if self.cache is not None else 0
 
-    def _sources(self, rows: int, width: int) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-        """Source buffers of ``rows`` rows and ``width`` holding the current ones."""
-        cross, encoded, source_live = _static_sources(rows, width, self.compiled.cross_layout,
-                                                      self.compiled.hidden_size, self.compiled.layout[0][3],
-                                                      self.device)
+    def _sources(self, cache: StaticEncoderDecoderCache) -> StaticEncoderDecoderCache:
+        """``cache`` (new source buffers) holding the current sources: as many rows and columns as fit."""
         if self.cache is not None:
             old = self.cache
-            kept, used = min(rows, old.source_live.shape[0]), min(width, self.source_width)
-            for mine, theirs in zip(cross.layers, old.cross_attention_cache.layers):
+            kept = min(cache.source_live.shape[0], old.source_live.shape[0])
+            used = min(cache.source_live.shape[1], self.source_width)
+            for mine, theirs in zip(cache.cross_attention_cache.layers, old.cross_attention_cache.layers):
                 mine.keys[:kept, :, :used] = theirs.keys[:kept, :, :used]
                 mine.values[:kept, :, :used] = theirs.values[:kept, :, :used]
-            encoded[:kept, :used] = old.encoded[:kept, :used]
-            source_live[:kept, :used] = old.source_live[:kept, :used]
-        return cross, encoded, source_live
+            cache.encoded[:kept, :used] = old.encoded[:kept, :used]
+            cache.source_live[:kept, :used] = old.source_live[:kept, :used]
+        return cache
 
-    def _reserve(self, rows: int) -> None:
-        old = self.cache
-        super()._reserve(rows)  # the self-attention buffers, a new StaticEncoderDecoderCache when they grew
-        if self.cache is not old:
-            width = old.source_live.shape[1] if old is not None else SLOT_STEP
-            self.cache, fresh = old, self.cache  # read the old sources into buffers of the new row bucket
-            cross, encoded, source_live = self._sources(self.capacity, width)
-            self.cache = StaticEncoderDecoderCache(fresh.self_attention_cache, cross, encoded, source_live)
+    def _buffers(self, rows: int) -> StaticEncoderDecoderCache:
+        """New self-attention buffers and source buffers of the current source width, holding the sources."""
+        return self._sources(self.compiled.new_cache(rows, self.device, self.source_width or SLOT_STEP))
 
     def _widen(self, width: int) -> None:
         """Source buffers at least ``width`` wide (rounded up to ``SLOT_STEP``), contents kept."""
         width = -(-width // SLOT_STEP) * SLOT_STEP
         if width > self.source_width:
-            cross, encoded, source_live = self._sources(self.capacity, width)
-            self.cache = StaticEncoderDecoderCache(self.cache.self_attention_cache, cross, encoded, source_live)
+            cross, encoded, source_live = _static_sources(self.capacity, width, self.compiled.cross_layout,
+                                                          self.compiled.hidden_size, self.compiled.layout[0][3],
+                                                          self.device)
+            self.cache = self._sources(StaticEncoderDecoderCache(self.cache.self_attention_cache, cross, encoded,
+                                                                 source_live))
 
     @torch.inference_mode()
     def select(self, rows: torch.Tensor) -> None:
