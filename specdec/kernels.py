@@ -26,6 +26,14 @@ tensor that needs gradients. specdec's target and drafter handles install it on 
 ``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does, ``auto`` (default) does where a
 short probe at install (a pass over the model's own layers at 1 and 5 rows, both ways, interleaved)
 finds the fast kernels at most ``PAYS`` of the stock time, so a CPU whose BLAS is fast already keeps it.
+The probe reads the weights from memory, as decoding does: before each timed pass it reads a buffer
+larger than the CPU's last-level cache (``evictor``). A drafter small enough to stay in that cache between
+passes would otherwise be timed warm, where it never runs: in speculative decoding the target's forward
+streams its own weights between the drafter's rounds. Warm, the stock kernel wins for code-drafter's small
+layers at 1 row and the probe decided by noise (5 installs in 8 probes); from memory the fast kernels win
+(8 in 8), and in the bench's default run (``--compile on``) the drafter's step took 0.89 ms with them
+against 1.51 ms without, the default speculation 4.26 against 4.57 ms per token (docs/benchmarks.md,
+"The linear kernels").
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import types
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +57,8 @@ PAYS = 0.85  # auto installs when the fast kernels take at most this share of th
 PACK_ROWS = 8  # the batch size oneDNN's weight layout is chosen for (measured best for 1-8 rows here)
 PROBE_ROWS = (1, 5)  # the probe's row counts: a plain step and a verification of gamma + 1 = 5 tokens
 PROBE_REPEATS = 3  # timed repeats per kernel and row count (after one untimed)
+EVICT_MIN_BYTES = 64 << 20  # the probe's eviction buffer: at least this, and twice the last-level cache
+_CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> whether installed
@@ -176,16 +187,38 @@ def _pass_time(layers: dict[torch.nn.Linear, _Packed], inputs: dict[int, torch.T
     return time.perf_counter() - started
 
 
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size from Linux's sysfs (0 where it is not found)."""
+    sizes = [0]
+    for level in Path(_CACHE_SIZES).glob("index*/size"):
+        try:
+            text = level.read_text().strip().upper()
+            sizes.append(int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0))
+        except (OSError, ValueError):
+            continue
+    return max(sizes)
+
+
+def evictor() -> Callable[[], None]:
+    """A function that reads a buffer larger than the last-level cache (``EVICT_MIN_BYTES`` at least): after it,
+    a model's weights come from memory, as in decoding (see the module doc)."""
+    buffer = torch.ones(max(EVICT_MIN_BYTES, 2 * last_level_cache_bytes()) // 4)
+    return lambda: buffer.sum()
+
+
 @torch.inference_mode()
 def pays(layers: dict[torch.nn.Linear, _Packed]) -> bool:
     """Whether the fast kernels take at most ``PAYS`` of the stock time over ``layers`` (PROBE_ROWS rows each,
-    interleaved, medians), i.e. whether ``auto`` installs them on this machine."""
+    interleaved, medians, each pass reading the weights from memory: ``evictor``), i.e. whether ``auto``
+    installs them on this machine."""
     stock, fast = [], []
+    evict = evictor()
     for rows in PROBE_ROWS:
         inputs = {m.in_features: torch.randn(rows, m.in_features) for m in layers}
         times: tuple[list[float], list[float]] = ([], [])
         for i in range(PROBE_REPEATS + 1):
             for kind, timed in ((False, times[0]), (True, times[1])):
+                evict()
                 seconds = _pass_time(layers, inputs, kind)
                 if i:
                     timed.append(seconds)

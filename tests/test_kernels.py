@@ -148,6 +148,37 @@ def test_auto_decides_by_a_probe(monkeypatch):
     assert decided == any("forward" in vars(m) for m in model.modules())
 
 
+def test_the_probe_reads_the_weights_from_memory_before_every_timed_pass(monkeypatch):
+    """auto's probe times passes as decoding runs them, the weights out of the caches (each pass after a read
+    of a buffer larger than the last-level cache), not warm from the pass before."""
+    model = build_tiny("llama", seed=10, hidden=64)
+    layers = {m: kernels._Packed() for m in model.modules() if kernels._eligible(m)}
+    events: list[str] = []
+    evict = kernels.evictor()
+    monkeypatch.setattr(kernels, "evictor", lambda: lambda: events.append("evict") or evict())
+    real_pass = kernels._pass_time
+    monkeypatch.setattr(kernels, "_pass_time", lambda *a: events.append("pass") or real_pass(*a))
+    kernels.pays(layers)
+    passes = len(kernels.PROBE_ROWS) * (kernels.PROBE_REPEATS + 1) * 2
+    assert events == ["evict", "pass"] * passes
+
+
+def test_the_eviction_buffer_outgrows_the_last_level_cache(tmp_path, monkeypatch):
+    for index, size in enumerate(("32K", "1024K", "96M", "bad")):  # L1, L2, L3 (as Linux writes them), a broken file
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    monkeypatch.setattr(kernels, "_CACHE_SIZES", str(tmp_path))
+    assert kernels.last_level_cache_bytes() == 96 << 20
+    sizes = []
+    monkeypatch.setattr(kernels.torch, "ones", lambda n: sizes.append(n) or torch.zeros(1))
+    kernels.evictor()
+    assert sizes == [2 * (96 << 20) // 4]  # float32 elements: twice the cache
+    monkeypatch.setattr(kernels, "_CACHE_SIZES", str(tmp_path / "absent"))
+    assert kernels.last_level_cache_bytes() == 0
+    kernels.evictor()
+    assert sizes[-1] == kernels.EVICT_MIN_BYTES // 4
+
+
 def test_a_bad_mode_is_refused(monkeypatch):
     monkeypatch.setenv(kernels.ENV, "fast")
     with pytest.raises(ValueError, match="SPECDEC_LINEAR='fast'.*auto, on, off"):
