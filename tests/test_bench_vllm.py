@@ -265,3 +265,31 @@ def test_a_specdec_serve_that_cannot_start_fails_quoting_its_output(pair, tmp_pa
     config = floor_config(pair, serve=True, target=str(tmp_path / "no-model"))
     with pytest.raises(RuntimeError, match=r"(?s)specdec serve exited before its first reply .*no-model"):
         time_specdec_serve(config, {"prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0.0, "stream": True})
+
+
+@pytest.mark.parametrize("compile_mode", ["off", "on"])
+def test_the_timed_specdec_serve_runs_as_the_bench_compiles(pair, compile_mode, monkeypatch) -> None:  # noqa: F811
+    """The start-up timed is that of the server the bench measures: the same --compile (and threads)."""
+    from specdec.bench import serve as serve_bench
+    from specdec.bench import vllm_server
+
+    launched = []
+
+    class Recorded:
+        def __init__(self, command, env, prefix):
+            launched.append(command)
+            self.launched = 0.0
+
+        def alive(self) -> bool:
+            return True
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(vllm_server, "ServerProcess", Recorded)
+    monkeypatch.setattr(serve_bench, "first_reply_s", lambda *args: 1.5)
+    config = floor_config(pair, serve=True, compile=compile_mode)
+    assert serve_bench.time_specdec_serve(config, {"prompt": [1], "max_tokens": 1}) == 1.5
+    (command,) = launched
+    assert command[command.index("--compile") + 1] == compile_mode
+    assert command[command.index("--threads") + 1] == str(torch.get_num_threads())

@@ -228,7 +228,8 @@ def time_specdec_serve(config: BenchConfig, body: dict) -> float:
 
     port = free_port()
     command = [sys.executable, "-m", "specdec", "serve", "--target", config.target, "--drafter",
-               LOOKUP + config.drafter, "--port", str(port), "--threads", str(torch.get_num_threads())]
+               LOOKUP + config.drafter, "--port", str(port), "--threads", str(torch.get_num_threads()),
+               "--compile", config.compile]
     for flag, value in (("--device", config.device), ("--dtype", config.dtype)):
         if value is not None:
             command += [flag, value]
@@ -286,7 +287,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         load_start = load_average()
         drafter = LOOKUP + config.drafter
         session = Session(ModelConfig(target=config.target, drafter=drafter, device=config.device, dtype=config.dtype,
-                                      threads=config.threads))
+                                      threads=config.threads, compile=config.compile))
         tokenizer = session.tokenizer("speculative")
         prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
         temperature = config.temperature[0]
