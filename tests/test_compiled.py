@@ -274,6 +274,47 @@ def test_a_dropped_static_cache_lends_its_buffers_to_the_next_one():
         assert torch.allclose(ours, ragged.forward(ids).logits, atol=1e-5)
 
 
+def test_rows_leaving_shrink_the_buffers_to_their_row_bucket():
+    """When rows leave and the rest fit a smaller row bucket, the handle moves to that bucket (its later forwards
+    are that bucket's step, not the former batch's with dead rows), keeping every row's cache: its logits stay
+    those of an eager cache driven alike. The larger buffers go back to the model for the next growth."""
+    model = build_tiny("llama", seed=4)
+    compiled = CompiledModel(model, slots=40)
+    compiled.rows, compiled.tokens = (1, 4), (1,)
+    prompts = [[1, 4, 5, 6, 7], [1, 9, 10], [1, 2, 3, 8]]
+    static = StaticRaggedCache(model, compiled)
+    ragged = RaggedCache(model, 0)
+    with torch.inference_mode():
+        static.merge(prefilled_cache(model, PromptBatch.from_lists(prompts, "cpu"), "cpu")[0])
+        ragged.merge(prefilled_cache(model, PromptBatch.from_lists(prompts, "cpu"), "cpu")[0])
+    assert static.capacity == 4
+    shapes = []
+    real_run = compiled.run
+    compiled.run = lambda shape, *args: shapes.append(shape) or real_run(shape, *args)
+
+    def step(ids):
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nothing warmed: the static step runs eagerly
+            ours, theirs = static.forward(torch.tensor(ids)).logits, ragged.forward(torch.tensor(ids)).logits
+        assert torch.allclose(ours, theirs, atol=1e-5)
+
+    step([[11], [12], [13]])
+    for keep, capacity in (([0, 2], 4), ([1], 1)):  # 2 rows still need the 4-row bucket; 1 row fits the 1-row one
+        with torch.inference_mode():
+            static.select(torch.tensor(keep))
+            ragged.select(torch.tensor(keep))
+        assert static.capacity == capacity and static.rows == len(keep)
+        step([[14 + i] for i in range(len(keep))])
+    assert [s.rows for s in shapes] == [4, 4, 1]
+    assert compiled.spare[(4, torch.device("cpu"))]  # the 4-row buffers were let go
+    spare = compiled.spare[(4, torch.device("cpu"))][-1].layers[0].keys
+    with torch.inference_mode():  # a row joins: back to the 4-row bucket, in the buffers let go
+        static.merge(prefilled_cache(model, PromptBatch.from_lists([[1, 7]], "cpu"), "cpu")[0])
+        ragged.merge(prefilled_cache(model, PromptBatch.from_lists([[1, 7]], "cpu"), "cpu")[0])
+    assert static.capacity == 4 and static.cache.layers[0].keys is spare
+    step([[20], [21]])
+
+
 def test_compile_modes_and_refusals(monkeypatch, capsys):
     with pytest.raises(ValueError, match="compile must be one of auto, on, off, got 'fast'"):
         check_mode("fast")
