@@ -19,8 +19,8 @@ Eager decoding pays transformers' Python around every forward (module dispatch, 
   than a forward ever attends, so every slice has the same strides and no width recompiles.
 - ``CompiledModel``: one model's compiled step, ``torch.compile(..., fullgraph=True)`` of a forward
   taking ``(ids [R, n], live slots [R, S], cache)`` that builds the positions and the 4D mask (the live
-  slots, causal over the new ones) inside the graph. Shapes are bucketed by rows (``1`` and
-  the batch size) and tokens per row (``token_buckets``: the target's ``gamma + 1`` verification and a
+  slots, causal over the new ones) inside the graph. Shapes are bucketed by rows (``row_buckets``:
+  1, 4, 16, ... and the batch size) and tokens per row (``token_buckets``: the target's ``gamma + 1`` verification and a
   prompt-lookup copy + 1, a drafter's 1-token step, its 2-token catch-up and a catch-up after a lookup
   copy); a forward of fewer tokens is padded on the right to its bucket with dead tokens (masked out,
   their slots freed at once like a rejected draft's, their logits dropped). Every bucket is compiled and
@@ -640,6 +640,21 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     model._specdec_compiled = compiled
     return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s "
                                f"({compiled.loaded - loaded} from the compile cache)")
+
+
+ROW_STEP = 4  # row buckets: 1, 4, 16, ... below the batch size, and the batch size (``row_buckets``)
+
+
+def row_buckets(batch: int) -> tuple[int, ...]:
+    """The row buckets a batch of up to ``batch`` rows compiles: 1, 4, 16, ... (``ROW_STEP``'s powers) below it and
+    ``batch`` itself. A forward runs the smallest that holds its rows (the others dead rows, computed and dropped):
+    with rows of 1 and 16 only, a server's 4 requests ran in the 16-row step (0.68x the tokens/s of 4 rows in
+    their own bucket, docs/benchmarks.md, "The server compiled")."""
+    buckets, rows = {batch}, 1
+    while rows < batch:
+        buckets.add(rows)
+        rows *= ROW_STEP
+    return tuple(sorted(buckets))
 
 
 def token_buckets(gamma: int, drafter: str | None, speculating: bool, plain: bool,

@@ -92,15 +92,16 @@ class Session:
         """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
         says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
         the target verifies gamma + 1 tokens (and a prompt-lookup copy, and steps 1 when it may decode alone), a
-        drafter model steps 1 token and catches up (``compiled.token_buckets``), in rows of 1 and the batch
-        size (at most ``prompts``, where the caller knows how many it decodes: one prompt compiles rows of 1 only).
+        drafter model steps 1 token and catches up (``compiled.token_buckets``), in rows of 1, 4, 16, ... below the
+        batch size and the batch size (``compiled.row_buckets``; at most ``prompts``, where the caller knows how
+        many it decodes: one prompt compiles rows of 1 only).
         Returns what was decided, per model."""
-        from specdec.compiled import compiled_for, compiles, prepare, token_buckets
+        from specdec.compiled import compiled_for, compiles, prepare, row_buckets, token_buckets
         from specdec.drafters.hybrid import LOOKUP_NGRAM
 
         if not compiles(self.models.compile):
             return []
-        rows = tuple(sorted({1, min(spec.batch_size, prompts or spec.batch_size)}))
+        rows = row_buckets(min(spec.batch_size, prompts or spec.batch_size))
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
         plain = mode != "speculative" or spec.speculate != "on"
         verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,

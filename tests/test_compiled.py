@@ -29,6 +29,7 @@ from specdec.compiled import (
     compiles,
     graph_file,
     prepare,
+    row_buckets,
     token_buckets,
 )
 from specdec.config import NgramConfig
@@ -272,6 +273,11 @@ def test_a_dropped_static_cache_lends_its_buffers_to_the_next_one():
             warnings.simplefilter("ignore")  # nothing warmed: the static step runs eagerly
             ours = second.forward(ids).logits
         assert torch.allclose(ours, ragged.forward(ids).logits, atol=1e-5)
+
+
+def test_row_buckets_step_by_four_up_to_the_batch_size():
+    assert [row_buckets(b) for b in (1, 2, 4, 5, 8, 16, 17, 64)] == [
+        (1,), (1, 2), (1, 4), (1, 4, 5), (1, 4, 8), (1, 4, 16), (1, 4, 16, 17), (1, 4, 16, 64)]
 
 
 def test_rows_leaving_shrink_the_buffers_to_their_row_bucket():
