@@ -28,8 +28,8 @@ short probe at install (a pass over the model's own layers at 1 and 5 rows, both
 finds the fast kernels at most ``PAYS`` of the stock time, so a CPU whose BLAS is fast already keeps it.
 The probe reads the weights from memory, as decoding does: before each timed pass it reads a buffer
 larger than the CPU's last-level cache (``evictor``). A drafter small enough to stay in that cache between
-passes would otherwise be timed warm, where it never runs: in speculative decoding the target's forward
-streams its own weights between the drafter's rounds. Warm, the stock kernel wins for code-drafter's small
+passes would otherwise be timed warm, which in speculative decoding only its later steps of a round are: the
+target's forward streams its own weights between the drafter's rounds. Warm, the stock kernel wins for code-drafter's small
 layers at 1 row and the probe decided by noise (5 installs in 8 probes); from memory the fast kernels win
 (8 in 8), and in the bench's default run (``--compile on``) the drafter's step took 0.89 ms with them
 against 1.51 ms without, the default speculation 4.26 against 4.57 ms per token (docs/benchmarks.md,
