@@ -968,25 +968,6 @@ class StaticEncoderDecoderCache(EncoderDecoderCache):
         return self.self_attention_cache.layers
 
 
-def _static_sources(rows: int, width: int, cross_layout: list, hidden: int, dtype: torch.dtype,
-                    device: torch.device | str) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
-    """Zeroed cross-attention buffers, encoder output [rows, width, hidden] and source mask [rows, width], their
-    width dimension dynamic in the graph."""
-    cross = DynamicCache()
-    for index, (heads, key_dim, value_dim) in enumerate(cross_layout):
-        keys = torch.zeros(rows, heads, width, key_dim, dtype=dtype, device=device)
-        values = torch.zeros(rows, heads, width, value_dim, dtype=dtype, device=device)
-        cross.update(keys, values, index)
-    encoded = torch.zeros(rows, width, hidden, dtype=dtype, device=device)
-    source_live = torch.zeros(rows, width, dtype=torch.bool, device=device)
-    for layer in cross.layers:
-        torch._dynamo.mark_dynamic(layer.keys, 2)
-        torch._dynamo.mark_dynamic(layer.values, 2)
-    torch._dynamo.mark_dynamic(encoded, 1)
-    torch._dynamo.mark_dynamic(source_live, 1)
-    return cross, encoded, source_live
-
-
 class CompiledSeq2Seq(CompiledModel):
     """An encoder-decoder model's compiled decode step (see the module docstring)."""
 
@@ -1010,9 +991,27 @@ class CompiledSeq2Seq(CompiledModel):
         width, one ``SLOT_STEP`` more than any self-attention width it attends, so that the two dynamic
         dimensions never share a size there and keep their own symbols)."""
         width = width or attended(self.slots, self.slots) + SLOT_STEP
-        cross, encoded, source_live = _static_sources(rows, width, self.cross_layout, self.hidden_size,
-                                                      self.layout[0][3], device)
-        return StaticEncoderDecoderCache(super().new_cache(rows, device), cross, encoded, source_live)
+        return self.with_sources(super().new_cache(rows, device), width, device)
+
+    def with_sources(self, self_attention: StaticCache, width: int,
+                     device: torch.device | str) -> StaticEncoderDecoderCache:
+        """``self_attention``'s rows with zeroed source buffers of ``width``: the cross-attention keys and values,
+        the encoder output [rows, width, hidden] and the source mask [rows, width], their width dimension dynamic
+        in the graph."""
+        rows, dtype = self_attention.layers[0].keys.shape[0], self.layout[0][3]
+        cross = DynamicCache()
+        for index, (heads, key_dim, value_dim) in enumerate(self.cross_layout):
+            keys = torch.zeros(rows, heads, width, key_dim, dtype=dtype, device=device)
+            values = torch.zeros(rows, heads, width, value_dim, dtype=dtype, device=device)
+            cross.update(keys, values, index)
+        encoded = torch.zeros(rows, width, self.hidden_size, dtype=dtype, device=device)
+        source_live = torch.zeros(rows, width, dtype=torch.bool, device=device)
+        for layer in cross.layers:
+            torch._dynamo.mark_dynamic(layer.keys, 2)
+            torch._dynamo.mark_dynamic(layer.values, 2)
+        torch._dynamo.mark_dynamic(encoded, 1)
+        torch._dynamo.mark_dynamic(source_live, 1)
+        return StaticEncoderDecoderCache(self_attention, cross, encoded, source_live)
 
     def _step(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticEncoderDecoderCache,
               hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -1064,11 +1063,7 @@ class StaticSeq2SeqCache(StaticRaggedCache):
         """Source buffers at least ``width`` wide (rounded up to ``SLOT_STEP``), contents kept."""
         width = -(-width // SLOT_STEP) * SLOT_STEP
         if width > self.source_width:
-            cross, encoded, source_live = _static_sources(self.capacity, width, self.compiled.cross_layout,
-                                                          self.compiled.hidden_size, self.compiled.layout[0][3],
-                                                          self.device)
-            self.cache = self._sources(StaticEncoderDecoderCache(self.cache.self_attention_cache, cross, encoded,
-                                                                 source_live))
+            self.cache = self._sources(self.compiled.with_sources(self.cache.self_attention_cache, width, self.device))
 
     @torch.inference_mode()
     def select(self, rows: torch.Tensor) -> None:
