@@ -29,7 +29,7 @@ Eager decoding pays transformers' Python around every forward (module dispatch, 
   cache: exact, only slower, said once. Prefill stays eager (a ``RaggedCache``, merged in).
 - The linear layers: where ``specdec.kernels`` installs its kernels on the model, the graph traces
   them in the kernels' formulation (``traced_linear``: ``W @ x.T`` for 1-2 rows, oneDNN on the prepacked
-  weight through the ``specdec::packed_linear`` op for more), not inductor's (freezing turns ``F.linear``
+  weight through the ``specdec::packed_linear`` op for more, each where the probe chose it), not inductor's (freezing turns ``F.linear``
   into MKL's packed kernel, the slow one on this CPU).
 
 Guards: a step runs without dynamo's guards (``CompiledModel._trace``). With all of them, the check before
@@ -238,10 +238,10 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     """What a compiled step of ``model`` depends on besides its bucket: the versions, the machine's vector
     instructions and threads (inductor's C++ is generated for them), inductor's options, the model's class,
     configuration, the names, shapes and dtypes of its weights (not their values: a graph reads the weights
-    at every call), which linears are traced in the kernels' formulation, and the slots per row."""
+    at every call), which linears are traced in the kernels' formulation (and which kernels each takes), and the slots per row."""
     import transformers
 
-    traced = sorted(name for name, m in model.named_modules()
+    traced = sorted((name, m._specdec_packed.few, m._specdec_packed.many) for name, m in model.named_modules()
                     if getattr(vars(m).get("forward"), "__func__", None) is _traced_forward)
     tensors = [(name, tuple(t.shape), str(t.dtype), str(t.device))
                for name, t in [*model.named_parameters(), *model.named_buffers()]]
@@ -309,17 +309,19 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-def traced_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``kernels.fast_linear`` traced: ``W @ x.T`` for 1-2 rows (an extern ``mm`` that freezing's MKL packing
-    leaves alone), its layout left to inductor; oneDNN on the prepacked weight for more, through the
-    ``specdec::packed_linear`` op (a packed oneDNN tensor has no fake form for a trace)."""
-    return kernels.fast_linear(x, weight, bias, packed_linear, traced=True)
+def traced_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  kernel: kernels._Packed) -> torch.Tensor:
+    """``kernels.fast_linear`` traced, with the kernels ``kernel`` (the layer's) takes: ``W @ x.T`` for 1-2 rows (an
+    extern ``mm`` that freezing's MKL packing leaves alone), its layout left to inductor; oneDNN on the prepacked
+    weight for more, through the ``specdec::packed_linear`` op (a packed oneDNN tensor has no fake form for a
+    trace); ``F.linear`` for the row counts the layer keeps torch's kernel for."""
+    return kernels.fast_linear(x, weight, bias, kernel, packed_linear, traced=True)
 
 
 def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A compiled model's installed layer: traced as ``traced_linear``, run eagerly as ``specdec.kernels`` says."""
     if torch.compiler.is_compiling() and self.weight.dtype == x.dtype == torch.float32 and x.device.type == "cpu":
-        return traced_linear(x, self.weight, self.bias)
+        return traced_linear(x, self.weight, self.bias, self._specdec_packed)
     return kernels._forward(self, x)
 
 

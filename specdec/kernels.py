@@ -7,12 +7,17 @@ in torch 2.13, one thread) a pass over the shipped ``code-target``'s 94 MB of li
 8.1-8.6 ms for 1 row (11 GB/s) and 12-16 ms for 2-8 rows, while the same products computed another way
 took 5.0 ms (1-2 rows, 19 GB/s) and 5.0-7.2 ms (3-8 rows): 0.36-0.62 of the time
 (``benchmarks/linear_kernels.py`` measures every candidate; MKL's environment knobs changed nothing).
-The two faster ways, chosen per call by the number of rows n:
+The two other ways, each for a range of the number of rows n:
 
-- n <= 2: ``W @ x.T`` (the weight as the untransposed left operand: a different BLAS kernel), one row
-  padded to two (a one-column product is a matrix-vector product, the slow kernel again);
-- n >= 3: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on a copy of the weight prepacked
+- n <= ``FEW`` (2): ``W @ x.T`` (the weight as the untransposed left operand: a different BLAS kernel), one
+  row padded to two (a one-column product is a matrix-vector product, the slow kernel again);
+- n > ``FEW``: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on a copy of the weight prepacked
   into oneDNN's blocked layout (``_reorder_linear_weight``): one more copy of the weights in memory.
+
+Which pays is the CPU's: on an Intel Xeon of this project (AVX-512, 2026-11-25) ``F.linear`` at 1 row was the
+fastest (7.5 ms a pass, ``W @ x.T`` 17.5 ms: 2.3x) while oneDNN's prepacked kernel still took 0.73 of its
+time at 5 rows and 0.69 at 8. So each range is decided apart (``pays``), and a layer keeps ``F.linear`` for
+the other.
 
 Same numbers up to float summation order (as a different batch size or thread count gives), so greedy
 decoding matches ``generate`` up to near ties and sampling stays lossless (the verification rule is
@@ -23,9 +28,9 @@ does not override ``forward``, without a forward of its own already set) a forwa
 those kernels while specdec decodes (inside ``active()``: ``Decoder.step``) and to the stock
 ``F.linear`` everywhere else: ``generate`` on the same model, training, a ``torch.compile`` trace, a
 tensor that needs gradients. specdec's target and drafter handles install it on the models they run.
-``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does, ``auto`` (default) does where a
-short probe at install (a pass over the model's own layers at 1 and 5 rows, both ways, interleaved)
-finds the fast kernels at most ``PAYS`` of the stock time, so a CPU whose BLAS is fast already keeps it.
+``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does (both ranges), ``auto`` (default) takes
+each range's kernel where a short probe at install (a pass over the model's own layers at 1 and at 5 rows,
+both ways, interleaved) finds it at most ``PAYS`` of the stock time, so a CPU whose BLAS is fast already keeps it.
 The probe reads the weights from memory, as decoding does: before each timed pass it reads a buffer
 larger than the CPU's last-level cache (``evictor``). A drafter small enough to stay in that cache between
 passes would otherwise be timed warm, which in speculative decoding only its later steps of a round are: the
@@ -54,14 +59,16 @@ import torch.nn.functional as F
 MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
 ENV = "SPECDEC_LINEAR"
 PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
+FEW = 2  # up to this many rows, the few-row kernel (W @ x.T); more, the prepacked oneDNN one
 PACK_ROWS = 8  # the batch size oneDNN's weight layout is chosen for (measured best for 1-8 rows here)
 PROBE_ROWS = (1, 5)  # the probe's row counts: a plain step and a verification of gamma + 1 = 5 tokens
 PROBE_REPEATS = 3  # timed repeats per kernel and row count (after one untimed)
-EVICT_MIN_BYTES = 64 << 20  # the probe's eviction buffer: at least this, and twice the last-level cache
+EVICT_MIN_BYTES = 64 << 20  # the probe's eviction buffer: twice the last-level cache, at least this
+EVICT_MAX_BYTES = 256 << 20  # and at most this (a VM reports its host's cache, shared: 480 MiB on one machine here)
 _CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
-_DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> whether installed
+_DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
 
 
 def mode() -> str:
@@ -95,14 +102,17 @@ def _active() -> bool:
 
 
 class _Packed:
-    """A layer's weight prepacked for oneDNN, rebuilt when the weight changes (a new tensor or an in-place write)."""
+    """A layer's kernels: which row counts take specdec's (``few``: n <= ``FEW`` rows by ``W @ x.T``; ``many``: more
+    rows by oneDNN on the prepacked weight; the others keep ``F.linear``), and the prepacked weight, rebuilt when
+    the weight changes (a new tensor or an in-place write)."""
 
-    def __init__(self) -> None:
+    def __init__(self, few: bool = True, many: bool = True) -> None:
+        self.few, self.many = few, many
         self.key: tuple[int, int] | None = None
         self.weight: torch.Tensor | None = None
 
     def __deepcopy__(self, memo: dict) -> _Packed:
-        return _Packed()  # a copied layer packs its own weight when first used
+        return _Packed(self.few, self.many)  # a copied layer packs its own weight when first used
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
         key = (weight.data_ptr(), weight._version)
@@ -119,16 +129,17 @@ class _Packed:
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (rows [n, in], W, b) -> [n, out]
 
 
-def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: Product,
-                traced: bool = False) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` by the kernel that is fast for x's row count n (see the module doc): ``W @ x.T``
-    for n <= 2, one row padded to two (two columns, not a matrix-vector product: an expanded view, stride 0, takes
-    a slower kernel still); ``packed(rows, weight, bias)`` for more, oneDNN on the prepacked weight (the layer's
-    ``_Packed``; in a trace, ``specdec.compiled.traced_linear``'s op that finds the layer's pack). ``traced``
-    leaves the layout of the product of n <= 2 to inductor; eagerly it is made contiguous, with the bias."""
+def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernel: _Packed,
+                many: Product | None = None, traced: bool = False) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by the kernel that ``kernel`` (the layer's ``_Packed``) takes for x's row count n
+    (see the module doc): where ``kernel.few``, ``W @ x.T`` for n <= ``FEW``, one row padded to two (two columns,
+    not a matrix-vector product: an expanded view, stride 0, takes a slower kernel still); where ``kernel.many``,
+    ``many(rows, weight, bias)`` for more rows, oneDNN on the prepacked weight (``kernel`` itself; in a trace,
+    ``specdec.compiled.traced_linear``'s op that finds the layer's pack); else ``F.linear``. ``traced`` leaves the
+    layout of the product of n <= ``FEW`` to inductor; eagerly it is made contiguous, with the bias."""
     rows = x.reshape(-1, x.shape[-1])  # [n, in]
     n = rows.shape[0]
-    if n <= 2:
+    if n <= FEW and kernel.few:
         pair = torch.cat((rows, rows)) if n == 1 else rows  # [2, in]
         product = torch.mm(weight, pair.T)  # [out, 2]
         if traced:
@@ -141,8 +152,10 @@ def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             out = product.T.contiguous()  # [2, out]
             if bias is not None:
                 out += bias
+    elif n > FEW and kernel.many:
+        out = (many or kernel)(rows, weight, bias)
     else:
-        out = packed(rows, weight, bias)
+        return F.linear(x, weight, bias)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -175,8 +188,17 @@ def _install_on(module: torch.nn.Linear, packed: _Packed) -> None:
 
 
 def installed(model: torch.nn.Module) -> bool:
-    """Whether ``install`` gave ``model``'s linear layers the fast kernels."""
-    return bool(_DECIDED.get(model, False))
+    """Whether ``install`` gave ``model``'s linear layers any of the fast kernels."""
+    return any(_DECIDED.get(model, (False, False)))
+
+
+def describe(model: torch.nn.Module) -> str:
+    """Which kernels ``model``'s linear layers take while specdec decodes, by row count (for the reports)."""
+    few, many = _DECIDED.get(model, (False, False))
+    if not (few or many):
+        return "torch"
+    return (f"1-{FEW} rows {'W @ x.T' if few else 'torch'}, "
+            f"{FEW + 1}+ rows {'oneDNN prepacked' if many else 'torch'}")
 
 
 def _pass_time(layers: dict[torch.nn.Linear, _Packed], inputs: dict[int, torch.Tensor], fast: bool) -> float:
@@ -200,17 +222,20 @@ def last_level_cache_bytes() -> int:
 
 
 def evictor() -> Callable[[], None]:
-    """A function that reads a buffer larger than the last-level cache (``EVICT_MIN_BYTES`` at least): after it,
-    a model's weights come from memory, as in decoding (see the module doc)."""
-    buffer = torch.ones(max(EVICT_MIN_BYTES, 2 * last_level_cache_bytes()) // 4)
+    """A function that reads a buffer larger than the last-level cache (``EVICT_MIN_BYTES`` at least, ``EVICT_MAX_BYTES``
+    at most): after it, a model's weights come from memory, as in decoding (see the module doc). The cap: in a
+    virtual machine the cache read from sysfs is the host's, shared by its tenants (480 MiB on one of this
+    project's machines, where reading 960 MiB before each pass made the probe take 1.7-2.5 s and timed the same
+    as reading 256 MiB)."""
+    buffer = torch.ones(min(EVICT_MAX_BYTES, max(EVICT_MIN_BYTES, 2 * last_level_cache_bytes())) // 4)
     return lambda: buffer.sum()
 
 
 @torch.inference_mode()
-def pays(layers: dict[torch.nn.Linear, _Packed]) -> bool:
-    """Whether the fast kernels take at most ``PAYS`` of the stock time over ``layers`` (PROBE_ROWS rows each,
-    interleaved, medians, each pass reading the weights from memory: ``evictor``), i.e. whether ``auto``
-    installs them on this machine."""
+def pays(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, bool]:
+    """For few rows and for many (``few``, ``many``: ``PROBE_ROWS``' two counts), whether the fast kernel takes at
+    most ``PAYS`` of the stock time over ``layers`` (interleaved, medians, each pass reading the weights from
+    memory: ``evictor``), i.e. which of them ``auto`` installs on this machine."""
     stock, fast = [], []
     evict = evictor()
     for rows in PROBE_ROWS:
@@ -224,20 +249,23 @@ def pays(layers: dict[torch.nn.Linear, _Packed]) -> bool:
                     timed.append(seconds)
         stock.append(statistics.median(times[0]))
         fast.append(statistics.median(times[1]))
-    return sum(fast) <= PAYS * sum(stock)
+    few, many = (f <= PAYS * s for f, s in zip(fast, stock))
+    return few, many
 
 
 def install(model: torch.nn.Module) -> bool:
     """Give ``model``'s eligible linear layers the fast kernels, as ``SPECDEC_LINEAR`` says (decided once per
-    model); returns whether they have them. Nothing changes outside ``active()``."""
+    model, for few rows and for many apart: ``pays``); returns whether they have any. Nothing changes outside
+    ``active()``."""
     if model in _DECIDED:
-        return _DECIDED[model]
+        return installed(model)
     chosen = mode()
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
     layers = {m: _Packed() for m in found}  # each layer once (a tied head is its own module)
-    use = bool(layers) and (chosen == "on" or pays(layers))
-    if use:
-        for m, packed in layers.items():
-            _install_on(m, packed)
-    _DECIDED[model] = use
-    return use
+    plan = (False, False) if not layers else (True, True) if chosen == "on" else pays(layers)
+    if any(plan):
+        for m, kernel in layers.items():
+            kernel.few, kernel.many = plan
+            _install_on(m, kernel)
+    _DECIDED[model] = plan
+    return installed(model)

@@ -15,7 +15,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from specdec.kernels import installed, mode
+from specdec.kernels import describe, mode
 from specdec.threads import ThreadChoice
 from specdec.threads import current as current_threads
 
@@ -86,7 +86,7 @@ class Environment:
     target: ModelInfo
     drafter: ModelInfo | None  # None when no drafter model was loaded
     compared: dict[str, ModelInfo] = field(default_factory=dict)  # label -> a compared drafter (--compare)
-    linear: str = ""  # the target's linear kernels while specdec decodes: "specdec" or "torch" (specdec.kernels)
+    linear: str = ""  # the target's linear kernels while specdec decodes, by row count, or "torch" (specdec.kernels.describe)
     compile: str = ""  # --compile: "off", or what was compiled and how long it took (specdec.compiled)
 
     @property
@@ -131,6 +131,6 @@ def capture_environment(
         target=model_info(*target),
         drafter=model_info(*drafter) if drafter else None,
         compared={label: model_info(*named) for label, named in (compared or {}).items()},
-        linear=f"{'specdec' if installed(model) else 'torch'} (SPECDEC_LINEAR={mode()})",
+        linear=f"{describe(model)} (SPECDEC_LINEAR={mode()})",
         compile=compile,
     )
