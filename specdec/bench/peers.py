@@ -166,8 +166,37 @@ def gguf_file(folder: str, outtype: str) -> Path:
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"llama.cpp's converter failed on {folder} ({outtype}): "
                                f"{done.stderr.strip()[-800:]}")
+        check_decodes(out, outtype)
         _GGUF[key] = (tmp, out)
     return _GGUF[key][1]
+
+
+_DECODE_CHECK = """import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, n_threads_batch=1, verbose=False)
+llm.eval(list(range(1, 9)))
+llm.eval([9])
+"""
+AMX_FIX = "CMAKE_ARGS='-DGGML_AMX_INT8=OFF' pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python"
+
+
+def check_decodes(path: Path, outtype: str) -> None:
+    """Decode a few tokens of the GGUF file in a child process first: llama.cpp can crash the process (a
+    segmentation fault, not an exception), which would end the whole bench with no word. Seen with
+    llama-cpp-python 0.3.36 on an Intel Xeon with AMX (q8_0 only: llama.cpp's AMX int8 kernels, a known fault,
+    ggml-org/llama.cpp#20824); the peer's block then fails with what to do, and the bench goes on."""
+    done = subprocess.run([sys.executable, "-c", _DECODE_CHECK, str(path)], check=False, capture_output=True,
+                          text=True)
+    if done.returncode == 0:
+        return
+    if done.returncode < 0:
+        import signal
+
+        how = signal.Signals(-done.returncode).name
+        raise RuntimeError(f"llama.cpp crashed ({how}) decoding the {outtype} model on this CPU. Where llama.cpp's "
+                           "system info says AMX_INT8 = 1, its AMX int8 kernels are a known cause "
+                           f"(ggml-org/llama.cpp#20824): rebuild llama-cpp-python without them: {AMX_FIX}")
+    raise RuntimeError(f"llama.cpp failed decoding the {outtype} model: {done.stderr.strip()[-800:]}")
 
 
 class LlamaCppEngine:
