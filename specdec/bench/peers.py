@@ -21,7 +21,9 @@ Registered (``PEERS``, ``register_peer``):
   lookup as its draft model (``-lookup``: the ``LlamaPromptLookupDecoding`` draft, n-grams of up to
   2 tokens, ``LOOKUP_TOKENS`` drafted, verified by the target in one batch: speculative).
   ``n_threads`` and ``n_threads_batch`` are torch's thread count, ``n_ctx`` the target's positions
-  (at most ``CONTEXT``); each prompt is decoded from an empty cache (no prefix kept from the previous run). The converter ships only in llama-cpp-python's
+  (at most ``CONTEXT``); each prompt is decoded from an empty cache (no prefix kept from the previous run).
+  Each file is first decoded in a child process (``extra_buffers``): where llama.cpp crashes with its extra
+  buffer types (q8_0 repacked for AMX int8 on an Intel Xeon here) the peer runs without them, said once. The converter ships only in llama-cpp-python's
   source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a llama.cpp
   checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
   the installed version (``pip download``).
@@ -40,7 +42,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -166,37 +169,79 @@ def gguf_file(folder: str, outtype: str) -> Path:
         if done.returncode != 0 or not out.is_file():
             raise RuntimeError(f"llama.cpp's converter failed on {folder} ({outtype}): "
                                f"{done.stderr.strip()[-800:]}")
-        check_decodes(out, outtype)
         _GGUF[key] = (tmp, out)
     return _GGUF[key][1]
 
 
 _DECODE_CHECK = """import sys
-from llama_cpp import Llama
-llm = Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, n_threads_batch=1, verbose=False)
+import llama_cpp.llama
+defaults = llama_cpp.llama.llama_cpp.llama_model_default_params
+def params():
+    p = defaults()
+    p.use_extra_bufts = sys.argv[2] == "1"
+    return p
+llama_cpp.llama.llama_cpp.llama_model_default_params = params
+llm = llama_cpp.llama.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, n_threads_batch=1, verbose=False)
 llm.eval(list(range(1, 9)))
 llm.eval([9])
 """
-AMX_FIX = "CMAKE_ARGS='-DGGML_AMX_INT8=OFF' pip install --force-reinstall --no-cache-dir --no-deps llama-cpp-python"
+_EXTRA_BUFFERS: dict[Path, bool] = {}  # a GGUF file -> whether llama.cpp decodes it with its extra buffer types
 
 
-def check_decodes(path: Path, outtype: str) -> None:
-    """Decode a few tokens of the GGUF file in a child process first: llama.cpp can crash the process (a
-    segmentation fault, not an exception), which would end the whole bench with no word. Seen with
-    llama-cpp-python 0.3.36 on an Intel Xeon with AMX (q8_0 only: llama.cpp's AMX int8 kernels, a known fault,
-    ggml-org/llama.cpp#20824); the peer's block then fails with what to do, and the bench goes on."""
-    done = subprocess.run([sys.executable, "-c", _DECODE_CHECK, str(path)], check=False, capture_output=True,
-                          text=True)
-    if done.returncode == 0:
-        return
+def check_decodes(path: Path, outtype: str, extra_buffers: bool = True) -> None:
+    """Decode a few tokens of the GGUF file in a child process (with llama.cpp's extra buffer types or without):
+    llama.cpp can crash its process (a segmentation fault, not an exception), which would end the whole bench
+    with no word. A RuntimeError says how it failed."""
+    done = subprocess.run([sys.executable, "-c", _DECODE_CHECK, str(path), str(int(extra_buffers))], check=False,
+                          capture_output=True, text=True)
     if done.returncode < 0:
         import signal
 
-        how = signal.Signals(-done.returncode).name
-        raise RuntimeError(f"llama.cpp crashed ({how}) decoding the {outtype} model on this CPU. Where llama.cpp's "
-                           "system info says AMX_INT8 = 1, its AMX int8 kernels are a known cause "
-                           f"(ggml-org/llama.cpp#20824): rebuild llama-cpp-python without them: {AMX_FIX}")
-    raise RuntimeError(f"llama.cpp failed decoding the {outtype} model: {done.stderr.strip()[-800:]}")
+        raise RuntimeError(f"llama.cpp crashed ({signal.Signals(-done.returncode).name}) decoding the {outtype} "
+                           f"model {'with' if extra_buffers else 'without'} its extra buffer types")
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed decoding the {outtype} model: {done.stderr.strip()[-800:]}")
+
+
+def extra_buffers(path: Path, outtype: str) -> bool:
+    """Whether llama.cpp runs ``path`` with its extra buffer types (``use_extra_bufts``, its default: weights
+    repacked for the CPU's fastest kernels), checked once per file in a child process first. Seen with
+    llama-cpp-python 0.3.36 on this project's Intel Xeon: q8_0 repacked for AMX int8 crashes at the first decode
+    (a known fault, ggml-org/llama.cpp#20824), and runs without them, said once; a file that crashes either way
+    fails its peer's block with the message, and the bench goes on."""
+    if path not in _EXTRA_BUFFERS:
+        try:
+            check_decodes(path, outtype, True)
+            _EXTRA_BUFFERS[path] = True
+        except RuntimeError as crash:
+            if "crashed" not in str(crash):
+                raise
+            check_decodes(path, outtype, False)
+            print(f"specdec: {crash} (AMX int8 on this CPU: ggml-org/llama.cpp#20824); the llamacpp-{outtype} peers "
+                  "run without them (use_extra_bufts off)", file=sys.stderr)
+            _EXTRA_BUFFERS[path] = False
+    return _EXTRA_BUFFERS[path]
+
+
+@contextmanager
+def _model_params(extra: bool) -> Iterator[None]:
+    """Within the block, llama-cpp-python's ``Llama`` loads models with ``use_extra_bufts`` = ``extra`` (its
+    constructor takes no such argument: it starts from ``llama_model_default_params``)."""
+    import llama_cpp.llama
+
+    bindings = llama_cpp.llama.llama_cpp
+    defaults = bindings.llama_model_default_params
+
+    def params():
+        chosen = defaults()
+        chosen.use_extra_bufts = extra
+        return chosen
+
+    bindings.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = defaults
 
 
 class LlamaCppEngine:
@@ -211,8 +256,10 @@ class LlamaCppEngine:
         self.context = min(getattr(target.config, "max_position_embeddings", None) or CONTEXT, CONTEXT)
         # logits_all with a draft: llama-cpp-python then keeps every position's logits (it forces that
         # itself, but sizes its buffer by the flag given: n_batch rows, too few past n_batch tokens)
-        self.llm = Llama(model_path=str(gguf_file(folder, outtype)), n_ctx=self.context, n_threads=threads,
-                         n_threads_batch=threads, draft_model=draft, logits_all=lookup, verbose=False)
+        path = gguf_file(folder, outtype)
+        with _model_params(extra_buffers(path, outtype)):
+            self.llm = Llama(model_path=str(path), n_ctx=self.context, n_threads=threads, n_threads_batch=threads,
+                             draft_model=draft, logits_all=lookup, verbose=False)
         self.rounds = 0  # the target's forwards (Llama.eval calls) in the last generate
         forward = self.llm.eval
 
