@@ -11,6 +11,7 @@ import copy
 import importlib
 import importlib.util
 import json
+import logging
 
 import pytest
 import torch
@@ -177,6 +178,18 @@ def test_bench_task_translate(pair, tmp_path):
     assert all(m["differ"] == 0 for m in report["methods"] if m["exact"])
     assert [r["batch"] for r in report["memory"]] == [1, 4, 8, 16]
     assert "| lookup+model |" in (out / "translate-summary.md").read_text()
+
+    # the shipped target's generation config sets max_length: transformers' generate then advised at every call
+    emitted: list[str] = []
+    keep = logging.Handler()
+    keep.emit = lambda record: emitted.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(keep)
+    try:
+        assert cli_main(["bench", "--task", "translate", "--data", str(data), "--num-prompts", "2", "--max-new-tokens",
+                         "8", "--repeats", "1", "--methods", "hf", "--output", str(tmp_path / "shipped")]) == 0
+    finally:
+        logging.getLogger("transformers").removeHandler(keep)
+    assert not [m for m in emitted if "seem to have been set" in m]
 
 
 def test_serve_an_encoder_decoder_target(pair, monkeypatch):

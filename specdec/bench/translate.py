@@ -465,7 +465,10 @@ def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:
 def run_and_report(config: BenchConfig, console) -> int:
     """``specdec bench --task translate``: run, print the table, write ``translate-summary.json`` and
     ``translate-summary.md`` in ``--output``. Exit status 1 when an output differs from plain greedy."""
-    report = run_bench(config_from_bench(config), log=lambda line: console.print(line, style="dim"))
+    from specdec.bench.harness import _quiet_transformers
+
+    with _quiet_transformers():  # generate's advice on max_length at every call of the hf methods (hundreds of lines)
+        report = run_bench(config_from_bench(config), log=lambda line: console.print(line, style="dim"))
     head = headline(report)
     paths = write_summary(Path(config.output), "translate", report, head + "\n\n" + table(report) + "\n")
     console.print(head)
