@@ -532,7 +532,8 @@ def test_the_bench_times_a_compiled_run_beside_the_eager_methods(tmp_path):
                                     num_prompts=2, max_new_tokens=8, repeats=1, warmup=0, device="cpu",
                                     progress=False, methods=("plain", "spec-lookup"), compile="on"))
     assert run.environment.compile.startswith("target on: ") and "drafter on: " in run.environment.compile
-    assert run.step_paths == {"target": "compiled", "drafter": "eager"}  # the int8 form (spec's) decodes eagerly
+    # the drafter that spec drafts with is compiled: auto keeps it float32 (an int8 copy would decode eagerly)
+    assert run.step_paths == {"target": "compiled", "drafter": "compiled"}
     rows = {r.method: r for r in build_report(run).rows}
     for method in ("plain", "spec-lookup"):
         assert (rows[method].greedy_equal, rows[method].greedy_total) == (2, 2)

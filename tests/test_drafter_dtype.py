@@ -65,6 +65,21 @@ def test_int8_quantises_a_copy_and_keeps_it() -> None:
     assert ((cheap - exact).norm() / exact.norm()).item() < 0.1  # ...close to the float ones
 
 
+@needs_int8
+def test_auto_keeps_a_compiled_drafter_in_float32() -> None:
+    """An int8 copy cannot be compiled (it would run eagerly, slower than the compiled float32 step): once
+    ``--compile on`` compiled the drafter, auto keeps it as it is, and the drafter built drafts with it."""
+    from specdec.compiled import compiled_for, prepare
+
+    model = build_tiny("llama", seed=4, layers=1)
+    assert drafter_form(model, "auto") == "int8"
+    assert prepare(model, "on", tokens=(1,)).compiled and compiled_for(model) is not None
+    assert drafter_form(model, "auto") == "float32"
+    alone = make_drafter(DrafterConfig("tiny"), make_target(build_tiny("llama", seed=0)), loader=lambda _: model)
+    assert alone.model is model
+    assert drafter_form(model, "int8") == "int8"  # asked for by name: int8 all the same
+
+
 def test_forms_refused_with_the_fix() -> None:
     model = build_tiny("llama", seed=3, layers=1)
     with pytest.raises(ValueError, match="drafter dtype must be one of auto, float32, bf16, int8, got 'fp8'"):

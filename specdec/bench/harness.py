@@ -61,7 +61,7 @@ from specdec.bench.runners import (
     scheduled_runners,
     select_runners,
 )
-from specdec.drafters.model import drafter_in
+from specdec.drafters.model import drafter_form, drafter_in
 from specdec.kernels import install
 from specdec.loading import load_model, load_tokenizer
 
@@ -337,6 +337,8 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     loaded = None
     if any(r.needs_drafter_model and drafter_label(r) not in compare for r in runners):
         loaded = load_model(config.drafter, device=target.device, dtype=target.dtype)
+        if form == "auto" and config.compile == "on":  # compiled, auto keeps it as loaded (an int8 copy cannot
+            form = drafter_form(loaded, "auto", lookup=True)  # compile: drafter_form), resolved before compiling
     # every drafter model in its form before any run, so the meters and step times see the model that drafts
     drafter = drafter_in(loaded, form) if loaded is not None and any(
         r.needs_drafter_model and drafter_label(r) is None for r in runners) else None

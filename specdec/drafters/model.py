@@ -180,13 +180,18 @@ def int8_available() -> bool:
 
 def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = False) -> str:
     """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model drafting every round, not
-    behind prompt lookup (``lookup``), on a CPU with int8 kernels) or the model's own form ("int8", "bf16",
-    "float32", or its dtype's name)."""
+    behind prompt lookup (``lookup``), on a CPU with int8 kernels, not compiled) or the model's own form ("int8",
+    "bf16", "float32", or its dtype's name). A model compiled by ``--compile on`` (``specdec.compiled.prepare``)
+    keeps its float32 form: an int8 copy cannot be compiled and runs eagerly, slower than the compiled step (on
+    this project's Intel Xeon: c 0.169 against 0.104, docs/benchmarks.md, "The drafter's form")."""
+    from specdec.compiled import compiled_for
+
     if dtype != "auto":
         return dtype
     if is_int8(model):
         return "int8"
-    if not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available():
+    if (not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available()
+            and compiled_for(model) is None):
         return "int8"
     return {torch.float32: "float32", torch.bfloat16: "bf16"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
