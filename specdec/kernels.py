@@ -69,6 +69,7 @@ _CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
+_PLANS: dict[tuple, tuple[bool, bool]] = {}  # threads and the layers' shapes -> auto's plan (a model loaded again)
 
 
 def mode() -> str:
@@ -255,14 +256,21 @@ def pays(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, bool]:
 
 def install(model: torch.nn.Module) -> bool:
     """Give ``model``'s eligible linear layers the fast kernels, as ``SPECDEC_LINEAR`` says (decided once per
-    model, for few rows and for many apart: ``pays``); returns whether they have any. Nothing changes outside
-    ``active()``."""
+    model, for few rows and for many apart: ``pays``, probed once per process for the same layer shapes and
+    threads: a drafter named in every ``speculative_generate`` call is loaded again each time); returns whether
+    they have any. Nothing changes outside ``active()``."""
     if model in _DECIDED:
         return installed(model)
     chosen = mode()
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
     layers = {m: _Packed() for m in found}  # each layer once (a tied head is its own module)
-    plan = (False, False) if not layers else (True, True) if chosen == "on" else pays(layers)
+    if not layers:
+        plan = (False, False)
+    elif chosen == "on":
+        plan = (True, True)
+    else:  # the probe's answer depends on the layers' shapes and the machine, not the weights: once per process
+        shapes = (torch.get_num_threads(), *((m.in_features, m.out_features, m.bias is not None) for m in layers))
+        plan = _PLANS[shapes] if shapes in _PLANS else _PLANS.setdefault(shapes, pays(layers))
     if any(plan):
         for m, kernel in layers.items():
             kernel.few, kernel.many = plan
