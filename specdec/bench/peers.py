@@ -217,8 +217,8 @@ def extra_buffers(path: Path, outtype: str) -> bool:
             if "crashed" not in str(crash):
                 raise
             check_decodes(path, outtype, False)
-            print(f"specdec: {crash} (AMX int8 on this CPU: ggml-org/llama.cpp#20824); the llamacpp-{outtype} peers "
-                  "run without them (use_extra_bufts off)", file=sys.stderr)
+            print(f"specdec: {crash} (where its AMX int8 kernels are used, a known fault: ggml-org/llama.cpp#20824); "
+                  f"the llamacpp-{outtype} peers run without them (use_extra_bufts off)", file=sys.stderr)
             _EXTRA_BUFFERS[path] = False
     return _EXTRA_BUFFERS[path]
 
