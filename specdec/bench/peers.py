@@ -42,8 +42,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -51,6 +50,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from specdec.bench.llama_params import model_params
 from specdec.bench.runners import BenchModels, DrafterCost, Meters, RunOutput, Setting
 from specdec.folders import resolve_model_path
 from specdec.loading import load_tokenizer
@@ -173,18 +173,6 @@ def gguf_file(folder: str, outtype: str) -> Path:
     return _GGUF[key][1]
 
 
-_DECODE_CHECK = """import sys
-import llama_cpp.llama
-defaults = llama_cpp.llama.llama_cpp.llama_model_default_params
-def params():
-    p = defaults()
-    p.use_extra_bufts = sys.argv[2] == "1"
-    return p
-llama_cpp.llama.llama_cpp.llama_model_default_params = params
-llm = llama_cpp.llama.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, n_threads_batch=1, verbose=False)
-llm.eval(list(range(1, 9)))
-llm.eval([9])
-"""
 _EXTRA_BUFFERS: dict[Path, bool] = {}  # a GGUF file -> whether llama.cpp decodes it with its extra buffer types
 
 
@@ -192,7 +180,8 @@ def check_decodes(path: Path, outtype: str, extra_buffers: bool = True) -> None:
     """Decode a few tokens of the GGUF file in a child process (with llama.cpp's extra buffer types or without):
     llama.cpp can crash its process (a segmentation fault, not an exception), which would end the whole bench
     with no word. A RuntimeError says how it failed."""
-    done = subprocess.run([sys.executable, "-c", _DECODE_CHECK, str(path), str(int(extra_buffers))], check=False,
+    script = Path(__file__).with_name("llama_params.py")
+    done = subprocess.run([sys.executable, str(script), str(path), str(int(extra_buffers))], check=False,
                           capture_output=True, text=True)
     if done.returncode < 0:
         import signal
@@ -223,27 +212,6 @@ def extra_buffers(path: Path, outtype: str) -> bool:
     return _EXTRA_BUFFERS[path]
 
 
-@contextmanager
-def _model_params(extra: bool) -> Iterator[None]:
-    """Within the block, llama-cpp-python's ``Llama`` loads models with ``use_extra_bufts`` = ``extra`` (its
-    constructor takes no such argument: it starts from ``llama_model_default_params``)."""
-    import llama_cpp.llama
-
-    bindings = llama_cpp.llama.llama_cpp
-    defaults = bindings.llama_model_default_params
-
-    def params():
-        chosen = defaults()
-        chosen.use_extra_bufts = extra
-        return chosen
-
-    bindings.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        bindings.llama_model_default_params = defaults
-
-
 class LlamaCppEngine:
     """llama.cpp's ``Llama`` on the target converted to GGUF, greedy, optionally with its prompt lookup."""
 
@@ -257,7 +225,7 @@ class LlamaCppEngine:
         # logits_all with a draft: llama-cpp-python then keeps every position's logits (it forces that
         # itself, but sizes its buffer by the flag given: n_batch rows, too few past n_batch tokens)
         path = gguf_file(folder, outtype)
-        with _model_params(extra_buffers(path, outtype)):
+        with model_params(extra_buffers(path, outtype)):
             self.llm = Llama(model_path=str(path), n_ctx=self.context, n_threads=threads, n_threads_batch=threads,
                              draft_model=draft, logits_all=lookup, verbose=False)
         self.rounds = 0  # the target's forwards (Llama.eval calls) in the last generate
