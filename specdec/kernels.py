@@ -250,7 +250,7 @@ def pays(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, bool]:
                     timed.append(seconds)
         stock.append(statistics.median(times[0]))
         fast.append(statistics.median(times[1]))
-    few, many = (f <= PAYS * s for f, s in zip(fast, stock))
+    few, many = (f <= PAYS * s for f, s in zip(fast, stock, strict=True))
     return few, many
 
 
@@ -270,7 +270,9 @@ def install(model: torch.nn.Module) -> bool:
         plan = (True, True)
     else:  # the probe's answer depends on the layers' shapes and the machine, not the weights: once per process
         shapes = (torch.get_num_threads(), *((m.in_features, m.out_features, m.bias is not None) for m in layers))
-        plan = _PLANS[shapes] if shapes in _PLANS else _PLANS.setdefault(shapes, pays(layers))
+        if shapes not in _PLANS:
+            _PLANS[shapes] = pays(layers)
+        plan = _PLANS[shapes]
     if any(plan):
         for m, kernel in layers.items():
             kernel.few, kernel.many = plan
