@@ -10,10 +10,15 @@ that every row's newest token sits in the last column; ``lengths`` [B] says how 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+# A prefill forward's fixed cost in prompt tokens (``prefill_groups``): code-target's eager forward of 1 token took
+# 8 ms against 0.4 ms per token of a 150-600-token prefill (1 thread, the Intel Xeon of docs/benchmarks.md).
+PREFILL_FORWARD_TOKENS = 20
 
 
 def left_padded(rows: Sequence[Sequence[int]], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,6 +38,27 @@ def right_padded(rows: Sequence[Sequence[int]], device: torch.device | str) -> t
     width = max((len(r) for r in rows), default=0)
     ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
     return ids if rows else ids.view(0, 0), torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+
+
+def prefill_groups(widths: Sequence[int], fixed: int = PREFILL_FORWARD_TOKENS) -> list[tuple[int, int]]:
+    """The contiguous row ranges ``[start, end)`` to prefill apart, cheapest first by a token count: a range's
+    forward feeds each of its rows as wide as its widest (``widths[b]``: the tokens row ``b`` feeds), plus
+    ``fixed`` per forward. Rows of like widths share a forward; one much longer or shorter than its neighbours
+    gets its own rather than padding the others (16 code prompts of 82-206 tokens joining a server at once:
+    3296 fed positions in one forward, 2400 real)."""
+    best, cut = [0.0] + [math.inf] * len(widths), [0] * (len(widths) + 1)
+    for end in range(1, len(widths) + 1):
+        widest = 0
+        for start in range(end - 1, -1, -1):
+            widest = max(widest, widths[start])
+            cost = best[start] + (end - start) * widest + fixed
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups, end = [], len(widths)
+    while end > 0:
+        groups.append((cut[end], end))
+        end = cut[end]
+    return groups[::-1]
 
 
 @dataclass(frozen=True)
@@ -56,6 +82,20 @@ class PromptBatch:
     @property
     def size(self) -> int:
         return self.ids.shape[0]
+
+    def widths(self) -> list[int]:
+        """Tokens each row's prefill feeds: its ids (and its source, for an encoder-decoder model)."""
+        lengths = self.lengths if self.source_lengths is None else self.lengths + self.source_lengths
+        return lengths.tolist()
+
+    def part(self, start: int, end: int) -> PromptBatch:
+        """Rows ``start..end-1``, their padding trimmed to the widest of them."""
+        lengths = self.lengths[start:end]
+        ids = self.ids[start:end, self.ids.shape[1] - int(lengths.max()):]
+        if self.source is None or self.source_lengths is None:
+            return PromptBatch(ids, lengths)
+        source_lengths = self.source_lengths[start:end]
+        return PromptBatch(ids, lengths, self.source[start:end, : int(source_lengths.max())], source_lengths)
 
     def valid(self) -> torch.Tensor:
         """[B, T] bool: the real (non-padding) positions of ``ids``."""

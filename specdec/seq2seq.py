@@ -31,7 +31,7 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
-from specdec.batch import PromptBatch
+from specdec.batch import PromptBatch, prefill_groups
 from specdec.cache import RaggedCache, causal_mask
 from specdec.recurrent import RecurrentCache, is_recurrent
 from specdec.selfcheck import check_cached_path
@@ -169,8 +169,21 @@ def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.
                     ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[RaggedCache, int]:
     """A cache of ``model`` for the new rows ``prompts``: each row's source encoded once (an encoder-decoder
     model), then every prompt token but the last fed (as ``ids(...)`` maps them); the last stays for the
-    next forward. Returns the cache (to merge into the running batch's) and the model calls made."""
+    next forward. Rows of unlike lengths are fed in separate forwards (``batch.prefill_groups``), their caches
+    merged in order. Returns the cache (to merge into the running batch's) and the model calls made."""
     check_cached_path(model, prompts, device, cache_for, ids)
+    groups = prefill_groups(prompts.widths()) if prompts.size > 1 else [(0, prompts.size)]
+    new, calls = _prefilled(model, prompts if len(groups) == 1 else prompts.part(*groups[0]), device, ids)
+    for start, end in groups[1:]:
+        part, more = _prefilled(model, prompts.part(start, end), device, ids)
+        new.merge(part)
+        calls += more
+    return new, calls
+
+
+def _prefilled(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
+               ids: Callable[[torch.Tensor], torch.Tensor]) -> tuple[RaggedCache, int]:
+    """``prefilled_cache`` of rows fed in one forward (and one encoder pass)."""
     new = cache_for(model, prompts.size, device)
     calls = 0
     if is_encoder_decoder(model):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 import torch
 from conftest import TIE_TOL, assert_same_greedy, build_tiny, build_toy, char_tokenizer, hf_greedy, top2_gap
@@ -156,3 +158,44 @@ def test_a_seeded_row_does_not_depend_on_its_neighbours(llama_target, llama_draf
     assert [r.tokens for r in batched] == alone
     again = specdec.speculative_generate(llama_target, llama_drafter, prompts, seed=10, batch_size=2, **kwargs)
     assert [r.tokens for r in again] == alone
+
+
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.integers(0, 60))
+@settings(max_examples=200, deadline=None)
+def test_prefill_groups_is_the_cheapest_split_into_contiguous_rows(widths, fixed):
+    """Against every split of the rows into contiguous ranges: each range costs its rows times its widest, plus
+    ``fixed``; the groups cover every row once, in order."""
+    from specdec.batch import prefill_groups
+
+    def cost(groups):
+        return sum((end - start) * max(widths[start:end]) + fixed for start, end in groups)
+
+    groups = prefill_groups(widths, fixed)
+    assert [b for start, end in groups for b in range(start, end)] == list(range(len(widths)))
+    splits = []
+    for cuts in itertools.product((False, True), repeat=len(widths) - 1):
+        bounds = [0, *[i + 1 for i, cut in enumerate(cuts) if cut], len(widths)]
+        splits.append(list(zip(bounds, bounds[1:])))
+    assert cost(groups) == min(cost(split) for split in splits)
+
+
+def test_rows_of_unlike_lengths_are_prefilled_apart_each_as_alone():
+    """A joining batch of prompts of 1-60 tokens is fed in several forwards (not all padded to 60), and each row's
+    cache gives the logits of that row prefilled alone."""
+    from specdec.batch import PromptBatch, prefill_groups
+    from specdec.seq2seq import prefilled_cache
+
+    target = build_tiny("llama", seed=0)
+    prompts = ragged_prompts(0)
+    batch = PromptBatch.from_lists(prompts, "cpu")
+    groups = prefill_groups(batch.widths())
+    assert 1 < len(groups) < len(prompts)  # like rows still share a forward
+    with torch.inference_mode():
+        cache, calls = prefilled_cache(target, batch, "cpu")
+        assert calls == sum(1 for start, end in groups if max(LENGTHS[start:end]) > 1)
+        assert cache.live.tolist() == [n - 1 for n in LENGTHS]
+        logits = cache.forward(batch.ids[:, -1:]).logits[:, -1]
+        for row, prompt in enumerate(prompts):
+            alone, _ = prefilled_cache(target, PromptBatch.from_lists([prompt], "cpu"), "cpu")
+            expected = alone.forward(torch.tensor([prompt[-1:]])).logits[0, -1]
+            torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-5)
