@@ -12,7 +12,9 @@ target's positions (at most ``CONTEXT``), its KV cache ``VLLM_CPU_KVCACHE_SPACE`
 unless set), ``OMP_NUM_THREADS`` the bench's thread count, unpinned as ours (``VLLM_CPU_OMP_THREADS_BIND=nobind``
 unless set: vLLM's ``auto`` would bind its model to the cores left after one kept for its scheduler),
 the model's generation config left out (``--generation-config vllm``: only the request's settings
-apply). Configurations:
+apply), its prefix cache off (``--no-enable-prefix-caching``: the bench sends the same prompts in every repeat and
+cell, and specdec keeps no prompt's cache between requests; with it on, vLLM's plain server at 16 clients of the
+serve bench gave 514 tokens/s on those repeats against 469 on fresh prompts, docs/benchmarks.md). Configurations:
 
 - ``vllm``: plain decoding;
 - ``vllm-ngram``: vLLM's n-gram speculation (prompt lookup, its own n-gram sizes), ``SPEC_TOKENS`` drafted a round;
@@ -143,7 +145,8 @@ class VLLMServer(ServerProcess):
         self.url = f"http://127.0.0.1:{self.port}"
         command = [str(self.python), "-m", SERVER_MODULE, "--model", model, "--served-model-name", SERVED_NAME,
                    "--dtype", "float32", "--max-model-len", str(max_model_len), "--host", "127.0.0.1",
-                   "--port", str(self.port), "--generation-config", "vllm", "--seed", "0"]
+                   "--port", str(self.port), "--generation-config", "vllm", "--seed", "0",
+                   "--no-enable-prefix-caching"]
         if speculative:
             command += ["--speculative-config", json.dumps(speculative)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

@@ -36,6 +36,7 @@ def main() -> None:
     for flag in ("--model", "--served-model-name", "--dtype", "--max-model-len", "--host", "--port",
                  "--generation-config", "--seed", "--speculative-config"):
         parser.add_argument(flag)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)  # vLLM's own form
     args = parser.parse_args()
     earlier = [json.loads(p.read_text())["pid"] for p in Path(os.environ["STUB_RECORD"]).glob("*.json")]
     record = {"argv": sys.argv[1:], "pid": os.getpid(), "others_alive": [pid for pid in earlier if alive(pid)],
