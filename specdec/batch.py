@@ -19,6 +19,7 @@ import torch
 # A prefill forward's fixed cost in prompt tokens (``prefill_groups``): code-target's eager forward of 1 token took
 # 8 ms against 0.4 ms per token of a 150-600-token prefill (1 thread, the Intel Xeon of docs/benchmarks.md).
 PREFILL_FORWARD_TOKENS = 20
+PREFILL_GROUP_ROWS = 64  # rows of one prefill group at most (``prefill_groups`` then weighs 64 splits per row, not all)
 
 
 def left_padded(rows: Sequence[Sequence[int]], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,11 +46,11 @@ def prefill_groups(widths: Sequence[int], fixed: int = PREFILL_FORWARD_TOKENS) -
     forward feeds each of its rows as wide as its widest (``widths[b]``: the tokens row ``b`` feeds), plus
     ``fixed`` per forward. Rows of like widths share a forward; one much longer or shorter than its neighbours
     gets its own rather than padding the others (16 code prompts of 82-206 tokens joining a server at once:
-    3296 fed positions in one forward, 2400 real)."""
+    3296 fed positions in one forward, 2400 real). A group holds at most ``PREFILL_GROUP_ROWS`` rows."""
     best, cut = [0.0] + [math.inf] * len(widths), [0] * (len(widths) + 1)
     for end in range(1, len(widths) + 1):
         widest = 0
-        for start in range(end - 1, -1, -1):
+        for start in range(end - 1, max(end - 1 - PREFILL_GROUP_ROWS, -1), -1):
             widest = max(widest, widths[start])
             cost = best[start] + (end - start) * widest + fixed
             if cost < best[end]:
