@@ -31,7 +31,7 @@ from tiny_models import save_tiny_pair
 
 from specdec.bench import BenchConfig, build_report, run_benchmark
 from specdec.bench.cli import main
-from specdec.bench.floor import PassMeter, floor_rows, linear_layers, weight_pass
+from specdec.bench.floor import PassMeter, floor_rows, linear_layers, pass_over, weight_pass
 from specdec.bench.gguf_driver import gpt2_pre_tokenizer
 from specdec.bench.peers import (
     LLAMA_CPP_SOURCE_ENV,
@@ -310,3 +310,30 @@ def test_llamacpp_gives_generates_tokens_or_is_refused(pair) -> None:
     assert tokens == _HFGreedy(target, 1).generate(ids, 12, [])
     with pytest.raises(ValueError, match="exceed the llama.cpp peer's context of .* --max-new-tokens"):
         engine.generate(ids, engine.context, [])
+
+
+def test_the_drafter_pass_is_also_timed_after_the_target_steps(pair, monkeypatch) -> None:
+    """The drafter's pass in a round: runs of passes right after runs of the target's steps, as its step is timed;
+    reported beside the warm pass, with the step over each."""
+    from specdec.bench import measure
+    from specdec.loading import load_model
+
+    order: list[str] = []
+    real = measure._Stepping.step
+    monkeypatch.setattr(measure._Stepping, "step", lambda self, i: (order.append("target"), real(self, i))[1])
+    target = load_model(str(pair[0].target))
+    drafter = load_model(str(pair[0].drafter))
+    one_pass, read, layers = pass_over(drafter)
+    passes = measure.passes_in_rounds(target, [lambda: (order.append("pass"), one_pass())], torch.tensor([[3, 4, 5]]),
+                                      8, measure.Clock(torch.device("cpu")), run=4)
+    assert len(passes) == 1 and passes[0] > 0
+    assert order == (["target"] * 4 + ["pass"] * 4) * 2
+    assert read == weight_pass(drafter).bytes and measure.passes_in_rounds(target, [], torch.tensor([[3]]), 8,
+                                                                           measure.Clock(torch.device("cpu"))) == []
+    report = build_report(run_benchmark(_config(pair, methods=("plain-hf", "spec"), repeats=1)))
+    run = report.run
+    assert run.drafter_round_pass_s is not None and run.drafter_round_pass_s > 0
+    floor = summary_dict(report)["floor"]
+    assert floor["drafter_step_over_round_pass"] == pytest.approx(run.drafter_step_s / run.drafter_round_pass_s)
+    table = floor_table(run)
+    assert any("after the target's steps" in str(cell) for cell in table.columns[0]._cells)

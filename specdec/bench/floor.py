@@ -11,6 +11,12 @@ an engine below it has faster kernels than ours here. The bench samples the pass
 (``PassMeter``) and takes the median, so on a busy machine the floor and the methods are timed over the
 same spells.
 
+A drafter's step is timed as it runs in a round, right after the target's steps (``measure.step_times``), while
+its pass is timed pass after pass, its weights warm in the caches. So the drafter's pass is also timed the way
+its step is (``measure.passes_in_rounds``): in runs right after a run of the target's steps. On the Intel Xeon
+of docs/benchmarks.md the first pass after the target's steps took 0.78 ms, the next ones 0.40, and back to back
+0.36. The report gives the step over both.
+
 ``floor_rows`` sets beside it, per method of a run: the median time per generated token (each
 prompt's median over repeats, then the median over prompts; for plain decoding, its step), its
 ratio to the target's weight pass and to the fastest exact plain engine of the run (plain-hf, our
@@ -20,6 +26,7 @@ plain loop, the peers: those whose greedy outputs all equal plain-hf's).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,26 +73,37 @@ def linear_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]]:
     return layers
 
 
-@torch.inference_mode()
-def weight_pass(model: torch.nn.Module, passes: int = PASSES, clock: Clock | None = None) -> WeightPass:
-    """Median time of one pass over ``model``'s linear weights with a one-token input (see the module doc)."""
+def pass_over(model: torch.nn.Module) -> tuple[Callable[[], None], int, int]:
+    """(one pass over ``model``'s linear weights with a one-token input, as ``weight_pass`` times it; the bytes it
+    reads; the layers it applies). The pass runs in the caller's ``inference_mode`` and ``kernels.active()``."""
     layers = linear_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no linear layers to time")
-    clock = clock or Clock(next(model.parameters()).device)
     device = next(model.parameters()).device
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     inputs = {width: torch.randn(1, 1, width, dtype=dtype, device=device) for _, width in layers}
+
+    def one_pass() -> None:
+        for module, width in layers:
+            module(inputs[width])
+
+    read = sum(w.numel() * w.element_size() for w in (_weight(m) for m, _ in layers) if w is not None)
+    return one_pass, read, len(layers)
+
+
+@torch.inference_mode()
+def weight_pass(model: torch.nn.Module, passes: int = PASSES, clock: Clock | None = None) -> WeightPass:
+    """Median time of one pass over ``model``'s linear weights with a one-token input (see the module doc)."""
+    one_pass, read, layers = pass_over(model)
+    clock = clock or Clock(next(model.parameters()).device)
     times = []
     with active():  # the kernels the model decodes with in specdec (specdec.kernels), where installed
         for i in range(passes + 2):
             start = clock.now()
-            for module, width in layers:
-                module(inputs[width])
+            one_pass()
             if i >= 2:
                 times.append(clock.now() - start)
-    read = sum(w.numel() * w.element_size() for w in (_weight(m) for m, _ in layers) if w is not None)
-    return WeightPass(seconds=statistics.median(times), bytes=read, layers=len(layers))
+    return WeightPass(seconds=statistics.median(times), bytes=read, layers=layers)
 
 
 class PassMeter:

@@ -41,8 +41,9 @@ from transformers.utils import logging as hf_logging
 
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
-from specdec.bench.floor import PassMeter, WeightPass
-from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_path, step_times
+from specdec.bench.floor import PassMeter, WeightPass, pass_over
+from specdec.bench.measure import (Clock, ForwardMeter, MemoryMeter, MemoryReading, passes_in_rounds, step_path,
+                                   step_times)
 from specdec.bench.peers import peer_runners
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
@@ -106,6 +107,7 @@ class BenchRun:
     compared_step_s: dict[str, float] = field(default_factory=dict)  # the same per compared drafter label
     target_pass: WeightPass | None = None  # one pass over the target's linear weights (specdec.bench.floor)
     drafter_pass: WeightPass | None = None  # the same for the drafter model, in its form (None when not loaded)
+    drafter_round_pass_s: float | None = None  # its pass timed as its step is, after the target's steps (passes_in_rounds)
     step_paths: dict[str, str] = field(default_factory=dict)  # "target", "drafter" -> "compiled" or "eager" (step_path)
 
 
@@ -384,12 +386,15 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         context = prompts[0].input_ids[None].to(target.device)  # [1, T]
         samples = [step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)]
         floors = [PassMeter(m, clock) for m in (target, drafter) if m is not None]
+        drafter_pass_over = [pass_over(drafter)[0]] if drafter is not None else []  # [] times nothing
+        round_passes = [passes_in_rounds(target, drafter_pass_over, context, _STEP_TIME_STEPS, clock)]
 
         def sample() -> None:
             for floor in floors:
                 floor.sample()
             with torch.inference_mode():
                 samples.append(step_times([target, *drafters], context, _STEP_TIME_STEPS // 2, clock))
+            round_passes.append(passes_in_rounds(target, drafter_pass_over, context, _STEP_TIME_STEPS // 2, clock))
 
         if config.order == "prompt":
             for index in range(len(prompts)):
@@ -405,6 +410,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         compared_step = dict(zip(compared, steps, strict=True))
         target_pass, *rest = [floor.reading() for floor in floors]
         drafter_pass = rest[0] if rest else None
+        drafter_round_pass = statistics.median(p[0] for p in round_passes) if drafter is not None else None
     compare_greedy(blocks, target, prompts)
 
     environment = capture_environment(
@@ -424,5 +430,6 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         compared_step_s=compared_step,
         target_pass=target_pass,
         drafter_pass=drafter_pass,
+        drafter_round_pass_s=drafter_round_pass,
         step_paths={name: step_path(m) for name, m in (("target", target), ("drafter", drafter)) if m is not None},
     )

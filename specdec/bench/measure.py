@@ -200,32 +200,46 @@ def _compiled_step(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> 
     return cache, cache.forward(ids).logits
 
 
-def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int) -> list[float]:
-    from specdec.cache import RaggedCache
-    from specdec.compiled import decoding_cache
+class _Stepping:
+    """Single-token cached steps of each model after ``context`` ([1, T]), each greedy on its own output, as
+    ``step_times`` takes them (a compiled model through its static cache, prefilled eagerly and merged in, as a run
+    does; any other with transformers' cache)."""
 
-    caches, tokens, steppers = [], [], []
-    for model in models:
-        if step_path(model) == "compiled":  # prefilled eagerly, merged into its static cache, as a run does
-            prefill = RaggedCache(model, context.shape[0], context.device)
-            out = prefill.forward(context)
-            static = decoding_cache(model, context.device)
-            static.merge(prefill)
-            caches.append(static)
-            steppers.append(_compiled_step)
-        else:
-            out = model(input_ids=context, use_cache=True)
-            caches.append(out.past_key_values)
-            steppers.append(_eager_step)
-        tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
+    def __init__(self, models: list[torch.nn.Module], context: torch.Tensor) -> None:
+        from specdec.cache import RaggedCache
+        from specdec.compiled import decoding_cache
+
+        self.models = models
+        self.caches, self.tokens, self.steppers = [], [], []
+        for model in models:
+            if step_path(model) == "compiled":
+                prefill = RaggedCache(model, context.shape[0], context.device)
+                out = prefill.forward(context)
+                static = decoding_cache(model, context.device)
+                static.merge(prefill)
+                self.caches.append(static)
+                self.steppers.append(_compiled_step)
+            else:
+                out = model(input_ids=context, use_cache=True)
+                self.caches.append(out.past_key_values)
+                self.steppers.append(_eager_step)
+            self.tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
+
+    def step(self, i: int) -> None:
+        """One step of model ``i``."""
+        self.caches[i], logits = self.steppers[i](self.models[i], self.tokens[i], self.caches[i])
+        self.tokens[i] = logits[:, -1:].argmax(-1)
+
+
+def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int) -> list[float]:
+    stepping = _Stepping(models, context)
     times: list[list[float]] = [[] for _ in models]
 
     def take_run(i: int) -> None:
         for _ in range(run):
             start = clock.now()
-            caches[i], logits = steppers[i](models[i], tokens[i], caches[i])
+            stepping.step(i)
             times[i].append(clock.now() - start)
-            tokens[i] = logits[:, -1:].argmax(-1)
 
     while len(times[0]) < steps:
         for drafter in range(1, len(models)) if len(models) > 1 else [None]:
@@ -233,3 +247,26 @@ def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int
             if drafter is not None:
                 take_run(drafter)
     return [statistics.median(t) for t in times]
+
+
+@torch.inference_mode()
+def passes_in_rounds(target: torch.nn.Module, passes: list, context: torch.Tensor, steps: int, clock: Clock,
+                     run: int = 4) -> list[float]:
+    """Median seconds of each of ``passes`` (callables: a drafter's pass over its weights,
+    ``floor.pass_over``) timed as ``step_times`` times a drafter's step: in runs of ``run``, each right after a
+    run of ``run`` of the target's cached steps after ``context``, so a pass reads the weights from wherever the
+    target's forwards left them, as the drafter's step does in a round."""
+    if not passes:
+        return []
+    with active():
+        stepping = _Stepping([target], context)
+        times: list[list[float]] = [[] for _ in passes]
+        while len(times[0]) < steps:
+            for index, one_pass in enumerate(passes):
+                for _ in range(run):
+                    stepping.step(0)
+                for _ in range(run):
+                    start = clock.now()
+                    one_pass()
+                    times[index].append(clock.now() - start)
+        return [statistics.median(t) for t in times]
