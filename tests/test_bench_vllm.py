@@ -59,6 +59,14 @@ def stub(tmp_path: Path, monkeypatch) -> Path:
     return record
 
 
+def _flags(argv: list[str]) -> dict[str, str]:
+    """A vLLM server's command-line flags and their values; it must start with its prefix cache off (the bench
+    resends the same prompts, and specdec keeps no prompt's cache between requests)."""
+    assert argv.count("--no-enable-prefix-caching") == 1, argv
+    rest = [a for a in argv if a != "--no-enable-prefix-caching"]
+    return dict(zip(rest[::2], rest[1::2], strict=True))
+
+
 def _servers(record: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(record.glob("*.json"))]
 
@@ -122,9 +130,7 @@ def test_vllm_runs_its_three_configurations_exactly(pair, stub: Path) -> None:  
     tiny = pair[0]
     specs = []
     for server in servers:
-        argv = list(server["argv"])
-        argv.remove("--no-enable-prefix-caching")  # the bench resends its prompts: vLLM's prefix cache stays off
-        flags = dict(zip(argv[::2], argv[1::2], strict=True))
+        flags = _flags(server["argv"])
         assert flags["--model"] == str(tiny.target) and flags["--dtype"] == "float32"
         assert flags["--max-model-len"] == str(min(load_model(str(tiny.target)).config.max_position_embeddings,
                                                    vllm_server.CONTEXT))
@@ -209,8 +215,7 @@ def test_serve_bench_runs_vllms_servers_one_at_a_time_beside_ours(pair, stub: Pa
     servers = _servers(stub)
     assert len(servers) == 3 and all(_gone(s["pid"]) for s in servers)
     assert [s["others_alive"] for s in servers] == [[], [], []]  # each started after the one before stopped
-    specs = [json.loads(dict(zip(s["argv"][::2], s["argv"][1::2], strict=True)).get("--speculative-config", "null"))
-             for s in servers]
+    specs = [json.loads(_flags(s["argv"]).get("--speculative-config", "null")) for s in servers]
     assert sorted(str(x) for x in specs) == sorted(str(vllm_server_config(n, str(tiny.drafter)))
                                                    for n in PEER_GROUPS["vllm"])
     goals = {g["name"]: g for g in saved["goals"]}
