@@ -312,24 +312,24 @@ def test_llamacpp_gives_generates_tokens_or_is_refused(pair) -> None:
         engine.generate(ids, engine.context, [])
 
 
-def test_the_drafter_pass_is_also_timed_after_the_target_steps(pair, monkeypatch) -> None:
+def test_the_drafter_pass_is_also_timed_after_the_target_steps(pair) -> None:
     """The drafter's pass in a round: runs of passes right after runs of the target's steps, as its step is timed;
     reported beside the warm pass, with the step over each."""
     from specdec.bench import measure
     from specdec.loading import load_model
 
     order: list[str] = []
-    real = measure._Stepping.step
-    monkeypatch.setattr(measure._Stepping, "step", lambda self, i: (order.append("target"), real(self, i))[1])
     target = load_model(str(pair[0].target))
     drafter = load_model(str(pair[0].drafter))
+    target.register_forward_pre_hook(lambda module, args: order.append("target"))
     one_pass, read, layers = pass_over(drafter)
-    passes = measure.passes_in_rounds(target, [lambda: (order.append("pass"), one_pass())], torch.tensor([[3, 4, 5]]),
-                                      8, measure.Clock(torch.device("cpu")), run=4)
-    assert len(passes) == 1 and passes[0] > 0
-    assert order == (["target"] * 4 + ["pass"] * 4) * 2
-    assert read == weight_pass(drafter).bytes and measure.passes_in_rounds(target, [], torch.tensor([[3]]), 8,
-                                                                           measure.Clock(torch.device("cpu"))) == []
+    clock = measure.Clock(torch.device("cpu"))
+    times = measure.step_times([target], torch.tensor([[3, 4, 5]]), 8, clock, run=4,
+                               passes=[lambda: (order.append("pass"), one_pass())])
+    assert len(times) == 2 and all(t > 0 for t in times)  # the target's step, then the pass
+    assert order == ["target"] + (["target"] * 8 + ["pass"] * 4) * 2  # the prefill; each pass run after 4 steps
+    assert read == weight_pass(drafter).bytes
+    assert len(measure.step_times([target], torch.tensor([[3]]), 8, clock)) == 1  # no passes: the steps alone
     report = build_report(run_benchmark(_config(pair, methods=("plain-hf", "spec"), repeats=1)))
     run = report.run
     assert run.drafter_round_pass_s is not None and run.drafter_round_pass_s > 0

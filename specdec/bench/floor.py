@@ -13,7 +13,7 @@ same spells.
 
 A drafter's step is timed as it runs in a round, right after the target's steps (``measure.step_times``), while
 its pass is timed pass after pass, its weights warm in the caches. So the drafter's pass is also timed the way
-its step is (``measure.passes_in_rounds``): in runs right after a run of the target's steps. On the Intel Xeon
+its step is (``measure.step_times``' ``passes``): in runs right after a run of the target's steps. On the Intel Xeon
 of docs/benchmarks.md the first pass after the target's steps took 0.78 ms, the next ones 0.40, and back to back
 0.36. The report gives the step over both.
 

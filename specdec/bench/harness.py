@@ -42,8 +42,7 @@ from transformers.utils import logging as hf_logging
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.floor import PassMeter, WeightPass, pass_over
-from specdec.bench.measure import (Clock, ForwardMeter, MemoryMeter, MemoryReading, passes_in_rounds, step_path,
-                                   step_times)
+from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_path, step_times
 from specdec.bench.peers import peer_runners
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
@@ -107,7 +106,7 @@ class BenchRun:
     compared_step_s: dict[str, float] = field(default_factory=dict)  # the same per compared drafter label
     target_pass: WeightPass | None = None  # one pass over the target's linear weights (specdec.bench.floor)
     drafter_pass: WeightPass | None = None  # the same for the drafter model, in its form (None when not loaded)
-    drafter_round_pass_s: float | None = None  # its pass timed as its step is, after the target's steps (passes_in_rounds)
+    drafter_round_pass_s: float | None = None  # its pass timed as its step is, after the target's steps (step_times)
     step_paths: dict[str, str] = field(default_factory=dict)  # "target", "drafter" -> "compiled" or "eager" (step_path)
 
 
@@ -384,17 +383,16 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         # again with the floor after each prompt (or block): their medians, over the same spells as the methods
         drafters = [m for m in (drafter, *compared.values()) if m is not None]
         context = prompts[0].input_ids[None].to(target.device)  # [1, T]
-        samples = [step_times([target, *drafters], context, _STEP_TIME_STEPS, clock)]
+        round_pass = [pass_over(drafter)[0]] if drafter is not None else []  # also timed after the target's steps
+        samples = [step_times([target, *drafters], context, _STEP_TIME_STEPS, clock, passes=round_pass)]
         floors = [PassMeter(m, clock) for m in (target, drafter) if m is not None]
-        drafter_pass_over = [pass_over(drafter)[0]] if drafter is not None else []  # [] times nothing
-        round_passes = [passes_in_rounds(target, drafter_pass_over, context, _STEP_TIME_STEPS, clock)]
 
         def sample() -> None:
             for floor in floors:
                 floor.sample()
             with torch.inference_mode():
-                samples.append(step_times([target, *drafters], context, _STEP_TIME_STEPS // 2, clock))
-            round_passes.append(passes_in_rounds(target, drafter_pass_over, context, _STEP_TIME_STEPS // 2, clock))
+                samples.append(step_times([target, *drafters], context, _STEP_TIME_STEPS // 2, clock,
+                                          passes=round_pass))
 
         if config.order == "prompt":
             for index in range(len(prompts)):
@@ -406,11 +404,11 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
                     harness.timed_pass(block, repeat, task)
                     sample()
         target_step, *steps = [statistics.median(column) for column in zip(*samples, strict=True)]
+        drafter_round_pass = steps.pop() if drafter is not None else None  # the pass timed after the target's steps
         drafter_step = steps.pop(0) if drafter is not None else None
         compared_step = dict(zip(compared, steps, strict=True))
         target_pass, *rest = [floor.reading() for floor in floors]
         drafter_pass = rest[0] if rest else None
-        drafter_round_pass = statistics.median(p[0] for p in round_passes) if drafter is not None else None
     compare_greedy(blocks, target, prompts)
 
     environment = capture_environment(

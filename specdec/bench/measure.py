@@ -26,6 +26,7 @@ import gc
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,18 +171,22 @@ class MemoryMeter:
 
 @torch.inference_mode()
 def step_times(
-    models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int = 4
+    models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int = 4,
+    passes: Sequence[Callable[[], None]] = (),
 ) -> list[float]:
-    """Median seconds of one single-token forward with a KV cache after `context` ([1, T]), per model.
+    """Median seconds of one single-token forward with a KV cache after `context` ([1, T]), per model, then of
+    each of ``passes`` (a drafter's pass over its weights, ``floor.pass_over``) timed the same way.
 
     ``models[0]`` is the target, the others drafters. They take turns in runs of ``run`` steps, each
     drafter's run right after a run of the target, as in a round of speculative decoding: a drafter
     step then costs what it costs in the loop (the target's weights have just passed through the CPU
     caches; on this project's CPU 1.7 ms against 1.1 ms for steps of the drafter alone), every
-    drafter is measured in the same condition, and a slow spell weighs on all alike. Inside
-    ``specdec.kernels.active()``: the linear kernels specdec decodes with, where installed."""
+    drafter is measured in the same condition, and a slow spell weighs on all alike. Each pass's run
+    also follows a run of the target's steps (untimed), so the pass reads the weights from wherever
+    the target's forwards left them, as the drafter's step does. Inside ``specdec.kernels.active()``:
+    the linear kernels specdec decodes with, where installed."""
     with active():
-        return _step_times(models, context, steps, clock, run)
+        return _step_times(models, context, steps, clock, run, passes)
 
 
 def step_path(model: torch.nn.Module) -> str:
@@ -200,73 +205,45 @@ def _compiled_step(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> 
     return cache, cache.forward(ids).logits
 
 
-class _Stepping:
-    """Single-token cached steps of each model after ``context`` ([1, T]), each greedy on its own output, as
-    ``step_times`` takes them (a compiled model through its static cache, prefilled eagerly and merged in, as a run
-    does; any other with transformers' cache)."""
+def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int,
+                passes: Sequence[Callable[[], None]]) -> list[float]:
+    from specdec.cache import RaggedCache
+    from specdec.compiled import decoding_cache
 
-    def __init__(self, models: list[torch.nn.Module], context: torch.Tensor) -> None:
-        from specdec.cache import RaggedCache
-        from specdec.compiled import decoding_cache
+    caches, tokens, steppers = [], [], []
+    for model in models:
+        if step_path(model) == "compiled":  # prefilled eagerly, merged into its static cache, as a run does
+            prefill = RaggedCache(model, context.shape[0], context.device)
+            out = prefill.forward(context)
+            static = decoding_cache(model, context.device)
+            static.merge(prefill)
+            caches.append(static)
+            steppers.append(_compiled_step)
+        else:
+            out = model(input_ids=context, use_cache=True)
+            caches.append(out.past_key_values)
+            steppers.append(_eager_step)
+        tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
+    timed = [*range(len(models)), *passes]  # a model's index (a step) or a pass
+    times: list[list[float]] = [[] for _ in timed]
 
-        self.models = models
-        self.caches, self.tokens, self.steppers = [], [], []
-        for model in models:
-            if step_path(model) == "compiled":
-                prefill = RaggedCache(model, context.shape[0], context.device)
-                out = prefill.forward(context)
-                static = decoding_cache(model, context.device)
-                static.merge(prefill)
-                self.caches.append(static)
-                self.steppers.append(_compiled_step)
-            else:
-                out = model(input_ids=context, use_cache=True)
-                self.caches.append(out.past_key_values)
-                self.steppers.append(_eager_step)
-            self.tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
-
-    def step(self, i: int) -> None:
-        """One step of model ``i``."""
-        self.caches[i], logits = self.steppers[i](self.models[i], self.tokens[i], self.caches[i])
-        self.tokens[i] = logits[:, -1:].argmax(-1)
-
-
-def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int) -> list[float]:
-    stepping = _Stepping(models, context)
-    times: list[list[float]] = [[] for _ in models]
-
-    def take_run(i: int) -> None:
+    def take_run(j: int, record: bool = True) -> None:
         for _ in range(run):
             start = clock.now()
-            stepping.step(i)
-            times[i].append(clock.now() - start)
+            if j < len(models):
+                caches[j], logits = steppers[j](models[j], tokens[j], caches[j])
+                tokens[j] = logits[:, -1:].argmax(-1)
+            else:
+                timed[j]()
+            if record:
+                times[j].append(clock.now() - start)
 
     while len(times[0]) < steps:
         for drafter in range(1, len(models)) if len(models) > 1 else [None]:
             take_run(0)
             if drafter is not None:
                 take_run(drafter)
+        for j in range(len(models), len(timed)):
+            take_run(0, record=False)
+            take_run(j)
     return [statistics.median(t) for t in times]
-
-
-@torch.inference_mode()
-def passes_in_rounds(target: torch.nn.Module, passes: list, context: torch.Tensor, steps: int, clock: Clock,
-                     run: int = 4) -> list[float]:
-    """Median seconds of each of ``passes`` (callables: a drafter's pass over its weights,
-    ``floor.pass_over``) timed as ``step_times`` times a drafter's step: in runs of ``run``, each right after a
-    run of ``run`` of the target's cached steps after ``context``, so a pass reads the weights from wherever the
-    target's forwards left them, as the drafter's step does in a round."""
-    if not passes:
-        return []
-    with active():
-        stepping = _Stepping([target], context)
-        times: list[list[float]] = [[] for _ in passes]
-        while len(times[0]) < steps:
-            for index, one_pass in enumerate(passes):
-                for _ in range(run):
-                    stepping.step(0)
-                for _ in range(run):
-                    start = clock.now()
-                    one_pass()
-                    times[index].append(clock.now() - start)
-        return [statistics.median(t) for t in times]
