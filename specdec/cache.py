@@ -106,8 +106,15 @@ def plain(layer: object) -> object:
 
 def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The slots ``index`` [B, S'] of each row of keys or values ``t`` [B, H, S, D] -> [B, H, S', D] (values
-    may be narrower than keys, latent attention: each gathered with its own shape)."""
-    return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
+    may be narrower than keys, latent attention: each gathered with its own shape). Row by row, whole slots at a
+    time: ``gather`` over an expanded index reads an index per number (16 rows of code-target's [8, 529, 64]
+    keys, 229 slots kept: 2.6 ms a tensor, against 0.8 ms by ``index_select``)."""
+    if t.requires_grad and t.shape[0]:  # ``out=`` does not differentiate
+        return torch.stack([t[row].index_select(1, index[row]) for row in range(t.shape[0])])
+    out = t.new_empty(t.shape[0], t.shape[1], index.shape[1], t.shape[3])
+    for row in range(t.shape[0]):
+        torch.index_select(t[row], 1, index[row], out=out[row])
+    return out
 
 
 def causal_mask(valid: torch.Tensor, queries: int, dtype: torch.dtype, block: torch.Tensor | None = None) -> torch.Tensor:
