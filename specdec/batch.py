@@ -62,6 +62,16 @@ def prefill_groups(widths: Sequence[int], fixed: int = PREFILL_FORWARD_TOKENS) -
     return groups[::-1]
 
 
+def kept_order(done: Sequence[bool]) -> list[int]:
+    """The rows that stay when the ``done`` ones leave, in the order that moves the fewest: a row already within
+    the first ``k`` places (``k`` rows stay) keeps its place, and each place a leaving row frees there takes the
+    next staying row from beyond them, in order. Caches re-pack rows by place (``select``), so a row leaving the
+    middle of 16 moves one row, not every row after it."""
+    stay = [i for i, gone in enumerate(done) if not gone]
+    later = iter(i for i in stay if i >= len(stay))
+    return [i if not done[i] else next(later) for i in range(len(stay))]
+
+
 @dataclass(frozen=True)
 class PromptBatch:
     """Rows joining a batch."""

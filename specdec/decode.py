@@ -46,7 +46,7 @@ import torch
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.acceptance import Verdict, Verifier, rule_for
-from specdec.batch import PromptBatch
+from specdec.batch import PromptBatch, kept_order
 from specdec.config import SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.drafters import Drafter, NoDrafter, Proposal, make_drafter
 from specdec.events import (
@@ -258,15 +258,16 @@ class Decoder:
         self.processing = any(r.request.processors for r in self.rows)
 
     def _leave(self) -> list[Row]:
-        """Rows that finished leave the batch; the others are compacted in both models' caches."""
+        """Rows that finished leave the batch; the others are compacted in both models' caches, the fewest moved
+        (``batch.kept_order``: the rows' order in the batch is not their requests' order)."""
         finished = [r for r in self.rows if r.done]
         if finished:
-            keep = torch.tensor([i for i, r in enumerate(self.rows) if not r.done], dtype=torch.long,
-                                device=self.device)
+            order = kept_order([r.done for r in self.rows])
+            keep = torch.tensor(order, dtype=torch.long, device=self.device)
             for part in (self.target, self.drafter, self.schedule):
                 part.select(keep)
             self.last = self.last[keep]
-            self.rows = [r for r in self.rows if not r.done]
+            self.rows = [self.rows[i] for i in order]
             self._resample()
         return finished
 

@@ -47,6 +47,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from specdec.batch import kept_order
 
 # The session's own on-disk caches (specdec's compile cache, inductor's code): empty at the start, so what a test
 # sees never depends on what an earlier run, or the user, left in ~/.cache (a cached graph loads in a fresh process
@@ -292,8 +293,12 @@ def drive_alike(static, reference, slots: int, join: Callable[[random.Random], N
             static.keep(keep)
             reference.keep(keep)
             compactions += static.used < before - n  # the pointer fell back past this step's slots
-            if step % 9 == 4 and static.rows > 1:
-                rows = torch.tensor(sorted(rng.sample(range(static.rows), static.rows - 1)))
+            if step % 9 == 4 and static.rows > 1:  # a row leaves: the rest in order, as the decoder moves them, or mixed
+                stay = sorted(rng.sample(range(static.rows), static.rows - 1))
+                how = step // 9 % 3  # not drawn from rng: the joins and steps after stay those of before
+                order = stay if how == 0 else kept_order([i not in stay for i in range(static.rows)]) if how == 1 else \
+                    random.Random(step).sample(stay, len(stay))
+                rows = torch.tensor(order)
                 static.select(rows)
                 reference.select(rows)
             if step % 9 == 7 and static.rows < 4:

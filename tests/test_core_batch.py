@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 from hypothesis import given, settings
@@ -199,3 +200,54 @@ def test_rows_of_unlike_lengths_are_prefilled_apart_each_as_alone():
             alone, _ = prefilled_cache(target, PromptBatch.from_lists([prompt], "cpu"), "cpu")
             expected = alone.forward(torch.tensor([prompt[-1:]])).logits[0, -1]
             torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-5)
+
+
+@given(st.lists(st.booleans(), max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_rows_leaving_move_only_rows_from_beyond_the_rows_that_stay(done):
+    """``kept_order``: every staying row once; one already among the first k places (k stay) keeps its place; each
+    place a leaving row frees there takes a staying row from beyond, so exactly as many rows move as such places."""
+    from specdec.batch import kept_order
+
+    order = kept_order(done)
+    stay = [i for i, gone in enumerate(done) if not gone]
+    assert sorted(order) == stay
+    k = len(stay)
+    assert all(order[i] == i for i in range(k) if not done[i])
+    assert sum(row != place for place, row in enumerate(order)) == sum(done[:k])
+    assert all(order[i] >= k for i in range(k) if done[i])
+
+
+def test_a_row_leaving_mid_batch_moves_one_row_of_a_static_cache():
+    """Of 4 static rows, the second leaves: only the last row's slots in use are copied (into its place), every
+    row left keeps its cache (the next logits equal an eager cache's driven alike), and the dead slots past the
+    pointer are not written."""
+    from specdec.batch import PromptBatch, kept_order
+    from specdec.cache import RaggedCache
+    from specdec.compiled import CompiledModel, StaticRaggedCache
+    from specdec.seq2seq import prefilled_cache
+
+    model = build_tiny("llama", seed=5)
+    compiled = CompiledModel(model, slots=40)
+    compiled.rows, compiled.tokens = (4,), (1,)
+    prompts = [[1, 4, 5, 6, 7], [1, 9, 10], [1, 2, 3, 8], [1, 11, 12, 13, 14, 15]]
+    static, ragged = StaticRaggedCache(model, compiled), RaggedCache(model, 0)
+    with torch.inference_mode():
+        for cache in (static, ragged):
+            cache.merge(prefilled_cache(model, PromptBatch.from_lists(prompts, "cpu"), "cpu")[0])
+        keys = static.cache.layers[0].keys
+        keys[:, :, static.used:] = 7.0  # marks the dead slots past the pointer
+        before = keys.clone()
+        order = kept_order([False, True, False, False])
+        assert order == [0, 3, 2]
+        for cache in (static, ragged):
+            cache.select(torch.tensor(order))
+        assert torch.equal(keys[[0, 2]], before[[0, 2]])  # rows in place: untouched
+        assert torch.equal(keys[1, :, : static.used], before[3, :, : static.used])  # the last row moved in
+        assert bool((keys[:, :, static.used:] == 7.0).all())
+        ids = torch.tensor([[20], [21], [22]])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nothing warmed: the static step runs eagerly
+            ours = static.forward(ids).logits
+        assert torch.allclose(ours, ragged.forward(ids).logits, atol=1e-5)
+
