@@ -251,3 +251,44 @@ def test_a_row_leaving_mid_batch_moves_one_row_of_a_static_cache():
             ours = static.forward(ids).logits
         assert torch.allclose(ours, ragged.forward(ids).logits, atol=1e-5)
 
+
+def test_a_forward_re_packs_rows_whose_dead_slots_widen_attention():
+    """Two static rows; one rolls back a long draft while the other keeps it, so the pointer stays past the first
+    row's live slots. Once the slots in use past the longest row reach ``REPACK_WASTE`` of it, the next forward
+    re-packs first (the pointer falls back to the longest row's live slots plus the new token), and its logits
+    equal an eager cache's driven alike."""
+    from specdec.batch import PromptBatch
+    from specdec.cache import RaggedCache
+    from specdec.compiled import REPACK_WASTE, SLOT_STEP, CompiledModel, StaticRaggedCache
+    from specdec.seq2seq import prefilled_cache
+
+    model = build_tiny("llama", seed=6)
+    compiled = CompiledModel(model, slots=240)
+    compiled.rows, compiled.tokens = (2,), (1, 8)
+    prompts = [[1] + [3 + i % 90 for i in range(100)], [1, 40, 41]]  # 100 and 2 cached tokens
+    static, ragged = StaticRaggedCache(model, compiled), RaggedCache(model, 0)
+
+    def forward(ids):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nothing warmed: the static step runs eagerly
+            ours = static.forward(torch.tensor(ids), logits_to_keep=len(ids[0])).logits
+        assert torch.allclose(ours, ragged.forward(torch.tensor(ids), logits_to_keep=len(ids[0])).logits, atol=1e-5)
+
+    with torch.inference_mode():
+        for cache in (static, ragged):
+            cache.merge(prefilled_cache(model, PromptBatch.from_lists(prompts, "cpu"), "cpu")[0])
+        rounds = 0
+        while True:  # the long row 0 keeps 1 of 8 drafts, row 1 all of them: dead slots pile up in row 0
+            before = static.used
+            forward([[60 + i for i in range(8)], [70 + i for i in range(8)]])
+            if static.used < before + 8:  # re-packed before this forward
+                break
+            keep = static.live - torch.tensor([7, 0])
+            for cache in (static, ragged):
+                cache.keep(keep)
+            rounds += 1
+            assert rounds < 12
+        longest = int(static.live.max())
+        assert rounds >= 1 and static.used == longest  # packed: the pointer right after the longest row
+        waste_before = before - int((static.live - 8).max())
+        assert waste_before >= max(SLOT_STEP, REPACK_WASTE * int((static.live - 8).max()))
