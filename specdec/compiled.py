@@ -141,7 +141,7 @@ from transformers.cache_utils import StaticLayer
 
 from specdec import kernels
 from specdec.architectures import attention_chunk, local_window
-from specdec.cache import RaggedCache, gather_slots
+from specdec.cache import RaggedCache, gather_slots, repack_pays
 from specdec.config import COMPILE_MODES, ModelConfig
 from specdec.loading import context_limit, input_device
 from specdec.positions import positions_for
@@ -151,11 +151,6 @@ SLOTS = 512  # slots per row of a static cache (at most the model's context): at
 SLOT_STEP = 32  # a forward attends the first S slots: the pointer plus its new tokens, rounded up to this
 RECOMPILE_LIMIT = 256  # compiled (model, bucket) pairs allowed in one process
 SLOT_SLACK = 16  # slots beyond the context for dead padding before a re-pack is needed
-# A forward re-packs the rows first (``compact``) when the slots it would attend past the longest row's live ones
-# reach this share of that row's (and a ``SLOT_STEP``): holes from ragged acceptance and rows gone widen every
-# row's attention until then. 16 rows of code-target holding 230 live tokens each: a verification of 5 tokens
-# took 61.5 ms over 360 slots and 53.5 ms once re-packed to 229; the re-pack took 31 ms.
-REPACK_WASTE = 0.5
 SPARE_CACHES = 2  # released static caches a CompiledModel keeps per (rows, device) for the next handle
 # inductor's options for the step (freezing off: its graphs cannot be cached). Its C++ wrapper (the graph's calls
 # in C++, not Python): on the Intel Xeon of docs/benchmarks.md the drafter's step 0.52 -> 0.47 ms and the default
@@ -851,9 +846,8 @@ class StaticRaggedCache:
         return StepOutput(logits[:rows, n - keep: n], states)
 
     def _wasteful(self) -> bool:
-        """Whether the slots in use past the longest row's live ones call for a re-pack (``REPACK_WASTE``)."""
-        longest = int(self.live.max())
-        return self.used - longest >= max(SLOT_STEP, REPACK_WASTE * longest)
+        """Whether the slots in use past the longest row's live ones call for a re-pack (``cache.repack_pays``)."""
+        return repack_pays(self.used, int(self.live.max()))
 
     # ----------------------------------------------------------------------- rows and rollback
 
@@ -898,7 +892,7 @@ class StaticRaggedCache:
         every later forward then runs that bucket's step, not one of the batch's former size with dead rows (a
         server that once held 16 requests decoded a lone one in the 16-row step, 2.8x slower: 1.43 s against 0.50 s
         for 64 tokens of code-target).
-        Only the rows that move are copied, and only their slots in use (``moved``): a row left in place keeps its
+        Only the rows that move are copied, and only their slots in use (``moved_rows``): a row left in place keeps its
         buffers, and the slots past the pointer are dead. Copying every row's every slot took 75 ms at 16 rows of
         code-target (528 slots), paid each time a row finished apart from the others."""
         kept = len(rows)

@@ -47,6 +47,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
 from specdec.batch import kept_order
 
 # The session's own on-disk caches (specdec's compile cache, inductor's code): empty at the start, so what a test

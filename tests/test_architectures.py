@@ -53,6 +53,7 @@ from transformers import (
 
 import specdec
 from specdec import architectures
+from specdec import cache as cache_module
 from specdec.architectures import INSTEAD
 from specdec.cache import RaggedCache
 from specdec.module_state import ARGUMENT_STATES, MODULE_STATES
@@ -251,10 +252,13 @@ def test_roberta_gets_positions_from_zero_as_generate_gives_them():
 
 def test_latent_attention_through_compaction_and_joining_rows(monkeypatch):
     """DeepSeek-V3 caches keys 16 wide and values 4 wide: re-packing the rows (one long prompt beside
-    short ones, rows finishing at a stop token) and rows joining (merge) keep each row exact."""
+    short ones, rows finishing at a stop token; re-packed whenever a slot in use is past the longest row's live
+    ones, not only when that pays) and rows joining (merge) keep each row exact."""
     target = build("deepseek_v3")
     layer = target.model.layers[0].self_attn
     assert layer.qk_head_dim != target.config.v_head_dim
+    monkeypatch.setattr(cache_module, "REPACK_WASTE", 0.0)
+    monkeypatch.setattr(cache_module, "COMPACT_MIN_SLOTS", 1)
     compactions = []
     original = RaggedCache.compact
     monkeypatch.setattr(RaggedCache, "compact", lambda self: (compactions.append(self.slots), original(self))[1])

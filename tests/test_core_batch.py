@@ -17,11 +17,11 @@ import itertools
 import warnings
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
 import pytest
 import torch
 from conftest import TIE_TOL, assert_same_greedy, build_tiny, build_toy, char_tokenizer, hf_greedy, top2_gap
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_core_sampling import SETTINGS, chi2_pvalue, exact_sequence_probs
 
 import specdec
@@ -259,7 +259,8 @@ def test_a_forward_re_packs_rows_whose_dead_slots_widen_attention():
     equal an eager cache's driven alike."""
     from specdec.batch import PromptBatch
     from specdec.cache import RaggedCache
-    from specdec.compiled import REPACK_WASTE, SLOT_STEP, CompiledModel, StaticRaggedCache
+    from specdec.cache import COMPACT_MIN_SLOTS, REPACK_WASTE
+    from specdec.compiled import CompiledModel, StaticRaggedCache
     from specdec.seq2seq import prefilled_cache
 
     model = build_tiny("llama", seed=6)
@@ -291,4 +292,4 @@ def test_a_forward_re_packs_rows_whose_dead_slots_widen_attention():
         longest = int(static.live.max())
         assert rounds >= 1 and static.used == longest  # packed: the pointer right after the longest row
         waste_before = before - int((static.live - 8).max())
-        assert waste_before >= max(SLOT_STEP, REPACK_WASTE * int((static.live - 8).max()))
+        assert waste_before >= max(COMPACT_MIN_SLOTS, REPACK_WASTE * int((static.live - 8).max()))
