@@ -255,11 +255,10 @@ def test_a_row_leaving_mid_batch_moves_one_row_of_a_static_cache():
 def test_a_forward_re_packs_rows_whose_dead_slots_widen_attention():
     """Two static rows; one rolls back a long draft while the other keeps it, so the pointer stays past the first
     row's live slots. Once the slots in use past the longest row reach ``REPACK_WASTE`` of it, the next forward
-    re-packs first (the pointer falls back to the longest row's live slots plus the new token), and its logits
-    equal an eager cache's driven alike."""
+    re-packs first (the pointer falls back to the longest row's live slots, then takes the forward's tokens), and
+    its logits equal an eager cache's driven alike."""
     from specdec.batch import PromptBatch
-    from specdec.cache import RaggedCache
-    from specdec.cache import COMPACT_MIN_SLOTS, REPACK_WASTE
+    from specdec.cache import COMPACT_MIN_SLOTS, REPACK_WASTE, RaggedCache
     from specdec.compiled import CompiledModel, StaticRaggedCache
     from specdec.seq2seq import prefilled_cache
 
