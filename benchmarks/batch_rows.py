@@ -11,7 +11,8 @@ with code-drafter alone (verifications of gamma + 1 tokens), ``lookup`` (default
 lookup copy's bucket of 13 tokens). ``--steps`` times instead the compiled target forward of the batch's rows
 with 1, 5 and 13 tokens each over 60, 200 and 480 slots in use (medians of 6, each rolled back), and a forward of 5
 tokens over 360 and 480 slots of which each row holds 230 live (the others dead at random places), before and
-after a re-pack, and the re-pack (medians of 5). Findings: docs/benchmarks.md, "Rows leaving apart, and the holes
+after a re-pack, and the re-pack, and a row leaving (``select``, the last, one in the middle, the first; medians of
+5). Findings: docs/benchmarks.md, "Rows leaving apart, and the holes
 of ragged acceptance".
 
     OMP_NUM_THREADS=1 python benchmarks/batch_rows.py --speculate on
@@ -31,7 +32,7 @@ import torch
 import specdec
 from specdec import cache as cache_module
 from specdec import kernels
-from specdec.batch import PromptBatch
+from specdec.batch import PromptBatch, kept_order
 from specdec.bench.prompts import load_prompts
 from specdec.cache import RaggedCache
 from specdec.compiled import StaticRaggedCache, compiled_for, prepare, row_buckets, token_buckets
@@ -142,6 +143,15 @@ def time_steps(rows: int) -> None:
             print(f"{rows} rows of 230 live tokens over {used} slots: 5 tokens a row {1000 * statistics.median(before):.1f} ms, "
                   f"re-pack {1000 * statistics.median(packing):.1f} ms, then {1000 * statistics.median(after):.1f} ms "
                   f"over {cache.used} slots", flush=True)
+        for gone in (rows - 1, rows // 2, 0):  # one row leaves (the last, one in the middle, the first)
+            leaving = []
+            for _ in range(5):
+                cache = filled(200)
+                start = time.perf_counter()
+                cache.select(torch.tensor(kept_order([row == gone for row in range(rows)])))
+                leaving.append(time.perf_counter() - start)
+            print(f"{rows} rows over {cache.used} slots, row {gone} leaves: {1000 * statistics.median(leaving):.2f} ms",
+                  flush=True)
 
 
 if __name__ == "__main__":
