@@ -824,8 +824,6 @@ class StaticRaggedCache:
         if self._buckets is not self.compiled.tokens:  # prepare added buckets since
             self._buckets, self._widths = self.compiled.tokens, {}
         width = self._widths.get(n) or self._widths.setdefault(n, _bucket(n, self._buckets) or n)
-        if rows > 1 and self._wasteful():
-            self.compact()
         if self.used + width > self.compiled.slots:  # tokens per row: n real columns, then dead padding
             self._room(width)
         span = attended(self.used + width, self.compiled.slots)  # S: the slots this forward attends
@@ -845,10 +843,6 @@ class StaticRaggedCache:
         states = (hidden[:rows, n - keep: n],) if hidden is not None else None
         return StepOutput(logits[:rows, n - keep: n], states)
 
-    def _wasteful(self) -> bool:
-        """Whether the slots in use past the longest row's live ones call for a re-pack (``cache.repack_pays``)."""
-        return repack_pays(self.used, int(self.live.max()))
-
     # ----------------------------------------------------------------------- rows and rollback
 
     @torch.inference_mode()
@@ -865,9 +859,14 @@ class StaticRaggedCache:
         self._trim()
 
     def _trim(self) -> None:
-        """Pull the pointer back to after the last slot a row still uses (later slots are free again)."""
+        """Pull the pointer back to after the last slot a row still uses (later slots are free again), and re-pack
+        the rows when the slots in use past the longest row's live ones call for it (``cache.repack_pays``). Checked
+        here, after a rollback or rows leaving (which read the host already), as the eager cache does: not before
+        each forward, where it cost a host sync every drafter step."""
         used = self.slots_live[:, : self.used].any(dim=0).nonzero()  # [S', 1]
         self._point(int(used[-1]) + 1 if len(used) else 0)
+        if self.rows and repack_pays(self.used, int(self.live.max())):
+            self.compact()
 
     @torch.inference_mode()
     def compact(self) -> None:
