@@ -3,9 +3,12 @@
 One server per ``--speculate`` mode (off: plain decoding; on: the drafter ``lookup+<--drafter>``,
 the CLI's default kind; auto: ``Crossover``, per batch size the draft width, none included, that
 measured fastest),
-all started in this process on free loopback ports (``ServerThread``) over the same loaded models,
-each with its own engine and caches, a batch size of the largest client count (so every client's
-request runs at once) and the bench's ``--gamma``, ``--temperature`` and ``--max-new-tokens``.
+each the real command (``specdec serve``) in a process of its own on a free loopback port, as a user
+runs it and as vLLM's servers run, with the bench's target, drafter, threads and ``--compile``, a
+batch size of the largest client count (so every client's request runs at once) and the bench's
+``--gamma`` and ``--max-new-tokens``. (Served from the bench's own process, beside its client
+threads, the engine shared the interpreter with them: ``docs/benchmarks.md``, "Our servers in
+processes of their own".)
 
 Clients are threads speaking plain HTTP (``http.client``; streaming, as a chat front end would, so
 time to first token is seen): each sends the next prompt as soon as its previous reply ends
@@ -61,7 +64,7 @@ from specdec.bench.batched import Goal, print_choices_and_goals
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.prompts import Prompt, load_prompts
-from specdec.config import LOOKUP, ModelConfig, SamplingConfig, SpecConfig, VerifyConfig
+from specdec.config import LOOKUP, ModelConfig
 from specdec.stats import AutoChoice
 
 REQUEST_TIMEOUT_S = 600.0  # one request, at most
@@ -221,9 +224,10 @@ def first_reply_s(endpoint: Endpoint, body: dict, launched: float, alive: Callab
             time.sleep(POLL_S)
 
 
-def time_specdec_serve(config: BenchConfig, body: dict) -> float:
-    """Launch ``specdec serve`` (a subprocess: the real command, the bench's target, drafter and threads) and
-    time it to its first reply to ``body``; then stop it. A failure quotes the tail of its output."""
+def launch_specdec_serve(config: BenchConfig, mode: str | None = None, batch_size: int | None = None):
+    """``specdec serve`` launched now (a subprocess: the real command, the bench's target, drafter, threads and
+    ``--compile``; ``mode`` its ``--speculate``, with the bench's ``--gamma`` and ``--max-new-tokens`` and
+    ``batch_size``, else the command's defaults) -> (the process, its endpoint)."""
     from specdec.bench.vllm_server import ServerProcess, free_port
 
     port = free_port()
@@ -233,13 +237,48 @@ def time_specdec_serve(config: BenchConfig, body: dict) -> float:
     for flag, value in (("--device", config.device), ("--dtype", config.dtype)):
         if value is not None:
             command += [flag, value]
-    server = ServerProcess(command, {**os.environ, "PYTHONUNBUFFERED": "1"}, "specdec-serve-")
+    if mode is not None:
+        command += ["--speculate", mode, "--gamma", str(config.gamma[0]), "--max-new-tokens",
+                    str(config.max_new_tokens), "--batch-size", str(batch_size or max(config.clients))]
+    return ServerProcess(command, {**os.environ, "PYTHONUNBUFFERED": "1"}, "specdec-serve-"), Endpoint(port)
+
+
+def serving(config: BenchConfig, body: dict, mode: str | None = None, batch_size: int | None = None):
+    """``launch_specdec_serve``, waited for until it answers ``body`` -> (the process, its endpoint, the seconds
+    from launch to that reply). A failure stops it and quotes the tail of its output."""
+    server, endpoint = launch_specdec_serve(config, mode, batch_size)
     try:
-        return first_reply_s(Endpoint(port), body, server.launched, server.alive, SPECDEC_SERVE, SERVE_START_TIMEOUT_S)
+        seconds = first_reply_s(endpoint, body, server.launched, server.alive, SPECDEC_SERVE, SERVE_START_TIMEOUT_S)
     except RuntimeError as err:
-        raise RuntimeError(f"{err} ({' '.join(command)}); its output ends:\n{server.log_tail()}") from None
-    finally:
+        tail = server.log_tail()
         server.close()
+        raise RuntimeError(f"{err} ({' '.join(server.command)}); its output ends:\n{tail}") from None
+    except BaseException:
+        server.close()
+        raise
+    return server, endpoint, seconds
+
+
+def time_specdec_serve(config: BenchConfig, body: dict) -> float:
+    """Launch ``specdec serve`` as a user would (the command's own defaults beside the bench's models, threads
+    and ``--compile``) and time it to its first reply to ``body``; then stop it."""
+    server, _, seconds = serving(config, body)
+    server.close()
+    return seconds
+
+
+def server_stats(endpoint: Endpoint) -> dict:
+    """A specdec server's ``/stats`` (its served model's load and figures, ``speculate="auto"``'s choices)."""
+    connection = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        connection.request("GET", "/stats")
+        response = connection.getresponse()
+        payload = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"/stats answered {response.status}: {payload[:200]!r}")
+        return json.loads(payload)
+    finally:
+        connection.close()
 
 
 def _bodies(prompts: list[Prompt], n: int, config: BenchConfig, temperature: float) -> list[tuple[int, dict]]:
@@ -275,44 +314,39 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
     the figures, and each server's start-up."""
     from specdec.bench.harness import _quiet_transformers
     from specdec.bench.peers import vllm_config
-    from specdec.bench.vllm_server import SERVED_NAME, START_TIMEOUT_S, TIMEOUT_ENV, VLLMServer, max_model_len
+    from specdec.bench.vllm_server import (
+        SERVED_NAME,
+        START_TIMEOUT_S,
+        TIMEOUT_ENV,
+        ServerProcess,
+        VLLMServer,
+        max_model_len,
+    )
     from specdec.console import Session
-    from specdec.schedules import Crossover
-    from specdec.serve.config import ServeConfig
-    from specdec.serve.server import ServerThread, build_app
     from specdec.target import make_target
 
     peers = serve_peers(config)
     with _quiet_transformers():
         load_start = load_average()
-        drafter = LOOKUP + config.drafter
-        session = Session(ModelConfig(target=config.target, drafter=drafter, device=config.device, dtype=config.dtype,
-                                      threads=config.threads, compile=config.compile))
+        session = Session(ModelConfig(target=config.target, drafter=LOOKUP + config.drafter, device=config.device,
+                                      dtype=config.dtype, threads=config.threads, compile="off"))
         tokenizer = session.tokenizer("speculative")
         prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
         temperature = config.temperature[0]
         batch_size = max(config.clients)
-        sampling = SamplingConfig(temperature=temperature, top_k=config.top_k, top_p=config.top_p)
         probe = {"prompt": prompts[0].input_ids.tolist(), "max_tokens": 1, "temperature": 0.0, "stream": True}
         startup = {SPECDEC_SERVE: time_specdec_serve(config, probe)}  # while nothing else of ours runs
         target = session.model(config.target)
         vllm_extra = {"model": SERVED_NAME, "stop_token_ids": sorted(make_target(target).stop_token_ids()),
                       "ignore_eos": True, "skip_special_tokens": False, "return_token_ids": True}
-        servers: dict[str, ServerThread] = {}
-        crossover: dict[int, int | None] = {}
-        auto: Crossover | None = None
+        servers: dict[str, ServerProcess] = {}
+        ours: dict[str, Endpoint] = {}
+        auto: list[AutoChoice] = []
         cells: dict[tuple[str, int], Cell] = {}
         first: dict[tuple[str, int], list[Reply]] = {}
         try:
-            for mode in config.speculate:
-                spec = SpecConfig(gamma=config.gamma[0], max_new_tokens=config.max_new_tokens, batch_size=batch_size,
-                                  speculate=mode)
-                app = build_app(ServeConfig(), session.models, spec, sampling, VerifyConfig(), session=session)
-                servers[mode] = ServerThread(app).start()
-                schedule = next(iter(app.state.models.values())).engine.schedule
-                if isinstance(schedule, Crossover):
-                    crossover, auto = schedule.width, schedule  # filled in as auto measures
-            ours = {m: Endpoint(s.port) for m, s in servers.items()}
+            for mode in config.speculate:  # one at a time, each ready before the next starts
+                servers[mode], ours[mode], _ = serving(config, probe, mode, batch_size)
             progress = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=console or Console(stderr=True),
                                 disable=not config.progress, transient=True)
@@ -339,15 +373,19 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                     finally:
                         for server in up:
                             server.close()
+            if "auto" in ours:  # what auto measured and kept, per batch-size bucket
+                (model,) = server_stats(ours["auto"])["models"]
+                auto = [AutoChoice(tuple(c.pop("rows")), **c) for c in model["auto"]]
         finally:
             for server in servers.values():
-                server.stop()
+                server.close()
+        crossover = {c.rows[1]: (c.width if c.speculate == "on" else 0) for c in auto if c.speculate != "measuring"}
         if temperature == 0 and "off" in config.speculate:
             _check_greedy(config, cells, first)
         environment = capture_environment((config.target, target), (config.drafter, session.model(config.drafter)),
                                           load_start)
-    return ServeRun(config, environment, prompts, temperature, batch_size, list(cells.values()), dict(crossover),
-                    startup, auto.choices() if auto is not None else [])
+    return ServeRun(config, environment, prompts, temperature, batch_size, list(cells.values()), crossover,
+                    startup, auto)
 
 
 def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[Prompt], temperature: float,

@@ -415,11 +415,13 @@ async def stream(job: Job, prepared: Prepared) -> AsyncIterator[str]:
 
 
 def load_of(model: ServedModel) -> dict[str, Any]:
-    """A served model's load and figures, for the page's second view."""
+    """A served model's load and figures, for the page's second view; ``auto``: what ``--speculate auto`` measured
+    and kept per batch-size bucket so far (``Crossover.choices``; empty for another schedule)."""
     engine = model.engine
     t = engine.totals
     return {"id": model.id, **model.description, "speculate": engine.speculate, "batch_size": engine.batch_size,
             "running": engine.running, "waiting": engine.waiting, "batch": engine.batch, "totals": asdict(t),
             "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
             "mean_accepted_length": t.new_tokens / t.rounds if t.rounds else 0.0,
-            "history": [asdict(s) for s in engine.load_history()]}
+            "history": [asdict(s) for s in engine.load_history()],
+            "auto": [asdict(c) for c in choices()] if (choices := getattr(engine.schedule, "choices", None)) else []}
