@@ -205,6 +205,7 @@ def stats(server: Server) -> dict:
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == ["target"]
     assert stats(server)["schedule"] == SCHEDULE.schedule
+    assert stats(server)["auto"] == []  # --speculate on: no crossover measured (auto's: the bench --serve test)
     assert (stats(server)["threads"], stats(server)["threads_source"]) == (1, "OMP_NUM_THREADS")  # set by the fixture
     assert f"batch size {BATCH}, 1 thread (OMP_NUM_THREADS)) on http://" in server.log.read_text()  # the start line
     assert get(server.url + "/health", key=None) == (200, b'{"status":"ok"}')

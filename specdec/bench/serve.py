@@ -518,8 +518,8 @@ def print_serve(run: ServeRun, console: Console) -> None:
     console.print(serve_table(run))
     env = run.environment
     peers = sorted({c.mode for c in run.cells} - set(run.config.speculate))
-    where = ("our servers and the clients in one process, each vLLM server a process of its own (one up at a "
-             "time, as many threads as ours)" if peers else "server and clients in one process")
+    where = ("each server a process of its own (ours all up, vLLM's one at a time, as many threads as ours), the "
+             "clients in the bench's" if peers else "each server a process of its own, the clients in the bench's")
     console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}, load average "
                   f"{env.load_average_start} -> {env.load_average_end}; {where}; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
