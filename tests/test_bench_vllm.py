@@ -299,3 +299,26 @@ def test_the_timed_specdec_serve_runs_as_the_bench_compiles(pair, compile_mode, 
     (command,) = launched
     assert command[command.index("--compile") + 1] == compile_mode
     assert command[command.index("--threads") + 1] == str(torch.get_num_threads())
+
+
+def test_the_peer_goals_hold_both_our_speculating_modes_against_vllms_best(pair) -> None:  # noqa: F811
+    """``on`` and ``auto`` (the server's default) each against the best of vLLM's speculative servers: the lowest
+    median latency at 1 and 4 clients, the most tokens/s at 16; ``off`` against vLLM plain at 1 client."""
+    from specdec.bench.serve import Cell, ServeRun, peer_goals
+
+    def cell(mode, clients, p50, tokens_per_s):
+        return Cell(mode, clients, p50_s=[p50], tokens_per_s=[tokens_per_s])
+
+    cells = [cell("off", 1, 0.6, 100), cell("vllm-plain", 1, 0.7, 90), cell("on", 1, 0.3, 200),
+             cell("auto", 1, 0.34, 190), cell("vllm-draft", 1, 0.48, 130), cell("vllm-ngram", 1, 0.5, 120),
+             cell("on", 16, 3.0, 270), cell("auto", 16, 2.7, 330), cell("vllm-draft", 16, 2.2, 390),
+             cell("vllm-ngram", 16, 2.4, 300)]
+    config = floor_config(pair, serve=True, clients=(1, 16), speculate=("off", "on", "auto"))
+    run = ServeRun(config, None, [], 0.0, 16, cells, {}, {"specdec serve": 8.0})
+    goals = {g.name: (round(g.value, 3), g.met) for g in peer_goals(run)}
+    assert goals == {"median latency vllm-plain / off at 1 client": (1.167, True),
+                     "median latency vllm-draft (vLLM's best) / on at 1 client(s)": (1.6, True),
+                     "median latency vllm-draft (vLLM's best) / auto at 1 client(s)": (1.412, False),
+                     "throughput on / vllm-draft (vLLM's best) at 16 clients": (0.692, False),
+                     "throughput auto / vllm-draft (vLLM's best) at 16 clients": (0.846, False),
+                     "specdec serve launched to its first reply, s": (8.0, True)}
