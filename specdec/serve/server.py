@@ -3,8 +3,8 @@
 ``build_app`` loads the models once (through the console's ``Session``: the target, the drafter
 named as for ``specdec generate``), builds the ``Engine`` of the target, and returns the app.
 The server runs on a socket bound first (``bind``; port 0 = a free port, known before the server
-starts), in the foreground (``specdec serve``) or on a thread (``ServerThread``: tests and
-``specdec bench --serve``).
+starts), in the foreground (``specdec serve``, which ``specdec bench --serve`` launches) or on a thread
+(``ServerThread``: tests).
 """
 
 from __future__ import annotations
