@@ -148,7 +148,7 @@ def time_steps(rows: int) -> None:
             for _ in range(5):
                 cache = filled(200)
                 start = time.perf_counter()
-                cache.select(torch.tensor(kept_order([row == gone for row in range(rows)])))
+                cache.select(torch.tensor(kept_order([row == gone for row in range(rows)]), dtype=torch.long))
                 leaving.append(time.perf_counter() - start)
             print(f"{rows} rows over {cache.used} slots, row {gone} leaves: {1000 * statistics.median(leaving):.2f} ms",
                   flush=True)

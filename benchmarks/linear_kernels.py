@@ -12,7 +12,11 @@ turn per repeat), medians; every candidate is first checked against a float64 pr
   freezing uses for float32 linears, i.e. specdec's compiled path);
 - ``onednn dense`` / ``onednn packed``: ``torch.ops.mkldnn._linear_pointwise`` on the plain weight, or on
   one prepacked by ``_reorder_linear_weight`` for batch size 8;
-- ``specdec``: ``specdec.kernels.fast_linear`` (``(W @ x.T).T`` for 1-2 rows, oneDNN packed for more).
+- ``blocked``: specdec's blocked kernel (``specdec/csrc/blocked_linear.c``: the weight re-laid in blocks of 16
+  output columns, streamed once per product, each block's floats multiplied by up to 12 rows at a time), where a
+  C compiler builds it;
+- ``specdec``: ``specdec.kernels.fast_linear`` with both its kernels on (``(W @ x.T).T`` for 1-2 rows, for more the
+  first of ``kernels.many_kernels()``: the blocked kernel where it builds, else oneDNN packed).
 
 Findings on this project's CPU (AMD EPYC Zen 4, 2 cores, torch 2.13 CPU wheel: MKL 2024.2, oneDNN 3.12;
 one thread; load 0.2-0.9), code-target, ms per pass (share of F.linear):
@@ -30,6 +34,22 @@ environment knobs ``MKL_ENABLE_INSTRUCTIONS=AVX512`` or ``AVX2``, ``MKL_DEBUG_CP
 ``MKL_CBWR=AVX2`` changed nothing (within 5%). code-drafter (7.8 MB, in cache): ``(W @ x.T).T`` 0.69 of
 F.linear at 1 row and 0.38 at 2, oneDNN packed 0.53-0.75 at 3-8 rows. A one-row product through an
 expanded (stride-0) view instead of a copied pair took 3-6x longer: the padding is a real copy.
+
+On an Intel Xeon of this project (AVX-512; 2026-11-25, 1 thread, load about 1; no eviction between passes, so
+the weights may come partly from its large shared cache), ms per pass (share of F.linear):
+
+  rows  F.linear  x @ Wt        mkl packed    onednn packed  blocked       specdec (1-2 rows W @ x.T)
+  1     9.42      8.79 (0.93)   10.13 (1.08)  11.30 (1.20)   8.96 (0.95)   24.61 (2.61)
+  2     11.72     11.53 (0.98)  11.38 (0.97)  12.45 (1.06)   10.45 (0.89)  24.08 (2.05)
+  5     20.06     16.02 (0.80)  17.80 (0.89)  13.69 (0.68)   10.45 (0.52)  11.41 (0.57)
+  8     24.64     19.61 (0.80)  15.41 (0.63)  15.17 (0.62)   11.43 (0.46)  12.61 (0.51)
+  13    31.15     22.90 (0.74)  17.68 (0.57)  18.17 (0.58)   15.08 (0.48)  15.15 (0.49)
+  20    27.96     22.68 (0.81)  18.45 (0.66)  19.45 (0.70)   16.54 (0.59)  17.62 (0.63)
+  64    46.81     31.27 (0.67)  30.64 (0.65)  34.95 (0.75)   34.13 (0.73)  35.42 (0.76)
+  150   85.65     67.39 (0.79)  56.34 (0.66)  64.32 (0.75)   69.25 (0.81)  69.55 (0.81)
+
+(specdec there took the blocked kernel for 3+ rows, the first of ``many_kernels``; ``SPECDEC_LINEAR=auto``'s
+probe keeps F.linear for 1-2 rows on this CPU.)
 """
 
 from __future__ import annotations
@@ -42,7 +62,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import _Packed, fast_linear
+from specdec.kernels import _Packed, fast_linear, many_kernels
 from specdec.loading import load_model
 
 
@@ -57,6 +77,7 @@ def candidates(weights: list[torch.Tensor], rows: int) -> dict[str, Callable[[to
     mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in weights]
     packed = [_Packed() for _ in weights]
+    blocked = [_Packed(many="blocked") for _ in weights] if "blocked" in many_kernels() else []
     found: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
         "F.linear": lambda x, i: F.linear(x, weights[i]),
         "x @ Wt": lambda x, i: x @ transposed[i],
@@ -66,6 +87,8 @@ def candidates(weights: list[torch.Tensor], rows: int) -> dict[str, Callable[[to
         "onednn packed": lambda x, i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], ""),
         "specdec": lambda x, i: fast_linear(x, weights[i], None, packed[i]),
     }
+    if blocked:
+        found["blocked"] = lambda x, i: blocked[i](x, weights[i], None)
     if rows == 1:
         found["mv"] = lambda x, i: torch.mv(weights[i], x[0])[None]
     return found

@@ -7,17 +7,27 @@ in torch 2.13, one thread) a pass over the shipped ``code-target``'s 94 MB of li
 8.1-8.6 ms for 1 row (11 GB/s) and 12-16 ms for 2-8 rows, while the same products computed another way
 took 5.0 ms (1-2 rows, 19 GB/s) and 5.0-7.2 ms (3-8 rows): 0.36-0.62 of the time
 (``benchmarks/linear_kernels.py`` measures every candidate; MKL's environment knobs changed nothing).
-The two other ways, each for a range of the number of rows n:
+The other ways, each for a range of the number of rows n:
 
 - n <= ``FEW`` (2): ``W @ x.T`` (the weight as the untransposed left operand: a different BLAS kernel), one
   row padded to two (a one-column product is a matrix-vector product, the slow kernel again);
-- n > ``FEW``: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on a copy of the weight prepacked
-  into oneDNN's blocked layout (``_reorder_linear_weight``): one more copy of the weights in memory.
+- n > ``FEW``, one of two kernels on a copy of the weight in its own layout (one more copy of the weights in
+  memory; ``_Packed.many`` names it):
+  - ``blocked``: specdec's own (``csrc/blocked_linear.c``), the weight re-laid in blocks of 16 output columns
+    ([ceil(out / 16), in, 16]; 8 without AVX-512): each block's floats are streamed from memory once, contiguously,
+    and multiplied by up to 12 rows of x at a time (x's element broadcast), so a product of 5 or 13 rows reads
+    the weights once as a 1-row product does. Built at first use with the machine's C compiler (``-O3
+    -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
+    oneDNN's op 17 us); absent without a compiler;
+  - ``onednn``: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on the weight prepacked into its blocked
+    layout (``_reorder_linear_weight``).
 
 Which pays is the CPU's: on an Intel Xeon of this project (AVX-512, 2026-11-25) ``F.linear`` at 1 row was the
-fastest (7.5 ms a pass, ``W @ x.T`` 17.5 ms: 2.3x) while oneDNN's prepacked kernel still took 0.73 of its
-time at 5 rows and 0.69 at 8. So each range is decided apart (``pays``), and a layer keeps ``F.linear`` for
-the other.
+fastest of torch's (7.5 ms a pass, ``W @ x.T`` 17.5 ms: 2.3x), oneDNN's prepacked kernel took 0.73 of its time
+at 5 rows and 0.69 at 8, and the blocked kernel less: 0.76-0.82 of oneDNN's time at 5 rows, 0.75-0.80 at 8,
+0.83-0.89 at 13, 0.85-0.91 at 20, 0.98-1.03 at 64, 1.08-1.12 at 150 (``benchmarks/linear_kernels.py``; at 64-150
+rows, a prefill's, MKL's packed kernel is the fastest, 0.87 of oneDNN's, with a third copy of the weights). So each range is decided apart
+(``pays``: for many rows the faster of the two), and a layer keeps ``F.linear`` for the other.
 
 Same numbers up to float summation order (as a different batch size or thread count gives), so greedy
 decoding matches ``generate`` up to near ties and sampling stays lossless (the verification rule is
@@ -28,9 +38,10 @@ does not override ``forward``, without a forward of its own already set) a forwa
 those kernels while specdec decodes (inside ``active()``: ``Decoder.step``) and to the stock
 ``F.linear`` everywhere else: ``generate`` on the same model, training, a ``torch.compile`` trace, a
 tensor that needs gradients. specdec's target and drafter handles install it on the models they run.
-``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does (both ranges), ``auto`` (default) takes
-each range's kernel where a short probe at install (a pass over the model's own layers at 1 and at 5 rows,
-both ways, interleaved) finds it at most ``PAYS`` of the stock time, so a CPU whose BLAS is fast already keeps it.
+``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does (both ranges; for many rows the blocked
+kernel where it builds), ``auto`` (default) takes each range's kernel where a short probe at install (a pass over
+the model's own layers at 1 and at 5 rows, each kernel against the stock one, interleaved) finds it at most
+``PAYS`` of the stock time (for many rows the one with the smaller share), so a CPU whose BLAS is fast already keeps it.
 The probe reads the weights from memory, as decoding does: before each timed pass it reads a buffer
 larger than the CPU's last-level cache (``evictor``). A drafter small enough to stay in that cache between
 passes would otherwise be timed warm, which in speculative decoding only its later steps of a round are: the
@@ -43,8 +54,14 @@ against 1.51 ms without, the default speculation 4.26 against 4.57 ms per token 
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import os
+import platform
+import shutil
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 import types
@@ -52,6 +69,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -66,10 +84,12 @@ PROBE_REPEATS = 3  # timed repeats per kernel and row count (after one untimed)
 EVICT_MIN_BYTES = 64 << 20  # the probe's eviction buffer: twice the last-level cache, at least this
 EVICT_MAX_BYTES = 256 << 20  # and at most this (a VM reports its host's cache, shared: 480 MiB on one machine here)
 _CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
+_SOURCE = Path(__file__).with_name("csrc") / "blocked_linear.c"  # the blocked kernel (``blocked``)
+_BUILT: dict[str, object] = {}  # "kernel" -> the loaded blocked kernel or None: built or loaded once per process
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
-_PLANS: dict[tuple, tuple[bool, bool]] = {}  # threads and the layers' shapes -> auto's plan (a model loaded again)
+_PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' shapes -> auto's plan (a model loaded again)
 
 
 def mode() -> str:
@@ -102,29 +122,109 @@ def _active() -> bool:
     return getattr(_ACTIVE, "depth", 0) > 0
 
 
+class Blocked(NamedTuple):
+    """The blocked kernel, loaded: its C function and the width of its weight blocks (``lanes`` output columns)."""
+
+    function: Callable[..., None]
+    lanes: int
+    path: Path
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+
+
+def _cpu_flags() -> str:
+    try:
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def blocked() -> Blocked | None:
+    """The blocked kernel (``csrc/blocked_linear.c``), built at first use with the machine's C compiler
+    (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (keyed by the source, the compiler and the CPU's
+    flags) and loaded; ``None`` where it cannot be built (no compiler, another OS), and oneDNN's kernel serves."""
+    if "kernel" in _BUILT:
+        return _BUILT["kernel"]  # type: ignore[return-value]
+    found = None
+    compiler = _compiler()
+    if compiler is not None and platform.system() == "Linux":
+        try:
+            version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
+                                     timeout=30).stdout
+            key = hashlib.sha256(f"{_SOURCE.read_text()}\n{compiler}\n{version}\n{_cpu_flags()}".encode())
+            root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec" / "kernels"
+            path = root / f"blocked_linear-{key.hexdigest()[:16]}.so"
+            if not path.exists():
+                root.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=root) as folder:
+                    built = Path(folder) / path.name
+                    subprocess.run([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built),
+                                    str(_SOURCE)], check=True, capture_output=True, timeout=120)
+                    os.replace(built, path)  # atomic: another process building the same file is harmless
+            library = ctypes.CDLL(str(path))
+            function = library.specdec_blocked_linear
+            function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+            function.restype = None
+            found = Blocked(function, int(library.specdec_lanes()), path)
+        except (OSError, subprocess.SubprocessError, AttributeError):
+            found = None
+    _BUILT["kernel"] = found
+    return found
+
+
+def block_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
+    """``weight`` [out, in] re-laid for the blocked kernel: [ceil(out / lanes), in, lanes], zero rows padding the
+    last block."""
+    out, width = weight.shape
+    padded = torch.cat((weight, weight.new_zeros(-out % lanes, width))) if out % lanes else weight
+    return padded.reshape(-1, lanes, width).transpose(1, 2).contiguous()
+
+
+MANY = ("blocked", "onednn")  # the kernels of more than ``FEW`` rows, in the order ``on`` prefers them
+
+
+def many_kernels() -> tuple[str, ...]:
+    """The kernels of more than ``FEW`` rows this machine has: ``blocked`` where it builds, ``onednn``."""
+    return tuple(k for k in MANY if k != "blocked" or blocked() is not None)
+
+
 class _Packed:
     """A layer's kernels: which row counts take specdec's (``few``: n <= ``FEW`` rows by ``W @ x.T``; ``many``: more
-    rows by oneDNN on the prepacked weight; the others keep ``F.linear``), and the prepacked weight, rebuilt when
-    the weight changes (a new tensor or an in-place write)."""
+    rows by the named kernel, ``blocked`` or ``onednn``; the others keep ``F.linear``), and its copy of the weight
+    in that kernel's layout, rebuilt when the weight changes (a new tensor or an in-place write)."""
 
-    def __init__(self, few: bool = True, many: bool = True) -> None:
-        self.few, self.many = few, many
-        self.key: tuple[int, int] | None = None
+    def __init__(self, few: bool = True, many: str | None = "") -> None:
+        self.few = few
+        self.many = (many_kernels()[0] if many == "" else many) or None  # "": the best this machine has
+        self.key: tuple[int, int, str | None] | None = None
         self.weight: torch.Tensor | None = None
 
     def __deepcopy__(self, memo: dict) -> _Packed:
         return _Packed(self.few, self.many)  # a copied layer packs its own weight when first used
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
-        key = (weight.data_ptr(), weight._version)
+        key = (weight.data_ptr(), weight._version, self.many)
         if key != self.key:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+            if self.many == "blocked":
+                self.weight = block_weight(weight.detach(), blocked().lanes)
+            else:
+                self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
             self.key = key
         return self.weight
 
     def __call__(self, rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``rows`` [n, in] @ ``weight``.T (+ bias) by oneDNN on the prepacked weight: [n, out]."""
-        return torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.get(weight), bias, "none", [], "")
+        """``rows`` [n, in] @ ``weight``.T (+ bias) by the layer's kernel of many rows: [n, out]."""
+        rows = rows.contiguous()
+        if self.many != "blocked":
+            return torch.ops.mkldnn._linear_pointwise(rows, self.get(weight), bias, "none", [], "")
+        packed = self.get(weight)
+        bias = None if bias is None else bias.contiguous()
+        out = rows.new_empty(rows.shape[0], weight.shape[0])
+        blocked().function(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(),
+                           out.data_ptr(), rows.shape[0], weight.shape[0], rows.shape[1])
+        return out
 
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (rows [n, in], W, b) -> [n, out]
@@ -190,23 +290,27 @@ def _install_on(module: torch.nn.Linear, packed: _Packed) -> None:
 
 def installed(model: torch.nn.Module) -> bool:
     """Whether ``install`` gave ``model``'s linear layers any of the fast kernels."""
-    return any(_DECIDED.get(model, (False, False)))
+    return any(_DECIDED.get(model, (False, None)))
+
+
+NAMES = {"blocked": "specdec blocked", "onednn": "oneDNN prepacked", None: "torch"}  # a kernel of many rows, reported
 
 
 def describe(model: torch.nn.Module) -> str:
     """Which kernels ``model``'s linear layers take while specdec decodes, by row count (for the reports)."""
-    few, many = _DECIDED.get(model, (False, False))
+    few, many = _DECIDED.get(model, (False, None))
     if not (few or many):
         return "torch"
-    return (f"1-{FEW} rows {'W @ x.T' if few else 'torch'}, "
-            f"{FEW + 1}+ rows {'oneDNN prepacked' if many else 'torch'}")
+    return f"1-{FEW} rows {'W @ x.T' if few else 'torch'}, {FEW + 1}+ rows {NAMES[many]}"
 
 
-def _pass_time(layers: dict[torch.nn.Linear, _Packed], inputs: dict[int, torch.Tensor], fast: bool) -> float:
+def _pass_time(layers: dict[torch.nn.Linear, _Packed], inputs: dict[int, torch.Tensor], kernel: str | None) -> float:
+    """One pass over ``layers`` by ``kernel`` (``None``: ``F.linear``; ``few``, or a kernel of ``MANY``: the
+    layers' ``_Packed``, set to it), in seconds."""
     started = time.perf_counter()
     for m, packed in layers.items():
         x = inputs[m.in_features]
-        fast_linear(x, m.weight, m.bias, packed) if fast else F.linear(x, m.weight, m.bias)
+        fast_linear(x, m.weight, m.bias, packed) if kernel else F.linear(x, m.weight, m.bias)
     return time.perf_counter() - started
 
 
@@ -233,25 +337,34 @@ def evictor() -> Callable[[], None]:
 
 
 @torch.inference_mode()
-def pays(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, bool]:
-    """For few rows and for many (``few``, ``many``: ``PROBE_ROWS``' two counts), whether the fast kernel takes at
-    most ``PAYS`` of the stock time over ``layers`` (interleaved, medians, each pass reading the weights from
-    memory: ``evictor``), i.e. which of them ``auto`` installs on this machine."""
-    stock, fast = [], []
+def pays(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, str | None]:
+    """Which fast kernels ``auto`` installs on this machine: for few rows (``PROBE_ROWS[0]``), whether ``W @ x.T`` takes
+    at most ``PAYS`` of the stock time over ``layers``; for many (``PROBE_ROWS[1]``), the kernel of ``many_kernels``
+    with the smallest share of the stock time, if at most ``PAYS``, else ``None``. Each kernel is timed against the
+    stock one, interleaved, medians, each pass reading the weights from memory (``evictor``); one kernel's copies
+    of the weights at a time (each is dropped before the next is built)."""
     evict = evictor()
-    for rows in PROBE_ROWS:
+
+    def share(rows: int, kernel: str) -> float:
+        for packed in layers.values():
+            packed.few, packed.many = kernel == "few", None if kernel == "few" else kernel
+            packed.weight = packed.key = None
         inputs = {m.in_features: torch.randn(rows, m.in_features) for m in layers}
         times: tuple[list[float], list[float]] = ([], [])
         for i in range(PROBE_REPEATS + 1):
-            for kind, timed in ((False, times[0]), (True, times[1])):
+            for which, timed in ((None, times[0]), (kernel, times[1])):
                 evict()
-                seconds = _pass_time(layers, inputs, kind)
+                seconds = _pass_time(layers, inputs, which)
                 if i:
                     timed.append(seconds)
-        stock.append(statistics.median(times[0]))
-        fast.append(statistics.median(times[1]))
-    few, many = (f <= PAYS * s for f, s in zip(fast, stock, strict=True))
-    return few, many
+        for packed in layers.values():
+            packed.weight = packed.key = None
+        return statistics.median(times[1]) / statistics.median(times[0])
+
+    few = share(PROBE_ROWS[0], "few") <= PAYS
+    shares = {kernel: share(PROBE_ROWS[1], kernel) for kernel in many_kernels()}
+    best = min(shares, key=shares.__getitem__)
+    return few, best if shares[best] <= PAYS else None
 
 
 def install(model: torch.nn.Module) -> bool:
@@ -265,9 +378,9 @@ def install(model: torch.nn.Module) -> bool:
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
     layers = {m: _Packed() for m in found}  # each layer once (a tied head is its own module)
     if not layers:
-        plan = (False, False)
+        plan: tuple[bool, str | None] = (False, None)
     elif chosen == "on":
-        plan = (True, True)
+        plan = (True, many_kernels()[0])
     else:  # the probe's answer depends on the layers' shapes and the machine, not the weights: once per process
         shapes = (torch.get_num_threads(), *((m.in_features, m.out_features, m.bias is not None) for m in layers))
         if shapes not in _PLANS:

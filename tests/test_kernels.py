@@ -34,26 +34,57 @@ def _fresh_install(model: torch.nn.Module, monkeypatch, mode: str = "on") -> boo
     return kernels.install(model)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 40])
+def _needs(many: str) -> None:
+    if many not in kernels.many_kernels():
+        pytest.fail(f"no {many} kernel on this machine: the blocked one needs a C compiler (cc, gcc or clang)")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 25, 40])
 @pytest.mark.parametrize("bias", [False, True])
-def test_fast_linear_computes_the_product(rows, bias):
+@pytest.mark.parametrize("many", kernels.MANY)
+@pytest.mark.parametrize("shape", [(96, 64), (100, 37)])  # out not a multiple of the blocks' width, odd in
+def test_fast_linear_computes_the_product(rows, bias, many, shape):
+    _needs(many)
     torch.manual_seed(rows)
-    weight = torch.randn(96, 64)
-    b = torch.randn(96) if bias else None
-    x = torch.randn(rows, 64)
-    packed = kernels._Packed()
+    out_features, in_features = shape
+    weight = torch.randn(out_features, in_features)
+    b = torch.randn(out_features) if bias else None
+    x = torch.randn(rows, in_features)
+    packed = kernels._Packed(many=many)
     with torch.inference_mode():
         out = kernels.fast_linear(x, weight, b, packed)
-        batched = kernels.fast_linear(x.reshape(1, rows, 64), weight, b, packed)
+        batched = kernels.fast_linear(x.reshape(1, rows, in_features), weight, b, packed)
+        strided = kernels.fast_linear(torch.randn(in_features, rows).T.copy_(x), weight, b, packed)  # not contiguous
     reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
-    assert out.shape == (rows, 96) and out.is_contiguous()
+    assert out.shape == (rows, out_features) and out.is_contiguous()
     torch.testing.assert_close(out.double(), reference, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(batched.reshape(rows, 96), out, rtol=0, atol=0)
+    torch.testing.assert_close(batched.reshape(rows, out_features), out, rtol=0, atol=0)
+    torch.testing.assert_close(strided, out, rtol=0, atol=0)
 
 
-def test_packed_weight_follows_weight_changes():
+def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compiler(tmp_path, monkeypatch):
+    """Built into ``$XDG_CACHE_HOME/specdec/kernels`` keyed by its source, compiler and CPU, loaded from there by the
+    next process; without a C compiler there is no blocked kernel, and oneDNN's serves many rows."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    kernel = kernels.blocked()
+    _needs("blocked")
+    assert kernel.path.parent == tmp_path / "specdec" / "kernels" and list(kernel.path.parent.iterdir()) == [kernel.path]
+    assert kernel.lanes in (8, 16)
+    built = kernel.path.stat().st_mtime_ns
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    assert kernels.blocked().path == kernel.path and kernel.path.stat().st_mtime_ns == built  # loaded, not rebuilt
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setattr(kernels, "_compiler", lambda: None)
+    assert kernels.blocked() is None and kernels.many_kernels() == ("onednn",)
+    assert kernels._Packed().many == "onednn"
+
+
+@pytest.mark.parametrize("many", kernels.MANY)
+def test_packed_weight_follows_weight_changes(many):
+    _needs(many)
     weight = torch.randn(32, 16)
-    packed = kernels._Packed()
+    packed = kernels._Packed(many=many)
     x = torch.randn(4, 16)  # 4 rows: the prepacked kernel
     first = kernels.fast_linear(x, weight, None, packed)
     with torch.no_grad():
@@ -165,34 +196,39 @@ def test_the_probe_reads_the_weights_from_memory_before_every_timed_pass(monkeyp
     real_pass = kernels._pass_time
     monkeypatch.setattr(kernels, "_pass_time", lambda *a: events.append("pass") or real_pass(*a))
     kernels.pays(layers)
-    passes = len(kernels.PROBE_ROWS) * (kernels.PROBE_REPEATS + 1) * 2
+    passes = (1 + len(kernels.many_kernels())) * (kernels.PROBE_REPEATS + 1) * 2  # W @ x.T, then each of many
     assert events == ["evict", "pass"] * passes
 
 
 @pytest.mark.parametrize("few_pays", [False, True])
-def test_auto_chooses_the_kernel_of_few_rows_and_of_many_apart(few_pays, monkeypatch):
-    """A CPU where ``W @ x.T`` loses at one row and oneDNN's prepacked kernel wins at five (an Intel Xeon of this
-    project: 2.3x and 0.75x torch's time) takes torch's kernel for 1-2 rows and oneDNN's for more; the probe's
-    timings are faked here, one way and the other, and the layers follow the plan."""
-    def fake_pass(layers, inputs, fast):
+@pytest.mark.parametrize("fastest", kernels.MANY)
+def test_auto_chooses_the_kernel_of_few_rows_and_of_many_apart(few_pays, fastest, monkeypatch):
+    """A CPU where ``W @ x.T`` loses at one row and a kernel of many rows wins at five (an Intel Xeon of this project:
+    2.3x torch's time at one row; at five, oneDNN's prepacked kernel 0.75x and the blocked one 0.6x) takes torch's
+    kernel for 1-2 rows and the fastest of many for more; the probe's timings are faked here, each way, and the
+    layers follow the plan."""
+    _needs(fastest)
+    def fake_pass(layers, inputs, kernel):
         rows = next(iter(inputs.values())).shape[0]
+        if kernel is None:
+            return 1.0
         if rows == 1:
-            return (0.5 if few_pays else 2.3) if fast else 1.0
-        return 0.75 if fast else 1.0
+            return 0.5 if few_pays else 2.3
+        return 0.6 if kernel == fastest else 0.75
     monkeypatch.setattr(kernels, "_pass_time", fake_pass)
     model = build_tiny("llama", seed=12, hidden=64)
     stock = copy.deepcopy(model)
     assert _fresh_install(model, monkeypatch, "auto")
     layers = [m for m in model.modules() if kernels._ours(m)]
-    assert layers and all((m._specdec_packed.few, m._specdec_packed.many) == (few_pays, True) for m in layers)
-    assert kernels.describe(model) == f"1-2 rows {'W @ x.T' if few_pays else 'torch'}, 3+ rows oneDNN prepacked"
+    assert layers and all((m._specdec_packed.few, m._specdec_packed.many) == (few_pays, fastest) for m in layers)
+    assert kernels.describe(model) == f"1-2 rows {'W @ x.T' if few_pays else 'torch'}, 3+ rows {kernels.NAMES[fastest]}"
     calls: list[int] = []
     real = kernels._Packed.__call__
     monkeypatch.setattr(kernels._Packed, "__call__", lambda self, rows, *a: calls.append(len(rows)) or real(self, rows, *a))
     ids = torch.randint(3, 90, (1, 5))
     with torch.inference_mode(), kernels.active():
         one, five = model(ids[:, :1]).logits, model(ids).logits
-    assert set(calls) == {5}  # only the five-row forward took oneDNN
+    assert set(calls) == {5}  # only the five-row forward took the kernel of many rows
     with torch.inference_mode():
         stock_one, stock_five = stock(ids[:, :1]).logits, stock(ids).logits
     if few_pays:
@@ -206,7 +242,7 @@ def test_a_model_of_the_same_shapes_is_probed_once(monkeypatch):
     """A drafter named in every ``speculative_generate`` call is loaded again each time: its probe (0.4-0.7 s with
     the eviction reads on an Intel Xeon here) is not paid again for the same layers on the same machine."""
     probes: list[int] = []
-    monkeypatch.setattr(kernels, "pays", lambda layers: probes.append(len(layers)) or (False, True))
+    monkeypatch.setattr(kernels, "pays", lambda layers: probes.append(len(layers)) or (False, "onednn"))
     first, again = build_tiny("llama", seed=14, hidden=64), build_tiny("llama", seed=15, hidden=64)
     assert _fresh_install(first, monkeypatch, "auto") and _fresh_install(again, monkeypatch, "auto")
     assert len(probes) == 1 and kernels.describe(again) == "1-2 rows torch, 3+ rows oneDNN prepacked"
@@ -215,7 +251,7 @@ def test_a_model_of_the_same_shapes_is_probed_once(monkeypatch):
 
 
 def test_auto_installs_nothing_where_neither_kernel_pays(monkeypatch):
-    monkeypatch.setattr(kernels, "_pass_time", lambda layers, inputs, fast: 1.2 if fast else 1.0)
+    monkeypatch.setattr(kernels, "_pass_time", lambda layers, inputs, kernel: 1.2 if kernel else 1.0)
     model = build_tiny("llama", seed=13, hidden=64)
     assert not _fresh_install(model, monkeypatch, "auto")
     assert kernels.describe(model) == "torch"

@@ -1,0 +1,73 @@
+/* specdec's float32 linear for decode-sized products: y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for a few
+ * rows m, on the weight re-laid in blocks of LANES output columns, [ceil(N / LANES), K, LANES]
+ * (specdec/kernels.py). Each pass over a block streams its K * LANES floats once, contiguously, and multiplies
+ * them by up to ROWS rows of x at a time (x[m, k] broadcast), so the weights are read from memory once per
+ * product however many rows it has. Built at first use with the machine's C compiler (-O3 -march=native);
+ * GCC/Clang vector extensions, no intrinsics: the same source builds for AVX-512 (16 lanes) and AVX2 (8). */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define LANES 16
+#define ROWS 12 /* 2 blocks x 12 rows = 24 accumulators of the 32 vector registers */
+#else
+#define LANES 8
+#define ROWS 6 /* 2 x 6 = 12 of the 16 */
+#endif
+#define BLOCKS 2 /* output blocks per pass: two weight streams */
+
+typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+
+int specdec_lanes(void) { return LANES; }
+
+static inline __attribute__((always_inline)) void store(float *y, vec v, const float *bias, int64_t n0, int64_t cols) {
+    float out[LANES];
+    memcpy(out, &v, sizeof(vec));
+    for (int64_t i = 0; i < cols; ++i) y[n0 + i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
+}
+
+/* rows m0 .. m0 + M of x against blocks b .. b + NB of the weight */
+static inline __attribute__((always_inline)) void pass(const float *x, const float *w, const float *bias, float *y,
+                                                       int64_t N, int64_t K, int64_t b, const int NB, const int M) {
+    vec acc[BLOCKS][ROWS];
+    for (int i = 0; i < NB; ++i)
+        for (int m = 0; m < M; ++m) acc[i][m] = (vec){0};
+    const float *block = w + b * K * LANES;
+    for (int64_t k = 0; k < K; ++k) {
+        vec wk[BLOCKS];
+        for (int i = 0; i < NB; ++i) memcpy(&wk[i], block + (i * K + k) * LANES, sizeof(vec));
+        for (int m = 0; m < M; ++m) {
+            float xs = x[m * K + k];
+            for (int i = 0; i < NB; ++i) acc[i][m] += wk[i] * xs;
+        }
+    }
+    for (int i = 0; i < NB; ++i) {
+        int64_t n0 = (b + i) * LANES, cols = N - n0 < LANES ? N - n0 : LANES;
+        for (int m = 0; m < M; ++m) store(y + m * N, acc[i][m], bias, n0, cols);
+    }
+}
+
+#define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R); break;
+
+static inline __attribute__((always_inline)) void rows(const float *x, const float *w, const float *bias, float *y,
+                                                       int64_t N, int64_t K, int64_t b, const int NB, int64_t r) {
+    switch (r) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
+#if ROWS > 6
+        ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
+#endif
+        default: break;
+    }
+}
+
+/* x [M, K] (rows contiguous), w [ceil(N / LANES), K, LANES], bias [N] or NULL, y [M, N] */
+void specdec_blocked_linear(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N,
+                            int64_t K) {
+    int64_t blocks = (N + LANES - 1) / LANES, b = 0;
+    for (; b + BLOCKS <= blocks; b += BLOCKS)
+        for (int64_t m = 0; m < M; m += ROWS)
+            rows(x + m * K, w, bias, y + m * N, N, K, b, BLOCKS, M - m < ROWS ? M - m : ROWS);
+    for (; b < blocks; ++b)
+        for (int64_t m = 0; m < M; m += ROWS)
+            rows(x + m * K, w, bias, y + m * N, N, K, b, 1, M - m < ROWS ? M - m : ROWS);
+}
