@@ -18,7 +18,9 @@ The other ways, each for a range of the number of rows n:
     and multiplied by up to 12 rows of x at a time (x's element broadcast), so a product of 5 or 13 rows reads
     the weights once as a 1-row product does. Built at first use with the machine's C compiler (``-O3
     -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
-    oneDNN's op 17 us); absent without a compiler;
+    oneDNN's op 17 us); absent without a compiler, and offered only to models of ``STREAMED_BYTES`` or more of
+    linear weights (``many_kernels``: a smaller model's weights stay cached between steps, where torch's kernel
+    in a compiled graph measured faster);
   - ``onednn``: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on the weight prepacked into its blocked
     layout (``_reorder_linear_weight``).
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -78,6 +81,13 @@ MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
 ENV = "SPECDEC_LINEAR"
 PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
 FEW = 2  # up to this many rows, the few-row kernel (W @ x.T); more, the prepacked oneDNN one
+# The blocked kernel is offered to models of at least this many bytes of linear weights: they stream them from
+# memory at every step, where reading them once per product pays. A smaller model's weights stay in the CPU's
+# caches between steps, where torch's kernel compiled into the graph was faster: translate-target (27 MB) decoded
+# its compiled prompt lookup in 2.12-2.39 ms a token with the blocked kernel against 1.87-2.05 with torch's (two
+# processes, each both models interleaved, 7 repeats), while the probe, which reads the weights from memory,
+# chose the blocked one.
+STREAMED_BYTES = 64 << 20
 PACK_ROWS = 8  # the batch size oneDNN's weight layout is chosen for (measured best for 1-8 rows here)
 PROBE_ROWS = (1, 5)  # the probe's row counts: a plain step and a verification of gamma + 1 = 5 tokens
 PROBE_REPEATS = 3  # timed repeats per kernel and row count (after one untimed)
@@ -185,9 +195,11 @@ def block_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
 MANY = ("blocked", "onednn")  # the kernels of more than ``FEW`` rows, in the order ``on`` prefers them
 
 
-def many_kernels() -> tuple[str, ...]:
-    """The kernels of more than ``FEW`` rows this machine has: ``blocked`` where it builds, ``onednn``."""
-    return tuple(k for k in MANY if k != "blocked" or blocked() is not None)
+def many_kernels(weight_bytes: float = math.inf) -> tuple[str, ...]:
+    """The kernels of more than ``FEW`` rows this machine has for a model of ``weight_bytes`` of linear weights:
+    ``blocked`` where it builds and the model streams its weights from memory (at least ``STREAMED_BYTES``),
+    ``onednn``."""
+    return tuple(k for k in MANY if k != "blocked" or (blocked() is not None and weight_bytes >= STREAMED_BYTES))
 
 
 class _Packed:
@@ -362,7 +374,8 @@ def pays(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, str | None]:
         return statistics.median(times[1]) / statistics.median(times[0])
 
     few = share(PROBE_ROWS[0], "few") <= PAYS
-    shares = {kernel: share(PROBE_ROWS[1], kernel) for kernel in many_kernels()}
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    shares = {kernel: share(PROBE_ROWS[1], kernel) for kernel in many_kernels(weight_bytes)}
     best = min(shares, key=shares.__getitem__)
     return few, best if shares[best] <= PAYS else None
 

@@ -196,7 +196,8 @@ def test_the_probe_reads_the_weights_from_memory_before_every_timed_pass(monkeyp
     real_pass = kernels._pass_time
     monkeypatch.setattr(kernels, "_pass_time", lambda *a: events.append("pass") or real_pass(*a))
     kernels.pays(layers)
-    passes = (1 + len(kernels.many_kernels())) * (kernels.PROBE_REPEATS + 1) * 2  # W @ x.T, then each of many
+    weight_bytes = sum(m.weight.numel() * 4 for m in layers)
+    passes = (1 + len(kernels.many_kernels(weight_bytes))) * (kernels.PROBE_REPEATS + 1) * 2  # W @ x.T, each of many
     assert events == ["evict", "pass"] * passes
 
 
@@ -208,6 +209,7 @@ def test_auto_chooses_the_kernel_of_few_rows_and_of_many_apart(few_pays, fastest
     kernel for 1-2 rows and the fastest of many for more; the probe's timings are faked here, each way, and the
     layers follow the plan."""
     _needs(fastest)
+    monkeypatch.setattr(kernels, "STREAMED_BYTES", 0)  # the tiny model offered the blocked kernel as a large one is
     def fake_pass(layers, inputs, kernel):
         rows = next(iter(inputs.values())).shape[0]
         if kernel is None:
@@ -236,6 +238,22 @@ def test_auto_chooses_the_kernel_of_few_rows_and_of_many_apart(few_pays, fastest
     else:
         torch.testing.assert_close(one, stock_one, rtol=0, atol=0)  # torch's own kernel: bit for bit
     torch.testing.assert_close(five, stock_five, rtol=1e-5, atol=1e-5)
+
+
+def test_the_blocked_kernel_is_offered_only_to_models_that_stream_their_weights(monkeypatch):
+    """A model whose linear weights stay in the CPU's caches between steps (below ``STREAMED_BYTES``) is not offered
+    the blocked kernel: the probe times only oneDNN's for many rows; a larger one is offered both."""
+    _needs("blocked")
+    timed: set[str | None] = set()
+    monkeypatch.setattr(kernels, "_pass_time", lambda layers, inputs, kernel: timed.add(kernel) or (0.5 if kernel else 1.0))
+    model = build_tiny("llama", seed=17, hidden=64)
+    assert _fresh_install(model, monkeypatch, "auto")
+    assert timed == {None, "few", "onednn"} and kernels.describe(model) == "1-2 rows W @ x.T, 3+ rows oneDNN prepacked"
+    monkeypatch.setattr(kernels, "STREAMED_BYTES", 1)
+    timed.clear()
+    large = build_tiny("llama", seed=18, hidden=96)
+    assert _fresh_install(large, monkeypatch, "auto")
+    assert timed == {None, "few", "onednn", "blocked"}
 
 
 def test_a_model_of_the_same_shapes_is_probed_once(monkeypatch):
