@@ -27,9 +27,10 @@ The other ways, each for a range of the number of rows n:
 Which pays is the CPU's: on an Intel Xeon of this project (AVX-512, 2026-11-25) ``F.linear`` at 1 row was the
 fastest of torch's (7.5 ms a pass, ``W @ x.T`` 17.5 ms: 2.3x), oneDNN's prepacked kernel took 0.73 of its time
 at 5 rows and 0.69 at 8, and the blocked kernel less: 0.76-0.82 of oneDNN's time at 5 rows, 0.75-0.80 at 8,
-0.83-0.89 at 13, 0.85-0.91 at 20, 0.98-1.03 at 64, 1.08-1.12 at 150 (``benchmarks/linear_kernels.py``; at 64-150
-rows, a prefill's, MKL's packed kernel is the fastest, 0.87 of oneDNN's, with a third copy of the weights). So each range is decided apart
-(``pays``: for many rows the faster of the two), and a layer keeps ``F.linear`` for the other.
+0.83-0.89 at 13, 0.85-0.91 at 20, 0.98-1.03 at 64, 1.08-1.12 at 150 (``benchmarks/linear_kernels.py``; at
+64-150 rows, a prefill's, MKL's packed kernel is the fastest, 0.87 of oneDNN's, with a third copy of the
+weights). So each range is decided apart (``pays``: for many rows the faster of the two), and a layer keeps
+``F.linear`` for the other.
 
 Same numbers up to float summation order (as a different batch size or thread count gives), so greedy
 decoding matches ``generate`` up to near ties and sampling stays lossless (the verification rule is
@@ -80,7 +81,7 @@ import torch.nn.functional as F
 MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
 ENV = "SPECDEC_LINEAR"
 PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
-FEW = 2  # up to this many rows, the few-row kernel (W @ x.T); more, the prepacked oneDNN one
+FEW = 2  # up to this many rows, the few-row kernel (W @ x.T); more, a kernel of ``MANY``
 # The blocked kernel is offered to models of at least this many bytes of linear weights: they stream them from
 # memory at every step, where reading them once per product pays. A smaller model's weights stay in the CPU's
 # caches between steps, where torch's kernel compiled into the graph was faster: translate-target (27 MB) decoded
