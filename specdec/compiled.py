@@ -143,6 +143,7 @@ from specdec import kernels
 from specdec.architectures import attention_chunk, local_window
 from specdec.cache import RaggedCache, gather_slots, repack_pays
 from specdec.config import COMPILE_MODES, ModelConfig
+from specdec.folders import cache_root
 from specdec.loading import context_limit, input_device
 from specdec.positions import positions_for
 from specdec.seq2seq import Seq2SeqCache, cache_for
@@ -188,8 +189,7 @@ def compiler_missing() -> str | None:
 def cache_folder(kind: str = "inductor") -> Path:
     """specdec's on-disk compile cache for this torch version (another version's folder is never read):
     ``inductor`` (inductor's generated code and its C++ builds) or ``graphs`` (``graph_file``)."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return root / "specdec" / kind / f"torch-{torch.__version__}"
+    return cache_root() / kind / f"torch-{torch.__version__}"
 
 
 def use_cache_folder() -> None:

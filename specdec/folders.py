@@ -9,6 +9,7 @@ line checks its inputs with these before it imports torch; ``specdec.loading`` l
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from specdec.config import SHIPPED_DRAFTERS, SHIPPED_TARGETS
@@ -19,6 +20,12 @@ DEFAULT_TARGET = "code-target"  # what load_model(None) loads
 # (BPE, WordPiece, SentencePiece, Marian's source/target models).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "merges.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "source.spm", "target.spm")
+
+
+def cache_root() -> Path:
+    """specdec's folder under the user's cache (``$XDG_CACHE_HOME/specdec``, else ``~/.cache/specdec``): compiled
+    graphs, inductor's builds, the blocked linear kernel."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec"
 
 
 def models_dir() -> Path:

@@ -78,6 +78,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from specdec.folders import cache_root
+
 MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
 ENV = "SPECDEC_LINEAR"
 PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
@@ -165,7 +167,7 @@ def blocked() -> Blocked | None:
             version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
                                      timeout=30).stdout
             key = hashlib.sha256(f"{_SOURCE.read_text()}\n{compiler}\n{version}\n{_cpu_flags()}".encode())
-            root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdec" / "kernels"
+            root = cache_root() / "kernels"
             path = root / f"blocked_linear-{key.hexdigest()[:16]}.so"
             if not path.exists():
                 root.mkdir(parents=True, exist_ok=True)
@@ -248,8 +250,9 @@ def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """``F.linear(x, weight, bias)`` by the kernel that ``kernel`` (the layer's ``_Packed``) takes for x's row count n
     (see the module doc): where ``kernel.few``, ``W @ x.T`` for n <= ``FEW``, one row padded to two (two columns,
     not a matrix-vector product: an expanded view, stride 0, takes a slower kernel still); where ``kernel.many``,
-    ``many(rows, weight, bias)`` for more rows, oneDNN on the prepacked weight (``kernel`` itself; in a trace,
-    ``specdec.compiled.traced_linear``'s op that finds the layer's pack); else ``F.linear``. ``traced`` leaves the
+    ``many(rows, weight, bias)`` for more rows, the layer's kernel of many rows on its copy of the weight
+    (``kernel`` itself; in a trace, ``specdec.compiled.traced_linear``'s op that finds the layer's copy); else
+    ``F.linear``. ``traced`` leaves the
     layout of the product of n <= ``FEW`` to inductor; eagerly it is made contiguous, with the bias."""
     rows = x.reshape(-1, x.shape[-1])  # [n, in]
     n = rows.shape[0]
