@@ -11,9 +11,13 @@
 #if defined(__AVX512F__)
 #define LANES 16
 #define ROWS 12 /* 2 blocks x 12 rows = 24 accumulators of the 32 vector registers */
+#define ONE_PASS 14 /* up to this many rows in one pass (28 accumulators): 13 rows, a prompt-lookup verification,
+                       took 8.8 ms a pass over code-target's weights against 9.8 as 12 + 1; more rows go by 12,
+                       faster than by 13 or 14 (64 rows 26.0 ms against 27.5-27.9) */
 #else
 #define LANES 8
 #define ROWS 6 /* 2 x 6 = 12 of the 16 */
+#define ONE_PASS 6
 #endif
 #define BLOCKS 2 /* output blocks per pass: two weight streams */
 /* Each stream is prefetched this many floats (4 KiB) ahead, into L2: without it, at 5-13 rows the products' arithmetic
@@ -35,7 +39,7 @@ static inline __attribute__((always_inline)) void store(float *y, vec v, const f
 /* rows m0 .. m0 + M of x against blocks b .. b + NB of the weight */
 static inline __attribute__((always_inline)) void pass(const float *x, const float *w, const float *bias, float *y,
                                                        int64_t N, int64_t K, int64_t b, const int NB, const int M) {
-    vec acc[BLOCKS][ROWS];
+    vec acc[BLOCKS][ONE_PASS > ROWS ? ONE_PASS : ROWS];
     for (int i = 0; i < NB; ++i)
         for (int m = 0; m < M; ++m) acc[i][m] = (vec){0};
     const float *block = w + b * K * LANES;
@@ -61,7 +65,7 @@ static inline __attribute__((always_inline)) void rows(const float *x, const flo
     switch (r) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
 #if ROWS > 6
-        ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
+        ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12) ROWS_CASE(13) ROWS_CASE(14)
 #endif
         default: break;
     }
@@ -70,11 +74,11 @@ static inline __attribute__((always_inline)) void rows(const float *x, const flo
 /* x [M, K] (rows contiguous), w [ceil(N / LANES), K, LANES], bias [N] or NULL, y [M, N] */
 void specdec_blocked_linear(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N,
                             int64_t K) {
-    int64_t blocks = (N + LANES - 1) / LANES, b = 0;
+    int64_t blocks = (N + LANES - 1) / LANES, b = 0, group = M <= ONE_PASS ? M : ROWS;
     for (; b + BLOCKS <= blocks; b += BLOCKS)
-        for (int64_t m = 0; m < M; m += ROWS)
-            rows(x + m * K, w, bias, y + m * N, N, K, b, BLOCKS, M - m < ROWS ? M - m : ROWS);
+        for (int64_t m = 0; m < M; m += group)
+            rows(x + m * K, w, bias, y + m * N, N, K, b, BLOCKS, M - m < group ? M - m : group);
     for (; b < blocks; ++b)
-        for (int64_t m = 0; m < M; m += ROWS)
-            rows(x + m * K, w, bias, y + m * N, N, K, b, 1, M - m < ROWS ? M - m : ROWS);
+        for (int64_t m = 0; m < M; m += group)
+            rows(x + m * K, w, bias, y + m * N, N, K, b, 1, M - m < group ? M - m : group);
 }
