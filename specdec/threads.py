@@ -166,7 +166,7 @@ def model_parameters(model: str | Path | PreTrainedModel | None) -> int | None:
         return None
     if not isinstance(model, (str, Path)):
         return sum(p.numel() for p in model.parameters())
-    from specdec.loading import resolve_model_path
+    from specdec.folders import resolve_model_path
 
     files = sorted(resolve_model_path(model).glob("*.safetensors"))
     return sum(_safetensors_parameters(f) for f in files) if files else None

@@ -4,27 +4,25 @@ Each field of :class:`specdec.bench.config.BenchConfig` becomes ``--field-name``
 comment as help; tuple fields take several values, spaced or comma-separated (``--gamma 1 2 4 8``
 or ``--gamma 1,2,4,8`` sweeps), booleans have a ``--no-`` form. ``--quick`` starts from :func:`specdec.bench.config.quick`; flags given explicitly
 win over it. Exit status: 0 when every method ran and every greedy output equals plain-hf's, 1
-otherwise (the report says which), 2 for bad input.
+otherwise (the report says which), 2 for bad input. The parser and the settings' checks import no torch: the
+harness, the peers and the report are imported once the settings hold (``--help`` and an argument error take
+a fraction of a second, not the seconds torch and transformers take to import).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rich.console import Console
-
 from specdec.arguments import field_comments
 from specdec.bench.config import BenchConfig, quick
-from specdec.bench.harness import run_benchmark
-from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers
-from specdec.bench.report import build_report, print_report, write_outputs
-from specdec.bench.runners import RUNNERS
-from specdec.threads import use_threads
+from specdec.folders import resolve_model_path
+from specdec.threads import choose_threads, physical_cores, usable_cores, use_threads
 
 EXIT_USAGE = 2
 DESCRIPTION = ("Measure speculative decoding against plain decoding and transformers' generate on the same prompts: "
@@ -82,12 +80,29 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return dataclasses.replace(base, **given)
 
 
+def _check_settings(config: BenchConfig) -> None:
+    """What can be checked before torch is imported: ``--threads`` (or OMP_NUM_THREADS), as ``use_threads`` will
+    apply it, and the ``--target`` folder (the translate task's default stands for translate-target)."""
+    choose_threads(config.threads, parameters=None, usable=usable_cores(), physical=physical_cores(),
+                   environ=os.environ, flag="--threads")
+    if config.target != BenchConfig.target:
+        resolve_model_path(config.target)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark the flags describe; print the report and write the outputs."""
+    config = None if args.list else config_from_args(args)  # bad settings are refused before torch is imported
+    if config is not None:
+        _check_settings(config)
+    from rich.console import Console
+
+    from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers
+    from specdec.bench.runners import RUNNERS
+
     console = Console()
     if not console.is_terminal:  # a file or pipe: do not fold the wide table to 80 columns
         console = Console(width=200)
-    if args.list:
+    if config is None:
         for name, runner in RUNNERS.items():
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
         for name, peer in PEERS.items():
@@ -95,7 +110,6 @@ def run(args: argparse.Namespace) -> int:
         for name, members in PEER_GROUPS.items():
             console.print(f"{name:<20} (--peers {name}): {', '.join(members)}")
         return 0
-    config = config_from_args(args)
     check_peers(config.peers)  # an unknown or missing peer is refused before anything reads a model
     if config.task == "translate" and not config.serve:  # the translate pair stands for the code pair's names
         from specdec.bench.translate import config_from_bench
@@ -120,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         from specdec.bench.batched import run_and_report
 
         return run_and_report(config, console)
+    from specdec.bench.harness import run_benchmark
+    from specdec.bench.report import build_report, print_report, write_outputs
+
     report = build_report(run_benchmark(config))
     paths = write_outputs(report, Path(config.output), plots=config.plots)
     print_report(report, console)

@@ -30,14 +30,6 @@ def exposure_warning(config: ServeConfig) -> str | None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    try:
-        import fastapi  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as err:
-        raise UsageError(f"specdec serve needs {err.name}: install the server's extra with {EXTRA}") from None
-    from specdec.serve.server import bind, build_app, make_server, url_of
-
     if args.gpu is not None:
         if args.device is not None:
             raise UsageError("give --device or --gpu, not both")
@@ -46,6 +38,19 @@ def _run_serve(args: argparse.Namespace) -> int:
     models, spec = config_from(args, ModelConfig), config_from(args, SpecConfig)
     sampling, verify = config_from(args, SamplingConfig), config_from(args, VerifyConfig)
     schedule = config_from(args, ScheduleConfig)
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise UsageError(f"specdec serve needs {err.name}: install the server's extra with {EXTRA}") from None
+    from specdec.serve.server import (  # torch: only once the settings hold
+        bind,
+        build_app,
+        make_server,
+        url_of,
+    )
+
     warning = exposure_warning(config)
     if warning:
         print(f"specdec serve: warning: {warning}", file=sys.stderr)
