@@ -134,10 +134,23 @@ def run_python(code: str) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def test_import_specdec_does_not_import_torch() -> None:
-    out = run_python("import json, sys, specdec\n"
+@pytest.mark.parametrize("package", ["specdec", "specdec.bench", "specdec.heads", "specdec.train.presets",
+                                     "specdec.heads.config"])
+def test_importing_a_package_or_a_settings_module_does_not_import_torch(package: str) -> None:
+    out = run_python(f"import json, sys, {package}\n"
                      f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
     assert out == []
+
+
+def test_the_bench_package_s_names_load_on_first_use() -> None:
+    import specdec.bench
+    from specdec.bench import harness
+
+    assert sorted(specdec.bench.__all__) == sorted(specdec.bench._EXPORTS)
+    assert specdec.bench.run_benchmark is harness.run_benchmark
+    assert specdec.bench.peers.__name__ == "specdec.bench.peers"  # submodules stay reachable as attributes
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        specdec.bench.no_such_name  # noqa: B018
 
 
 @pytest.mark.parametrize("argv, status", [
@@ -157,6 +170,20 @@ def test_import_specdec_does_not_import_torch() -> None:
     (["generate", "--target", "translate-target", "x"], 2),  # an encoder-decoder target: use translate
     (["translate", "--target", "code-target", "x"], 2),
     (["chat", "--temperature", "-1"], 2),
+    (["bench", "--help"], 0),
+    (["bench", "--threads", "0"], 2),
+    (["bench", "--threads", "100000"], 2),  # more than the machine has: said before torch is imported
+    (["bench", "--gamma", "0"], 2),
+    (["bench", "--task", "poetry"], 2),
+    (["bench", "--target", "no-such-model"], 2),
+    (["serve", "--help"], 0),
+    (["serve", "--threads", "0"], 2),
+    (["serve", "--temperature", "-1"], 2),
+    (["train", "--help"], 0),
+    (["train", "drafter", "--help"], 0),
+    (["train", "head", "--help"], 0),
+    (["train", "seq2seq", "--preset", "no-such-preset", "--out", "x"], 2),
+    (["data", "--help"], 0),
 ])
 def test_help_and_argument_errors_do_not_import_torch(argv: list[str], status: int) -> None:
     code = ("import contextlib, io, json, sys\n"

@@ -21,9 +21,7 @@ import json
 import typing
 from pathlib import Path
 
-from specdec.heads.data import LABEL_KINDS, HeadDataConfig
-from specdec.heads.own import HeadTuneConfig
-from specdec.heads.train import HeadTrainConfig
+from specdec.heads.config import LABEL_KINDS, HeadDataConfig, HeadTrainConfig, HeadTuneConfig
 
 _SET_BY_CLI = {"outputs", "data", "valid", "labels"}  # fields the command fills from its own flags
 

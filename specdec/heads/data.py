@@ -53,39 +53,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-LABEL_KINDS = ("greedy", "sampling")  # kind index -> the verification the label comes from
+from specdec.heads.config import LABEL_KINDS, HeadDataConfig
+
 META_NAME = "meta.json"
-INPUTS = ("mixed", "response")  # what the drafter reads when its states are taken (module docstring)
-
-
-@dataclass(frozen=True)
-class HeadDataConfig:
-    """One build of head training data (stored in the data folder's meta.json)."""
-
-    outputs: str  # a `specdec train outputs` JSONL file: the target's continuations of prompts
-    target: str = "code-target"  # the target that wrote them (a folder or a shipped name)
-    drafter: str = "code-drafter"  # the frozen drafter whose hidden states the head reads
-    records: int | None = None  # use only the file's first N records (None: all)
-    labels: tuple[str, ...] = ("greedy", "sampling")  # label kinds to build for every record
-    inputs: str = "response"  # "response": the target's text (stops better); "mixed": SpecDec++'s drafts mixed in
-    mixing: float = 0.15  # inputs="mixed": chance that a position keeps the target's token (no example there)
-    seed: int = 0  # seeds the draft samples and the mixing (per record, so shards are independent)
-    shard_records: int = 250  # records per shard file (the unit of resumption)
-    batch_records: int = 8  # records per forward pass
-
-    def __post_init__(self) -> None:
-        unknown = [k for k in self.labels if k not in LABEL_KINDS]
-        if unknown or not self.labels:
-            raise ValueError(f"labels must be a non-empty subset of {', '.join(LABEL_KINDS)}, got {self.labels!r}")
-        if self.inputs not in INPUTS:
-            raise ValueError(f"inputs must be one of {', '.join(INPUTS)}, got {self.inputs!r}")
-        if not 0.0 <= self.mixing < 1.0:
-            raise ValueError(f"mixing must be in [0, 1) (the share of positions keeping the target's token), "
-                             f"got {self.mixing}")
-        if self.records is not None and self.records < 1:
-            raise ValueError(f"records must be >= 1 or None (all), got {self.records}")
-        if self.shard_records < 1 or self.batch_records < 1:
-            raise ValueError("shard_records and batch_records must be >= 1")
 
 
 @dataclass(frozen=True)

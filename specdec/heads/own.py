@@ -31,11 +31,12 @@ import itertools
 import json
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from specdec.heads.config import HeadTuneConfig
 from specdec.train.outputs import TargetData
 
 FIX = "give a drafter of the target's vocabulary (make one with `specdec train drafter --target ...`)"
@@ -58,31 +59,6 @@ def check_pair(target: str, drafter: str, data: str | Path) -> TargetData:
                          + ("" if kinds[0] != kinds[1] else ", but their decoders start with other tokens")
                          + f": the drafter must read what the target reads; {FIX}")
     return own
-
-
-@dataclass(frozen=True)
-class HeadTuneConfig:
-    """How ``specdec train head --data`` tunes ada and measures it on the held-out prompts (after training)."""
-
-    tune_thresholds: tuple[float, ...] = (0.3, 0.5, 0.7, 0.8, 0.9, 1.0)  # ada stop thresholds tried (1 = never stop: ada is then the constant γ MAX)
-    tune_max_draft: tuple[int, ...] = (2, 3, 4, 6, 8)  # ada MAX values tried; the final measurement runs each as a constant γ too
-    tune_prompts: int | None = None  # the first N held-out prompts tune (the others measure); None = half of them; 0 = no tuning
-    tune_tokens: int = 64  # new tokens per tuning prompt (the greedy text the grid is replayed on)
-    tune_repeats: int = 2  # interleaved passes of the timed decodes the costs are fitted to
-    measure_prompts: int = 20  # held-out prompts (after the tuning ones) measured at the end
-    measure_tokens: int = 64  # new tokens per measured prompt
-    measure_repeats: int = 3  # interleaved passes of the final measurement (medians)
-
-    def __post_init__(self) -> None:
-        if not self.tune_thresholds or not all(0 < t <= 1 for t in self.tune_thresholds):
-            raise ValueError(f"tune_thresholds must be one or more numbers in (0, 1], got {self.tune_thresholds!r}")
-        if not self.tune_max_draft or not all(isinstance(m, int) and m >= 1 for m in self.tune_max_draft):
-            raise ValueError(f"tune_max_draft must be one or more ints >= 1, got {self.tune_max_draft!r}")
-        if self.tune_prompts is not None and self.tune_prompts < 0:
-            raise ValueError(f"tune_prompts must be >= 0 (0 = no tuning) or left out, got {self.tune_prompts}")
-        for name in ("tune_tokens", "tune_repeats", "measure_prompts", "measure_tokens", "measure_repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def split_held_out(valid: list[dict], tune_prompts: int | None) -> tuple[list[dict], list[dict]]:

@@ -30,40 +30,11 @@ from pathlib import Path
 
 import torch
 
-from specdec.heads.data import LABEL_KINDS, HeadData, load_head_data
+from specdec.heads.config import LABEL_KINDS, HeadTrainConfig
+from specdec.heads.data import HeadData, load_head_data
 from specdec.heads.model import AcceptanceHead, HeadConfig
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint
 from specdec.train.parallel import DataParallel
-
-
-@dataclass(frozen=True)
-class HeadTrainConfig:
-    """One training run of the head (defaults: the shipped head's recipe)."""
-
-    data: str  # head data folder (`specdec.heads.data`): the training examples
-    valid: str | None = None  # head data folder of held-out prompts, for the validation loss
-    labels: tuple[str, ...] = ("greedy", "sampling")  # label kinds trained on (one head for both by default)
-    num_blocks: int = 3  # residual blocks of the head (SpecDec++: 3)
-    reject_weight: float = 6.0  # class weight of rejection in the loss (acceptance: 1)
-    batch_size: int = 4096  # examples per optimizer step, over all processes
-    lr: float = 1e-3  # peak AdamW learning rate
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at max_steps
-    warmup_steps: int = 100  # linear warm-up
-    weight_decay: float = 0.0
-    max_steps: int = 3000  # total optimizer steps
-    eval_every: int = 250  # steps between validation losses
-    save_every: int = 250  # steps between checkpoints (resume points)
-    seed: int = 0  # initial weights and batch order
-
-    def __post_init__(self) -> None:
-        unknown = [k for k in self.labels if k not in LABEL_KINDS]
-        if unknown or not self.labels:
-            raise ValueError(f"labels must be a non-empty subset of {', '.join(LABEL_KINDS)}, got {self.labels!r}")
-        if self.reject_weight <= 0:
-            raise ValueError(f"reject_weight must be > 0, got {self.reject_weight}")
-        for name in ("batch_size", "max_steps", "eval_every", "save_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def weighted_soft_ce(logits: torch.Tensor, label: torch.Tensor, reject_weight: float) -> tuple[torch.Tensor, torch.Tensor]:

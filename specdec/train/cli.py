@@ -47,7 +47,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from specdec.train.presets import PRESETS, BlockTrainConfig, TrainConfig
+from specdec.train.presets import (
+    PRESETS,
+    SEQ2SEQ_PRESETS,
+    BlockTrainConfig,
+    DrafterTrainConfig,
+    Seq2SeqBlockConfig,
+    Seq2SeqTrainConfig,
+    TrainConfig,
+)
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig,
@@ -153,7 +161,7 @@ def _cmd_outputs(args: argparse.Namespace) -> int:
 def _cmd_drafter(args: argparse.Namespace) -> int:
     import torch
 
-    from specdec.train.drafter import DrafterTrainConfig, train_drafter
+    from specdec.train.drafter import train_drafter
 
     torch.set_num_threads(args.threads)
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(DrafterTrainConfig)
@@ -213,8 +221,7 @@ def _cmd_seq2seq_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _cmd_seq2seq(args: argparse.Namespace) -> int:
-    from specdec.train.seq2seq import PRESETS as SEQ2SEQ_PRESETS
-    from specdec.train.seq2seq import Seq2SeqTrainConfig, train_seq2seq
+    from specdec.train.seq2seq import train_seq2seq
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Seq2SeqTrainConfig)
                  if f.name != "shape" and getattr(args, f.name, None) is not None}
@@ -227,7 +234,7 @@ def _cmd_seq2seq(args: argparse.Namespace) -> int:
 
 
 def _cmd_seq2seq_block(args: argparse.Namespace) -> int:
-    from specdec.train.seq2seq_block import Seq2SeqBlockConfig, train_seq2seq_block
+    from specdec.train.seq2seq_block import train_seq2seq_block
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(Seq2SeqBlockConfig)
                  if getattr(args, f.name, None) is not None}
@@ -332,8 +339,6 @@ def register(subparsers) -> None:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_cmd_outputs)
 
-    from specdec.train.drafter import DrafterTrainConfig
-
     dr = sub.add_parser("drafter", help="a small drafter for any target, distilled on its `specdec data outputs` (resumable)",
                         description="Build a drafter from the target's own config class (--layers, --hidden, or "
                         "--init first-layers) and distil it on the target's outputs (KL to the target at every "
@@ -357,9 +362,6 @@ def register(subparsers) -> None:
     exp.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     exp.set_defaults(func=_cmd_export)
 
-    from specdec.train.seq2seq import PRESETS as SEQ2SEQ_PRESETS
-    from specdec.train.seq2seq import Seq2SeqTrainConfig
-
     stok = sub.add_parser("seq2seq-tokenizer", help="train the shared English/German BPE on a gettext corpus")
     stok.add_argument("--data", required=True, help="a `specdec data gettext` folder")
     stok.add_argument("--out", required=True, help="folder to save the tokenizer to")
@@ -376,8 +378,6 @@ def register(subparsers) -> None:
                      help="checkpoint and stop at this step (resume later)")
     _add_dataclass_flags(s2s, Seq2SeqTrainConfig)
     s2s.set_defaults(func=_cmd_seq2seq)
-
-    from specdec.train.seq2seq_block import Seq2SeqBlockConfig
 
     sblk = sub.add_parser("seq2seq-block-drafter",
                           help="train or resume SpecDec's block drafter for an encoder-decoder target")

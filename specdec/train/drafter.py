@@ -48,35 +48,8 @@ from specdec.train.outputs import (
     valid_path,
 )
 from specdec.train.parallel import DataParallel
+from specdec.train.presets import DrafterTrainConfig
 from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume, run_steps
-
-
-@dataclass(frozen=True)
-class DrafterTrainConfig:
-    """One drafter run: its shape, its data and its optimizer."""
-
-    target: str = ""  # the target model's folder
-    data: str = ""  # a `specdec data outputs` file written with that target
-    layers: int = 2  # decoder layers of the drafter
-    hidden: int | None = None  # width of a shrunk drafter (a multiple of the target's head count); None = the target's
-    init: str = "shrunk"  # shrunk: fresh layers, the target's embeddings; first-layers: the target's first --layers layers
-    steps: int = 300  # optimizer steps
-    batch_size: int = 8  # records per step
-    lr: float = 1e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
-    warmup_steps: int = 20  # linear warm-up
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seq_len: int = 512  # tokens per record trained on (a longer one keeps its last seq_len)
-    records: int | None = None  # records of --data trained on (None: all there are when the run starts; kept on resume)
-    eval_every: int = 100  # steps between held-out measurements (KL, top-1 agreement)
-    save_every: int = 50  # steps between checkpoints (resume point)
-    eval_records: int = 64  # held-out records measured each time
-    seed: int = 0
-
-    @property
-    def max_steps(self) -> int:  # the name the shared optimizer loop and schedule read
-        return self.steps
 
 
 @dataclass(frozen=True)

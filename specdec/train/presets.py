@@ -1,7 +1,10 @@
 """Named model shapes and training settings for the shipped default models.
 
 A preset is the whole recipe of one shipped model; ``specdec train lm --preset NAME`` uses it and
-every field can be overridden on the command line.
+every field can be overridden on the command line. The other trainers' settings live here too
+(``DrafterTrainConfig``, ``Seq2SeqTrainConfig`` and its ``SEQ2SEQ_PRESETS``, ``Seq2SeqBlockConfig``; their
+modules re-export them): ``specdec train``'s flags are built from them, and this module imports no torch, so
+``specdec train --help`` and a bad flag answer at once.
 """
 
 from __future__ import annotations
@@ -124,3 +127,126 @@ PRESETS: dict[str, TrainConfig] = {
         save_every=10, eval_windows=4, warmup_steps=2, lr=3e-3,
     ),
 }
+
+
+# ------------------------------------------------- the other trainers' settings (their flags are built from them)
+
+
+@dataclass(frozen=True)
+class DrafterTrainConfig:
+    """One drafter run: its shape, its data and its optimizer."""
+
+    target: str = ""  # the target model's folder
+    data: str = ""  # a `specdec data outputs` file written with that target
+    layers: int = 2  # decoder layers of the drafter
+    hidden: int | None = None  # width of a shrunk drafter (a multiple of the target's head count); None = the target's
+    init: str = "shrunk"  # shrunk: fresh layers, the target's embeddings; first-layers: the target's first --layers layers
+    steps: int = 300  # optimizer steps
+    batch_size: int = 8  # records per step
+    lr: float = 1e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
+    warmup_steps: int = 20  # linear warm-up
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seq_len: int = 512  # tokens per record trained on (a longer one keeps its last seq_len)
+    records: int | None = None  # records of --data trained on (None: all there are when the run starts; kept on resume)
+    eval_every: int = 100  # steps between held-out measurements (KL, top-1 agreement)
+    save_every: int = 50  # steps between checkpoints (resume point)
+    eval_records: int = 64  # held-out records measured each time
+    seed: int = 0
+
+    @property
+    def max_steps(self) -> int:  # the name the shared optimizer loop and schedule read
+        return self.steps
+
+
+@dataclass(frozen=True)
+class Seq2SeqShape:
+    """A Marian encoder-decoder (what ``transformers.MarianConfig`` needs)."""
+
+    d_model: int
+    encoder_layers: int
+    decoder_layers: int
+    attention_heads: int  # per layer, encoder and decoder alike
+    ffn_dim: int  # feed-forward width, encoder and decoder alike
+    max_position_embeddings: int = 512  # longest source or translation in tokens (sinusoidal table)
+
+
+@dataclass(frozen=True)
+class Seq2SeqTrainConfig:
+    """One encoder-decoder training run. Defaults are the shipped target's recipe."""
+
+    shape: Seq2SeqShape = field(default_factory=lambda: Seq2SeqShape(256, 3, 3, 4, 768))
+    data: str = "data/gettext-de"  # a `specdec data gettext` folder (train.jsonl, validation.jsonl)
+    tokenizer: str = "runs/translate-tokenizer"  # a `specdec train seq2seq-tokenizer` folder
+    translations: str | None = None  # the target's translations of the train sources (distillation); None (CLI: `references`) = the reference translations
+    init_from: str | None = None  # start from this trained model (a stage-2 run: fresh optimizer and schedule)
+    batch_size: int = 64  # sentence pairs per step (batches group pairs of similar length)
+    max_tokens: int = 128  # pairs longer than this on either side (eos included) are left out of training
+    lr: float = 1e-3  # peak AdamW learning rate
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 200  # linear warm-up
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    label_smoothing: float = 0.1
+    dropout: float = 0.1  # dropout of the model (attention and activations use it too)
+    max_steps: int = 600  # total optimizer steps (the schedule's length; resume keeps it)
+    eval_every: int = 250  # steps between validation-loss measurements
+    save_every: int = 100  # steps between checkpoints (resume point)
+    eval_pairs: int = 1000  # validation pairs in each measurement (the same first ones every time)
+    seed: int = 0
+
+
+SEQ2SEQ_PRESETS: dict[str, Seq2SeqTrainConfig] = {  # `specdec train seq2seq --preset NAME`
+    # ~6.8M parameters with the 8000-token vocabulary: 3 + 3 layers of width 256 (600 steps: 0.75 epoch,
+    # what one contended CPU thread gave in the time there was).
+    "translate-target": Seq2SeqTrainConfig(),
+    # Stage 2: the same model continued from stage 1 (new batch order, fresh AdamW, its own warm-up
+    # and cosine decay).
+    "translate-target-s2": Seq2SeqTrainConfig(init_from="runs/translate-target/final", lr=7e-4, warmup_steps=100,
+                                              max_steps=3000, seed=1),
+    # ~2.1M parameters: 2 + 2 layers of width 128, on the target's greedy translations.
+    "translate-drafter": Seq2SeqTrainConfig(
+        shape=Seq2SeqShape(128, 2, 2, 4, 512), translations="runs/translate-target-translations-train.jsonl",
+        lr=2e-3, max_steps=600, warmup_steps=100, dropout=0.05,
+    ),
+    # Stage 2 of the drafter: continued from stage 1 on the target's translations of all the train
+    # sources (stage 1 had the first 10,240), a lower peak rate, its own warm-up and cosine decay.
+    "translate-drafter-s2": Seq2SeqTrainConfig(
+        shape=Seq2SeqShape(128, 2, 2, 4, 512), translations="runs/translate-target-translations-train.jsonl",
+        init_from="runs/translate-drafter/final", lr=1e-3, max_steps=1500, warmup_steps=50, dropout=0.05, seed=1,
+    ),
+    # seconds-long run for tests and smoke checks
+    "tiny": Seq2SeqTrainConfig(
+        shape=Seq2SeqShape(32, 1, 1, 2, 64, 64), batch_size=8, max_tokens=48, max_steps=20, eval_every=10,
+        save_every=10, eval_pairs=16, warmup_steps=2, lr=3e-3, dropout=0.0,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Seq2SeqBlockConfig:
+    """One encoder-decoder block-drafter training run. Defaults are the shipped model's recipe."""
+
+    target: str = "runs/translate-target-s2/final"  # the target distilled from (its encoder, embeddings, decoder layers)
+    data: str = "data/gettext-de"  # the `specdec data gettext` folder the translations were made from
+    translations: str = "runs/translate-target-translations-train.jsonl"  # `specdec train translations` of the target
+    outputs: str | None = None  # a `specdec data outputs` file of the target's (replaces data and translations)
+    decoder_layers: int = 2  # the drafter's decoder layers (the target's first ones to start)
+    max_block_size: int = 8  # largest block k trained (each step draws k uniformly from 1..this)
+    mask_token_id: int | None = None  # the block's input token (None: the tokenizer's unk, which byte-level BPE never emits)
+    prefix_loss: float = 0.5  # weight of the next-token loss at prefix positions
+    batch_size: int = 64  # rows per step
+    max_tokens: int = 128  # pairs longer than this on either side are left out
+    lr: float = 7e-4  # peak AdamW learning rate
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 100  # linear warm-up
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    label_smoothing: float = 0.1
+    dropout: float = 0.1  # the model's dropout while training
+    max_steps: int = 2000  # optimizer steps
+    eval_every: int = 250  # steps between held-out measurements
+    save_every: int = 100  # steps between checkpoints (resume point)
+    eval_pairs: int = 256  # held-out rows measured at each evaluation
+    seed: int = 0

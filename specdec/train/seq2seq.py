@@ -43,70 +43,8 @@ from transformers import (
 from specdec.data.gettext import load_pairs
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint, untied_state
 from specdec.train.parallel import DataParallel
-
-
-@dataclass(frozen=True)
-class Seq2SeqShape:
-    """A Marian encoder-decoder (what ``transformers.MarianConfig`` needs)."""
-
-    d_model: int
-    encoder_layers: int
-    decoder_layers: int
-    attention_heads: int  # per layer, encoder and decoder alike
-    ffn_dim: int  # feed-forward width, encoder and decoder alike
-    max_position_embeddings: int = 512  # longest source or translation in tokens (sinusoidal table)
-
-
-@dataclass(frozen=True)
-class Seq2SeqTrainConfig:
-    """One encoder-decoder training run. Defaults are the shipped target's recipe."""
-
-    shape: Seq2SeqShape = field(default_factory=lambda: Seq2SeqShape(256, 3, 3, 4, 768))
-    data: str = "data/gettext-de"  # a `specdec data gettext` folder (train.jsonl, validation.jsonl)
-    tokenizer: str = "runs/translate-tokenizer"  # a `specdec train seq2seq-tokenizer` folder
-    translations: str | None = None  # the target's translations of the train sources (distillation); None (CLI: `references`) = the reference translations
-    init_from: str | None = None  # start from this trained model (a stage-2 run: fresh optimizer and schedule)
-    batch_size: int = 64  # sentence pairs per step (batches group pairs of similar length)
-    max_tokens: int = 128  # pairs longer than this on either side (eos included) are left out of training
-    lr: float = 1e-3  # peak AdamW learning rate
-    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
-    warmup_steps: int = 200  # linear warm-up
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    label_smoothing: float = 0.1
-    dropout: float = 0.1  # dropout of the model (attention and activations use it too)
-    max_steps: int = 600  # total optimizer steps (the schedule's length; resume keeps it)
-    eval_every: int = 250  # steps between validation-loss measurements
-    save_every: int = 100  # steps between checkpoints (resume point)
-    eval_pairs: int = 1000  # validation pairs in each measurement (the same first ones every time)
-    seed: int = 0
-
-
-PRESETS: dict[str, Seq2SeqTrainConfig] = {
-    # ~6.8M parameters with the 8000-token vocabulary: 3 + 3 layers of width 256 (600 steps: 0.75 epoch,
-    # what one contended CPU thread gave in the time there was).
-    "translate-target": Seq2SeqTrainConfig(),
-    # Stage 2: the same model continued from stage 1 (new batch order, fresh AdamW, its own warm-up
-    # and cosine decay).
-    "translate-target-s2": Seq2SeqTrainConfig(init_from="runs/translate-target/final", lr=7e-4, warmup_steps=100,
-                                              max_steps=3000, seed=1),
-    # ~2.1M parameters: 2 + 2 layers of width 128, on the target's greedy translations.
-    "translate-drafter": Seq2SeqTrainConfig(
-        shape=Seq2SeqShape(128, 2, 2, 4, 512), translations="runs/translate-target-translations-train.jsonl",
-        lr=2e-3, max_steps=600, warmup_steps=100, dropout=0.05,
-    ),
-    # Stage 2 of the drafter: continued from stage 1 on the target's translations of all the train
-    # sources (stage 1 had the first 10,240), a lower peak rate, its own warm-up and cosine decay.
-    "translate-drafter-s2": Seq2SeqTrainConfig(
-        shape=Seq2SeqShape(128, 2, 2, 4, 512), translations="runs/translate-target-translations-train.jsonl",
-        init_from="runs/translate-drafter/final", lr=1e-3, max_steps=1500, warmup_steps=50, dropout=0.05, seed=1,
-    ),
-    # seconds-long run for tests and smoke checks
-    "tiny": Seq2SeqTrainConfig(
-        shape=Seq2SeqShape(32, 1, 1, 2, 64, 64), batch_size=8, max_tokens=48, max_steps=20, eval_every=10,
-        save_every=10, eval_pairs=16, warmup_steps=2, lr=3e-3, dropout=0.0,
-    ),
-}
+from specdec.train.presets import SEQ2SEQ_PRESETS as PRESETS  # noqa: F401 (this module's presets, by their old name)
+from specdec.train.presets import Seq2SeqShape, Seq2SeqTrainConfig
 
 
 @dataclass(frozen=True)

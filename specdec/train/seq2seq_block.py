@@ -47,6 +47,7 @@ from specdec.train.drafter import _layer_key as decoder_layers_key
 from specdec.train.drafter import block_card, measure_pair
 from specdec.train.outputs import target_data
 from specdec.train.parallel import DataParallel
+from specdec.train.presets import Seq2SeqBlockConfig
 from specdec.train.seq2seq import (
     Example,
     Seq2SeqTrainConfig,
@@ -59,34 +60,6 @@ from specdec.train.seq2seq import (
 )
 
 HELD_OUT_EVERY = 50  # every 50th translation record is held out for evaluation
-
-
-@dataclass(frozen=True)
-class Seq2SeqBlockConfig:
-    """One encoder-decoder block-drafter training run. Defaults are the shipped model's recipe."""
-
-    target: str = "runs/translate-target-s2/final"  # the target distilled from (its encoder, embeddings, decoder layers)
-    data: str = "data/gettext-de"  # the `specdec data gettext` folder the translations were made from
-    translations: str = "runs/translate-target-translations-train.jsonl"  # `specdec train translations` of the target
-    outputs: str | None = None  # a `specdec data outputs` file of the target's (replaces data and translations)
-    decoder_layers: int = 2  # the drafter's decoder layers (the target's first ones to start)
-    max_block_size: int = 8  # largest block k trained (each step draws k uniformly from 1..this)
-    mask_token_id: int | None = None  # the block's input token (None: the tokenizer's unk, which byte-level BPE never emits)
-    prefix_loss: float = 0.5  # weight of the next-token loss at prefix positions
-    batch_size: int = 64  # rows per step
-    max_tokens: int = 128  # pairs longer than this on either side are left out
-    lr: float = 7e-4  # peak AdamW learning rate
-    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
-    warmup_steps: int = 100  # linear warm-up
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    label_smoothing: float = 0.1
-    dropout: float = 0.1  # the model's dropout while training
-    max_steps: int = 2000  # optimizer steps
-    eval_every: int = 250  # steps between held-out measurements
-    save_every: int = 100  # steps between checkpoints (resume point)
-    eval_pairs: int = 256  # held-out rows measured at each evaluation
-    seed: int = 0
 
 
 def build_drafter(target: PreTrainedModel, cfg: Seq2SeqBlockConfig, mask_token_id: int) -> PreTrainedModel:
