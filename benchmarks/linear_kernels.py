@@ -13,8 +13,10 @@ turn per repeat), medians; every candidate is first checked against a float64 pr
 - ``onednn dense`` / ``onednn packed``: ``torch.ops.mkldnn._linear_pointwise`` on the plain weight, or on
   one prepacked by ``_reorder_linear_weight`` for batch size 8;
 - ``blocked``: specdec's blocked kernel (``specdec/csrc/blocked_linear.c``: the weight re-laid in blocks of 16
-  output columns, streamed once per product, each block's floats multiplied by up to 12 rows at a time), where a
+  output columns, streamed once per product, each block's floats multiplied by up to 14 rows in one pass), where a
   C compiler builds it;
+- ``blocked (other)``: with ``--blocked-source FILE``, that version of the blocked kernel's source, built the same
+  way, to time a change to it against the shipped one in one process;
 - ``specdec``: ``specdec.kernels.fast_linear`` with both its kernels on (``(W @ x.T).T`` for 1-2 rows, for more the
   first of ``kernels.many_kernels()``: the blocked kernel where it builds, else oneDNN packed).
 
@@ -56,13 +58,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import _Packed, fast_linear, many_kernels
+from specdec.kernels import Blocked, _Packed, block_weight, build_blocked, fast_linear, many_kernels
 from specdec.loading import load_model
 
 
@@ -71,8 +75,10 @@ def _left(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (w @ pair.T).T[: x.shape[0]]
 
 
-def candidates(weights: list[torch.Tensor], rows: int) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
-    """name -> f(x, i) computing x @ weights[i].T by that kernel (prepared state made here)."""
+def candidates(weights: list[torch.Tensor], rows: int,
+               other: Blocked | None = None) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+    """name -> f(x, i) computing x @ weights[i].T by that kernel (prepared state made here); ``other``: another
+    build of the blocked kernel (``--blocked-source``), timed beside the shipped one as "blocked (other)"."""
     transposed = [w.t().contiguous() for w in weights]
     mkl = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 8) for w in weights]
@@ -89,16 +95,26 @@ def candidates(weights: list[torch.Tensor], rows: int) -> dict[str, Callable[[to
     }
     if blocked:
         found["blocked"] = lambda x, i: blocked[i](x, weights[i], None)
+    if other is not None:
+        laid = [block_weight(w, other.lanes) for w in weights]
+
+        def by_other(x: torch.Tensor, i: int) -> torch.Tensor:
+            out = x.new_empty(x.shape[0], weights[i].shape[0])
+            other.function(x.data_ptr(), laid[i].data_ptr(), None, out.data_ptr(), x.shape[0], weights[i].shape[0],
+                           x.shape[1])
+            return out
+
+        found["blocked (other)"] = by_other
     if rows == 1:
         found["mv"] = lambda x, i: torch.mv(weights[i], x[0])[None]
     return found
 
 
 @torch.inference_mode()
-def measure(weights: list[torch.Tensor], rows: int, repeats: int) -> dict[str, float]:
+def measure(weights: list[torch.Tensor], rows: int, repeats: int, other: Blocked | None = None) -> dict[str, float]:
     """Median ms of one pass over ``weights`` per candidate, interleaved; each checked against float64 first."""
     inputs = [torch.randn(rows, w.shape[1]) for w in weights]
-    kernels = candidates(weights, rows)
+    kernels = candidates(weights, rows, other)
     for name, kernel in kernels.items():
         for i, (x, w) in enumerate(zip(inputs, weights)):
             reference = x.double() @ w.double().T
@@ -119,14 +135,24 @@ def main() -> None:
     parser.add_argument("--model", default="code-target", help="a shipped name or a model folder")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 5, 8])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--blocked-source", type=Path, default=None, metavar="FILE",
+                        help="another version of csrc/blocked_linear.c to time beside the shipped one, e.g. "
+                        "<(git show COMMIT:specdec/csrc/blocked_linear.c)")
     args = parser.parse_args()
+    other = None
+    if args.blocked_source is not None:
+        copy = Path(tempfile.mkdtemp()) / "blocked_linear.c"  # a file the compiler can read again (not a pipe)
+        copy.write_text(args.blocked_source.read_text())
+        other = build_blocked(copy)
+        if other is None:
+            parser.error(f"could not build {args.blocked_source} (a C compiler is needed)")
     torch.set_num_threads(1)
     model = load_model(args.model, dtype=torch.float32)
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     print(f"{args.model}: {len(weights)} layers, {sum(w.numel() for w in weights) * 4 / 1e6:.1f} MB, 1 thread, "
           f"{args.repeats} repeats; ms per pass (share of F.linear)")
     for rows in args.rows:
-        found = measure(weights, rows, args.repeats)
+        found = measure(weights, rows, args.repeats, other)
         stock = found["F.linear"]
         print(f"rows {rows}: " + ", ".join(f"{name} {ms:.2f} ({ms / stock:.2f})" for name, ms in found.items()))
 

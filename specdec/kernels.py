@@ -15,8 +15,8 @@ The other ways, each for a range of the number of rows n:
   memory; ``_Packed.many`` names it):
   - ``blocked``: specdec's own (``csrc/blocked_linear.c``), the weight re-laid in blocks of 16 output columns
     ([ceil(out / 16), in, 16]; 8 without AVX-512): each block's floats are streamed from memory once, contiguously,
-    and multiplied by up to 12 rows of x at a time (x's element broadcast), so a product of 5 or 13 rows reads
-    the weights once as a 1-row product does. Built at first use with the machine's C compiler (``-O3
+    and multiplied by up to 14 rows of x in one pass (x's element broadcast; more rows go 12 at a time), each
+    stream prefetched 4 KiB ahead, so a product of 5 or 13 rows reads the weights once as a 1-row product does. Built at first use with the machine's C compiler (``-O3
     -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
     oneDNN's op 17 us); absent without a compiler, and offered only to models of ``STREAMED_BYTES`` or more of
     linear weights (``many_kernels``: a smaller model's weights stay cached between steps, where torch's kernel
@@ -158,15 +158,22 @@ def blocked() -> Blocked | None:
     """The blocked kernel (``csrc/blocked_linear.c``), built at first use with the machine's C compiler
     (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (keyed by the source, the compiler and the CPU's
     flags) and loaded; ``None`` where it cannot be built (no compiler, another OS), and oneDNN's kernel serves."""
-    if "kernel" in _BUILT:
-        return _BUILT["kernel"]  # type: ignore[return-value]
+    if "kernel" not in _BUILT:
+        _BUILT["kernel"] = build_blocked(_SOURCE)
+    return _BUILT["kernel"]  # type: ignore[return-value]
+
+
+def build_blocked(source: Path) -> Blocked | None:
+    """A blocked kernel built from ``source`` (``blocked`` builds the shipped one; ``benchmarks/linear_kernels.py
+    --blocked-source`` another version of it, to time both) into the kernel cache and loaded; None where it
+    cannot be built."""
     found = None
     compiler = _compiler()
     if compiler is not None and platform.system() == "Linux":
         try:
             version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
                                      timeout=30).stdout
-            key = hashlib.sha256(f"{_SOURCE.read_text()}\n{compiler}\n{version}\n{_cpu_flags()}".encode())
+            key = hashlib.sha256(f"{source.read_text()}\n{compiler}\n{version}\n{_cpu_flags()}".encode())
             root = cache_root() / "kernels"
             path = root / f"blocked_linear-{key.hexdigest()[:16]}.so"
             if not path.exists():
@@ -174,7 +181,7 @@ def blocked() -> Blocked | None:
                 with tempfile.TemporaryDirectory(dir=root) as folder:
                     built = Path(folder) / path.name
                     subprocess.run([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built),
-                                    str(_SOURCE)], check=True, capture_output=True, timeout=120)
+                                    str(source)], check=True, capture_output=True, timeout=120)
                     os.replace(built, path)  # atomic: another process building the same file is harmless
             library = ctypes.CDLL(str(path))
             function = library.specdec_blocked_linear
@@ -183,7 +190,6 @@ def blocked() -> Blocked | None:
             found = Blocked(function, int(library.specdec_lanes()), path)
         except (OSError, subprocess.SubprocessError, AttributeError):
             found = None
-    _BUILT["kernel"] = found
     return found
 
 
