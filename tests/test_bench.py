@@ -29,6 +29,7 @@ from specdec.bench import (
     write_outputs,
 )
 from specdec.bench.cli import config_from_args, main, register
+from specdec.bench.environment import cpu_description
 from specdec.bench.measure import MemoryMeter
 from specdec.bench.prompts import read_jsonl
 from specdec.bench.report import print_report
@@ -413,3 +414,16 @@ def test_batch_sweep_runs_every_method_at_every_batch_size(pair: tuple[Path, Pat
     assert "goal spec-lookup / hf at B=1" in console.export_text()
     only_on = run_sweep(replace(config, speculate=("on",), batch_sizes=(2,), repeats=1))
     assert {c.method for c in only_on.cells} == {HF, "spec", "spec-lookup"}
+
+
+def test_the_cpu_is_described_by_the_features_that_decide_its_kernels() -> None:
+    block = ("processor\t: {n}\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: {model}\n"
+             "model name\t: Intel(R) Xeon(R) Processor @ 2.50GHz\nstepping\t: {stepping}\nflags\t\t: {flags}\n\n")
+    cascade = "fpu sse2 avx2 avx512f avx512_vnni"
+    sapphire = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
+    one = block.format(n=0, model=85, stepping=7, flags=cascade) + block.format(n=1, model=85, stepping=7, flags=cascade)
+    other = block.format(n=0, model=143, stepping=8, flags=sapphire)
+    assert cpu_description(one) == "Intel(R) Xeon(R) Processor @ 2.50GHz; 6/85/7; avx2 avx512f avx512_vnni"
+    assert cpu_description(other) == ("Intel(R) Xeon(R) Processor @ 2.50GHz; 6/143/8; avx2 avx512f avx512_vnni "
+                                      "avx512_bf16 amx_int8 amx_bf16")
+    assert cpu_description("processor\t: 0\nBogoMIPS\t: 50.00\n") is None  # no model name: the caller's fallback

@@ -56,15 +56,35 @@ def model_info(path: str, model: PreTrainedModel) -> ModelInfo:
     )
 
 
+# the CPU features that decide which kernels run (specdec's blocked kernel, oneDNN's and llama.cpp's int8 and bf16
+# paths): two CPUs of one brand name (this project's Intel Xeons) differ in them, and their figures with them
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+
+
+def cpu_description(cpuinfo: str) -> str | None:
+    """A CPU from /proc/cpuinfo's text: its model name, family/model/stepping and which of ``CPU_FEATURES`` it has,
+    e.g. "Intel(R) Xeon(R) Processor @ 2.50GHz; 6/85/7; avx2 avx512f avx512_vnni"; None without a model name."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if not line.strip():
+            break  # the first processor's block is enough
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" not in fields:
+        return None
+    flags = set(fields.get("flags", "").split())
+    ident = "/".join(fields[k] for k in ("cpu family", "model", "stepping") if k in fields)
+    features = " ".join(f for f in CPU_FEATURES if f in flags) or "none of " + " ".join(CPU_FEATURES)
+    return "; ".join(filter(None, (fields["model name"], ident, features)))
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            described = cpu_description(f.read())
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        described = None
+    return described or platform.processor() or "unknown"
 
 
 @dataclass(frozen=True)
