@@ -179,8 +179,13 @@ def test_a_peer_not_installed_or_unknown_is_refused_before_loading(pair, fake_pe
     missing = _config(pair, target=str(tmp_path / "no-model"), peers=("absent",))
     with pytest.raises(ValueError, match="peer 'absent' needs"):  # before the missing target is loaded
         run_benchmark(missing)
-    assert main(["--target", str(tmp_path / "no-model"), "--peers", "absent", "--no-progress"]) == 2
+    tiny, prompts = pair  # the command line: refused before the models load (they would run a bench otherwise)
+    assert main(["--target", str(tiny.target), "--drafter", str(tiny.drafter), "--prompts", str(prompts),
+                 "--peers", "absent", "--no-progress", "--no-plots", "--output", str(tmp_path / "out")]) == 2
     assert "peer 'absent' needs the package no-such-engine" in capsys.readouterr().err
+    # a --target that is not there is said first, before torch is imported (tests/test_imports.py)
+    assert main(["--target", str(tmp_path / "no-model"), "--peers", "absent", "--no-progress"]) == 2
+    assert "model path" in capsys.readouterr().err
 
 
 def test_ctranslate2_gives_generates_tokens_or_is_refused(pair) -> None:

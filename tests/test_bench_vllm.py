@@ -93,7 +93,9 @@ def test_vllm_is_refused_before_loading_saying_how_to_install(pair, tmp_path: Pa
     missing = floor_config(pair, target=str(tmp_path / "no-model"), peers=("vllm",))
     with pytest.raises(ValueError, match="has no vllm"):  # before the missing target is loaded
         run_benchmark(missing)
-    assert main(["--target", str(tmp_path / "no-model"), "--peers", "vllm", "--no-progress"]) == 2
+    tiny, prompts = pair  # the command line: refused before the models load (they would run a bench otherwise)
+    assert main(["--target", str(tiny.target), "--drafter", str(tiny.drafter), "--prompts", str(prompts),
+                 "--peers", "vllm", "--no-progress", "--no-plots", "--output", str(tmp_path / "out")]) == 2
     assert "has no vllm" in capsys.readouterr().err
 
 
