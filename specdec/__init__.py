@@ -7,8 +7,9 @@ transformers; ``specdec.speculative_generate`` and ``from specdec import load_mo
 
 from __future__ import annotations
 
-import importlib
 import typing
+
+from specdec.lazy import lazy_names
 
 if typing.TYPE_CHECKING:
     from specdec.acceptance import RULES, Rule, Verdict, register_rule
@@ -142,19 +143,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """A public name: on the first, import the whole public API as an eager ``import specdec`` would (so
-    its modules' registrations are made) and keep every name; or a submodule (``specdec.cli``)."""
-    if name in _EXPORTS:
-        globals().update({n: getattr(importlib.import_module(m), n) for n, m in _EXPORTS.items()})
-        return globals()[name]
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, together=True)  # the whole API at the first name

@@ -13,8 +13,9 @@ encoder-decoder target). Re-exports only; see the modules for the contracts. The
 
 from __future__ import annotations
 
-import importlib
 import typing
+
+from specdec.lazy import lazy_names
 
 if typing.TYPE_CHECKING:
     from specdec.bench.cli import register
@@ -71,19 +72,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """A public name, imported from its module on first use; or a submodule (``specdec.bench.peers``)."""
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -8,8 +8,9 @@ measure a head (``specdec train head`` / ``specdec train head-eval``) and import
 
 from __future__ import annotations
 
-import importlib
 import typing
+
+from specdec.lazy import lazy_names
 
 if typing.TYPE_CHECKING:
     from specdec.heads.model import DEFAULT_HEAD, AcceptanceHead, HeadConfig, default_head_path, load_head
@@ -17,16 +18,4 @@ if typing.TYPE_CHECKING:
 __all__ = ["DEFAULT_HEAD", "AcceptanceHead", "HeadConfig", "default_head_path", "load_head"]
 
 
-def __getattr__(name: str) -> object:
-    """A name of ``__all__``, imported from ``model.py`` on first use (PEP 562: ``specdec.heads.config``, which
-    ``specdec train``'s flags read, imports no torch); or a submodule."""
-    if name in __all__:
-        value = getattr(importlib.import_module("specdec.heads.model"), name)
-        globals()[name] = value
-        return value
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.{name}":
-            raise
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, dict.fromkeys(__all__, "specdec.heads.model"))  # no torch for heads.config
