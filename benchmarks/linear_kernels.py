@@ -66,7 +66,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.kernels import Blocked, _Packed, block_weight, build_blocked, fast_linear, many_kernels
+from specdec.kernels import (
+    Blocked,
+    _Packed,
+    block_weight,
+    blocked_product,
+    build_blocked,
+    fast_linear,
+    many_kernels,
+)
 from specdec.loading import load_model
 
 
@@ -97,14 +105,7 @@ def candidates(weights: list[torch.Tensor], rows: int,
         found["blocked"] = lambda x, i: blocked[i](x, weights[i], None)
     if other is not None:
         laid = [block_weight(w, other.lanes) for w in weights]
-
-        def by_other(x: torch.Tensor, i: int) -> torch.Tensor:
-            out = x.new_empty(x.shape[0], weights[i].shape[0])
-            other.function(x.data_ptr(), laid[i].data_ptr(), None, out.data_ptr(), x.shape[0], weights[i].shape[0],
-                           x.shape[1])
-            return out
-
-        found["blocked (other)"] = by_other
+        found["blocked (other)"] = lambda x, i: blocked_product(other, x, laid[i], weights[i].shape[0])
     if rows == 1:
         found["mv"] = lambda x, i: torch.mv(weights[i], x[0])[None]
     return found

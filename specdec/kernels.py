@@ -16,8 +16,8 @@ The other ways, each for a range of the number of rows n:
   - ``blocked``: specdec's own (``csrc/blocked_linear.c``), the weight re-laid in blocks of 16 output columns
     ([ceil(out / 16), in, 16]; 8 without AVX-512): each block's floats are streamed from memory once, contiguously,
     and multiplied by up to 14 rows of x in one pass (x's element broadcast; more rows go 12 at a time), each
-    stream prefetched 4 KiB ahead, so a product of 5 or 13 rows reads the weights once as a 1-row product does. Built at first use with the machine's C compiler (``-O3
-    -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
+    stream prefetched 4 KiB ahead, so a product of 5 or 13 rows reads the weights once as a 1-row product does.
+    Built at first use with the machine's C compiler (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
     oneDNN's op 17 us); absent without a compiler, and offered only to models of ``STREAMED_BYTES`` or more of
     linear weights (``many_kernels``: a smaller model's weights stay cached between steps, where torch's kernel
     in a compiled graph measured faster);
@@ -201,6 +201,16 @@ def block_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
     return padded.reshape(-1, lanes, width).transpose(1, 2).contiguous()
 
 
+def blocked_product(kernel: Blocked, rows: torch.Tensor, packed: torch.Tensor, out_features: int,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows`` [n, in] (contiguous) times a weight laid out by ``block_weight`` (+ bias) by ``kernel``: [n, out]."""
+    bias = None if bias is None else bias.contiguous()
+    out = rows.new_empty(rows.shape[0], out_features)
+    kernel.function(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+                    rows.shape[0], out_features, rows.shape[1])
+    return out
+
+
 MANY = ("blocked", "onednn")  # the kernels of more than ``FEW`` rows, in the order ``on`` prefers them
 
 
@@ -240,12 +250,7 @@ class _Packed:
         rows = rows.contiguous()
         if self.many != "blocked":
             return torch.ops.mkldnn._linear_pointwise(rows, self.get(weight), bias, "none", [], "")
-        packed = self.get(weight)
-        bias = None if bias is None else bias.contiguous()
-        out = rows.new_empty(rows.shape[0], weight.shape[0])
-        blocked().function(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(),
-                           out.data_ptr(), rows.shape[0], weight.shape[0], rows.shape[1])
-        return out
+        return blocked_product(blocked(), rows, self.get(weight), weight.shape[0], bias)
 
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (rows [n, in], W, b) -> [n, out]

@@ -177,14 +177,21 @@ def model_parameters(model: str | Path | PreTrainedModel | None) -> int | None:
 _applied: ThreadChoice | None = None  # the last choice use_threads applied in this process
 
 
+def machine_choice(threads: int | None = None, *, model: str | Path | PreTrainedModel | None = None,
+                   flag: str = "threads=") -> ThreadChoice:
+    """``choose_threads`` on this machine (its usable and physical cores, its environment) for the target ``model``,
+    applying nothing and importing no torch: a bad count is refused here, before anything heavy is imported."""
+    return choose_threads(threads, parameters=model_parameters(model), usable=usable_cores(),
+                          physical=physical_cores(), environ=os.environ, flag=flag)
+
+
 def use_threads(threads: int | None = None, *, model: str | Path | PreTrainedModel | None = None,
                 flag: str = "threads=") -> ThreadChoice:
     """Decide the thread count (``choose_threads`` on this machine, for the target ``model``: a loaded
     model, a folder or a shipped name), apply it to torch, and return the choice. ``threads`` is the
     count asked for (None: OMP_NUM_THREADS, else the default). Call it before any model runs."""
     global _applied
-    choice = choose_threads(threads, parameters=model_parameters(model), usable=usable_cores(),
-                            physical=physical_cores(), environ=os.environ, flag=flag)
+    choice = machine_choice(threads, model=model, flag=flag)
     import torch
 
     torch.set_num_threads(choice.threads)

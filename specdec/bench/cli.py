@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from pathlib import Path
 from specdec.arguments import field_comments
 from specdec.bench.config import BenchConfig, quick
 from specdec.folders import resolve_model_path
-from specdec.threads import choose_threads, physical_cores, usable_cores, use_threads
+from specdec.threads import machine_choice, use_threads
 
 EXIT_USAGE = 2
 DESCRIPTION = ("Measure speculative decoding against plain decoding and transformers' generate on the same prompts: "
@@ -83,16 +82,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def _check_settings(config: BenchConfig) -> None:
     """What can be checked before torch is imported: ``--threads`` (or OMP_NUM_THREADS), as ``use_threads`` will
     apply it, and the ``--target`` folder (the translate task's default stands for translate-target)."""
-    choose_threads(config.threads, parameters=None, usable=usable_cores(), physical=physical_cores(),
-                   environ=os.environ, flag="--threads")
+    machine_choice(config.threads, flag="--threads")
     if config.target != BenchConfig.target:
         resolve_model_path(config.target)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark the flags describe; print the report and write the outputs."""
-    config = None if args.list else config_from_args(args)  # bad settings are refused before torch is imported
-    if config is not None:
+    if not args.list:  # bad settings are refused before torch is imported
+        config = config_from_args(args)
         _check_settings(config)
     from rich.console import Console
 
@@ -102,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:  # a file or pipe: do not fold the wide table to 80 columns
         console = Console(width=200)
-    if config is None:
+    if args.list:
         for name, runner in RUNNERS.items():
             console.print(f"{name:<20} (group {runner.group}): {runner.description}")
         for name, peer in PEERS.items():
