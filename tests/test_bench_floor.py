@@ -40,9 +40,9 @@ from specdec.bench.peers import (
     Peer,
     check_peers,
     llama_cpp_source,
-    peer_runners,
 )
 from specdec.bench.report import floor_table, summary_dict
+from specdec.bench.runners import peer_runners
 from specdec.drafters.model import drafter_in, int8_available
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -327,7 +327,7 @@ def test_the_drafter_pass_is_also_timed_after_the_target_steps(pair) -> None:
     target = load_model(str(pair[0].target))
     drafter = load_model(str(pair[0].drafter))
     target.register_forward_pre_hook(lambda module, args: order.append("target"))
-    one_pass, read, layers = pass_over(drafter)
+    one_pass, read, _layers = pass_over(drafter)
     clock = measure.Clock(torch.device("cpu"))
     times = measure.step_times([target], torch.tensor([[3, 4, 5]]), 8, clock, run=4,
                                passes=[lambda: (order.append("pass"), one_pass())])

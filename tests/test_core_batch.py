@@ -176,7 +176,7 @@ def test_prefill_groups_is_the_cheapest_split_into_contiguous_rows(widths, fixed
     splits = []
     for cuts in itertools.product((False, True), repeat=len(widths) - 1):
         bounds = [0, *[i + 1 for i, cut in enumerate(cuts) if cut], len(widths)]
-        splits.append(list(zip(bounds, bounds[1:])))
+        splits.append(list(itertools.pairwise(bounds)))
     assert cost(groups) == min(cost(split) for split in splits)
 
 

@@ -135,7 +135,7 @@ def run_python(code: str) -> dict:
 
 
 @pytest.mark.parametrize("package", ["specdec", "specdec.bench", "specdec.heads", "specdec.train.presets",
-                                     "specdec.heads.config"])
+                                     "specdec.heads.config", "specdec.bench.peers"])
 def test_importing_a_package_or_a_settings_module_does_not_import_torch(package: str) -> None:
     out = run_python(f"import json, sys, {package}\n"
                      f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
@@ -176,6 +176,7 @@ def test_the_bench_package_s_names_load_on_first_use() -> None:
     (["bench", "--gamma", "0"], 2),
     (["bench", "--task", "poetry"], 2),
     (["bench", "--target", "no-such-model"], 2),
+    (["bench", "--peers", "tgi"], 2),  # an unknown peer
     (["serve", "--help"], 0),
     (["serve", "--threads", "0"], 2),
     (["serve", "--temperature", "-1"], 2),

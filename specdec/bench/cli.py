@@ -81,10 +81,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def _check_settings(config: BenchConfig) -> None:
     """What can be checked before torch is imported: ``--threads`` (or OMP_NUM_THREADS), as ``use_threads`` will
-    apply it, and the ``--target`` folder (the translate task's default stands for translate-target)."""
+    apply it, the ``--target`` folder (the translate task's default stands for translate-target), and ``--peers``
+    (known and installed)."""
+    from specdec.bench.peers import check_peers  # imports no torch
+
     machine_choice(config.threads, flag="--threads")
     if config.target != BenchConfig.target:
         resolve_model_path(config.target)
+    check_peers(config.peers)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         _check_settings(config)
     from rich.console import Console
 
-    from specdec.bench.peers import PEER_GROUPS, PEERS, check_peers
+    from specdec.bench.peers import PEER_GROUPS, PEERS
     from specdec.bench.runners import RUNNERS
 
     console = Console()
@@ -108,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
         for name, members in PEER_GROUPS.items():
             console.print(f"{name:<20} (--peers {name}): {', '.join(members)}")
         return 0
-    check_peers(config.peers)  # an unknown or missing peer is refused before anything reads a model
     if config.task == "translate" and not config.serve:  # the translate pair stands for the code pair's names
         from specdec.bench.translate import config_from_bench
         from specdec.bench.translate import run_and_report as translate_and_report

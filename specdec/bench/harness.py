@@ -43,7 +43,6 @@ from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.floor import PassMeter, WeightPass, pass_over
 from specdec.bench.measure import Clock, ForwardMeter, MemoryMeter, MemoryReading, step_path, step_times
-from specdec.bench.peers import peer_runners
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.records import Record
 from specdec.bench.runners import (
@@ -58,6 +57,7 @@ from specdec.bench.runners import (
     drafter_label,
     form_label,
     form_runners,
+    peer_runners,
     scheduled_runners,
     select_runners,
 )

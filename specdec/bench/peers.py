@@ -30,6 +30,9 @@ Registered (``PEERS``, ``register_peer``):
 - ``vllm`` (a group: ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``): vLLM's CPU build through its
   OpenAI server, run from its own virtual environment (``SPECDEC_VLLM_PYTHON``), plain, with its n-gram
   speculation, and with the bench's drafter model as its draft model (``specdec.bench.vllm_server``).
+
+This module imports no torch (its engines import what they need when built), so ``specdec bench`` checks
+``--peers`` before torch is imported; ``specdec.bench.runners.PeerRunner`` runs a peer as a bench method.
 """
 
 from __future__ import annotations
@@ -45,15 +48,13 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-import torch
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING, Protocol
 
 from specdec.bench.llama_params import model_params
-from specdec.bench.runners import BenchModels, DrafterCost, Meters, RunOutput, Setting
 from specdec.folders import resolve_model_path
-from specdec.loading import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class PeerEngine(Protocol):
@@ -87,6 +88,8 @@ class CTranslate2Engine:
     def __init__(self, target: PreTrainedModel, threads: int) -> None:
         import ctranslate2
         from ctranslate2.converters import TransformersConverter
+
+        from specdec.loading import load_tokenizer
 
         folder = getattr(target, "name_or_path", "") or ""
         self.tokenizer = load_tokenizer(folder)
@@ -339,46 +342,3 @@ def check_peers(names: Sequence[str]) -> None:
                              "or leave it out of --peers")
         for check in dict.fromkeys(PEERS[member].check for member in members if PEERS[member].check):
             check()
-
-
-class PeerRunner:
-    """A peer engine as a bench method: greedy, no drafter, built at its first run (the warm-up)."""
-
-    group = "peers"
-    uses_gamma = needs_drafter_model = False
-    greedy_only = True  # the harness runs it at temperature 0 only
-    cost = DrafterCost.NONE
-
-    def __init__(self, peer: Peer, drafter: str | None = None) -> None:
-        self.peer = peer
-        self.drafter = drafter  # the bench's --drafter, for a peer that drafts with it
-        self.name = peer.name
-        self.description = f"peer: {peer.description}"
-        self.speculative = peer.speculative
-        self.lossy = peer.lossy
-        self.engine: PeerEngine | None = None
-        self.startup_s: float | None = None  # seconds its engine took to start serving, where it tells (a server's)
-
-    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
-        if not setting.greedy:
-            raise ValueError(f"peer {self.name} runs greedy only")
-        if self.engine is None:
-            self.engine = self.peer.build(models.target, torch.get_num_threads(),
-                                          *((self.drafter,) if self.peer.drafted else ()))
-            self.startup_s = getattr(self.engine, "startup_s", None)
-        tokens = self.engine.generate(input_ids.tolist(), setting.max_new_tokens, models.stop_token_ids)
-        rounds = getattr(self.engine, "rounds", None) or len(tokens)
-        return RunOutput(tokens=tokens, rounds=rounds, target_time_s=0.0, drafter_time_s=0.0)
-
-    def close(self) -> None:
-        """Let go of the engine (a server is stopped)."""
-        engine, self.engine = self.engine, None
-        if engine is not None and hasattr(engine, "close"):
-            engine.close()
-
-
-def peer_runners(names: Sequence[str], drafter: str | None = None) -> list[PeerRunner]:
-    """A runner per peer named, groups expanded (checked first: known and installed); ``drafter`` the
-    bench's --drafter, for a peer that drafts with it."""
-    check_peers(names)
-    return [PeerRunner(PEERS[name], drafter) for name in expand_peers(names)]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +45,7 @@ from transformers import PreTrainedModel
 
 import specdec
 from specdec.bench.measure import ForwardMeter
+from specdec.bench.peers import PEERS, Peer, PeerEngine, check_peers, expand_peers
 from specdec.config import LOOKUP, DrafterConfig
 from specdec.drafters import Drafter, drafter_in, make_drafter
 from specdec.drafters.hybrid import LOOKUP_NGRAM
@@ -428,3 +429,46 @@ def select_runners(methods: tuple[str, ...], registry: dict[str, Runner] | None 
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
     wanted = set(methods) | {BASELINE} if methods else known
     return [r for r in registry.values() if r.name in wanted or r.group in wanted]
+
+
+class PeerRunner:
+    """A peer engine as a bench method: greedy, no drafter, built at its first run (the warm-up)."""
+
+    group = "peers"
+    uses_gamma = needs_drafter_model = False
+    greedy_only = True  # the harness runs it at temperature 0 only
+    cost = DrafterCost.NONE
+
+    def __init__(self, peer: Peer, drafter: str | None = None) -> None:
+        self.peer = peer
+        self.drafter = drafter  # the bench's --drafter, for a peer that drafts with it
+        self.name = peer.name
+        self.description = f"peer: {peer.description}"
+        self.speculative = peer.speculative
+        self.lossy = peer.lossy
+        self.engine: PeerEngine | None = None
+        self.startup_s: float | None = None  # seconds its engine took to start serving, where it tells (a server's)
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        if not setting.greedy:
+            raise ValueError(f"peer {self.name} runs greedy only")
+        if self.engine is None:
+            self.engine = self.peer.build(models.target, torch.get_num_threads(),
+                                          *((self.drafter,) if self.peer.drafted else ()))
+            self.startup_s = getattr(self.engine, "startup_s", None)
+        tokens = self.engine.generate(input_ids.tolist(), setting.max_new_tokens, models.stop_token_ids)
+        rounds = getattr(self.engine, "rounds", None) or len(tokens)
+        return RunOutput(tokens=tokens, rounds=rounds, target_time_s=0.0, drafter_time_s=0.0)
+
+    def close(self) -> None:
+        """Let go of the engine (a server is stopped)."""
+        engine, self.engine = self.engine, None
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()
+
+
+def peer_runners(names: Sequence[str], drafter: str | None = None) -> list[PeerRunner]:
+    """A runner per peer named, groups expanded (checked first: known and installed); ``drafter`` the
+    bench's --drafter, for a peer that drafts with it."""
+    check_peers(names)
+    return [PeerRunner(PEERS[name], drafter) for name in expand_peers(names)]
