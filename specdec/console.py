@@ -294,7 +294,9 @@ def auto_text(choices: list[AutoChoice]) -> str:
     for c in choices:
         rows = f"{c.rows[0]}" if c.rows[0] == c.rows[1] else f"{c.rows[0]}-{c.rows[1]}"
         drafting = "drafting" if c.width is None else f"drafting <= {c.width}"
-        speeds = f"{drafting} {c.draft_tokens_per_s:.0f}, plain {c.plain_tokens_per_s:.0f} tokens/s"
+        draft, plain = (f"{v:.0f} tokens/s" if v > 0 else "not yet measured"  # 0: no round of it timed yet
+                        for v in (c.draft_tokens_per_s, c.plain_tokens_per_s))
+        speeds = f"{drafting}: {draft}, plain: {plain}"
         parts.append(f"{rows} row{'s' if c.rows[1] > 1 else ''}: {c.speculate} ({speeds})")
     return "speculate auto: " + "; ".join(parts)
 

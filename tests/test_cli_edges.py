@@ -25,6 +25,7 @@ from transformers import MarianConfig
 import specdec
 from specdec import cli
 from specdec.config import BLOCK, LOOKUP, SHIPPED_DRAFTERS, SHIPPED_TARGETS
+from specdec.console import auto_text
 from specdec.drafters import DRAFTERS
 from specdec.loading import SHIPPED_MODELS, models_dir
 from specdec.stats import AutoChoice
@@ -118,6 +119,13 @@ def test_auto_reports_its_choice_per_batch_size(pair: TinyPair) -> None:
     assert proc.returncode == 0, proc.stderr
     summary = proc.stderr.strip().splitlines()[-1]
     assert "speculate auto: 1 row: o" in summary and "tokens/s)" in summary
+
+
+def test_auto_says_a_speed_not_yet_measured_rather_than_zero() -> None:
+    """A batch size still measuring may have timed no plain round yet (its speed 0): said so, not "0 tokens/s"."""
+    text = auto_text([AutoChoice((1, 1), "on", 289.4, 65.2, 4), AutoChoice((5, 8), "measuring", 132.0, 0.0, 4)])
+    assert text == ("speculate auto: 1 row: on (drafting <= 4: 289 tokens/s, plain: 65 tokens/s); "
+                    "5-8 rows: measuring (drafting <= 4: 132 tokens/s, plain: not yet measured)")
 
 
 def test_auto_in_a_prompts_file_is_said_once_per_batch_size(pair: TinyPair, tmp_path: Path) -> None:
