@@ -58,6 +58,33 @@ SUBCOMMANDS: Mapping[str, Subcommand] = {
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+_SWALLOWED: list[bool] = []  # a Ctrl-C that Python ignored in a finalizer, not yet raised again (``check_interrupted``)
+
+
+def keep_swallowed_interrupts() -> None:
+    """Python prints and ignores an exception raised in a finalizer (``__del__``), Ctrl-C's KeyboardInterrupt too:
+    one landing while the garbage collector runs a finalizer (seen while transformers was importing: a ``regex``
+    ``Group``'s) was lost, a traceback printed, and the command ran on to the end with status 0. Installed once,
+    this ``sys.unraisablehook`` keeps such an interrupt, without the traceback, for ``check_interrupted``."""
+    previous = sys.unraisablehook
+    if getattr(previous, "keeps_interrupts", False):
+        return
+
+    def hook(unraisable: typing.Any) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            _SWALLOWED.append(True)
+        else:
+            previous(unraisable)
+
+    hook.keeps_interrupts = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def check_interrupted() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C that a finalizer swallowed since the last check, if any."""
+    if _SWALLOWED:
+        _SWALLOWED.clear()
+        raise KeyboardInterrupt
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -190,11 +217,13 @@ def _run_generate(args: argparse.Namespace) -> int:
     first: list[float] = []  # when the first round committed its tokens
 
     def on_round(event: RoundEvent) -> None:
+        check_interrupted()
         if not first:
             first.append(time.perf_counter())
         stream.add(event)
 
     try:
+        check_interrupted()
         result = session.generate(prompt_ids, settings, on_round=on_round)
     except KeyboardInterrupt:
         stream.finish()
@@ -229,6 +258,7 @@ def _run_batch(args: argparse.Namespace, prompts: list[str], models: ModelConfig
 
     def emit(result: GenerationResult) -> None:
         nonlocal printed
+        check_interrupted()
         done[result.index] = result
         while printed in done:
             ready = done.pop(printed)
@@ -242,6 +272,7 @@ def _run_batch(args: argparse.Namespace, prompts: list[str], models: ModelConfig
             printed += 1
 
     try:
+        check_interrupted()
         results = session.generate(encoded, settings, on_result=emit)
     except KeyboardInterrupt:
         print(f"[interrupted: {printed} of {len(prompts)} prompts done]", file=sys.stderr)
@@ -330,10 +361,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     name = "specdec" + (f" {command}" if command in SUBCOMMANDS else "")
+    keep_swallowed_interrupts()
     try:
         args = build_parser(command).parse_args(argv)
         try:
-            return args.func(args)
+            status = args.func(args)
+            check_interrupted()  # one swallowed after the last check: the command ran to its end, but was interrupted
+            return status
         except (UsageError, ValueError, OSError) as err:
             print(f"specdec {args.command}: error: {_one_line(err)}", file=sys.stderr)
             return EXIT_USAGE

@@ -244,6 +244,45 @@ def interrupt(argv: list[str], delay: float | None) -> tuple[int, str, str]:
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+class _FinalizerInterrupted:
+    """An object whose finalizer is hit by Ctrl-C: Python prints and ignores the KeyboardInterrupt."""
+
+    def __del__(self) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["loading", "generating"])
+def test_ctrl_c_swallowed_by_a_finalizer_still_interrupts(pair: TinyPair, where: str, monkeypatch, capsys) -> None:
+    """A Ctrl-C landing in a finalizer (a fresh-clone run of the test below once sent it while the garbage collector
+    ran a ``regex`` Group's ``__del__`` during the imports) used to be printed as a traceback and lost: the command
+    decoded its 8000 tokens and exited 0. Now it interrupts at the next round, with the usual one line and 130."""
+    from specdec import console
+
+    real_load, real_generate = console.Session.load, console.Session.generate
+
+    def load(self, *args, **kwargs):
+        if where == "loading":
+            _FinalizerInterrupted()  # dropped at once: its __del__ raises into Python's "Exception ignored"
+        return real_load(self, *args, **kwargs)
+
+    def generate(self, prompt_ids, settings, on_round=None, **kwargs):
+        def round_(event):
+            on_round(event)
+            if where == "generating":
+                _FinalizerInterrupted()
+        return real_generate(self, prompt_ids, settings, on_round=round_, **kwargs)
+
+    monkeypatch.setattr(console.Session, "load", load)
+    monkeypatch.setattr(console.Session, "generate", generate)
+    assert cli.main(["generate", PROMPT, *pair_args(pair), "--max-new-tokens", "400"]) == cli.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    line = one_line(err)
+    assert re.fullmatch(r"\[interrupted: \d+ new tokens in [\d.]+ s\]", line), line
+    assert "Exception ignored" not in err
+    tokens = int(line.split()[1])
+    assert tokens == 0 if where == "loading" else 0 < tokens < 400  # stopped at the round after the interrupt
+
+
 @pytest.mark.parametrize("delay", [0.02, 0.1, 0.3, 1.0, 2.5, None])
 def test_ctrl_c_at_any_moment_is_one_line_and_130(pair: TinyPair, delay: float | None) -> None:
     status, _, err = interrupt(["generate", PROMPT, *pair_args(pair), "--max-new-tokens", "8000"], delay)
