@@ -62,7 +62,19 @@ used (corrupt, another Python or torch, traced from code that has changed since)
 overwritten, said once. Inductor's freezing stays off: a frozen graph bypasses AOT autograd's cache, which
 ``aot_compile`` needs, and the step is as fast without it (the linears are traced as specdec's kernels).
 
-``on`` compiles; ``off`` never does; ``auto`` is off, as measured on this project's 2-core CPU at one thread
+On a CUDA device each warmed step is also replayed as a CUDA graph (``CudaStep``; ``CompiledModel._replay``): captured
+at its first call for one cache's buffers, bucket and slot width (a CUDA graph's shapes and addresses are fixed: the
+width is one graph each, the buffers are the graph's by address, and a cache's graphs die with it), after a run on a
+side stream with torch's sync debug mode raising (a step that waits for the device cannot be captured, and a capture
+that fails can leave the process's CUDA generator unusable), and checked by one replay against that run. A call copies
+the ids and the live slots into the graph's own buffers, replays, and copies the logits out. The step captured is the
+eager one (``inductor`` False) unless ``SPECDEC_CUDA_STEP=inductor``; torch without ``aot_compile`` (2.11 on the lent
+H100) compiles it with guards (``Unsaved``), which the replay never runs. ``auto`` is on there: on an H100 (torch 2.11,
+code-target float32, 12 prompts x 64 tokens, every output equal) the target's step took 0.78 ms replayed against 5.38
+eager, plain decoding 3.84x ``generate`` (eager 0.97x) and the default speculation 6.01x (eager 2.08x), warmed in 1.7 s
+(docs/benchmarks.md, "On a GPU: CUDA graphs").
+
+``on`` compiles; ``off`` never does; ``auto`` is on for CUDA (above) and off on a CPU, as measured on this project's 2-core CPU at one thread
 (docs/benchmarks.md, "Compiled decoding: slot widths and token buckets"; ``benchmarks/compiled_buckets.py``
 for the steps). Per step, compiled against eager with specdec's linear kernels (code-target, load 8-10):
 0.68-0.78 for 1 token, 0.69-0.89 for the verification of 5, 0.90-0.91 for a lookup copy's 13; the drafter's
@@ -118,6 +130,7 @@ row's set-up, per round the loop is most of a token's time at this model size.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -130,7 +143,7 @@ import sysconfig
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -170,9 +183,11 @@ def check_mode(mode: object) -> str:
     return str(mode)
 
 
-def compiles(mode: str) -> bool:
-    """Whether a run compiles under ``--compile mode``: on only; auto is off, as measured (module docstring)."""
-    return check_mode(mode) == "on"
+def compiles(mode: str, device: torch.device | str | None = None) -> bool:
+    """Whether a run on ``device`` compiles under ``--compile mode``: on; auto on a CUDA device (each step a CUDA
+    graph: measured to pay there, with a start of seconds) and off elsewhere, as measured (module docstring)."""
+    mode = check_mode(mode)
+    return mode == "on" or (mode == "auto" and device is not None and str(device).startswith("cuda"))
 
 
 def compiler_missing() -> str | None:
@@ -413,6 +428,87 @@ def _bucket(value: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in sorted(buckets) if b >= value), None)
 
 
+def saves_graphs() -> bool:
+    """Whether this torch compiles a step ahead of time, to be saved (``aot_compile``: torch 2.13 here; 2.11 has
+    ``load_compiled_function`` but no ``aot_compile``)."""
+    return hasattr(torch.compiler, "load_compiled_function") and hasattr(torch.compile(lambda: None), "aot_compile")
+
+
+class Unsaved:
+    """A step compiled by ``torch.compile`` where torch has no ``aot_compile`` (``CompiledModel._trace``): called as
+    a saved one is, with its owner first; never written to the compile cache."""
+
+    def __init__(self, step: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+        self.step = step
+
+    def __call__(self, _owner: object, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.step(*args)
+
+
+@contextlib.contextmanager
+def no_hooks(model: torch.nn.Module) -> Iterator[None]:
+    """``model``'s own forward hooks set aside: its step run eagerly inside ``run`` (which calls them around the
+    step) or captured as a CUDA graph (a bench's meter hook synchronizes the device, which a capture forbids)."""
+    pre, post = model._forward_pre_hooks, model._forward_hooks
+    model._forward_pre_hooks, model._forward_hooks = type(pre)(), type(post)()
+    try:
+        yield
+    finally:
+        model._forward_pre_hooks, model._forward_hooks = pre, post
+
+
+class CudaStep:
+    """One bucket's step on one cache's buffers at one slot width, captured as a CUDA graph: the step's inputs are
+    copied into the graph's own (token ids [R, n] and live slots [R, C + 1], of which it reads the first S, with the
+    strides the step was traced for), the graph replayed (the whole step in one launch, none of transformers' Python
+    or the kernels' launches), and its outputs copied out (the next replay overwrites them). The cache's buffers and
+    write pointer are the graph's own by address: a cache's graphs die with it (``CompiledModel.captured``)."""
+
+    __slots__ = ("graph", "hidden", "ids", "live", "logits", "slots")
+
+    @classmethod
+    @torch.inference_mode()
+    def capture(cls, compiled: CompiledModel, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
+                hidden: bool) -> CudaStep:
+        """Run the step once on a side stream (CUDA graphs capture warmed code), capture it, and check one replay
+        against that run (a ValueError if they differ). Both write the same keys and values at the same slots."""
+        step = cls.__new__(cls)
+        step.slots = live.shape[1]
+        step.ids = ids.clone(memory_format=torch.contiguous_format)
+        step.live = torch.zeros(live.shape[0], compiled.slots + 1, dtype=torch.bool, device=live.device)
+        step.live[:, : step.slots] = live
+        view = step.live[:, : step.slots]
+        if compiled.pool is None:
+            compiled.pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(device=ids.device)
+        side.wait_stream(torch.cuda.current_stream(ids.device))
+        mode = torch.cuda.get_sync_debug_mode()
+        try:  # a step that waits for the device cannot be captured (and a failed capture can break the process)
+            torch.cuda.set_sync_debug_mode("error")
+            with torch.cuda.stream(side), no_hooks(compiled.model):
+                expected = compiled._graph(step.ids, view, cache, hidden)[0].clone()
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+        torch.cuda.current_stream(ids.device).wait_stream(side)
+        step.graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA calls (a server's) do not break this capture; this thread's still do
+        with torch.cuda.graph(step.graph, pool=compiled.pool, capture_error_mode="thread_local"), \
+                no_hooks(compiled.model):
+            step.logits, step.hidden = compiled._graph(step.ids, view, cache, hidden)
+        step.graph.replay()
+        error = float((step.logits - expected).abs().max())
+        scale = float(expected.abs().max()) + 1.0
+        if not error <= CHECK_TOLERANCE * scale:
+            raise ValueError(f"the replayed graph's logits differ from the step's by {error:.3g} (scale {scale:.3g})")
+        return step
+
+    def __call__(self, ids: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.ids.copy_(ids)
+        self.live[:, : self.slots].copy_(live)
+        self.graph.replay()
+        return self.logits.clone(), self.hidden.clone() if self.hidden is not None else None
+
+
 class CompiledModel:
     """A model's compiled decode step and the shapes it was warmed for (see the module docstring)."""
 
@@ -430,19 +526,55 @@ class CompiledModel:
         self.loaded = 0  # shapes whose compiled step came from the on-disk cache (``graph_file``)
         self.layout = self._layout()
         self.spare: dict[tuple[int, torch.device], list[StaticCache]] = {}  # released buffers (``new_cache``)
+        self.inductor = True  # the steps are inductor's (False: the eager step, captured as CUDA graphs)
+        # CUDA: each step replayed as a CUDA graph (``_replay``), per cache buffers, bucket and slot width
+        self.replays = input_device(model).type == "cuda"
+        self.captured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {(shape, S): CudaStep}
+        self.pool = None  # the CUDA graphs' memory pool, shared by this model's graphs (``CudaStep``)
 
     def _graph(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
                hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The step compiled for the bucket of these inputs (``run`` calls it for warmed shapes only)."""
+        """The step compiled for the bucket of these inputs (``run`` calls it for warmed shapes only); the eager
+        step where inductor was not used (``inductor`` False: a CUDA model whose graphs capture the eager step)."""
         graph = self.graphs[Shape(ids.shape[0], ids.shape[1], hidden)]
+        if graph is None:  # the model's own hooks run around the step (``run``), as around a compiled one
+            with no_hooks(self.model):
+                return self._step(ids, live, cache, hidden)
         return graph(self, ids, live, cache, hidden)
+
+    def _replay(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor,
+                cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step as a CUDA graph (``CudaStep``): captured at the first call for this cache's buffers, bucket and
+        slot width, replayed after that; its outputs copied out. A capture that fails, or whose replay differs from
+        the step it captured, ends the graphs for this model (said once): the step runs as before."""
+        steps = self.captured.get(cache)
+        if steps is None:
+            steps = self.captured[cache] = {}
+        key = (shape, live.shape[1])
+        step = steps.get(key)
+        if step is None:
+            try:
+                step = steps[key] = CudaStep.capture(self, ids, live, cache, shape.hidden)
+            except Exception as error:  # noqa: BLE001 - any capture failure runs the step uncaptured, said once
+                self.replays = False
+                self.captured.clear()
+                warnings.warn(f"{type(self.model).__name__}: its decode step could not be captured as a CUDA graph "
+                              f"({type(error).__name__}: {first_line(error)}); it runs without graphs", stacklevel=4)
+                return self._graph(ids, live, cache, shape.hidden)
+        return step(ids, live)
 
     def _trace(self, args: tuple[object, ...]) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
         """The step compiled ahead of time for ``args``' shapes (the slot width dynamic), as a function that
         can be saved: dynamo's ``aot_compile``, without guards. ``run`` picks the bucket before the call and
         every input's layout follows from the bucket and the model (``graph_file``'s key), so guards would
-        only re-check that at every call (and dynamo's identity guards on the model cannot be saved)."""
-        options = {**INDUCTOR, "guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+        only re-check that at every call (and dynamo's identity guards on the model cannot be saved).
+        Where torch has no ``aot_compile`` (before 2.13: ``Unsaved``), the step is compiled as usual, with its
+        guards, and not saved; CUDA graphs replay it without its Python, guards included."""
+        cpu = input_device(self.model).type == "cpu"  # the C++ wrapper is for CPU graphs; CUDA ones are replayed
+        options = {**(INDUCTOR if cpu else {})}
+        if not saves_graphs():
+            return Unsaved(torch.compile(self._step, dynamic=None, fullgraph=True, options=options))
+        options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe
         with kernels.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # dynamic: S only
             graph = torch.compile(self._step, dynamic=None, fullgraph=True, options=options).aot_compile((args, {}))
         graph.disable_guard_check()
@@ -451,7 +583,7 @@ class CompiledModel:
     def _load(self, path: Path) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None:
         """The compiled step saved at ``path``, or None when there is none or it cannot be used (unreadable,
         written by another Python or torch, or traced from code that has changed since), told once."""
-        if not path.is_file():
+        if not path.is_file() or not saves_graphs():
             return None
         try:
             with path.open("rb") as file:
@@ -535,7 +667,10 @@ class CompiledModel:
             if model._forward_pre_hooks:
                 for hook in list(model._forward_pre_hooks.values()):
                     hook(model, ())
-            out = self._graph(ids, live, cache, shape.hidden)
+            if self.replays:
+                out = self._replay(shape, ids, live, cache)
+            else:
+                out = self._graph(ids, live, cache, shape.hidden)
             if model._forward_hooks:
                 for hook in list(model._forward_hooks.values()):
                     hook(model, (), out)
@@ -552,6 +687,10 @@ class CompiledModel:
     def warm(self, shape: Shape) -> None:
         """Compile ``shape`` (or load it from the on-disk cache, ``graph_file``) and check it against the eager
         step on random tokens (a ValueError if a fresh compile differs; a cached one is compiled again)."""
+        if not self.inductor:  # CUDA graphs of the eager step: nothing to compile (captured at first use)
+            self.graphs[shape] = None
+            self.shapes.add(shape)
+            return
         device = input_device(self.model)
         ids = torch.randint(0, self.model.config.get_text_config().vocab_size, (shape.rows, shape.tokens),
                             device=device)
@@ -592,7 +731,7 @@ class CompiledModel:
                           "compiling it again", stacklevel=3)
         if cached:
             self.loaded += 1
-        else:
+        elif not isinstance(graph, Unsaved):
             path.parent.mkdir(parents=True, exist_ok=True)
             graph.save_compiled_function(str(path))  # written to a temporary file, then renamed
         self.graphs[shape] = graph
@@ -618,10 +757,12 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     missing compiler is a RuntimeError saying what to install."""
     import time
 
-    if not compiles(mode):
+    if not compiles(mode, input_device(model)):
         model._specdec_compiled = None
         return CompileChoice(False, "off" if mode == "off" else "off (auto: as measured, it does not pay here)")
-    if (missing := compiler_missing()) is not None:
+    cuda = input_device(model).type == "cuda"
+    missing = compiler_missing()
+    if missing is not None and not cuda:
         raise RuntimeError(f"--compile on: {missing}. {INSTALL}")
     if (reason := compile_refusal(model)) is not None:
         warnings.warn(f"--compile on: {reason}; it decodes eagerly", stacklevel=2)
@@ -637,6 +778,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         limit = context_limit(model)
         width = slots or (SLOTS if limit is None else min(SLOTS, limit)) + SLOT_SLACK
         compiled = _compiled_class(model)(model, width)
+        if cuda and (missing is not None or os.environ.get("SPECDEC_CUDA_STEP", "eager") != "inductor"):
+            compiled.inductor = False  # CUDA graphs of the eager step (inductor's: SPECDEC_CUDA_STEP=inductor)
     loaded = compiled.loaded
     wanted = [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
     try:
@@ -644,17 +787,25 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
             if shape not in compiled.shapes:
                 compiled.warm(shape)
     except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager, said once
-        warnings.warn(f"--compile on: {type(model).__name__} could not be compiled ({type(error).__name__}: "
-                      f"{first_line(error)}); it decodes eagerly", stacklevel=2)
-        model._specdec_compiled = None
-        return CompileChoice(False, f"off ({type(model).__name__} failed to compile)")
+        if not (cuda and compiled.inductor):
+            warnings.warn(f"--compile on: {type(model).__name__} could not be compiled ({type(error).__name__}: "
+                          f"{first_line(error)}); it decodes eagerly", stacklevel=2)
+            model._specdec_compiled = None
+            return CompileChoice(False, f"off ({type(model).__name__} failed to compile)")
+        warnings.warn(f"--compile on: inductor could not compile {type(model).__name__} ({type(error).__name__}: "
+                      f"{first_line(error)}); its eager step is captured as CUDA graphs", stacklevel=2)
+        compiled.inductor = False
+        for shape in wanted:
+            if shape not in compiled.shapes:
+                compiled.warm(shape)
     if not isa:
         probed_isa(record=True)
     compiled.rows = tuple(sorted(set(compiled.rows) | set(rows)))
     compiled.tokens = tuple(sorted(set(compiled.tokens) | set(tokens)))
     model._specdec_compiled = compiled
+    how = "" if not cuda else ", CUDA graphs of the eager step" if not compiled.inductor else ", CUDA graphs"
     return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s "
-                               f"({compiled.loaded - loaded} from the compile cache)")
+                               f"({compiled.loaded - loaded} from the compile cache{how})")
 
 
 ROW_STEP = 4  # row buckets: 1, 4, 16, ... below the batch size, and the batch size (``row_buckets``)

@@ -98,8 +98,9 @@ class Session:
         Returns what was decided, per model."""
         from specdec.compiled import compiled_for, compiles, prepare, row_buckets, token_buckets
         from specdec.drafters.hybrid import LOOKUP_NGRAM
+        from specdec.loading import resolve_device
 
-        if not compiles(self.models.compile):
+        if not compiles(self.models.compile, resolve_device(self.models.device)):
             return []
         rows = row_buckets(min(spec.batch_size, prompts or spec.batch_size))
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"

@@ -327,6 +327,8 @@ def test_compile_modes_and_refusals(monkeypatch, capsys):
     assert cli_main(["generate", "--compile", "fast", "def f():"]) == 2
     assert "compile must be one of auto, on, off, got 'fast'" in capsys.readouterr().err
     assert [compiles(mode) for mode in ("auto", "on", "off")] == [False, True, False]  # auto: off, as measured
+    assert [compiles("auto", device) for device in ("cpu", torch.device("cpu"), "cuda", "cuda:1")] == [
+        False, False, True, True]  # auto: on for CUDA (CUDA graphs), off on a CPU
     model = build_tiny("llama", seed=5)
     assert not prepare(model, "off").compiled and compiled_for(model) is None
     monkeypatch.setenv("CXX", "/nonexistent/c++")
@@ -346,6 +348,45 @@ def test_a_model_that_cannot_compile_decodes_eagerly_said_once():
     with pytest.warns(UserWarning, match="relative position bias.* it decodes eagerly"):
         choice = prepare(t5, "on")
     assert not choice.compiled and compiled_for(t5) is None
+
+
+def test_the_eager_step_on_the_static_cache_is_exact_and_meters_each_forward_once():
+    """What CUDA captures by default (``inductor`` False: the eager step over the static cache), run here uncaptured:
+    the eager tokens, and a forward hook (the bench's meter) heard once per forward, not again inside the step (which
+    ``run`` calls the hooks around, as around a compiled step)."""
+    from specdec.bench.measure import Clock, ForwardMeter
+
+    target, drafter = build_tiny("llama", seed=10, layers=2), build_tiny("llama", seed=11, layers=1)
+    expected = [spec(target, drafter, p).tokens for p in PROMPTS]
+    for model in (target, drafter):
+        compiled = CompiledModel(model, 128)
+        compiled.inductor = False
+        model._specdec_compiled = compiled
+        for tokens in ((GAMMA + 1,) if model is target else (1, 2)):
+            compiled.warm(Shape(1, tokens))
+        compiled.rows, compiled.tokens = (1,), ((GAMMA + 1,) if model is target else (1, 2))
+        assert set(compiled.graphs.values()) == {None}  # nothing traced
+    with ForwardMeter(target, Clock(torch.device("cpu"))) as meter:
+        ours = [spec(target, drafter, p).tokens for p in PROMPTS]
+    assert ours == expected
+    calls = compiled_for(target).calls
+    assert calls["eager"] == 0 and meter.calls == calls["compiled"] + len(PROMPTS)  # and one eager prefill each
+
+
+def test_a_torch_without_aot_compile_compiles_with_guards_and_saves_nothing(monkeypatch, tmp_path):
+    """torch before 2.13 (2.11 on the lent GPU) has no ``aot_compile``: the step is ``torch.compile``'s, with its
+    guards (``Unsaved``), exact, and nothing is written to the compile cache."""
+    import specdec.compiled as compiled_module
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(compiled_module, "saves_graphs", lambda: False)
+    target, drafter = build_tiny("llama", seed=12, layers=1), build_tiny("llama", seed=13, layers=1)
+    expected = spec(target, drafter, PROMPTS[0]).tokens
+    assert prepare(target, "on", tokens=(GAMMA + 1,)).compiled and prepare(drafter, "on", tokens=(1, 2)).compiled
+    assert all(isinstance(g, compiled_module.Unsaved) for g in compiled_for(target).graphs.values())
+    assert spec(target, drafter, PROMPTS[0]).tokens == expected
+    assert compiled_for(target).calls["eager"] == 0 and compiled_for(target).calls["compiled"] > 0
+    assert not list(cache_folder("graphs").glob("*.bin"))
 
 
 def test_the_compile_cache_is_per_torch_version(monkeypatch, tmp_path):

@@ -316,8 +316,9 @@ def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, P
     (``specdec.compiled.token_buckets``, one row), before any timing; what was done."""
     from specdec.compiled import compiles, prepare, token_buckets
     from specdec.drafters.hybrid import LOOKUP_NGRAM
+    from specdec.loading import input_device
 
-    if not compiles(config.compile):
+    if not compiles(config.compile, input_device(target)):
         return config.compile
     plans = [token_buckets(g, "lookup+", True, True, LOOKUP_NGRAM.copy_length(g)) for g in config.gamma]
     done = [f"target {prepare(target, 'on', tokens=tuple(sorted({n for p in plans for n in p[0]}))).reason}"]

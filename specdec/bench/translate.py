@@ -351,8 +351,9 @@ def compile_models(config: TranslateBenchConfig, target: PreTrainedModel, drafte
     timing; what was done. The block drafter decodes eagerly (its block forwards have no static form)."""
     from specdec.compiled import compiles, prepare, token_buckets
     from specdec.drafters.hybrid import LOOKUP_NGRAM
+    from specdec.loading import input_device
 
-    if not compiles(config.compile):
+    if not compiles(config.compile, input_device(target)):
         return config.compile
     verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.copy_length(config.gamma))
     done = [f"target {prepare(target, 'on', tokens=verify).reason}"]
