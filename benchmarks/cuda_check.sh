@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks, for a machine with a CUDA device (run from the repository root; each stage has its own time limit,
+# so a slow stage cannot eat the rest): the code pair's bench eager and compiled (each step a CUDA graph: the eager
+# step captured, then inductor's), and the GPU tests (`pytest -m gpu`). Logs under $OUT (default: cuda-check/).
+# Wheels in .whl/ (e.g. the transformers this checkout pins, where the machine has another) are installed first.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-cuda-check}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import os, torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__,
+'|', torch.cuda.get_device_name(), '| cpus', os.cpu_count())"
+uptime
+BENCH=(--device cuda --dtype "${DTYPE:-float32}" --methods plain-hf plain spec spec-lookup --num-prompts 12 --repeats 3
+       --no-progress --no-plots)
+stage() {  # name, limit in seconds, command...
+  local name=$1 limit=$2; shift 2
+  [ "$limit" = 0 ] && return  # a limit of 0 skips the stage
+  echo "== $name (limit ${limit} s)"; local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1; echo "== $name: exit $? in $((SECONDS - t0)) s"
+  grep -E "^│|compile|warn|Error|passed|failed|load" "$OUT/$name.log" | tail -30
+}
+bench() {  # name, limit, --compile mode, SPECDEC_CUDA_STEP: the bench's log and summary.json under $OUT
+  stage "bench-$1" "$2" env SPECDEC_CUDA_STEP="$4" python3 -m specdec bench "${BENCH[@]}" --compile "$3" \
+    --output "/tmp/bench-$1"
+  cp "/tmp/bench-$1/summary.json" "$OUT/summary-$1.json" 2>/dev/null
+}
+bench eager "${EAGER_S:-100}" off eager
+bench graphs "${GRAPHS_S:-100}" on eager
+stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_compiled_cuda.py \
+  tests/test_core_greedy.py
+bench inductor "${INDUCTOR_S:-150}" on inductor
+uptime
