@@ -17,6 +17,7 @@ from specdec.compiled import SLOT_STEP, compiled_for, prepare
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
+
 @pytest.fixture(scope="module", params=(("llama", "inductor"), ("gpt2", "eager")), ids=("llama-inductor", "gpt2-eager"))
 def pair(request):
     """A tiny float32 target and drafter on the GPU, the eager results first, then both compiled and replayed; and the
