@@ -131,6 +131,7 @@ row's set-up, per round the loop is most of a token's time at this model size.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -428,6 +429,7 @@ def _bucket(value: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in sorted(buckets) if b >= value), None)
 
 
+@functools.cache
 def saves_graphs() -> bool:
     """Whether this torch compiles a step ahead of time, to be saved (``aot_compile``: torch 2.13 here; 2.11 has
     ``load_compiled_function`` but no ``aot_compile``)."""
