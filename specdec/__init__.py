@@ -10,6 +10,9 @@ from __future__ import annotations
 import typing
 
 from specdec.lazy import lazy_names
+from specdec.supported import check_installed
+
+check_installed()  # the transformers release, named before any module imports it (specdec.supported)
 
 if typing.TYPE_CHECKING:
     from specdec.acceptance import RULES, Rule, Verdict, register_rule

@@ -44,27 +44,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-import transformers
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from specdec.module_state import ARGUMENT_STATES, held_cache
-
-# The first transformers release specdec is not ported to: 5.24 renames ``past_key_values`` / ``cache_params`` to
-# ``cache`` in every forward's signature (and outputs), which the checks below read. pyproject.toml pins below it.
-UNPORTED_TRANSFORMERS = (5, 24)
-
-
-def check_transformers(version: str) -> None:
-    """Raise a clear ImportError for a transformers version specdec does not support yet."""
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    if parts >= UNPORTED_TRANSFORMERS:
-        raise ImportError(f"transformers {version} is installed, but specdec supports transformers < "
-                          f"{'.'.join(map(str, UNPORTED_TRANSFORMERS))} for now (that release renames past_key_values "
-                          "to cache in models' forwards). Install a supported one: pip install 'transformers<5.24'")
-
-
-check_transformers(transformers.__version__)
 
 # forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
 STATE_ARGUMENTS: dict[str, str] = {

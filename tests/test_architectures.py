@@ -597,9 +597,16 @@ def test_positions_of_its_own_decide_batches_by_the_self_check():
 def test_an_unported_transformers_release_is_refused_by_name_with_the_fix():
     """transformers 5.24 renames ``past_key_values`` to ``cache`` in every forward's signature, so specdec's checks
     would misread every model (a Llama refused as keeping "its own `cache` dictionary"): such a release is refused
-    at import with the supported range and the install command; the installed (supported) one passes."""
-    architectures.check_transformers(transformers.__version__)
-    architectures.check_transformers("5.23.0")
+    at import with the supported range and the install command; the installed (supported) one passes. So is a release
+    before 5.23 (5.17, on a lent GPU machine, failed as ``cannot import name 'DummyLayer'``)."""
+    from specdec.supported import check_installed, check_transformers
+
+    check_transformers(transformers.__version__)
+    check_installed()
+    check_transformers("5.23.0")
     for version in ("5.24.0", "5.25.0.dev0", "6.0.0"):
         with pytest.raises(ImportError, match=r"transformers .* supports transformers < 5\.24 .*pip install"):
-            architectures.check_transformers(version)
+            check_transformers(version)
+    for version in ("5.17.0", "5.22.1", "4.57.0"):
+        with pytest.raises(ImportError, match=r"transformers .* needs transformers >= 5\.23 .*pip install 'transformers>=5"):
+            check_transformers(version)
