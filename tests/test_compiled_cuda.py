@@ -2,8 +2,9 @@
 exact against the eager decoding of the same models on the same device and against ``generate``.
 
 Skipped without a CUDA device (CI has none); run where one is lent: ``python -m pytest -m gpu``. One pair per
-form of the step: a GPT-2 pair whose eager step is captured (the default), a llama pair whose steps inductor compiles
-(``SPECDEC_CUDA_STEP=inductor``; on the H100 of docs/benchmarks.md, torch 2.11, it has not run yet).
+form of the step: a Llama and a GPT-2 pair whose eager step is captured (the default), a Llama pair whose steps
+inductor compiles (``SPECDEC_CUDA_STEP=inductor``; on the H100 of docs/benchmarks.md, torch 2.11, it has not run
+yet); and a Marian pair (encoder-decoder: each row's source in the cache's buffers, a positions hook in the step).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import torch
 from conftest import assert_same_greedy, build_tiny, hf_greedy
 from test_compiled import GAMMA, NEW, PROMPTS, spec  # the CPU tests' prompts and call
 
+import specdec
 from specdec.compiled import SLOT_STEP, compiled_for, prepare
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-@pytest.fixture(scope="module", params=(("llama", "inductor"), ("gpt2", "eager")), ids=("llama-inductor", "gpt2-eager"))
+@pytest.fixture(scope="module", params=(("llama", "eager"), ("gpt2", "eager"), ("llama", "inductor")),
+                ids=("llama-eager", "gpt2-eager", "llama-inductor"))
 def pair(request):
     """A tiny float32 target and drafter on the GPU, the eager results first, then both compiled and replayed; and the
     target's copy on the CPU, for ``generate``'s reference."""
@@ -88,3 +91,27 @@ def test_a_context_crossing_slot_widths_is_exact(pair):
     assert len(PROMPTS[2]) + len(ours) > 3 * SLOT_STEP
     widths = {width for steps in compiled_for(target).captured.values() for _, width in steps}
     assert len(widths) >= 3
+
+
+def test_a_replayed_encoder_decoder_pair_decodes_as_it_does_eagerly():
+    """Marian's decoder step captured (its source buffers are the graph's by address, its positions hook runs in the
+    step): single sources and a ragged batch whose rows leave and join with sources of other lengths (the source
+    buffers widen: new buffers, new graphs) give the tokens of the eager decoding on the same GPU."""
+    from test_seq2seq import SOURCES, build, first_decoder_layer
+
+    target = build("marian").to("cuda")
+    drafter = first_decoder_layer(target)
+
+    def run():
+        return ([specdec.speculative_generate(target, drafter, s, gamma=GAMMA, max_new_tokens=NEW, stop_token_ids=[])
+                 .tokens for s in SOURCES],
+                [r.tokens for r in specdec.speculative_generate(target, drafter, SOURCES, gamma=GAMMA,
+                                                               max_new_tokens=NEW, stop_token_ids=[], batch_size=3)])
+
+    eager = run()
+    for model, tokens in ((target, (1, GAMMA + 1)), (drafter, (1, 2))):
+        assert "CUDA graphs" in prepare(model, "on", tokens=tokens, rows=(1, 3)).reason
+    assert run() == eager
+    for model in (target, drafter):  # every step replayed (a source's buffers, and so its graphs, die with its row)
+        compiled = compiled_for(model)
+        assert compiled.replays and compiled.calls["compiled"] > 0 and compiled.calls["eager"] == 0
