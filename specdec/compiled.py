@@ -556,7 +556,8 @@ class CompiledModel:
         step = steps.get(key)
         if step is None:
             try:
-                step = steps[key] = CudaStep.capture(self, ids, live, cache, shape.hidden)
+                with torch.cuda.device(ids.device):  # the model's device, whichever is current (cuda:1, ...)
+                    step = steps[key] = CudaStep.capture(self, ids, live, cache, shape.hidden)
             except Exception as error:  # noqa: BLE001 - any capture failure runs the step uncaptured, said once
                 self.replays = False
                 self.captured.clear()
