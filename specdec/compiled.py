@@ -507,7 +507,11 @@ class CudaStep:
     def __call__(self, ids: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.ids.copy_(ids)
         self.live[:, : self.slots].copy_(live)
-        self.graph.replay()
+        if self.ids.device.index in (None, torch.cuda.current_device()):
+            self.graph.replay()
+        else:  # replayed on its own device's stream
+            with torch.cuda.device(self.ids.device):
+                self.graph.replay()
         return self.logits.clone(), self.hidden.clone() if self.hidden is not None else None
 
 
