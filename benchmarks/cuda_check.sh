@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks, for a machine with a CUDA device (run from the repository root; each stage has its own time limit,
-# so a slow stage cannot eat the rest): the code pair's bench eager and compiled (each step a CUDA graph: the eager
-# step captured, then inductor's), and the GPU tests (`pytest -m gpu`). Logs under $OUT (default: cuda-check/).
+# so a slow stage cannot eat the rest): the GPU tests (`pytest -m gpu`), then the code pair's bench eager and
+# compiled (each step a CUDA graph: the eager step captured, then inductor's), float32, and, with BF16_S set, the
+# graphs in bf16. Logs under $OUT (default: cuda-check/). A stage's limit of 0 skips it, e.g.
+#   TESTS_S=0 INDUCTOR_S=0 BF16_S=100 benchmarks/cuda_check.sh
+# On an H100 (2026-11-28) a fresh machine's first stage paid CUDA's start: 90 s for a bench stage was too little.
 # Wheels in .whl/ (e.g. the transformers this checkout pins, where the machine has another) are installed first.
 set -u
 export PYTHONUNBUFFERED=1
@@ -31,9 +34,11 @@ bench() {  # name, limit, --compile mode, SPECDEC_CUDA_STEP: the bench's log and
     --output "/tmp/bench-$1"
   cp "/tmp/bench-$1/summary.json" "$OUT/summary-$1.json" 2>/dev/null
 }
-bench eager "${EAGER_S:-100}" off eager
-bench graphs "${GRAPHS_S:-100}" on eager
 stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_compiled_cuda.py \
   tests/test_core_greedy.py
+bench eager "${EAGER_S:-100}" off eager
+bench graphs "${GRAPHS_S:-100}" on eager
 bench inductor "${INDUCTOR_S:-150}" on inductor
+BENCH[3]=bf16
+bench graphs-bf16 "${BF16_S:-0}" on eager
 uptime
