@@ -575,7 +575,7 @@ class CompiledModel:
         can be saved: dynamo's ``aot_compile``, without guards. ``run`` picks the bucket before the call and
         every input's layout follows from the bucket and the model (``graph_file``'s key), so guards would
         only re-check that at every call (and dynamo's identity guards on the model cannot be saved).
-        Where torch has no ``aot_compile`` (before 2.13: ``Unsaved``), the step is compiled as usual, with its
+        Where torch has no ``aot_compile`` (2.11, say: ``Unsaved``), the step is compiled as usual, with its
         guards, and not saved; CUDA graphs replay it without its Python, guards included."""
         cpu = input_device(self.model).type == "cpu"  # the C++ wrapper is for CPU graphs; CUDA ones are replayed
         options = {**(INDUCTOR if cpu else {})}

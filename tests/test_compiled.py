@@ -374,7 +374,7 @@ def test_the_eager_step_on_the_static_cache_is_exact_and_meters_each_forward_onc
 
 
 def test_a_torch_without_aot_compile_compiles_with_guards_and_saves_nothing(monkeypatch, tmp_path):
-    """torch before 2.13 (2.11 on the lent GPU) has no ``aot_compile``: the step is ``torch.compile``'s, with its
+    """A torch without ``aot_compile`` (2.11, on the lent GPU): the step is ``torch.compile``'s, with its
     guards (``Unsaved``), exact, and nothing is written to the compile cache."""
     import specdec.compiled as compiled_module
 
