@@ -449,9 +449,13 @@ class Unsaved:
 
 @contextlib.contextmanager
 def no_hooks(model: torch.nn.Module) -> Iterator[None]:
-    """``model``'s own forward hooks set aside: its step run eagerly inside ``run`` (which calls them around the
-    step) or captured as a CUDA graph (a bench's meter hook synchronizes the device, which a capture forbids)."""
+    """``model``'s own forward hooks set aside while ``run``'s step runs (``run`` calls them around it): eagerly, or
+    compiled with guards (``Unsaved``: a hook added later would be traced), or captured as a CUDA graph (a bench's
+    meter hook synchronizes the device, which a capture forbids)."""
     pre, post = model._forward_pre_hooks, model._forward_hooks
+    if not pre and not post:  # the usual case: nothing to set aside
+        yield
+        return
     model._forward_pre_hooks, model._forward_hooks = type(pre)(), type(post)()
     try:
         yield
@@ -487,15 +491,14 @@ class CudaStep:
         mode = torch.cuda.get_sync_debug_mode()
         try:  # a step that waits for the device cannot be captured (and a failed capture can break the process)
             torch.cuda.set_sync_debug_mode("error")
-            with torch.cuda.stream(side), no_hooks(compiled.model):
+            with torch.cuda.stream(side):  # ``_graph`` runs none of the model's hooks (``no_hooks``)
                 expected = compiled._graph(step.ids, view, cache, hidden)[0].clone()
         finally:
             torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream(ids.device).wait_stream(side)
         step.graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls (a server's) do not break this capture; this thread's still do
-        with torch.cuda.graph(step.graph, pool=compiled.pool, capture_error_mode="thread_local"), \
-                no_hooks(compiled.model):
+        with torch.cuda.graph(step.graph, pool=compiled.pool, capture_error_mode="thread_local"):
             step.logits, step.hidden = compiled._graph(step.ids, view, cache, hidden)
         step.graph.replay()
         error = float((step.logits - expected).abs().max())
@@ -543,10 +546,10 @@ class CompiledModel:
         """The step compiled for the bucket of these inputs (``run`` calls it for warmed shapes only); the eager
         step where inductor was not used (``inductor`` False: a CUDA model whose graphs capture the eager step)."""
         graph = self.graphs[Shape(ids.shape[0], ids.shape[1], hidden)]
-        if graph is None:  # the model's own hooks run around the step (``run``), as around a compiled one
-            with no_hooks(self.model):
-                return self._step(ids, live, cache, hidden)
-        return graph(self, ids, live, cache, hidden)
+        if graph is not None and not isinstance(graph, Unsaved):  # traced ahead of time: it calls no module's hooks
+            return graph(self, ids, live, cache, hidden)
+        with no_hooks(self.model):  # the model's own hooks run around the step (``run``), not inside it
+            return self._step(ids, live, cache, hidden) if graph is None else graph(self, ids, live, cache, hidden)
 
     def _replay(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor,
                 cache: StaticCache) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -764,10 +767,11 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     missing compiler is a RuntimeError saying what to install."""
     import time
 
-    if not compiles(mode, input_device(model)):
+    device = input_device(model)
+    cuda = device.type == "cuda"
+    if not compiles(mode, device):
         model._specdec_compiled = None
         return CompileChoice(False, "off" if mode == "off" else "off (auto: as measured, it does not pay here)")
-    cuda = input_device(model).type == "cuda"
     missing = compiler_missing()
     if missing is not None and not cuda:
         raise RuntimeError(f"--compile on: {missing}. {INSTALL}")
@@ -789,10 +793,14 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
             compiled.inductor = False  # CUDA graphs of the eager step (inductor's: SPECDEC_CUDA_STEP=inductor)
     loaded = compiled.loaded
     wanted = [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
-    try:
+
+    def warm_wanted() -> None:
         for shape in wanted:
             if shape not in compiled.shapes:
                 compiled.warm(shape)
+
+    try:
+        warm_wanted()
     except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager, said once
         if not (cuda and compiled.inductor):
             warnings.warn(f"--compile on: {type(model).__name__} could not be compiled ({type(error).__name__}: "
@@ -802,9 +810,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         warnings.warn(f"--compile on: inductor could not compile {type(model).__name__} ({type(error).__name__}: "
                       f"{first_line(error)}); its eager step is captured as CUDA graphs", stacklevel=2)
         compiled.inductor = False
-        for shape in wanted:
-            if shape not in compiled.shapes:
-                compiled.warm(shape)
+        warm_wanted()
     if not isa:
         probed_isa(record=True)
     compiled.rows = tuple(sorted(set(compiled.rows) | set(rows)))
