@@ -450,8 +450,8 @@ class Unsaved:
 @contextlib.contextmanager
 def no_hooks(model: torch.nn.Module) -> Iterator[None]:
     """``model``'s own forward hooks set aside while ``run``'s step runs (``run`` calls them around it): eagerly, or
-    compiled with guards (``Unsaved``: a hook added later would be traced), or captured as a CUDA graph (a bench's
-    meter hook synchronizes the device, which a capture forbids)."""
+    compiled with guards (``Unsaved``: a hook added later would be traced), or captured as a CUDA graph (a hook may
+    read or wait for the device, or record an event on another stream than the capture's)."""
     pre, post = model._forward_pre_hooks, model._forward_hooks
     if not pre and not post:  # the usual case: nothing to set aside
         yield

@@ -3,8 +3,8 @@
 The loop never times, counts or prints anything itself. It marks its phases (``prefill`` and
 ``draft_prefill`` when rows join; ``propose``, ``verify``, ``accept``, ``commit`` in a round) with ``Events.phase(name)`` and announces each
 committed round (``round_committed``, one ``RoundEvent`` per row) and each round's summary
-(``round_ended``). Listeners do the rest: ``PhaseClock`` measures the phases (synchronising CUDA
-before reading the clock, so asynchronous kernels are charged to the phase that queued them), the
+(``round_ended``). Listeners do the rest: ``PhaseClock`` measures the phases (``Intervals``: on CUDA by events
+the device times, so asynchronous kernels are charged to the phase that queued them, without a wait per phase), the
 decoder's statistics read it, the console prints tokens as they come, a server streams them, and the
 ``auto`` speculation policy times rounds with and without drafting.
 """
@@ -50,32 +50,76 @@ class Listener:
         """A round of the batch is over."""
 
 
-class PhaseClock(Listener):
-    """Seconds per phase: of the current round (``round``) and in total (``total``)."""
+class Intervals:
+    """Seconds between a ``start(key)`` and the next ``stop(key)``, handed out by ``settle()``.
+
+    On a CPU each mark reads ``perf_counter``. On a CUDA device each mark records an event on the current stream, and
+    the device times it when it reaches it: the kernels an interval queued are charged to it, and no mark waits for
+    the device (a wait at each mark kept the host from queuing the next work while the device ran: 8 waits a round
+    of the decoder). ``settle`` waits once, for the last mark, when the seconds are read."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.cuda = torch.device(device).type == "cuda"
-        self.total: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-        self.round: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-        self._started = 0.0
+        self._open: dict[str, object] = {}
+        self._closed: list[tuple[str, object, object]] = []
 
-    def now(self) -> float:
-        """perf_counter, after the device's queued work."""
+    def _mark(self) -> object:
         if self.cuda:
-            torch.cuda.synchronize()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         return time.perf_counter()
 
+    def start(self, key: str) -> None:
+        self._open[key] = self._mark()
+
+    def stop(self, key: str) -> None:
+        self._closed.append((key, self._open.pop(key), self._mark()))
+
+    def settle(self) -> list[tuple[str, float]]:
+        """(key, seconds) of every interval stopped since the last call, in order."""
+        if not self._closed:
+            return []
+        closed, self._closed = self._closed, []
+        if self.cuda:
+            closed[-1][2].synchronize()  # type: ignore[union-attr]
+            return [(key, start.elapsed_time(end) / 1e3) for key, start, end in closed]  # type: ignore[union-attr]
+        return [(key, end - start) for key, start, end in closed]  # type: ignore[operator]
+
+
+class PhaseClock(Listener):
+    """Seconds per phase: of the current round (``round``) and in total (``total``), read from ``Intervals``."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.intervals = Intervals(device)
+        self._total: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._round: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+
+    def _settle(self) -> None:
+        for phase, seconds in self.intervals.settle():
+            self._round[phase] += seconds
+            self._total[phase] += seconds
+
+    @property
+    def round(self) -> dict[str, float]:
+        self._settle()
+        return self._round
+
+    @property
+    def total(self) -> dict[str, float]:
+        self._settle()
+        return self._total
+
     def new_round(self) -> None:
-        """Start counting a new round."""
-        self.round = dict.fromkeys(PHASES, 0.0)
+        """Start counting a new round (the last round's phases settled first)."""
+        self._settle()
+        self._round = dict.fromkeys(PHASES, 0.0)
 
     def phase_started(self, phase: str) -> None:
-        self._started = self.now()
+        self.intervals.start(phase)
 
     def phase_ended(self, phase: str) -> None:
-        seconds = self.now() - self._started
-        self.round[phase] += seconds
-        self.total[phase] += seconds
+        self.intervals.stop(phase)
 
     @property
     def round_seconds(self) -> float:

@@ -115,3 +115,27 @@ def test_a_replayed_encoder_decoder_pair_decodes_as_it_does_eagerly():
     for model in (target, drafter):  # every step replayed (a source's buffers, and so its graphs, die with its row)
         compiled = compiled_for(model)
         assert compiled.replays and compiled.calls["compiled"] > 0 and compiled.calls["eager"] == 0
+
+
+def test_the_phase_clock_times_the_device_without_waiting_for_it():
+    """On CUDA a phase is timed by events the device reaches (``specdec.events.Intervals``): marking a phase waits for
+    nothing (sync debug mode "error" raises on any wait), and a phase that queued a long kernel is charged its time,
+    read once the round is read."""
+    from specdec.events import VERIFY, Events, PhaseClock
+
+    clock = PhaseClock("cuda")
+    events = Events([clock])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with events.phase(VERIFY):
+            torch.cuda._sleep(200_000_000)  # a kernel that spins for 200M cycles: about 0.1 s at 2 GHz
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(200_000_000)
+    end.record()
+    end.synchronize()
+    alone = start.elapsed_time(end) / 1e3
+    assert clock.round[VERIFY] == pytest.approx(alone, rel=0.2)

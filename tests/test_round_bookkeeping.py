@@ -86,3 +86,27 @@ def test_a_cache_without_dead_slots_makes_its_mask_when_read(llama_target):
         cache.select(torch.tensor([0]))
         assert cache.rows == 1 and not cache.holes and cache.live.tolist() == [5]
         consistent()
+
+
+def test_the_phase_clock_charges_each_phase_its_own_time_and_settles_when_read():
+    """``PhaseClock`` (``Intervals`` on the CPU): each phase its own seconds, the round's reset by ``new_round``, the
+    total kept across rounds; phases closed before a read are all counted by it."""
+    import time
+
+    from specdec.events import ACCEPT, PROPOSE, VERIFY, Events, PhaseClock
+
+    clock = PhaseClock("cpu")
+    events = Events([clock])
+    with events.phase(PROPOSE):
+        time.sleep(0.02)
+    with events.phase(VERIFY):
+        time.sleep(0.05)
+    first = dict(clock.round)
+    assert 0.02 <= first[PROPOSE] < 0.05 <= first[VERIFY] < 0.2 and first[ACCEPT] == 0.0
+    clock.new_round()
+    with events.phase(VERIFY):
+        time.sleep(0.01)
+    clock.new_round()  # the phase closed before this round began belongs to the last one
+    assert clock.round_seconds == 0.0
+    assert clock.total[VERIFY] == pytest.approx(first[VERIFY] + 0.01, abs=0.01)
+    assert clock.total[PROPOSE] == first[PROPOSE]

@@ -2,7 +2,8 @@
 
 - ``Clock``: wall time that synchronizes CUDA before reading (``torch.cuda.synchronize()``), so
   asynchronous kernels are counted where they run.
-- ``ForwardMeter``: hooks on a model's ``forward`` that count its calls and the time inside them.
+- ``ForwardMeter``: hooks on a model's ``forward`` that count its calls and the time inside them
+  (``specdec.events.Intervals``: on CUDA, events the device times; no wait per forward).
   It is attached the same way to every method, so each pays the same (microseconds per call); it
   is the one source of the number of target forwards (``num_LM_call``) for every method and of
   the time split for ``transformers``' generate, which reports none.
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 from typing_extensions import Self
 
+from specdec.events import Intervals
 from specdec.kernels import active
 
 _STATUS = Path("/proc/self/status")
@@ -54,25 +56,33 @@ class Clock:
 
 
 class ForwardMeter:
-    """Counts forward calls of one model and the seconds spent inside them (while attached)."""
+    """Counts forward calls of one model and the seconds spent inside them (while attached). The seconds are
+    ``specdec.events.Intervals``: on CUDA, events the device times, not a wait before and after every forward
+    (which kept the host from queuing the next work while the device ran, in every method alike)."""
 
     def __init__(self, model: torch.nn.Module, clock: Clock) -> None:
         self.model = model
-        self.clock = clock
+        self.device = torch.device("cuda" if clock.cuda else "cpu")
         self.calls = 0
-        self.seconds = 0.0
-        self._started = 0.0
+        self._seconds = 0.0
+        self._intervals = Intervals(self.device)
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
+    @property
+    def seconds(self) -> float:
+        self._seconds += sum(seconds for _, seconds in self._intervals.settle())
+        return self._seconds
+
     def _pre(self, *_: object) -> None:
-        self._started = self.clock.now()
+        self._intervals.start("forward")
 
     def _post(self, *_: object) -> None:
         self.calls += 1
-        self.seconds += self.clock.now() - self._started
+        self._intervals.stop("forward")
 
     def __enter__(self) -> Self:
-        self.calls, self.seconds = 0, 0.0
+        self.calls, self._seconds = 0, 0.0
+        self._intervals = Intervals(self.device)
         self._handles = [
             self.model.register_forward_pre_hook(self._pre),
             self.model.register_forward_hook(self._post),
