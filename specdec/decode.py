@@ -187,6 +187,7 @@ class Decoder:
         self.started = time.perf_counter()
         self.apart: str | None = None  # why rows cannot share a forward (each then decodes alone), once known
         self._apart_known = batch_size == 1  # batch size 1: rows never share a forward anyway
+        self._limits: tuple[list[int], torch.Tensor] = ([], self.last)  # the last round's limits, host and device
 
     # ---------------------------------------------------------------------------- rows in and out
 
@@ -327,7 +328,7 @@ class Decoder:
             if plan.width is not None:  # verifying B rows costs their longest draft: the schedule caps it
                 caps = [min(cap, plan.width) for cap in caps]
             limits = [min(n, cap) for n, cap in zip(plan.limit.tolist(), caps)]
-            limit = torch.tensor(limits, dtype=torch.long, device=self.device)  # [B]
+            limit = self._on_device(limits)  # [B]
             sampler = DraftSampler.wrap(self.sampler, rows) if self.processing else self.sampler
             proposal = self._admitted(self.drafter.propose(limit, sampler, plan.stop), limits, caps)
         with self.events.phase(VERIFY):
@@ -345,6 +346,13 @@ class Decoder:
             self.last = verdict.next_token
             drafted, committed = self._commit_rows(proposal, verdict)
         self.events.round_ended(RoundSummary(len(self.rows), drafted, committed, self.clock.round_seconds))
+
+    def _on_device(self, limits: list[int]) -> torch.Tensor:
+        """``limits`` as a device tensor: last round's when they are the same (plain decoding, a constant schedule
+        with room left), else a new one (a copy to a CUDA device waits for it)."""
+        if self._limits[0] != limits:
+            self._limits = (limits, torch.tensor(limits, dtype=torch.long, device=self.device))
+        return self._limits[1]
 
     def _commit_rows(self, proposal: Proposal, verdict: Verdict) -> tuple[int, int]:
         """Append each row's accepted drafts and next token (up to its stops); record; tell listeners. Returns

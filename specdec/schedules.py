@@ -53,7 +53,8 @@ ROC_FALSE_NEGATIVE_COST = 3.0  # transformers' cost: fpr + 3 * fnr
 class DraftPlan:
     """What a round drafts, per row."""
 
-    limit: torch.Tensor  # [B] long, the most tokens each row drafts (before the room caps)
+    limit: torch.Tensor  # [B] long, the most tokens each row drafts (before the room caps), on the host: the decoder
+    # reads it there and moves the admitted limits to the device once (a device tensor works, at a wait for the device)
     stop: StopRule | None = None  # a within-round stop rule, or None
     width: int | None = None  # the most tokens any row's draft holds this round, lookup copies included; None = no cap
 
@@ -68,7 +69,7 @@ class Schedule(ABC):
 
     @abstractmethod
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
-        """The plan of the coming round for ``rows`` rows."""
+        """The plan of the coming round for ``rows`` rows (its limits on the host; a stop rule's state on ``device``)."""
 
     def update(self, proposal: Proposal, verdict: Verdict) -> None:
         """Learn from a round's drafts and their verdict."""
@@ -93,7 +94,7 @@ class Constant(Schedule):
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         if self._plan is None or self._plan[:2] != (rows, device):
-            self._plan = (rows, device, DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long, device=device)))
+            self._plan = (rows, device, DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long)))
         return self._plan[2]
 
 
@@ -129,7 +130,7 @@ class Heuristic(Bounded, PerRow):
         self.low, self.high = bound
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
-        return DraftPlan(torch.tensor([int(k) for k in self.state], dtype=torch.long, device=device))
+        return DraftPlan(torch.tensor([int(k) for k in self.state], dtype=torch.long))
 
     def update(self, proposal: Proposal, verdict: Verdict) -> None:
         for row, (drafted, accepted) in enumerate(zip(proposal.lengths.tolist(), verdict.accepted.tolist())):
@@ -190,7 +191,7 @@ class Confidence(Bounded, PerRow):
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
         self._stop = _ConfidenceStop(torch.tensor(self.state, device=device), self.low)
-        return DraftPlan(torch.full((rows,), self.high, dtype=torch.long, device=device), self._stop)
+        return DraftPlan(torch.full((rows,), self.high, dtype=torch.long), self._stop)
 
     def update(self, proposal: Proposal, verdict: Verdict) -> None:
         if self._stop is None or not self._stop.probs:
@@ -235,7 +236,7 @@ class Ada(Bounded, Schedule):
         self.low, self.high = bound
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
-        limit = torch.full((rows,), self.high, dtype=torch.long, device=device)
+        limit = torch.full((rows,), self.high, dtype=torch.long)
         if self.threshold >= 1:  # 1 - prod a_j never exceeds 1: no row would stop, so the head need not run
             return DraftPlan(limit)
         return DraftPlan(limit, _AdaStop(self.accept, self.threshold, self.low, rows, device))
