@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, for a machine with a CUDA device (run from the repository root; each stage has its own time limit,
 # so a slow stage cannot eat the rest): the GPU tests (`pytest -m gpu`), then the code pair's bench eager and
-# compiled (each step a CUDA graph: the eager step captured, then inductor's), float32, and, with BF16_S set, the
+# compiled (each step a CUDA graph: the eager step captured, then inductor's), float32, with LOOP_S set the loop's cost
+# around the step, and, with BF16_S set, the
 # graphs in bf16. Logs under $OUT (default: cuda-check/). A stage's limit of 0 skips it, e.g.
 #   TESTS_S=0 INDUCTOR_S=0 BF16_S=100 benchmarks/cuda_check.sh
 # On an H100 (2026-11-28) a fresh machine's first stage paid CUDA's start: 90 s for a bench stage was too little.
@@ -36,6 +37,10 @@ bench() {  # name, limit, --compile mode, SPECDEC_CUDA_STEP: the bench's log and
 }
 stage tests "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_compiled_cuda.py \
   tests/test_core_greedy.py
+# the loop around the step (benchmarks/batch1_loop.py): ms per token, cProfile's top and the host's waits per round;
+# LOOP_TREES="before=DIR after=." compares two trees (DIR holding a specdec/ package), in turn
+stage loop "${LOOP_S:-0}" python3 benchmarks/batch1_loop.py --trees ${LOOP_TREES:-now=.} --device cuda --compile on \
+  --methods plain lookup --repeats "${LOOP_REPEATS:-2}" --prompts 12 ${LOOP_PROBE:+--probe}
 bench eager "${EAGER_S:-100}" off eager
 bench graphs "${GRAPHS_S:-100}" on eager
 bench inductor "${INDUCTOR_S:-150}" on inductor
