@@ -610,3 +610,17 @@ def test_an_unported_transformers_release_is_refused_by_name_with_the_fix():
     for version in ("5.17.0", "5.22.1", "4.57.0"):
         with pytest.raises(ImportError, match=r"transformers .* needs transformers >= 5\.23 .*pip install 'transformers>=5"):
             check_transformers(version)
+
+
+def test_a_torch_specdec_cannot_run_on_is_refused_by_name_with_the_fix():
+    """transformers 5.23 disables PyTorch below torch 2.6, and the dynamo of torch 2.6-2.7 cannot trace all its forwards
+    (every model class, or a compile, then fails later, far from the cause): such a torch is refused at import, with
+    the install command; the installed one and 2.8 on (CUDA or CPU builds) pass."""
+    from specdec.supported import check_torch
+
+    check_torch(torch.__version__)
+    for version in ("2.8.0+cu128", "2.13.0+cpu", "2.15.0"):
+        check_torch(version)
+    for version in ("2.7.1+cu126", "2.6.0+cu124", "2.5.1", "2.4.0+cpu", "1.13.1"):
+        with pytest.raises(ImportError, match=r"torch .* is installed, .* torch >= 2\.8 .*pip install 'torch>=2\.8"):
+            check_torch(version)

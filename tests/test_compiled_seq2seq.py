@@ -16,6 +16,7 @@ import warnings
 import pytest
 import torch
 from conftest import TRANSLATE_NEW, drive_alike
+from test_compiled import saved_steps
 from test_seq2seq import SOURCES, build, first_decoder_layer, generate
 
 import specdec
@@ -170,6 +171,7 @@ print(json.dumps({"loaded": compiled_for(target).loaded, "calls": compiled_for(t
 """
 
 
+@saved_steps
 def test_a_second_start_loads_the_compiled_decoder_step_from_disk(tmp_path):
     """A fresh process compiles Marian's decoder step (rows of 1 and 3) and saves it; a second fresh process,
     with other forward hooks registered before and a model of other weights, loads both graphs and decodes
