@@ -86,16 +86,16 @@ class Constant(Schedule):
 
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
-        self._plan: tuple[int, torch.device | str, DraftPlan] | None = None  # the last plan, the same each round
+        self._plan: DraftPlan | None = None  # the last plan (limits on the host), the same each round of as many rows
 
     @property
     def most(self) -> int:
         return self.gamma
 
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
-        if self._plan is None or self._plan[:2] != (rows, device):
-            self._plan = (rows, device, DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long)))
-        return self._plan[2]
+        if self._plan is None or len(self._plan.limit) != rows:
+            self._plan = DraftPlan(torch.full((rows,), self.gamma, dtype=torch.long))
+        return self._plan
 
 
 class Bounded:
