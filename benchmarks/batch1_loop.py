@@ -7,7 +7,8 @@ the trees taking turns in an order that rotates per repeat, so the machine's loa
 Both trees make the same forwards (the script checks that every tree's tokens and rounds are the same); what
 differs is the Python around them. Per run: wall seconds, CPU seconds (``time.process_time``), the CPU seconds
 inside the models' forwards and outside them (the loop's bookkeeping, per-call setup included), medians over the
-repeats, and each tree's ratio to the first tree named.
+repeats, and each tree's ratio to the first tree named; each run names the linear kernels its models took
+(``specdec.kernels.describe``: auto's probe decides in each process).
 
     git worktree add /tmp/specdec-a3dbb50 a3dbb50
     python benchmarks/batch1_loop.py --trees old=/tmp/specdec-a3dbb50 new=. --repeats 3
@@ -104,8 +105,16 @@ def worker(method: str, prompts: int, new_tokens: int, device: str = "cpu", comp
     results = [run(prompt) for prompt in ids]
     sync()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    try:
+        from specdec.kernels import describe
+    except ImportError:  # a tree from before specdec's linear kernels (a3dbb50)
+        def describe(model: torch.nn.Module) -> str:
+            return "torch"
+
     record = {"wall": wall, "cpu": cpu, "forward": inside[0], "outside": cpu - inside[0],
-              "tokens": [list(r.tokens) for r in results], "rounds": sum(r.stats.rounds for r in results)}
+              "tokens": [list(r.tokens) for r in results], "rounds": sum(r.stats.rounds for r in results),
+              "linear": "; ".join(f"{name} {describe(m)}" for name, m in (("target", target), ("drafter", drafter))
+                                  if m is not None)}
     if probe:
         record.update(probed(lambda: [run(prompt) for prompt in ids[:3]], device))
     return record
@@ -183,7 +192,8 @@ def main() -> None:
                     print(f"-- {method} {name}: host waits per round {json.dumps(record['waits_per_round'])}\n"
                           + "\n".join(record["profile"].splitlines()[:30]), flush=True)
                 print(f"{method:6} {name:6} repeat {repeat + 1}: wall {record['wall']:.2f} s, cpu {record['cpu']:.2f} s, "
-                      f"outside the forwards {record['outside']:.3f} s (load {record['load']:.1f})", flush=True)
+                      f"outside the forwards {record['outside']:.3f} s (load {record['load']:.1f}; linear: "
+                      f"{record['linear']})", flush=True)
     print(f"\nmedians of {args.repeats} (1 thread, {args.device}, compile {args.compile}, {args.prompts} prompts x "
           f"{args.new} tokens); ratio = tree / {names[0]}")
     for method in args.methods:
