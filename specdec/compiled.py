@@ -27,10 +27,16 @@ Eager decoding pays transformers' Python around every forward (module dispatch, 
   warmed when the model is prepared (``prepare``) and checked against the eager forward. A forward of
   another shape (a longer copy, a batch grown past its bucket) runs the same step eagerly on the same
   cache: exact, only slower, said once. Prefill stays eager (a ``RaggedCache``, merged in).
-- The linear layers: where ``specdec.kernels`` installs its kernels on the model, the graph traces
-  them in the kernels' formulation (``traced_linear``: ``W @ x.T`` for 1-2 rows, oneDNN on the prepacked
-  weight through the ``specdec::packed_linear`` op for more, each where the probe chose it), not inductor's (freezing turns ``F.linear``
-  into MKL's packed kernel, the slow one on this CPU).
+- The linear layers: where the blocked kernel builds as a torch operator (``kernels.blocked_op``:
+  ``specdec::blocked_linear``, C++, called by inductor's C++ wrapper through the dispatcher), the graph traces
+  every float32 CPU linear as it, for any number of rows, on a copy of the weight in the kernel's layout (a
+  non-persistent buffer ``_specdec_blocked``, re-laid by ``refresh_blocked`` when the weight changed, as each
+  decoding call's static cache is made). The compiled step then took 0.64-0.95 of its time with torch's products (four shipped
+  models, 1 and 5 tokens, 10 and 200 cached; docs/benchmarks.md, "The blocked kernel as a torch operator").
+  Without it (no C++ compiler, ``SPECDEC_LINEAR=off``), where ``specdec.kernels`` installs its kernels on the
+  model, the graph traces them in the kernels' formulation (``traced_linear``: ``W @ x.T`` for 1-2 rows, oneDNN
+  on the prepacked weight through the ``specdec::packed_linear`` op for more, each where the probe chose it), not
+  inductor's (freezing turns ``F.linear`` into MKL's packed kernel, the slow one on this CPU).
 
 Guards: a step runs without dynamo's guards (``CompiledModel._trace``). With all of them, the check before
 every call took 0.08 ms for code-drafter and 0.12 ms for code-target (one thread, ``guard_manager.check`` timed
@@ -260,8 +266,8 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     at every call), which linears are traced in the kernels' formulation (and which kernels each takes), and the slots per row."""
     import transformers
 
-    traced = sorted((name, m._specdec_packed.few, m._specdec_packed.many) for name, m in model.named_modules()
-                    if getattr(vars(m).get("forward"), "__func__", None) is _traced_forward)
+    traced = sorted((name, *((m._specdec_packed.few, m._specdec_packed.many) if hasattr(m, "_specdec_packed") else ()),
+                     hasattr(m, "_specdec_blocked")) for name, m in model.named_modules() if _traced(m))
     tensors = [(name, tuple(t.shape), str(t.dtype), str(t.device))
                for name, t in [*model.named_parameters(), *model.named_buffers()]]
     config = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}  # not where it was read
@@ -337,24 +343,72 @@ def traced_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return kernels.fast_linear(x, weight, bias, kernel, packed_linear, traced=True)
 
 
+def blocked_traced(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
+    """``F.linear`` of ``x`` [..., in] traced as ``specdec::blocked_linear`` on the layer's blocked copy of its weight
+    (``kernels.blocked_op``): one call of the C++ operator, for any number of rows."""
+    rows = x.reshape(-1, x.shape[-1])
+    return torch.ops.specdec.blocked_linear(rows, blocked, bias, out).reshape(*x.shape[:-1], out)
+
+
 def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A compiled model's installed layer: traced as ``traced_linear``, run eagerly as ``specdec.kernels`` says."""
+    """A compiled model's linear layer: traced as the blocked operator where the layer holds its copy
+    (``_specdec_blocked``), else as ``traced_linear``; run eagerly as ``specdec.kernels`` says."""
     if torch.compiler.is_compiling() and self.weight.dtype == x.dtype == torch.float32 and x.device.type == "cpu":
+        blocked = getattr(self, "_specdec_blocked", None)
+        if blocked is not None:
+            return blocked_traced(x, blocked, self.bias, self.out_features)
         return traced_linear(x, self.weight, self.bias, self._specdec_packed)
-    return kernels._forward(self, x)
+    if hasattr(self, "_specdec_packed"):
+        return kernels._forward(self, x)
+    return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+def _traced(module: torch.nn.Module) -> bool:
+    return getattr(vars(module).get("forward"), "__func__", None) is _traced_forward
 
 
 def trace_kernels(model: PreTrainedModel) -> bool:
-    """Give ``model``'s linear layers specdec's kernels where ``specdec.kernels`` installs them, traced in the
-    kernels' formulation (``traced_linear``) by the compiled step; whether they have them."""
-    if not kernels.install(model):
-        return False
+    """Give ``model``'s linear layers the kernels its compiled step traces; whether any has one. Where the blocked
+    operator loads (``kernels.blocked_op``; not with ``SPECDEC_LINEAR=off``), every eligible float32 CPU linear
+    (``kernels._eligible``) is traced as it, for any number of rows, on a copy of its weight in the kernel's layout,
+    held as a non-persistent buffer (``_specdec_blocked``: not in the state dict, refreshed by ``refresh_blocked``);
+    else the layers that ``specdec.kernels`` installs on are traced in the kernels' formulation (``traced_linear``)."""
+    ours = kernels.install(model)
+    blocked = kernels.mode() != "off" and kernels.available() and kernels.blocked_op()
+    found = False
     for module in model.modules():
-        traced = getattr(vars(module).get("forward"), "__func__", None) is _traced_forward  # e.g. a deep copy's
-        if kernels._ours(module) or traced:
-            _PACKS[module.weight.data_ptr()] = module._specdec_packed
+        traced = _traced(module)  # e.g. a deep copy's
+        if blocked and not traced and kernels._eligible(module):
+            copy = kernels.block_weight(module.weight.detach(), kernels.blocked().lanes)
+            module.register_buffer("_specdec_blocked", copy, persistent=False)
+            module._specdec_blocked_key = _weight_key(module.weight)
+            packed = getattr(module, "_specdec_packed", None)
+            if packed is not None and packed.many == "blocked":  # the eager kernel of many rows shares the copy
+                packed.weight, packed.key = copy, (module.weight.data_ptr(), module.weight._version, "blocked")
+            traced = True
+        elif (ours and kernels._ours(module)) or traced:
+            traced = True
+        if traced:
+            if hasattr(module, "_specdec_packed"):
+                _PACKS[module.weight.data_ptr()] = module._specdec_packed
             module.forward = types.MethodType(_traced_forward, module)
-    return True
+            found = True
+    return found
+
+
+def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
+    return weight.data_ptr(), weight._version
+
+
+@torch.inference_mode()
+def refresh_blocked(model: PreTrainedModel) -> None:
+    """Re-lay the blocked copy of every layer whose weight changed since (a new tensor or an in-place write):
+    called as each decoding call's static cache is made, so a call reads the weights as they are when it starts."""
+    for module in model.modules():
+        copy = getattr(module, "_specdec_blocked", None)
+        if copy is not None and module._specdec_blocked_key != (key := _weight_key(module.weight)):
+            copy.copy_(kernels.block_weight(module.weight.detach(), copy.shape[2]))
+            module._specdec_blocked_key = key
 
 
 class WindowLayer(StaticLayer):
@@ -902,6 +956,7 @@ class StaticRaggedCache:
     @torch.inference_mode()
     def __init__(self, model: PreTrainedModel, compiled: CompiledModel, device: torch.device | str = "cpu") -> None:
         self.model, self.compiled, self.device = model, compiled, torch.device(device)
+        refresh_blocked(model)  # the blocked copies of weights changed since the last call
         self.capacity = 0  # R: rows of the buffers
         self.cache: StaticCache | None = None
         self._lease: _Lease | None = None  # the buffers' lease (``_reserve``)

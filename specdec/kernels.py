@@ -193,6 +193,63 @@ def build_blocked(source: Path) -> Blocked | None:
     return found
 
 
+_OP_SOURCE = Path(__file__).with_name("csrc") / "blocked_op.cpp"  # the blocked kernel as a torch operator
+_OP_LOADED: list[Path] = []  # the operator's library, once loaded into this process
+
+
+def _cxx() -> str | None:
+    return os.environ.get("CXX") or next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+
+
+def blocked_op() -> bool:
+    """Whether ``torch.ops.specdec.blocked_linear`` (``csrc/blocked_op.cpp``: the blocked kernel as a torch operator,
+    which inductor's C++ wrapper calls through the dispatcher) is loaded: built at first use (about 10 s) with the
+    machine's C and C++ compilers against this torch's headers into ``~/.cache/specdec/kernels`` (keyed by both
+    sources, the compilers, the CPU's flags and torch's version), loaded once per process; False where it cannot be
+    built or loaded (no C++ compiler, torch without its headers, another OS), and the compiled step traces the
+    kernels it traced before."""
+    if "op" not in _BUILT:
+        _BUILT["op"] = _build_op()
+    return bool(_BUILT["op"])
+
+
+def _build_op() -> bool:
+    compiler, cxx = _compiler(), _cxx()
+    include = Path(torch.__file__).with_name("include")
+    if compiler is None or cxx is None or platform.system() != "Linux" or not include.is_dir():
+        return False
+    try:
+        versions = [subprocess.run([c, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+                    for c in (compiler, cxx)]
+        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+        key = hashlib.sha256("\n".join([_SOURCE.read_text(), _OP_SOURCE.read_text(), compiler, cxx, *versions,
+                                         _cpu_flags(), torch.__version__, str(abi)]).encode())
+        root = cache_root() / "kernels"
+        path = root / f"blocked_op-{key.hexdigest()[:16]}.so"
+        if not path.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=root) as folder:
+                objects, built = Path(folder) / "blocked_linear.o", Path(folder) / path.name
+                subprocess.run([compiler, "-O3", "-march=native", "-fPIC", "-c", str(_SOURCE), "-o", str(objects)],
+                               check=True, capture_output=True, timeout=120)
+                subprocess.run([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                                f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(_OP_SOURCE),
+                                str(objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o", str(built)],
+                               check=True, capture_output=True, timeout=300)
+                os.replace(built, path)  # atomic: another process building the same file is harmless
+        if not _OP_LOADED:  # an operator is registered once per process (a second library defining it aborts)
+            torch.ops.load_library(str(path))
+            torch.library.register_fake("specdec::blocked_linear")(_blocked_fake)
+            _OP_LOADED.append(path)
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def _blocked_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
 def block_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
     """``weight`` [out, in] re-laid for the blocked kernel: [ceil(out / lanes), in, lanes], zero rows padding the
     last block."""

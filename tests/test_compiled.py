@@ -588,3 +588,46 @@ def test_the_bench_times_a_compiled_run_beside_the_eager_methods(tmp_path):
         assert (rows[method].greedy_equal, rows[method].greedy_total) == (2, 2)
     with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
         BenchConfig(compile="fast")
+
+
+def test_the_linears_are_traced_as_the_blocked_operator():
+    """Where the blocked operator builds, every linear of a compiled float32 CPU model is traced as it, on a copy of
+    its weight kept out of the state dict; greedy stays equal to ``generate``, eagerly and compiled, and a weight
+    changed in place is read by the next decoding call. With ``SPECDEC_LINEAR=off`` the copies are not made (and
+    the compile cache keys the two apart)."""
+    from specdec import kernels
+
+    model = build_tiny("llama", seed=11, layers=2)
+    reference = [hf_greedy(model, p, NEW, [2]) for p in PROMPTS]
+    keys = set(model.state_dict())
+    assert prepare(model, "on", tokens=(1, GAMMA + 1)).compiled
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert kernels.blocked_op() and all(hasattr(m, "_specdec_blocked") for m in linears)
+    assert set(model.state_dict()) == keys
+    drafter = NgramDrafter(NgramConfig(min_ngram=1, num_tokens=GAMMA))
+    for prompt, expected in zip(PROMPTS, reference):
+        assert_same_greedy(model, prompt, specdec.autoregressive_generate(model, prompt, max_new_tokens=NEW).tokens,
+                           expected)
+        assert_same_greedy(model, prompt, spec(model, drafter, prompt).tokens, expected)
+    assert calls(model)["eager"] == 0
+    with torch.no_grad():
+        for m in linears:
+            m.weight.mul_(1.5)
+    changed = hf_greedy(model, PROMPTS[1], NEW, [2])
+    assert changed != reference[1]  # the change shows in the model's own output
+    assert_same_greedy(model, PROMPTS[1], specdec.autoregressive_generate(model, PROMPTS[1], max_new_tokens=NEW).tokens,
+                       changed)
+
+
+def test_without_the_blocked_operator_the_step_traces_the_kernels_of_before(monkeypatch):
+    from specdec import kernels
+
+    monkeypatch.setattr(kernels, "_BUILT", {**kernels._BUILT, "op": False})
+    model = build_tiny("llama", seed=12, layers=2)
+    reference = [hf_greedy(model, p, NEW, [2]) for p in PROMPTS]
+    assert prepare(model, "on", tokens=(1,)).compiled
+    assert not any(hasattr(m, "_specdec_blocked") for m in model.modules())
+    for prompt, expected in zip(PROMPTS, reference):
+        assert_same_greedy(model, prompt, specdec.autoregressive_generate(model, prompt, max_new_tokens=NEW).tokens,
+                           expected)
+    assert calls(model)["eager"] == 0

@@ -299,3 +299,36 @@ def test_a_bad_mode_is_refused(monkeypatch):
     monkeypatch.setenv(kernels.ENV, "fast")
     with pytest.raises(ValueError, match="SPECDEC_LINEAR='fast'.*auto, on, off"):
         kernels.install(build_tiny("llama", seed=9))
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 5, 13, 20])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_blocked_operator_computes_the_product(rows, bias):
+    """``specdec::blocked_linear`` (the blocked kernel as a torch operator, which a compiled step calls): the product
+    of any number of rows, an odd width and out not a multiple of the blocks'; a weight in another layout is refused
+    by name, not read out of bounds."""
+    assert kernels.blocked_op(), "the blocked operator did not build: it needs a C and a C++ compiler (cc, c++)"
+    weight, x = torch.randn(100, 37), torch.randn(rows, 37)
+    b = torch.randn(100) if bias else None
+    packed = kernels.block_weight(weight, kernels.blocked().lanes)
+    out = torch.ops.specdec.blocked_linear(x, packed, b, 100)
+    torch.testing.assert_close(out.double(), F.linear(x.double(), weight.double(), None if b is None else b.double()),
+                               rtol=1e-5, atol=1e-4)
+    with pytest.raises(RuntimeError, match="not laid out for this kernel"):
+        torch.ops.specdec.blocked_linear(x, weight, b, 100)
+
+
+def test_the_blocked_operator_is_built_once_per_machine_and_absent_without_a_compiler(tmp_path, monkeypatch):
+    """Built into ``$XDG_CACHE_HOME/specdec/kernels`` beside the blocked kernel (keyed by both sources, the compilers,
+    the CPU and torch), not rebuilt by the next process; without a C++ compiler there is none (and no error)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    assert kernels.blocked_op()
+    built = list((tmp_path / "specdec" / "kernels").glob("blocked_op-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    assert kernels.blocked_op() and built[0].stat().st_mtime_ns == stamp
+    monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setattr(kernels, "_cxx", lambda: None)
+    assert not kernels.blocked_op()
