@@ -274,8 +274,16 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     parts = [GRAPH_FORMAT, sys.version, torch.__version__, transformers.__version__,
              torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), sorted(INDUCTOR.items()),
              type(model).__module__, type(model).__qualname__, json.dumps(config, sort_keys=True, default=str),
-             getattr(model.config, "_attn_implementation", None), tensors, traced, slots]
+             traced_attention(model), tensors, traced, slots]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def traced_attention(model: PreTrainedModel) -> str | None:
+    """The attention implementation a compiled step of ``model`` is traced with: the model's own, but ``eager`` for an
+    encoder-decoder model (``CompiledSeq2Seq._trace``)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "eager"
+    return getattr(model.config, "_attn_implementation", None)
 
 
 def graph_file(model: PreTrainedModel, slots: int, shape: Shape) -> Path:
@@ -871,6 +879,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     compiled.tokens = tuple(sorted(set(compiled.tokens) | set(tokens)))
     model._specdec_compiled = compiled
     how = "" if not cuda else ", CUDA graphs of the eager step" if not compiled.inductor else ", CUDA graphs"
+    if any(hasattr(m, "_specdec_blocked") for m in model.modules()):
+        how += "; linears traced as specdec::blocked_linear"
     return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s "
                                f"({compiled.loaded - loaded} from the compile cache{how})")
 
@@ -1214,6 +1224,20 @@ class StaticEncoderDecoderCache(EncoderDecoderCache):
 
 class CompiledSeq2Seq(CompiledModel):
     """An encoder-decoder model's compiled decode step (see the module docstring)."""
+
+    def _trace(self, args: tuple[object, ...]) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+        """``CompiledModel._trace`` with the model's eager attention (``traced_attention``): SDPA's CPU kernel makes
+        20-30 tensor calls around each of the step's self- and cross-attentions, which the eager formulation, fused by
+        inductor, does not; the step took 0.87-0.97 of its time with SDPA for the translation pair (1 and 5 tokens,
+        10 and 200 cached; 0.97-1.09 for the code pair, which keeps its own: docs/benchmarks.md, "The blocked kernel
+        as a torch operator"). Only the trace sees it: the eager step, prefill and encoder keep the model's."""
+        config = self.model.config
+        kept = config._attn_implementation
+        config._attn_implementation = traced_attention(self.model)
+        try:
+            return super()._trace(args)
+        finally:
+            config._attn_implementation = kept
 
     def _layout(self) -> list[tuple[int, int, int, torch.dtype]]:
         """Per decoder layer: (kv heads, key dim, value dim, dtype) of the self-attention, and ``cross_layout``,
