@@ -389,10 +389,10 @@ def trace_kernels(model: PreTrainedModel) -> bool:
         if blocked and not traced and kernels._eligible(module):
             copy = kernels.block_weight(module.weight.detach(), kernels.blocked().lanes)
             module.register_buffer("_specdec_blocked", copy, persistent=False)
-            module._specdec_blocked_key = _weight_key(module.weight)
+            module._specdec_blocked_key = kernels.weight_key(module.weight)
             packed = getattr(module, "_specdec_packed", None)
             if packed is not None and packed.many == "blocked":  # the eager kernel of many rows shares the copy
-                packed.weight, packed.key = copy, (module.weight.data_ptr(), module.weight._version, "blocked")
+                packed.weight, packed.key = copy, (*kernels.weight_key(module.weight), "blocked")
             traced = True
         elif (ours and kernels._ours(module)) or traced:
             traced = True
@@ -404,18 +404,19 @@ def trace_kernels(model: PreTrainedModel) -> bool:
     return found
 
 
-def _weight_key(weight: torch.Tensor) -> tuple[int, int]:
-    return weight.data_ptr(), weight._version
+def blocked_layers(model: PreTrainedModel) -> list[torch.nn.Linear]:
+    """The layers of ``model`` that hold a blocked copy of their weight (``trace_kernels``)."""
+    return [m for m in model.modules() if "_specdec_blocked" in m._buffers]
 
 
 @torch.inference_mode()
-def refresh_blocked(model: PreTrainedModel) -> None:
-    """Re-lay the blocked copy of every layer whose weight changed since (a new tensor or an in-place write):
-    called as each decoding call's static cache is made, so a call reads the weights as they are when it starts."""
-    for module in model.modules():
-        copy = getattr(module, "_specdec_blocked", None)
-        if copy is not None and module._specdec_blocked_key != (key := _weight_key(module.weight)):
-            copy.copy_(kernels.block_weight(module.weight.detach(), copy.shape[2]))
+def refresh_blocked(layers: list[torch.nn.Linear]) -> None:
+    """Re-lay the blocked copy of every layer of ``layers`` whose weight changed since (a new tensor or an in-place
+    write): called as each decoding call's static cache is made, so a call reads the weights as they are when it
+    starts."""
+    for module in layers:
+        if module._specdec_blocked_key != (key := kernels.weight_key(module.weight)):
+            module._specdec_blocked.copy_(kernels.block_weight(module.weight.detach(), module._specdec_blocked.shape[2]))
             module._specdec_blocked_key = key
 
 
@@ -593,6 +594,7 @@ class CompiledModel:
         self.eager_shapes: set[Shape] = set()  # shapes run eagerly (told once each)
         self.calls = {"compiled": 0, "eager": 0}  # decode forwards run each way
         self.kernels = trace_kernels(model)  # the linears traced in specdec's kernels' formulation
+        self.blocked = blocked_layers(model)  # those traced as the blocked operator (``refresh_blocked``)
         self.graphs: dict[Shape, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] = {}  # warm's
         self.loaded = 0  # shapes whose compiled step came from the on-disk cache (``graph_file``)
         self.layout = self._layout()
@@ -879,7 +881,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     compiled.tokens = tuple(sorted(set(compiled.tokens) | set(tokens)))
     model._specdec_compiled = compiled
     how = "" if not cuda else ", CUDA graphs of the eager step" if not compiled.inductor else ", CUDA graphs"
-    if any(hasattr(m, "_specdec_blocked") for m in model.modules()):
+    if compiled.blocked:
         how += "; linears traced as specdec::blocked_linear"
     return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s "
                                f"({compiled.loaded - loaded} from the compile cache{how})")
@@ -966,7 +968,7 @@ class StaticRaggedCache:
     @torch.inference_mode()
     def __init__(self, model: PreTrainedModel, compiled: CompiledModel, device: torch.device | str = "cpu") -> None:
         self.model, self.compiled, self.device = model, compiled, torch.device(device)
-        refresh_blocked(model)  # the blocked copies of weights changed since the last call
+        refresh_blocked(compiled.blocked)  # the blocked copies of weights changed since the last call
         self.capacity = 0  # R: rows of the buffers
         self.cache: StaticCache | None = None
         self._lease: _Lease | None = None  # the buffers' lease (``_reserve``)

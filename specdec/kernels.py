@@ -163,34 +163,46 @@ def blocked() -> Blocked | None:
     return _BUILT["kernel"]  # type: ignore[return-value]
 
 
+def _cached_library(stem: str, parts: list[str], compilers: list[str],
+                    commands: Callable[[Path, Path], list[tuple[list[str], int]]]) -> Path:
+    """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)`` are
+    run in order in a temporary folder (each with its timeout, s), the last writing ``built``, which is then renamed
+    into place (atomic: another process building the same file is harmless). KEY hashes ``parts`` (the sources, ...),
+    each compiler's name and version and the CPU's flags. Raises OSError or SubprocessError where it cannot be built."""
+    named = []
+    for compiler in compilers:
+        named += [compiler, subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
+                                           timeout=30).stdout]
+    key = hashlib.sha256("\n".join([*parts, *named, _cpu_flags()]).encode())
+    root = cache_root() / "kernels"
+    path = root / f"{stem}-{key.hexdigest()[:16]}.so"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root) as folder:
+            built = Path(folder) / path.name
+            for command, timeout in commands(Path(folder), built):
+                subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+            os.replace(built, path)
+    return path
+
+
 def build_blocked(source: Path) -> Blocked | None:
     """A blocked kernel built from ``source`` (``blocked`` builds the shipped one; ``benchmarks/linear_kernels.py
     --blocked-source`` another version of it, to time both) into the kernel cache and loaded; None where it
     cannot be built."""
-    found = None
     compiler = _compiler()
-    if compiler is not None and platform.system() == "Linux":
-        try:
-            version = subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
-                                     timeout=30).stdout
-            key = hashlib.sha256(f"{source.read_text()}\n{compiler}\n{version}\n{_cpu_flags()}".encode())
-            root = cache_root() / "kernels"
-            path = root / f"blocked_linear-{key.hexdigest()[:16]}.so"
-            if not path.exists():
-                root.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryDirectory(dir=root) as folder:
-                    built = Path(folder) / path.name
-                    subprocess.run([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built),
-                                    str(source)], check=True, capture_output=True, timeout=120)
-                    os.replace(built, path)  # atomic: another process building the same file is harmless
-            library = ctypes.CDLL(str(path))
-            function = library.specdec_blocked_linear
-            function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-            function.restype = None
-            found = Blocked(function, int(library.specdec_lanes()), path)
-        except (OSError, subprocess.SubprocessError, AttributeError):
-            found = None
-    return found
+    if compiler is None or platform.system() != "Linux":
+        return None
+    try:
+        path = _cached_library("blocked_linear", [source.read_text()], [compiler], lambda folder, built: [
+            ([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built), str(source)], 120)])
+        library = ctypes.CDLL(str(path))
+        function = library.specdec_blocked_linear
+        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+        function.restype = None
+        return Blocked(function, int(library.specdec_lanes()), path)
+    except (OSError, subprocess.SubprocessError, AttributeError):
+        return None
 
 
 _OP_SOURCE = Path(__file__).with_name("csrc") / "blocked_op.cpp"  # the blocked kernel as a torch operator
@@ -218,25 +230,18 @@ def _build_op() -> bool:
     include = Path(torch.__file__).with_name("include")
     if compiler is None or cxx is None or platform.system() != "Linux" or not include.is_dir():
         return False
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+
+    def commands(folder: Path, built: Path) -> list[tuple[list[str], int]]:
+        objects = folder / "blocked_linear.o"
+        return [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(_SOURCE), "-o", str(objects)], 120),
+                ([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
+                  f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(_OP_SOURCE), str(objects),
+                  f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o", str(built)], 300)]
+
     try:
-        versions = [subprocess.run([c, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
-                    for c in (compiler, cxx)]
-        abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-        key = hashlib.sha256("\n".join([_SOURCE.read_text(), _OP_SOURCE.read_text(), compiler, cxx, *versions,
-                                         _cpu_flags(), torch.__version__, str(abi)]).encode())
-        root = cache_root() / "kernels"
-        path = root / f"blocked_op-{key.hexdigest()[:16]}.so"
-        if not path.exists():
-            root.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=root) as folder:
-                objects, built = Path(folder) / "blocked_linear.o", Path(folder) / path.name
-                subprocess.run([compiler, "-O3", "-march=native", "-fPIC", "-c", str(_SOURCE), "-o", str(objects)],
-                               check=True, capture_output=True, timeout=120)
-                subprocess.run([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                                f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(_OP_SOURCE),
-                                str(objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o", str(built)],
-                               check=True, capture_output=True, timeout=300)
-                os.replace(built, path)  # atomic: another process building the same file is harmless
+        path = _cached_library("blocked_op", [_SOURCE.read_text(), _OP_SOURCE.read_text(), torch.__version__, str(abi)],
+                               [compiler, cxx], commands)
         if not _OP_LOADED:  # an operator is registered once per process (a second library defining it aborts)
             torch.ops.load_library(str(path))
             torch.library.register_fake("specdec::blocked_linear")(_blocked_fake)
@@ -278,6 +283,12 @@ def many_kernels(weight_bytes: float = math.inf) -> tuple[str, ...]:
     return tuple(k for k in MANY if k != "blocked" or (blocked() is not None and weight_bytes >= STREAMED_BYTES))
 
 
+def weight_key(weight: torch.Tensor) -> tuple[int, int]:
+    """What a copy of ``weight`` in another layout is kept current by: its storage and its version (a new tensor or an
+    in-place write changes it)."""
+    return weight.data_ptr(), weight._version
+
+
 class _Packed:
     """A layer's kernels: which row counts take specdec's (``few``: n <= ``FEW`` rows by ``W @ x.T``; ``many``: more
     rows by the named kernel, ``blocked`` or ``onednn``; the others keep ``F.linear``), and its copy of the weight
@@ -293,7 +304,7 @@ class _Packed:
         return _Packed(self.few, self.many)  # a copied layer packs its own weight when first used
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
-        key = (weight.data_ptr(), weight._version, self.many)
+        key = (*weight_key(weight), self.many)
         if key != self.key:
             if self.many == "blocked":
                 self.weight = block_weight(weight.detach(), blocked().lanes)
