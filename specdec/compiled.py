@@ -358,14 +358,31 @@ def blocked_traced(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | 
     return torch.ops.specdec.blocked_linear(rows, blocked, bias, out).reshape(*x.shape[:-1], out)
 
 
+# Eagerly, while specdec decodes, a layer holding a blocked copy of its weight runs the blocked operator on inputs of
+# up to this many rows (an encoder's source, the cross-attention's keys and values, a short prefill, a step outside
+# the buckets): measured against torch's and oneDNN's kernels on translate-target's and code-target's shapes (one
+# thread, weights warm), it took 0.47-1.0 of the faster one's time at 3-30 rows and 0.97-1.38 at 64-150
+# (docs/benchmarks.md, "The translation pair's join").
+EAGER_BLOCKED_ROWS = 32
+
+
 def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """A compiled model's linear layer: traced as the blocked operator where the layer holds its copy
-    (``_specdec_blocked``), else as ``traced_linear``; run eagerly as ``specdec.kernels`` says."""
+    (``_specdec_blocked``), else as ``traced_linear``; run eagerly by that operator too while specdec decodes
+    (``kernels.active``) on up to ``EAGER_BLOCKED_ROWS`` rows while the copy is the weight's (``refresh_blocked``
+    re-lays it as each decoding call starts: a weight changed since then falls back), else as ``specdec.kernels``
+    says."""
     if torch.compiler.is_compiling() and self.weight.dtype == x.dtype == torch.float32 and x.device.type == "cpu":
         blocked = getattr(self, "_specdec_blocked", None)
         if blocked is not None:
             return blocked_traced(x, blocked, self.bias, self.out_features)
         return traced_linear(x, self.weight, self.bias, self._specdec_packed)
+    blocked = getattr(self, "_specdec_blocked", None)
+    if (blocked is not None and kernels._active() and x.dtype is torch.float32 and x.is_cpu
+            and x.numel() <= EAGER_BLOCKED_ROWS * x.shape[-1] and x.numel() > 0
+            and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+            and self._specdec_blocked_key == kernels.weight_key(self.weight)):
+        return blocked_traced(x.contiguous(), blocked, self.bias, self.out_features)
     if hasattr(self, "_specdec_packed"):
         return kernels._forward(self, x)
     return torch.nn.functional.linear(x, self.weight, self.bias)
@@ -382,7 +399,9 @@ def trace_kernels(model: PreTrainedModel) -> bool:
     held as a non-persistent buffer (``_specdec_blocked``: not in the state dict, refreshed by ``refresh_blocked``);
     else the layers that ``specdec.kernels`` installs on are traced in the kernels' formulation (``traced_linear``)."""
     ours = kernels.install(model)
-    blocked = kernels.mode() != "off" and kernels.available() and kernels.blocked_op()
+    blocked = (kernels.mode() != "off" and kernels.available()
+               and any(kernels._eligible(module) for module in model.modules())  # no build for a GPU or bf16 model
+               and kernels.blocked_op())
     found = False
     for module in model.modules():
         traced = _traced(module)  # e.g. a deep copy's
@@ -1197,15 +1216,35 @@ def seq2seq_refusal(model: PreTrainedModel) -> str | None:
     return None
 
 
+class _Cached(Exception):
+    """Raised by ``_Capture`` with what a cross-attention module hands its cache."""
+
+
+class _Capture(DynamicCache):
+    """A cross-attention cache that stops the module at its update: the keys and values it would cache are all that
+    ``cross_states`` wants, not the attention and output projection after them."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        raise _Cached(key_states, value_states)
+
+
 @torch.inference_mode()
 def cross_states(model: PreTrainedModel, encoded: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per decoder layer, the cross-attention keys and values [B, heads, S, dim] of ``encoded`` [B, S, H],
-    computed by the layer's own module (its key and value projections), as the eager cache's first forward does."""
-    scratch = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    computed by the layer's own module (its key and value projections), as the eager cache's first forward does;
+    each module stopped where it caches them (``_Capture``: 0.4 of the time of running it whole, translate-target)."""
+    states = []
     query = encoded[:, :1]  # [B, 1, H]: the query is not used, only what the module caches
     for module in cross_attentions(model):
-        module(query, key_value_states=encoded, past_key_values=scratch)
-    return [(layer.keys, layer.values) for layer in scratch.cross_attention_cache.layers]
+        scratch = EncoderDecoderCache(DynamicCache(), _Capture())
+        try:
+            module(query, key_value_states=encoded, past_key_values=scratch)
+        except _Cached as cached:
+            states.append(cached.args)
+        else:
+            raise TypeError(f"{type(module).__name__} cached no cross-attention keys and values")
+    return states
 
 
 class StaticEncoderDecoderCache(EncoderDecoderCache):
@@ -1349,6 +1388,19 @@ class StaticSeq2SeqCache(StaticRaggedCache):
                 t[kept:] = 0
                 t[:kept] = picked
         super().select(rows)
+        self._narrow()
+
+    def _narrow(self) -> None:
+        """Source buffers only as wide as the widest kept source (rounded up to ``SLOT_STEP``; contents kept): every
+        step's cross-attention reads the whole width, so one long source that has left would otherwise cost each
+        later row its width (a 335-token source among 40 of 4-25 kept the translation bench's steps at 352 columns
+        for the 39 after it)."""
+        if self.cache is None:
+            return
+        columns = self.cache.source_live.any(dim=0).nonzero()  # [k, 1]: the columns some kept row attends
+        width = max(SLOT_STEP, -(-(int(columns.max()) + 1 if len(columns) else 0) // SLOT_STEP) * SLOT_STEP)
+        if width < self.source_width:
+            self.cache = self._sources(self.compiled.with_sources(self.cache.self_attention_cache, width, self.device))
 
     @torch.inference_mode()
     def merge(self, other: Seq2SeqCache) -> None:

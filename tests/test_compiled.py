@@ -7,6 +7,8 @@ against ``RaggedCache`` forward by forward with nothing compiled (the same step,
 
 from __future__ import annotations
 
+import contextlib
+
 import warnings
 
 import pytest
@@ -618,6 +620,41 @@ def test_the_linears_are_traced_as_the_blocked_operator():
     assert changed != reference[1]  # the change shows in the model's own output
     assert_same_greedy(model, PROMPTS[1], specdec.autoregressive_generate(model, PROMPTS[1], max_new_tokens=NEW).tokens,
                        changed)
+
+
+def test_eager_forwards_of_a_compiled_model_run_the_blocked_operator_while_its_copy_is_current(monkeypatch):
+    """Eagerly (a prefill, an encoder, a step outside the buckets) a layer holding a blocked copy runs the operator
+    while specdec decodes, on up to ``EAGER_BLOCKED_ROWS`` rows, and only while the copy is its weight's: the same
+    products as ``F.linear`` either way; outside decoding, on more rows, or after an in-place change of the weight
+    (until the next refresh), ``F.linear``."""
+    from specdec import compiled, kernels
+
+    model = build_tiny("llama", seed=13, layers=1)
+    assert prepare(model, "on", tokens=(1,)).compiled
+    layer = next(m for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, "_specdec_blocked"))
+    used = []
+    monkeypatch.setattr(compiled, "blocked_traced", lambda *a: used.append(a[0].numel() // a[0].shape[-1]) or
+                        compiled.torch.ops.specdec.blocked_linear(a[0].reshape(-1, a[0].shape[-1]), *a[1:]).reshape(
+                            *a[0].shape[:-1], a[3]))
+
+    def product(rows: int, active: bool = True) -> None:
+        x = torch.randn(1, rows, layer.in_features)
+        with torch.no_grad(), kernels.active() if active else contextlib.nullcontext():
+            out = layer(x)
+        assert torch.allclose(out, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
+
+    for rows in (1, 5, compiled.EAGER_BLOCKED_ROWS):
+        product(rows)
+    assert used == [1, 5, compiled.EAGER_BLOCKED_ROWS]
+    product(compiled.EAGER_BLOCKED_ROWS + 1)
+    product(5, active=False)
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+    product(5)  # the copy is stale: torch's product of the new weight
+    assert used == [1, 5, compiled.EAGER_BLOCKED_ROWS]
+    compiled.refresh_blocked([layer])
+    product(5)
+    assert used[-1] == 5
 
 
 def test_without_the_blocked_operator_the_step_traces_the_kernels_of_before(monkeypatch):

@@ -128,6 +128,47 @@ def test_static_seq2seq_cache_follows_the_ragged_rule():
     assert compactions > 0 and widths[0] < max(widths)  # re-packed, and a longer source widened the buffers
 
 
+def test_the_source_buffers_narrow_when_the_long_source_leaves():
+    """A row whose source widened the buffers leaves: the buffers narrow to the widest kept source (every step's
+    cross-attention reads the whole width), and the kept row's logits still equal Seq2SeqCache's."""
+    model = build("marian", seed=3)
+    compiled = CompiledSeq2Seq(model, slots=40)
+    compiled.rows, compiled.tokens = (4,), (1, 3)
+    static, eager = StaticSeq2SeqCache(model, compiled), Seq2SeqCache(model, 0)
+    batch = PromptBatch.from_lists([[0, 4, 5], [0, 9]], "cpu", [list(range(3, 48)), [5, 6, 7]])
+    for cache in (static, eager):
+        cache.merge(prefilled_cache(model, batch, "cpu")[0])
+    assert static.source_width == 64
+    for cache in (static, eager):
+        cache.select(torch.tensor([1]))
+    assert static.source_width == 32
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nothing compiled: the static step runs eagerly
+        ids = torch.tensor([[11, 12]])
+        assert torch.allclose(static.forward(ids, logits_to_keep=2).logits, eager.forward(ids, logits_to_keep=2).logits,
+                              atol=1e-5)
+    for cache in (static, eager):
+        cache.select(torch.tensor([], dtype=torch.long))
+    assert static.source_width in (0, 32)  # no row left: the narrowest buffers, or none
+
+
+def test_cross_states_are_what_the_modules_cache():
+    """``cross_states`` (each cross-attention module stopped where it caches) gives the keys and values that the
+    eager cache holds after a first decoder forward."""
+    from specdec.compiled import cross_states
+
+    model = build("marian", seed=3)
+    cache = Seq2SeqCache(model, 1)
+    source = torch.tensor([list(range(3, 20))])
+    with torch.no_grad():
+        cache.encode(source, torch.ones_like(source, dtype=torch.bool))
+        cache.forward(torch.tensor([[0]]))
+        states = cross_states(model, cache.encoded)
+    assert len(states) == len(cache.cross.layers) > 0
+    for (keys, values), layer in zip(states, cache.cross.layers):
+        assert torch.equal(keys, layer.keys) and torch.equal(values, layer.values)
+
+
 def test_the_shipped_translate_pair_compiled_equals_generate(shipped_translations):
     """translate-target and translate-drafter compiled (rows of 1 and 2 for the target's verification): the
     drafter model, lookup then the drafter, prompt lookup and plain decoding give the target's own greedy
