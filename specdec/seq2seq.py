@@ -77,8 +77,13 @@ class Seq2SeqCache(RaggedCache):
     def encode(self, source: torch.Tensor, valid: torch.Tensor) -> int:
         """Run the encoder once on the rows' sources [B, S] (``valid`` [B, S] marks real tokens)."""
         full = bool(valid.all())  # no padding: no mask (what transformers' sdpa masks make of all ones too)
-        out = self.model.get_encoder()(input_ids=source, attention_mask=None if full else valid.long())
-        self.encoded, self._encoder_output = out.last_hidden_state, type(out)
+        compiled = getattr(self.model, "_specdec_compiled", None)  # a compiled model's encoder (specdec.compiled)
+        encoded = compiled.encode(source, valid) if hasattr(compiled, "encode") else None
+        if encoded is not None:
+            self.encoded, self._encoder_output = encoded, BaseModelOutput
+        else:
+            out = self.model.get_encoder()(input_ids=source, attention_mask=None if full else valid.long())
+            self.encoded, self._encoder_output = out.last_hidden_state, type(out)
         self.source_mask = valid
         self._sources_changed(full)
         return 1

@@ -71,6 +71,25 @@ def test_compiled_marian_is_exact_single_and_ragged(marian):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_the_compiled_encoder_encodes_each_row_as_the_eager_encoder_does(marian):
+    """``prepare`` compiles the encoder (said in its reason): a ragged batch of sources is encoded row by row at each
+    row's own length, as the eager encoder encodes each source alone, the padding zeros; a one-token source is left
+    to the eager encoder (None), as is a model that was not compiled."""
+    target = marian[0]
+    compiled = compiled_for(target)
+    assert compiled.encoder is not None
+    batch = PromptBatch.from_lists([[0], [0], [0]], "cpu", [SOURCES[2], SOURCES[0], SOURCES[1]])
+    valid = batch.source_valid()
+    with torch.inference_mode():
+        encoded = compiled.encode(batch.source, valid)
+        for row, source in enumerate((SOURCES[2], SOURCES[0], SOURCES[1])):
+            alone = target.get_encoder()(input_ids=torch.tensor([source])).last_hidden_state[0]
+            assert torch.allclose(encoded[row, valid[row]], alone, atol=1e-4)
+            assert not encoded[row, ~valid[row]].any()
+        assert compiled.encode(torch.tensor([SOURCES[4]]), torch.ones(1, 1, dtype=torch.bool)) is None
+    assert "the encoder compiled" in prepare(target, "on", tokens=(1,)).reason
+
+
 def test_a_shape_outside_the_buckets_runs_eagerly_and_exactly(marian):
     target, drafter, references = marian
     with pytest.warns(UserWarning, match="no compiled bucket: it runs eagerly"):
@@ -214,8 +233,8 @@ print(json.dumps({"loaded": compiled_for(target).loaded, "calls": compiled_for(t
 
 @saved_steps
 def test_a_second_start_loads_the_compiled_decoder_step_from_disk(tmp_path):
-    """A fresh process compiles Marian's decoder step (rows of 1 and 3) and saves it; a second fresh process,
-    with other forward hooks registered before and a model of other weights, loads both graphs and decodes
+    """A fresh process compiles Marian's decoder step (rows of 1 and 3) and its encoder and saves them; a second fresh
+    process, with other forward hooks registered before and a model of other weights, loads the three graphs and decodes
     a ragged batch (rows join at position 0 beside rows further on: the positions hook matters) exactly as
     ``generate``. The saved graph reaches the model's ``Positions`` through its inputs, not through a table
     keyed by the first process's ``id(model)`` (a KeyError in the second start, which then decoded eagerly)."""
@@ -237,4 +256,4 @@ def test_a_second_start_loads_the_compiled_decoder_step_from_disk(tmp_path):
         target = build("marian", seed=seed)
         assert runs[-1]["tokens"] == [generate(target, s, NEW, []) for s in SOURCES]
         assert runs[-1]["calls"]["eager"] == 0 and runs[-1]["calls"]["compiled"] > 0
-    assert [run["loaded"] for run in runs] == [0, 2]
+    assert [run["loaded"] for run in runs] == [0, 3]  # the steps of rows 1 and 3, and the encoder
