@@ -7,6 +7,9 @@
 #   TESTS_S=0 INDUCTOR_S=0 BF16_S=100 benchmarks/cuda_check.sh
 # On an H100 (2026-11-28) a fresh machine's first stage paid CUDA's start: 90 s for a bench stage was too little.
 # Wheels in .whl/ (e.g. the transformers this checkout pins, where the machine has another) are installed first.
+# The checkout's tracked files (86.8 MiB, most of it models/) exceed what a lent machine takes (64 MiB, 2026-11-28): the
+# GPU tests build tiny models and the bench reads only code-target and code-drafter, so send those alone (e.g. drop
+# models/ from the index for the call, ignore it, and carry the two folders; restore the index after).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-cuda-check}

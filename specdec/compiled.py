@@ -55,7 +55,7 @@ eager batched path does, and the verification rule is unchanged, so sampling sta
 Which models: decoder-only models whose forward takes ``position_ids`` and a 4D mask, with
 full-attention layers only, and encoder-decoder models with BART-style cross-attention and table
 positions (Marian, BART, ...: the end of this module, the same static cache, buckets and rule, each
-row's source in static buffers; the encoder and prefill stay eager); ``compile_refusal`` says why another
+row's source in static buffers, the encoder compiled; the prefill stays eager); ``compile_refusal`` says why another
 one decodes eagerly, once.
 The compile cache: each bucket's step is compiled ahead of time (dynamo's ``aot_compile``: Dynamo's trace,
 AOT autograd and inductor's code in one object, without guards, since ``run`` picks the bucket) and saved
@@ -109,11 +109,16 @@ also reads, each row's source.
   hold, per row, the encoder's output ``encoded`` [R, W, H], the cross-attention keys and values
   [R, heads, W, dim] of every decoder layer and the live source tokens ``source_live`` [R, W]. ``W``, the
   source width, is the longest source of the batch rounded up to ``SLOT_STEP`` (grown when a longer one
-  joins, never shrunk); it is a dynamic dimension of the graph (``mark_dynamic``), so no source length
-  recompiles, and the padding beyond a row's source is masked.
-- The encoder and the prefill stay eager (``seq2seq.prefilled_cache``'s ``Seq2SeqCache``, merged in); the
+  joins, narrowed when the longest leaves: every step's cross-attention reads the whole width); it is a
+  dynamic dimension of the graph (``mark_dynamic``), so no source length recompiles, and the padding beyond
+  a row's source is masked.
+- The encoder is compiled too (``CompiledSeq2Seq.warm_encoder``: one source, its length dynamic, in the
+  compile cache beside the steps), and ``Seq2SeqCache.encode`` runs it for each joining row at its own
+  length (``CompiledSeq2Seq.encode``); the prefill stays eager (``seq2seq.prefilled_cache``'s
+  ``Seq2SeqCache``, merged in), its linears of up to ``EAGER_BLOCKED_ROWS`` rows by the blocked operator. The
   joining rows' cross-attention keys and values are computed then, once per row, by the decoder's own
-  cross-attention modules (``cross_states``), as the eager cache computes them at its first forward.
+  cross-attention modules, each stopped where it caches them (``cross_states``), as the eager cache computes
+  them at its first forward.
 - ``CompiledSeq2Seq``: ``CompiledModel`` whose step calls the model with the encoder's output, the source
   mask and the self-attention mask as 4D additive masks built inside the graph, and an
   ``EncoderDecoderCache`` whose cross-attention layers are marked computed (``is_updated``) so every
