@@ -377,12 +377,11 @@ def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     (``kernels.active``) on up to ``EAGER_BLOCKED_ROWS`` rows while the copy is the weight's (``refresh_blocked``
     re-lays it as each decoding call starts: a weight changed since then falls back), else as ``specdec.kernels``
     says."""
+    blocked = getattr(self, "_specdec_blocked", None)
     if torch.compiler.is_compiling() and self.weight.dtype == x.dtype == torch.float32 and x.device.type == "cpu":
-        blocked = getattr(self, "_specdec_blocked", None)
         if blocked is not None:
             return blocked_traced(x, blocked, self.bias, self.out_features)
         return traced_linear(x, self.weight, self.bias, self._specdec_packed)
-    blocked = getattr(self, "_specdec_blocked", None)
     if (blocked is not None and kernels._active() and x.dtype is torch.float32 and x.is_cpu
             and x.numel() <= EAGER_BLOCKED_ROWS * x.shape[-1] and x.numel() > 0
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
@@ -808,36 +807,43 @@ class CompiledModel:
 
         with kernels.active():
             expected = self._step(*inputs())[0]
-        path = graph_file(self.model, self.slots, shape)
+        self.graphs[shape] = self._checked(graph_file(self.model, self.slots, shape), lambda: self._trace(inputs()),
+                                           lambda graph: graph(self, *inputs())[0], expected, "logits")
+        self.shapes.add(shape)
+
+    def _checked(self, path: Path, trace: Callable[[], Callable[..., object]],
+                 run: Callable[[Callable[..., object]], torch.Tensor], expected: torch.Tensor,
+                 what: str) -> Callable[..., object]:
+        """The graph saved at ``path`` (``_load``), else ``trace()``'s, checked by ``run(graph)`` against the eager
+        ``expected`` (``CHECK_TOLERANCE`` of its scale): a cached graph that fails to run or differs is compiled again
+        (said), a fresh one that differs is a ValueError naming ``what`` it computed. A fresh graph is saved."""
         graph = self._load(path)
         for cached in (True, False) if graph is not None else (False,):
             if not cached:
-                graph = self._trace(inputs())
+                graph = trace()
             try:
                 with kernels.active():
-                    logits = graph(self, *inputs())[0]
+                    out = run(graph)
             except Exception as failure:  # a cached graph that cannot run here is compiled again (a fresh one raises)
                 if not cached:
                     raise
                 warnings.warn(f"the compile cache's {path.name} failed to run ({type(failure).__name__}: "
-                              f"{first_line(failure)}); compiling it again",
-                              stacklevel=3)
+                              f"{first_line(failure)}); compiling it again", stacklevel=4)
                 continue
-            error = float((logits - expected).abs().max())
+            error = float((out - expected).abs().max())
             scale = float(expected.abs().max()) + 1.0
             if error <= CHECK_TOLERANCE * scale:
                 break
             if not cached:
-                raise ValueError(f"compiled logits differ from eager by {error:.3g} (scale {scale:.3g})")
+                raise ValueError(f"compiled {what} differ from eager by {error:.3g} (scale {scale:.3g})")
             warnings.warn(f"the compile cache's {path.name} differs from eager by {error:.3g} (scale {scale:.3g}); "
-                          "compiling it again", stacklevel=3)
+                          "compiling it again", stacklevel=4)
         if cached:
             self.loaded += 1
         elif not isinstance(graph, Unsaved):
             path.parent.mkdir(parents=True, exist_ok=True)
             graph.save_compiled_function(str(path))  # written to a temporary file, then renamed
-        self.graphs[shape] = graph
-        self.shapes.add(shape)
+        return graph
 
 
 @dataclass(frozen=True)
@@ -1313,30 +1319,17 @@ class CompiledSeq2Seq(CompiledModel):
         torch._dynamo.mark_dynamic(ids, 1)
         with torch.inference_mode(), kernels.active():
             expected = self._encoder_step(ids)
-        path = graph_file(self.model, self.slots, ENCODER)
-        graph = self._load(path)
-        for cached in (True, False) if graph is not None else (False,):
-            if not cached:
-                with torch.no_grad():  # traced for inference: no autograd graph around the operator
-                    graph = self._trace((ids,), self._encoder_step)
-            try:
-                with torch.inference_mode(), kernels.active():
-                    encoded = graph(self, ids)
-            except Exception:  # a cached graph that cannot run here is compiled again (a fresh one raises)
-                if not cached:
-                    raise
-                continue
-            error = float((encoded - expected).abs().max())
-            if error <= CHECK_TOLERANCE * (float(expected.abs().max()) + 1.0):
-                break
-            if not cached:
-                raise ValueError(f"the compiled encoder's output differs from eager by {error:.3g}")
-        if cached:
-            self.loaded += 1
-        elif not isinstance(graph, Unsaved):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            graph.save_compiled_function(str(path))
-        self.encoder = graph
+
+        def trace() -> Callable[..., object]:
+            with torch.no_grad():  # traced for inference: no autograd graph around the operator
+                return self._trace((ids,), self._encoder_step)
+
+        def run(graph: Callable[..., object]) -> torch.Tensor:
+            with torch.inference_mode():
+                return graph(self, ids)
+
+        self.encoder = self._checked(graph_file(self.model, self.slots, ENCODER), trace, run, expected,
+                                     "encoder outputs")
 
     @torch.inference_mode()
     def encode(self, source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor | None:
