@@ -37,6 +37,12 @@ Eager decoding pays transformers' Python around every forward (module dispatch, 
   model, the graph traces them in the kernels' formulation (``traced_linear``: ``W @ x.T`` for 1-2 rows, oneDNN
   on the prepacked weight through the ``specdec::packed_linear`` op for more, each where the probe chose it), not
   inductor's (freezing turns ``F.linear`` into MKL's packed kernel, the slow one on this CPU).
+- The attention: where the operators load, a float32 CPU model with sdpa attention is traced with transformers'
+  attention function "specdec" (``specdec_attention``: ``specdec::decode_attention``, ``csrc/attention.c``), which
+  reads only the slots some query of a row sees. The rows share the write pointer, so a row shorter than the
+  longest (a shorter prompt, a row that joined later) has dead slots before its own; 16 rows of code prompts
+  attended about twice their live slots, and reading them was half of code-target's 16-row step (26 -> 21 ms a
+  step with it; docs/benchmarks.md, "Attention over the live slots"). A call it does not cover runs sdpa.
 
 Guards: a step runs without dynamo's guards (``CompiledModel._trace``). With all of them, the check before
 every call took 0.08 ms for code-drafter and 0.12 ms for code-target (one thread, ``guard_manager.check`` timed
@@ -161,7 +167,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel, StaticCache
+from transformers import AttentionInterface, DynamicCache, EncoderDecoderCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from specdec import kernels
@@ -283,12 +289,69 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
+# keyword inputs of transformers' attention functions that change what attention computes: a call with any of them
+# set is not ``specdec_attention``'s to compute (it hands the call to sdpa's)
+OTHER_ATTENTION = ("position_bias", "cache", "softcap", "s_aux", "sinks", "head_mask", "alibi")
+
+
+def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs: object) -> tuple[torch.Tensor, None]:
+    """transformers' attention function "specdec" (``traced_attention``): in a compiled step, ``softmax(q k^T * scaling
+    + mask) v`` by ``specdec::decode_attention`` (``csrc/attention.c``), which reads the keys and values of the slots
+    some query of the row sees and skips the others (a shorter row's padding, a rolled-back draft, a dead row); else,
+    or for a call it does not cover (another head layout, a mask that is not additive per row, dropout, a relative
+    bias, soft-capping, sinks), transformers' ``sdpa`` attention on the same inputs. 16 rows of code prompts, 6 layers
+    of 288 slots (36% of them padding): 8.3 ms against SDPA's 13.8 (docs/benchmarks.md, "Attention over the live
+    slots")."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (torch.compiler.is_compiling() and attention_mask is not None and not dropout and _covered(query, key, value,
+                                                                                                    attention_mask)
+            and all(kwargs.get(name) is None for name in OTHER_ATTENTION)):
+        rows, _, tokens, dim = query.shape
+        slots = key.shape[2]
+        mask = attention_mask[:, :, :, :slots]
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+                ~mask, torch.finfo(query.dtype).min)
+        mask = mask.expand(rows, 1, tokens, slots)[:, 0].contiguous()  # [R, n, S]
+        scale = scaling if scaling is not None else dim ** -0.5
+        return torch.ops.specdec.decode_attention(query.contiguous(), key, value, mask, scale), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+AttentionInterface.register("specdec", specdec_attention)
+ATTENTION_DIMS = (32, 64, 80, 96, 128, 256)  # head dimensions csrc/attention.c computes (multiples of 16 and of 8)
+ATTENTION_ACC = 8192  # its MAX_ACC: query heads per key-value head x new tokens x head dimension at most
+
+
+def _covered(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether ``specdec::decode_attention`` computes this call: float32 CPU inputs, a head dimension it has,
+    key-value heads dividing the query heads, each slot's keys and values contiguous, a 4D mask with one head."""
+    rows, heads, tokens, dim = query.shape
+    kv_heads = key.shape[1]
+    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (query, key, value))
+            and mask.dim() == 4 and mask.shape[0] in (1, rows) and mask.shape[1] == 1 and mask.shape[2] in (1, tokens)
+            and mask.shape[-1] >= key.shape[2]
+            and mask.dtype in (torch.bool, torch.float32) and dim in ATTENTION_DIMS
+            and heads % kv_heads == 0 and heads // kv_heads * tokens * dim <= ATTENTION_ACC
+            and tuple(value.shape) == tuple(key.shape) and key.shape[-1] == dim
+            and key.stride(-1) == value.stride(-1) == 1 and key.stride(-2) == value.stride(-2) == dim)
+
+
 def traced_attention(model: PreTrainedModel) -> str | None:
-    """The attention implementation a compiled step of ``model`` is traced with: the model's own, but ``eager`` for an
-    encoder-decoder model (``CompiledSeq2Seq._trace``)."""
-    if getattr(model.config, "is_encoder_decoder", False):
-        return "eager"
-    return getattr(model.config, "_attn_implementation", None)
+    """The attention implementation a compiled step of ``model`` is traced with: "specdec" (``specdec_attention``)
+    where its operator loads (``kernels.blocked_op``) for a float32 CPU model that has sdpa attention (a decoder-only
+    model configured with sdpa, an encoder-decoder model configured with either); else the model's own, but
+    ``eager`` for an encoder-decoder model (``CompiledSeq2Seq._trace``)."""
+    kept = getattr(model.config, "_attn_implementation", None)
+    seq2seq = getattr(model.config, "is_encoder_decoder", False)
+    if (kept in (("sdpa", "eager") if seq2seq else ("sdpa",)) and getattr(model, "_supports_sdpa", False)
+            and model.dtype == torch.float32 and input_device(model).type == "cpu"
+            and kernels.mode() != "off" and kernels.blocked_op()):
+        return "specdec"
+    return "eager" if seq2seq else kept
 
 
 def graph_file(model: PreTrainedModel, slots: int, shape: Shape) -> Path:
@@ -663,8 +726,9 @@ class CompiledModel:
                 return self._graph(ids, live, cache, shape.hidden)
         return step(ids, live)
 
-    def _trace(self, args: tuple[object, ...], step: Callable[..., object] | None = None) -> Callable[..., object]:
-        """The step (or ``step``) compiled ahead of time for ``args``' shapes (the slot width dynamic), as a function that
+    def _trace(self, args: tuple[object, ...], step: Callable[..., object] | None = None,
+               attention: str | None = None) -> Callable[..., object]:
+        """The step (or ``step``, with the ``attention`` implementation, else ``traced_attention``'s) compiled ahead of time for ``args``' shapes (the slot width dynamic), as a function that
         can be saved: dynamo's ``aot_compile``, without guards. ``run`` picks the bucket before the call and
         every input's layout follows from the bucket and the model (``graph_file``'s key), so guards would
         only re-check that at every call (and dynamo's identity guards on the model cannot be saved).
@@ -673,11 +737,17 @@ class CompiledModel:
         cpu = input_device(self.model).type == "cpu"  # the C++ wrapper is for CPU graphs; CUDA ones are replayed
         options = {**(INDUCTOR if cpu else {})}
         step = step or self._step
-        if not saves_graphs():
-            return Unsaved(torch.compile(step, dynamic=None, fullgraph=True, options=options))
-        options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe
-        with kernels.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # dynamic: S only
-            graph = torch.compile(step, dynamic=None, fullgraph=True, options=options).aot_compile((args, {}))
+        config = self.model.config
+        kept = config._attn_implementation
+        config._attn_implementation = attention or traced_attention(self.model)  # only the trace sees it
+        try:
+            if not saves_graphs():
+                return Unsaved(torch.compile(step, dynamic=None, fullgraph=True, options=options))
+            options["guard_filter_fn"] = torch.compiler.skip_all_guards_unsafe
+            with kernels.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # dynamic: S only
+                graph = torch.compile(step, dynamic=None, fullgraph=True, options=options).aot_compile((args, {}))
+        finally:
+            config._attn_implementation = kept
         graph.disable_guard_check()
         return graph
 
@@ -1291,20 +1361,6 @@ class CompiledSeq2Seq(CompiledModel):
 
     encoder: Callable[..., torch.Tensor] | None = None  # the encoder compiled (``warm_encoder``)
 
-    def _trace(self, args: tuple[object, ...], step: Callable[..., object] | None = None) -> Callable[..., object]:
-        """``CompiledModel._trace`` with the model's eager attention (``traced_attention``): SDPA's CPU kernel makes
-        20-30 tensor calls around each of the step's self- and cross-attentions, which the eager formulation, fused by
-        inductor, does not; the step took 0.87-0.97 of its time with SDPA for the translation pair (1 and 5 tokens,
-        10 and 200 cached; 0.97-1.09 for the code pair, which keeps its own: docs/benchmarks.md, "The blocked kernel
-        as a torch operator"). Only the trace sees it: the eager step, prefill and encoder keep the model's."""
-        config = self.model.config
-        kept = config._attn_implementation
-        config._attn_implementation = traced_attention(self.model)
-        try:
-            return super()._trace(args, step)
-        finally:
-            config._attn_implementation = kept
-
     def _encoder_step(self, ids: torch.Tensor) -> torch.Tensor:
         """The encoder's output [1, S, H] for one source ``ids`` [1, S] (no padding)."""
         return self.model.get_encoder()(input_ids=ids).last_hidden_state
@@ -1322,7 +1378,7 @@ class CompiledSeq2Seq(CompiledModel):
 
         def trace() -> Callable[..., object]:
             with torch.no_grad():  # traced for inference: no autograd graph around the operator
-                return self._trace((ids,), self._encoder_step)
+                return self._trace((ids,), self._encoder_step, attention="eager")  # a source's own length: all live
 
         def run(graph: Callable[..., object]) -> torch.Tensor:
             with torch.inference_mode():

@@ -206,6 +206,7 @@ def build_blocked(source: Path) -> Blocked | None:
 
 
 _OP_SOURCE = Path(__file__).with_name("csrc") / "blocked_op.cpp"  # the blocked kernel as a torch operator
+_ATTENTION_SOURCE = Path(__file__).with_name("csrc") / "attention.c"  # specdec::decode_attention's kernel
 _OP_LOADED: list[Path] = []  # the operator's library, once loaded into this process
 
 
@@ -214,12 +215,13 @@ def _cxx() -> str | None:
 
 
 def blocked_op() -> bool:
-    """Whether ``torch.ops.specdec.blocked_linear`` (``csrc/blocked_op.cpp``: the blocked kernel as a torch operator,
-    which inductor's C++ wrapper calls through the dispatcher) is loaded: built at first use (about 10 s) with the
-    machine's C and C++ compilers against this torch's headers into ``~/.cache/specdec/kernels`` (keyed by both
-    sources, the compilers, the CPU's flags and torch's version), loaded once per process; False where it cannot be
+    """Whether specdec's operators are loaded (``csrc/blocked_op.cpp``, which inductor's C++ wrapper calls through the
+    dispatcher): ``torch.ops.specdec.blocked_linear`` (the blocked kernel) and ``torch.ops.specdec.decode_attention``
+    (``csrc/attention.c``: ``specdec.compiled.specdec_attention``). Built at first use (about 10-15 s) with the
+    machine's C and C++ compilers against this torch's headers into ``~/.cache/specdec/kernels`` (keyed by the
+    sources, the compilers, the CPU's flags and torch's version), loaded once per process; False where they cannot be
     built or loaded (no C++ compiler, torch without its headers, another OS), and the compiled step traces the
-    kernels it traced before."""
+    kernels and the attention it traced before."""
     if "op" not in _BUILT:
         _BUILT["op"] = _build_op()
     return bool(_BUILT["op"])
@@ -233,18 +235,21 @@ def _build_op() -> bool:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
 
     def commands(folder: Path, built: Path) -> list[tuple[list[str], int]]:
-        objects = folder / "blocked_linear.o"
-        return [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(_SOURCE), "-o", str(objects)], 120),
+        objects = [folder / "blocked_linear.o", folder / "attention.o"]
+        return [*[([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 120)
+                  for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE), objects)],
                 ([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
-                  f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(_OP_SOURCE), str(objects),
+                  f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(_OP_SOURCE), *map(str, objects),
                   f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o", str(built)], 300)]
 
     try:
-        path = _cached_library("blocked_op", [_SOURCE.read_text(), _OP_SOURCE.read_text(), torch.__version__, str(abi)],
+        sources = [_SOURCE.read_text(), _ATTENTION_SOURCE.read_text(), _OP_SOURCE.read_text()]
+        path = _cached_library("blocked_op", [*sources, torch.__version__, str(abi)],
                                [compiler, cxx], commands)
         if not _OP_LOADED:  # an operator is registered once per process (a second library defining it aborts)
             torch.ops.load_library(str(path))
             torch.library.register_fake("specdec::blocked_linear")(_blocked_fake)
+            torch.library.register_fake("specdec::decode_attention")(_attention_fake)
             _OP_LOADED.append(path)
     except (OSError, RuntimeError, subprocess.SubprocessError):
         return False
@@ -253,6 +258,12 @@ def _build_op() -> bool:
 
 def _blocked_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], out_features)
+
+
+def _attention_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    rows, heads, tokens, dim = query.shape
+    return query.new_empty(rows, tokens, heads, dim)
 
 
 def block_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
