@@ -1076,6 +1076,7 @@ class StaticRaggedCache:
     """``RaggedCache``'s interface and rule over a preallocated static cache (see the module docstring)."""
 
     recurrent = False
+    merges_rows = True  # ``merge`` copies only the new rows into the buffers (``seq2seq.prefill_into``)
 
     @torch.inference_mode()
     def __init__(self, model: PreTrainedModel, compiled: CompiledModel, device: torch.device | str = "cpu") -> None:

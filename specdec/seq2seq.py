@@ -174,16 +174,49 @@ def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.
                     ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[RaggedCache, int]:
     """A cache of ``model`` for the new rows ``prompts``: each row's source encoded once (an encoder-decoder
     model), then every prompt token but the last fed (as ``ids(...)`` maps them); the last stays for the
-    next forward. Rows of unlike lengths are fed in separate forwards (``batch.prefill_groups``), their caches
+    next forward. Rows of unlike lengths are fed in separate forwards (``prefilled_caches``), their caches
     merged in order. Returns the cache (to merge into the running batch's) and the model calls made."""
+    parts, calls = prefilled_caches(model, prompts, device, ids)
+    for part in parts[1:]:
+        parts[0].merge(part)
+    return parts[0], calls
+
+
+def prefilled_caches(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
+                     ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[list[RaggedCache], int]:
+    """``prefilled_cache``'s caches before they are merged: one per group of rows fed in one forward
+    (``batch.prefill_groups``: rows of like lengths share a forward), in the rows' order; and the model calls made."""
     check_cached_path(model, prompts, device, cache_for, ids)
     groups = prefill_groups(prompts.widths()) if prompts.size > 1 else [(0, prompts.size)]
-    new, calls = _prefilled(model, prompts if len(groups) == 1 else prompts.part(*groups[0]), device, ids)
-    for start, end in groups[1:]:
-        part, more = _prefilled(model, prompts.part(start, end), device, ids)
-        new.merge(part)
+    parts, calls = [], 0
+    for start, end in groups:
+        part, more = _prefilled(model, prompts if len(groups) == 1 else prompts.part(start, end), device, ids)
+        parts.append(part)
         calls += more
-    return new, calls
+    return parts, calls
+
+
+def prefill_into(cache: object, model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
+                 ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> int:
+    """Prefill the new rows ``prompts`` (``prefilled_caches``) and append them to ``cache``, a running batch's cache
+    handle; the model calls made. A handle whose merge copies only the new rows (``merges_rows``: a compiled
+    model's static cache) takes each group's cache in turn; an eager one takes them merged first, so its running
+    rows are copied once (merging the groups one by one into the first had cost 0.23 of 1.38 s for 16 code prompts
+    in 7 groups: each merge copies every row so far; docs/benchmarks.md, "Attention over the live slots")."""
+    parts, calls = prefilled_caches(model, prompts, device, ids)
+    if getattr(cache, "merges_rows", False):
+        for part in parts:
+            cache.merge(part)
+        return calls
+    while len(parts) > 1:  # pairs of neighbours merged, level by level: each row copied about log2(groups) times
+        parts = [parts[i] if i + 1 == len(parts) else _merged(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+    cache.merge(parts[0])
+    return calls
+
+
+def _merged(first: RaggedCache, second: RaggedCache) -> RaggedCache:
+    first.merge(second)
+    return first
 
 
 def _prefilled(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,

@@ -34,7 +34,7 @@ from specdec.compiled import decoding_cache
 from specdec.kernels import install
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
-from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache, rows_apart, source_limit
+from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefill_into, rows_apart, source_limit
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,7 @@ class ModelTarget(Target):
         return self.cache.rows
 
     def prefill(self, prompts: PromptBatch) -> int:
-        new, calls = prefilled_cache(self.model, prompts, self.device)
-        self.cache.merge(new)
-        return calls
+        return prefill_into(self.cache, self.model, prompts, self.device)
 
     def rows_apart(self, prompts: PromptBatch) -> str | None:
         return rows_apart(self.model, prompts, self.device)

@@ -15,7 +15,7 @@ import torch
 from conftest import assert_same_greedy, build_tiny, drive_alike, hf_greedy
 
 import specdec
-from specdec.batch import PromptBatch
+from specdec.batch import PromptBatch, prefill_groups
 from specdec.cache import RaggedCache
 from specdec.cli import main as cli_main
 from specdec.compiled import (
@@ -36,7 +36,7 @@ from specdec.compiled import (
 )
 from specdec.config import NgramConfig
 from specdec.drafters.ngram import NgramDrafter
-from specdec.seq2seq import prefilled_cache
+from specdec.seq2seq import prefill_into, prefilled_cache
 
 GAMMA = 3
 NEW = 20
@@ -243,6 +243,30 @@ def test_static_cache_follows_the_ragged_rule():
     join([[1, 4, 5, 6, 7], [1, 9, 10]])
     compactions = drive_alike(static, ragged, compiled.slots, join_random, hidden=True)
     assert compactions > 0
+
+
+def test_rows_prefilled_in_groups_join_as_one_cache_would():
+    """Joining rows of unlike lengths are fed in groups (``prefill_groups``); ``prefill_into`` hands a static cache each
+    group's cache in turn and an eager one the groups merged pairwise: both hold what one merged cache holds (the
+    next forward's logits equal, the rows' live counts too), before and after rows that were already running."""
+    model = build_tiny("llama", seed=3)
+    compiled = CompiledModel(model, slots=80)
+    compiled.rows, compiled.tokens = (8,), (1,)
+    running = [[1, 4, 5, 6, 7], [1, 9, 10]]
+    joining = [[1, 5, 5], [1, *range(3, 40)], [1, 7, 8], [1, *range(10, 45)], [1, 4], [1, *range(50, 60)]]
+    assert len(prefill_groups(PromptBatch.from_lists(joining, "cpu").widths())) > 2
+    static, ragged, reference = StaticRaggedCache(model, compiled), RaggedCache(model, 0), RaggedCache(model, 0)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the static step runs eagerly here (nothing warmed)
+        for prompts in (running, joining):
+            batch = PromptBatch.from_lists(prompts, "cpu")
+            assert prefill_into(static, model, batch, "cpu") == prefill_into(ragged, model, batch, "cpu")
+            reference.merge(prefilled_cache(model, batch, "cpu")[0])
+            assert static.live.tolist() == ragged.live.tolist() == reference.live.tolist()
+            ids = torch.randint(3, 96, (reference.rows, 1))
+            expected = reference.forward(ids).logits
+            for handle in (static, ragged):
+                assert torch.allclose(handle.forward(ids).logits, expected, atol=1e-5)
 
 
 def test_a_dropped_static_cache_lends_its_buffers_to_the_next_one():

@@ -64,7 +64,7 @@ from specdec.kernels import install
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
-from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefilled_cache, rows_apart
+from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefill_into, rows_apart
 
 # Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
 # share of the target's (padding to a multiple of 64 or 128 adds far less on real vocabularies).
@@ -306,8 +306,7 @@ class CachedDrafter(FollowingDrafter):
     def prefill(self, prompts: PromptBatch) -> int:
         """Cache the new rows' prompts except their last tokens, which stay pending (an encoder-decoder
         drafter first encodes the rows' sources with its own encoder, once)."""
-        new, calls = prefilled_cache(self.model, prompts, self.device, self._ids)
-        self.cache.merge(new)
+        calls = prefill_into(self.cache, self.model, prompts, self.device, self._ids)
         self.pending += [[row[-1]] for row in prompts.rows()]
         self._drafts += [[] for _ in range(prompts.size)]
         return calls
