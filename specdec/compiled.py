@@ -299,7 +299,8 @@ def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       **kwargs: object) -> tuple[torch.Tensor, None]:
     """transformers' attention function "specdec" (``traced_attention``): in a compiled step, ``softmax(q k^T * scaling
     + mask) v`` by ``specdec::decode_attention`` (``csrc/attention.c``), which reads the keys and values of the slots
-    some query of the row sees and skips the others (a shorter row's padding, a rolled-back draft, a dead row); else,
+    some query of the row sees and skips the others (a shorter row's padding, the holes of ragged acceptance, a
+    dead row); else,
     or for a call it does not cover (another head layout, a mask that is not additive per row, dropout, a relative
     bias, soft-capping, sinks), transformers' ``sdpa`` attention on the same inputs. 16 rows of code prompts, 6 layers
     of 288 slots (36% of them padding): 8.3 ms against SDPA's 13.8 (docs/benchmarks.md, "Attention over the live
@@ -344,7 +345,11 @@ def traced_attention(model: PreTrainedModel) -> str | None:
     """The attention implementation a compiled step of ``model`` is traced with: "specdec" (``specdec_attention``)
     where its operator loads (``kernels.blocked_op``) for a float32 CPU model that has sdpa attention (a decoder-only
     model configured with sdpa, an encoder-decoder model configured with either); else the model's own, but
-    ``eager`` for an encoder-decoder model (``CompiledSeq2Seq._trace``)."""
+    ``eager`` for an encoder-decoder model: SDPA's CPU kernel makes 20-30 tensor calls around each of the step's self-
+    and cross-attentions, which the eager formulation, fused by inductor, does not (the step took 0.87-0.97 of its time
+    with SDPA for the translation pair; docs/benchmarks.md, "The blocked kernel as a torch operator"). A compiled
+    encoder-decoder model's encoder is traced with ``eager`` (``CompiledSeq2Seq.warm_encoder``). Only the trace sees
+    it: the eager step and the prefill keep the model's own."""
     kept = getattr(model.config, "_attn_implementation", None)
     seq2seq = getattr(model.config, "is_encoder_decoder", False)
     if (kept in (("sdpa", "eager") if seq2seq else ("sdpa",)) and getattr(model, "_supports_sdpa", False)
@@ -728,12 +733,14 @@ class CompiledModel:
 
     def _trace(self, args: tuple[object, ...], step: Callable[..., object] | None = None,
                attention: str | None = None) -> Callable[..., object]:
-        """The step (or ``step``, with the ``attention`` implementation, else ``traced_attention``'s) compiled ahead of time for ``args``' shapes (the slot width dynamic), as a function that
+        """The step (or ``step``) compiled ahead of time for ``args``' shapes (the slot width dynamic), with the
+        ``attention`` implementation (else ``traced_attention``'s), as a function that
         can be saved: dynamo's ``aot_compile``, without guards. ``run`` picks the bucket before the call and
         every input's layout follows from the bucket and the model (``graph_file``'s key), so guards would
         only re-check that at every call (and dynamo's identity guards on the model cannot be saved).
         Where torch has no ``aot_compile`` (2.11, say: ``Unsaved``), the step is compiled as usual, with its
-        guards, and not saved; CUDA graphs replay it without its Python, guards included."""
+        guards, and not saved (traced at its first call, with the model's own attention); CUDA graphs replay it
+        without its Python, guards included."""
         cpu = input_device(self.model).type == "cpu"  # the C++ wrapper is for CPU graphs; CUDA ones are replayed
         options = {**(INDUCTOR if cpu else {})}
         step = step or self._step
