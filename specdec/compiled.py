@@ -300,9 +300,8 @@ def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """transformers' attention function "specdec" (``traced_attention``): in a compiled step, ``softmax(q k^T * scaling
     + mask) v`` by ``specdec::decode_attention`` (``csrc/attention.c``), which reads the keys and values of the slots
     some query of the row sees and skips the others (a shorter row's padding, the holes of ragged acceptance, a
-    dead row); else,
-    or for a call it does not cover (another head layout, a mask that is not additive per row, dropout, a relative
-    bias, soft-capping, sinks), transformers' ``sdpa`` attention on the same inputs. 16 rows of code prompts, 6 layers
+    dead row); else, or for a call it does not cover (another head layout, a mask that is not additive per row,
+    dropout, a relative bias, soft-capping, sinks), transformers' ``sdpa`` attention on the same inputs. 16 rows of code prompts, 6 layers
     of 288 slots (36% of them padding): 8.3 ms against SDPA's 13.8 (docs/benchmarks.md, "Attention over the live
     slots")."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -323,7 +322,7 @@ def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 AttentionInterface.register("specdec", specdec_attention)
-ATTENTION_DIMS = (32, 64, 80, 96, 128, 256)  # head dimensions csrc/attention.c computes (multiples of 16 and of 8)
+ATTENTION_DIMS = (32, 64, 80, 96, 128, 256)  # head dimensions csrc/attention.c computes (its HEAD_DIMS)
 ATTENTION_ACC = 8192  # its MAX_ACC: query heads per key-value head x new tokens x head dimension at most
 
 

@@ -175,10 +175,13 @@ def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.
     """A cache of ``model`` for the new rows ``prompts``: each row's source encoded once (an encoder-decoder
     model), then every prompt token but the last fed (as ``ids(...)`` maps them); the last stays for the
     next forward. Rows of unlike lengths are fed in separate forwards (``prefilled_caches``), their caches
-    merged in order. Returns the cache (to merge into the running batch's) and the model calls made."""
+    merged in order, pairs of neighbours level by level: each row is copied about log2(groups) times (merging each
+    group into the first had cost 0.23 of 1.38 s for 16 code prompts in 7 groups, every merge copying every row so
+    far; docs/benchmarks.md, "Attention over the live slots"). Returns the cache (to merge into the running batch's)
+    and the model calls made."""
     parts, calls = prefilled_caches(model, prompts, device, ids)
-    for part in parts[1:]:
-        parts[0].merge(part)
+    while len(parts) > 1:
+        parts = [parts[i] if i + 1 == len(parts) else _merged(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
     return parts[0], calls
 
 
@@ -198,19 +201,17 @@ def prefilled_caches(model: PreTrainedModel, prompts: PromptBatch, device: torch
 
 def prefill_into(cache: object, model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
                  ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> int:
-    """Prefill the new rows ``prompts`` (``prefilled_caches``) and append them to ``cache``, a running batch's cache
-    handle; the model calls made. A handle whose merge copies only the new rows (``merges_rows``: a compiled
-    model's static cache) takes each group's cache in turn; an eager one takes them merged first, so its running
-    rows are copied once (merging the groups one by one into the first had cost 0.23 of 1.38 s for 16 code prompts
-    in 7 groups: each merge copies every row so far; docs/benchmarks.md, "Attention over the live slots")."""
-    parts, calls = prefilled_caches(model, prompts, device, ids)
-    if getattr(cache, "merges_rows", False):
-        for part in parts:
-            cache.merge(part)
+    """Prefill the new rows ``prompts`` and append them to ``cache``, a running batch's cache handle; the model calls
+    made. A handle whose merge copies only the new rows (``merges_rows``: a compiled model's static cache) takes each
+    group's cache in turn (``prefilled_caches``); another takes them merged first (``prefilled_cache``), so its
+    running rows are copied once."""
+    if not getattr(cache, "merges_rows", False):
+        new, calls = prefilled_cache(model, prompts, device, ids)
+        cache.merge(new)
         return calls
-    while len(parts) > 1:  # pairs of neighbours merged, level by level: each row copied about log2(groups) times
-        parts = [parts[i] if i + 1 == len(parts) else _merged(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
-    cache.merge(parts[0])
+    parts, calls = prefilled_caches(model, prompts, device, ids)
+    for part in parts:
+        cache.merge(part)
     return calls
 
 

@@ -26,7 +26,6 @@ typedef float uvec __attribute__((vector_size(LANES * sizeof(float)), aligned(4)
 static inline vec load(const float *p) { return *(const uvec *)p; }
 static inline void put(float *p, vec x) { *(uvec *)p = x; }
 
-int specdec_attention_lanes(void) { return LANES; }
 int specdec_attention_max_acc(void) { return MAX_ACC; }
 
 static inline vec splat(float x) { return (vec){0} + x; }
@@ -166,21 +165,22 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
+/* the head dimensions computed (multiples of 16: of the vector width either way; specdec/compiled.py, ATTENTION_DIMS) */
+#define HEAD_DIMS(X) X(32) X(64) X(80) X(96) X(128) X(256)
 #define HEAD_CASE(D_) case D_: attend(q, k, v, mask, out, scores, R, H, Hkv, n, S, D_, k_row, k_head, v_row, v_head, scale); break;
+#define IS_DIM(D_) || D == D_
 
 /* q [R, H, n, D] contiguous; k, v: slot j of row r, head h at base + r * row + h * head + j * D (D contiguous);
  * mask [R, n, S] contiguous, additive; out [R, n, H, D]; scores: room for G * n * S floats. D one of
- * ``specdec_attention_dims``, H % Hkv == 0, G * n * D <= MAX_ACC (the caller checks). */
+ * ``HEAD_DIMS`` (``specdec_attention_dims``), H % Hkv == 0, G * n * D <= MAX_ACC (the caller checks). */
 void specdec_attention(const float *q, const float *k, const float *v, const float *mask, float *out, float *scores,
                        int64_t R, int64_t H, int64_t Hkv, int64_t n, int64_t S, int64_t D, int64_t k_row,
                        int64_t k_head, int64_t v_row, int64_t v_head, float scale) {
     switch (D) {
-        HEAD_CASE(32) HEAD_CASE(64) HEAD_CASE(80) HEAD_CASE(96) HEAD_CASE(128) HEAD_CASE(256)
+        HEAD_DIMS(HEAD_CASE)
         default: break;
     }
 }
 
 /* whether specdec_attention computes heads of dimension D */
-int specdec_attention_dims(int64_t D) {
-    return D % LANES == 0 && (D == 32 || D == 64 || D == 80 || D == 96 || D == 128 || D == 256);
-}
+int specdec_attention_dims(int64_t D) { return 0 HEAD_DIMS(IS_DIM); }
