@@ -14,7 +14,9 @@ turn per repeat), medians; every candidate is first checked against a float64 pr
   one prepacked by ``_reorder_linear_weight`` for batch size 8;
 - ``blocked``: specdec's blocked kernel (``specdec/csrc/blocked_linear.c``: the weight re-laid in blocks of 16
   output columns, streamed once per product, each block's floats multiplied by up to 14 rows in one pass), where a
-  C compiler builds it;
+  C compiler builds it, on the copy ``kernels.blocked_copy`` makes (in bfloat16 pairs where every weight is a
+  bfloat16 number: the shipped models, stored in bfloat16); ``blocked float32``: the same kernel on the float32
+  copy (``block_weight``), where the two differ;
 - ``blocked (other)``: with ``--blocked-source FILE``, that version of the blocked kernel's source, built the same
   way, to time a change to it against the shipped one in one process;
 - ``specdec``: ``specdec.kernels.fast_linear`` with both its kernels on (``(W @ x.T).T`` for 1-2 rows, for more the
@@ -69,12 +71,14 @@ import torch.nn.functional as F
 from specdec.kernels import (
     Blocked,
     _Packed,
+    bf16_exact,
     block_weight,
     blocked_product,
     build_blocked,
     fast_linear,
     many_kernels,
 )
+from specdec.kernels import blocked as blocked_kernel
 from specdec.loading import load_model
 
 
@@ -103,6 +107,9 @@ def candidates(weights: list[torch.Tensor], rows: int,
     }
     if blocked:
         found["blocked"] = lambda x, i: blocked[i](x, weights[i], None)
+        if any(bf16_exact(w) for w in weights):
+            full = [block_weight(w, blocked_kernel().lanes) for w in weights]
+            found["blocked float32"] = lambda x, i: blocked_product(blocked_kernel(), x, full[i], weights[i].shape[0])
     if other is not None:
         laid = [block_weight(w, other.lanes) for w in weights]
         found["blocked (other)"] = lambda x, i: blocked_product(other, x, laid[i], weights[i].shape[0])

@@ -477,7 +477,7 @@ def trace_kernels(model: PreTrainedModel) -> bool:
     for module in model.modules():
         traced = _traced(module)  # e.g. a deep copy's
         if blocked and not traced and kernels._eligible(module):
-            copy = kernels.block_weight(module.weight.detach(), kernels.blocked().lanes)
+            copy = kernels.blocked_copy(module.weight.detach(), kernels.blocked().lanes)
             module.register_buffer("_specdec_blocked", copy, persistent=False)
             module._specdec_blocked_key = kernels.weight_key(module.weight)
             packed = getattr(module, "_specdec_packed", None)
@@ -506,7 +506,11 @@ def refresh_blocked(layers: list[torch.nn.Linear]) -> None:
     starts."""
     for module in layers:
         if module._specdec_blocked_key != (key := kernels.weight_key(module.weight)):
-            module._specdec_blocked.copy_(kernels.block_weight(module.weight.detach(), module._specdec_blocked.shape[2]))
+            copy = kernels.blocked_copy(module.weight.detach(), module._specdec_blocked.shape[2])
+            if copy.shape == module._specdec_blocked.shape and copy.dtype == module._specdec_blocked.dtype:
+                module._specdec_blocked.copy_(copy)  # in place: the compiled graphs keep their input
+            else:  # no longer (or now) bfloat16 numbers: another layout, which the graphs are traced again for
+                module._specdec_blocked = copy
             module._specdec_blocked_key = key
 
 

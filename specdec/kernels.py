@@ -65,6 +65,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -141,6 +142,7 @@ class Blocked(NamedTuple):
     function: Callable[..., None]
     lanes: int
     path: Path
+    pairs: Callable[..., None] | None = None  # the same on a bfloat16 copy (``pair_weight``), where the source has it
 
 
 def _compiler() -> str | None:
@@ -200,7 +202,10 @@ def build_blocked(source: Path) -> Blocked | None:
         function = library.specdec_blocked_linear
         function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
         function.restype = None
-        return Blocked(function, int(library.specdec_lanes()), path)
+        pairs = getattr(library, "specdec_blocked_linear_bf16", None)  # absent from an older source (the benchmark's)
+        if pairs is not None:
+            pairs.argtypes, pairs.restype = function.argtypes, None
+        return Blocked(function, int(library.specdec_lanes()), path, pairs)
     except (OSError, subprocess.SubprocessError, AttributeError):
         return None
 
@@ -274,13 +279,43 @@ def block_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
     return padded.reshape(-1, lanes, width).transpose(1, 2).contiguous()
 
 
+def bf16_exact(weight: torch.Tensor) -> bool:
+    """Whether every value of the float32 ``weight`` is a bfloat16 number (the low 16 bits of each zero), as in a model
+    stored in bfloat16 and loaded in float32 (the shipped models)."""
+    return weight.dtype == torch.float32 and not bool((weight.detach().view(torch.int32) & 0xFFFF).any())
+
+
+def pair_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
+    """A bfloat16-exact ``weight`` [out, in] (``bf16_exact``) laid out for the blocked kernel at half the bytes:
+    ``block_weight``'s blocks taken in pairs, [ceil(out / lanes / 2), in, lanes, 2] bfloat16, so that each 32-bit
+    word (little-endian) holds block 2p's weight in its upper half and block 2p + 1's in its lower, an odd last block
+    paired with zeros (``csrc/blocked_linear.c``, ``specdec_blocked_linear_bf16``)."""
+    blocks = block_weight(weight, lanes)  # [B, in, lanes]
+    if blocks.shape[0] % 2:
+        blocks = torch.cat((blocks, blocks.new_zeros(1, *blocks.shape[1:])))
+    return torch.stack((blocks[1::2], blocks[0::2]), dim=-1).to(torch.bfloat16)
+
+
+def blocked_copy(weight: torch.Tensor, lanes: int) -> torch.Tensor:
+    """The copy of ``weight`` the blocked kernel reads: in bfloat16 pairs (``pair_weight``) where every weight is a
+    bfloat16 number, which the kernel widens back to exactly those float32 numbers as it reads them (the results are
+    the float32 copy's, from half the bytes: a decode step reads its weights from memory, so 1-6 rows took 0.55-0.63
+    of the time and 7-128 rows 0.75-0.90 on this project's AMD EPYC, docs/benchmarks.md); else ``block_weight``."""
+    if sys.byteorder == "little" and bf16_exact(weight):
+        return pair_weight(weight, lanes)
+    return block_weight(weight, lanes)
+
+
 def blocked_product(kernel: Blocked, rows: torch.Tensor, packed: torch.Tensor, out_features: int,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``rows`` [n, in] (contiguous) times a weight laid out by ``block_weight`` (+ bias) by ``kernel``: [n, out]."""
+    """``rows`` [n, in] (contiguous) times a weight laid out by ``blocked_copy`` (+ bias) by ``kernel``: [n, out]."""
     bias = None if bias is None else bias.contiguous()
     out = rows.new_empty(rows.shape[0], out_features)
-    kernel.function(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-                    rows.shape[0], out_features, rows.shape[1])
+    function = kernel.pairs if packed.dtype == torch.bfloat16 else kernel.function
+    if function is None:
+        raise ValueError(f"the blocked kernel built from {kernel.path} has no bfloat16 form")
+    function(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
+             rows.shape[0], out_features, rows.shape[1])
     return out
 
 
@@ -318,7 +353,7 @@ class _Packed:
         key = (*weight_key(weight), self.many)
         if key != self.key:
             if self.many == "blocked":
-                self.weight = block_weight(weight.detach(), blocked().lanes)
+                self.weight = blocked_copy(weight.detach(), blocked().lanes)
             else:
                 self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
             self.key = key
@@ -347,6 +382,7 @@ def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     rows = x.reshape(-1, x.shape[-1])  # [n, in]
     n = rows.shape[0]
     if n <= FEW and kernel.few:
+        rows = rows.contiguous()  # one layout: the BLAS sums a transposed operand in another order (AMD EPYC, AVX2)
         pair = torch.cat((rows, rows)) if n == 1 else rows  # [2, in]
         product = torch.mm(weight, pair.T)  # [out, 2]
         if traced:

@@ -128,15 +128,23 @@ def _model(seed: int, layers: int = 2) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-def test_a_compiled_model_with_the_attention_decodes_ragged_batches_as_generate_does():
+@pytest.mark.parametrize("stored", ["float32", "bfloat16"])
+def test_a_compiled_model_with_the_attention_decodes_ragged_batches_as_generate_does(stored):
     """Rows of unlike prompt lengths share the cache (the shorter ones' padding slots are dead), drafts are rolled
-    back, rows leave and the buffers compact: greedy equals each prompt's ``generate``."""
+    back, rows leave and the buffers compact: greedy equals each prompt's ``generate``. A model stored in bfloat16
+    (its float32 weights all bfloat16 numbers) has its linears' copies in bfloat16 pairs, and decodes the same."""
     model = _model(seed=3)
+    if stored == "bfloat16":
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.copy_(parameter.to(torch.bfloat16))
     prompts = [[1, 5, 9, 33, 7], [1, *range(40, 80)], [1, 60, 3, 3, 70, 71, 72, 8, 9, 10, 11, 50, 51],
                [1, *range(10, 30), 5, 6]]
     reference = [hf_greedy(model, p, 40, [2]) for p in prompts]
     assert traced_attention(model) == "specdec"
     assert prepare(model, "on", tokens=(1, 4), rows=(1, 4)).compiled
+    copies = {m._specdec_blocked.dtype for m in model.modules() if hasattr(m, "_specdec_blocked")}
+    assert copies == {getattr(torch, stored)}
     drafter = NgramDrafter(NgramConfig(min_ngram=1, num_tokens=3))
     plain = specdec.autoregressive_generate(model, prompts, max_new_tokens=40, batch_size=4)
     drafted = specdec.speculative_generate(model, drafter, prompts, gamma=3, max_new_tokens=40, batch_size=4)

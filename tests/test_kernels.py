@@ -318,6 +318,33 @@ def test_the_blocked_operator_computes_the_product(rows, bias):
         torch.ops.specdec.blocked_linear(x, weight, b, 100)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 13, 20, 40])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("out_features", [96, 100])  # 96: whole pairs of blocks; 100: an odd last block, part empty
+def test_a_bfloat16_weight_is_copied_at_half_the_bytes_and_multiplied_as_the_float32_copy(rows, bias, out_features):
+    """A float32 weight whose every value is a bfloat16 number (a model stored in bfloat16) gets the blocked kernel's
+    copy in bfloat16 pairs (``kernels.blocked_copy``): half the bytes, and through the operator and the eager
+    kernel the float32 copy's products, bit for bit where the blocks pair up, within float32 rounding of the exact
+    product everywhere; a weight that is not all bfloat16 numbers keeps the float32 copy."""
+    assert kernels.blocked_op(), "the blocked operator did not build: it needs a C and a C++ compiler (cc, c++)"
+    lanes = kernels.blocked().lanes
+    torch.manual_seed(rows)
+    weight = torch.randn(out_features, 37).to(torch.bfloat16).float()
+    x, b = torch.randn(rows, 37), (torch.randn(out_features) if bias else None)
+    assert kernels.bf16_exact(weight) and not kernels.bf16_exact(weight + 1e-3)
+    full, half = kernels.block_weight(weight, lanes), kernels.blocked_copy(weight, lanes)
+    assert half.dtype == torch.bfloat16 and half.nbytes <= full.nbytes // 2 + 37 * lanes * 2
+    assert kernels.blocked_copy(weight + 1e-3, lanes).dtype == torch.float32
+    reference = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    by_op = torch.ops.specdec.blocked_linear(x, half, b, out_features)
+    eager = kernels.blocked_product(kernels.blocked(), x, half, out_features, b)
+    float32 = torch.ops.specdec.blocked_linear(x, full, b, out_features)
+    torch.testing.assert_close(by_op.double(), reference, rtol=1e-5, atol=1e-4)
+    assert torch.equal(eager, by_op)
+    paired = out_features // (2 * lanes) * 2 * lanes  # columns of whole pairs: the same arithmetic as the float32 copy
+    assert paired > 0 and torch.equal(by_op[:, :paired], float32[:, :paired])
+
+
 def test_the_blocked_operator_is_built_once_per_machine_and_absent_without_a_compiler(tmp_path, monkeypatch):
     """Built into ``$XDG_CACHE_HOME/specdec/kernels`` beside the blocked kernel (keyed by both sources, the compilers,
     the CPU and torch), not rebuilt by the next process; without a C++ compiler there is none (and no error)."""

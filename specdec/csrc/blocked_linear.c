@@ -2,7 +2,12 @@
  * rows m, on the weight re-laid in blocks of LANES output columns, [ceil(N / LANES), K, LANES]
  * (specdec/kernels.py). Each pass over a block streams its K * LANES floats once, contiguously, and multiplies
  * them by up to ROWS rows of x at a time (x[m, k] broadcast), so the weights are read from memory once per
- * product however many rows it has. Built at first use with the machine's C compiler (-O3 -march=native);
+ * product however many rows it has. Where every weight is a bfloat16 number (a model stored in bfloat16 and run in
+ * float32) the copy may hold them as such, two blocks in one (specdec_blocked_linear_bf16: [ceil(N / LANES / 2), K,
+ * LANES] 32-bit words, block 2p's weight in the upper half of each word and block 2p + 1's in the lower, which is
+ * a float32's bits in bfloat16): one load and two bit operations (a mask, a shift) give both blocks' floats, exactly
+ * the float32 numbers they stand for, so the results are the float32 kernel's (the same products, summed in the same
+ * order) from half the bytes. Built at first use with the machine's C compiler (-O3 -march=native);
  * GCC/Clang vector extensions and __builtin_prefetch, no intrinsics: the same source builds for AVX-512 (16
  * lanes) and AVX2 (8). */
 #include <stdint.h>
@@ -27,6 +32,7 @@
 #define AHEAD (4096 / sizeof(float))
 
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
+typedef uint32_t words __attribute__((vector_size(LANES * sizeof(uint32_t))));
 
 int specdec_lanes(void) { return LANES; }
 
@@ -36,17 +42,30 @@ static inline __attribute__((always_inline)) void store(float *y, vec v, const f
     for (int64_t i = 0; i < cols; ++i) y[n0 + i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
 }
 
-/* rows m0 .. m0 + M of x against blocks b .. b + NB of the weight */
-static inline __attribute__((always_inline)) void pass(const float *x, const float *w, const float *bias, float *y,
-                                                       int64_t N, int64_t K, int64_t b, const int NB, const int M) {
+/* rows m0 .. m0 + M of x against NB blocks at ``w`` (float32, or where HALF a pair of bfloat16 ones), which are the
+ * weight's blocks b .. b + NB */
+static inline __attribute__((always_inline)) void pass(const float *x, const void *w, const float *bias, float *y,
+                                                       int64_t N, int64_t K, int64_t b, const int NB, const int M,
+                                                       const int HALF) {
     vec acc[BLOCKS][ONE_PASS > ROWS ? ONE_PASS : ROWS];
     for (int i = 0; i < NB; ++i)
         for (int m = 0; m < M; ++m) acc[i][m] = (vec){0};
-    const float *block = w + b * K * LANES;
+    const float *block = w;
+    const uint32_t *pair = w;
     for (int64_t k = 0; k < K; ++k) {
         vec wk[BLOCKS];
-        for (int i = 0; i < NB; ++i) memcpy(&wk[i], block + (i * K + k) * LANES, sizeof(vec));
-        for (int i = 0; i < NB; ++i) __builtin_prefetch(block + (i * K + k) * LANES + AHEAD, 0, 2);
+        if (HALF) { /* NB == 2 */
+            words both, upper, lower;
+            memcpy(&both, pair + k * LANES, sizeof(words));
+            upper = both & 0xFFFF0000u;
+            lower = both << 16;
+            memcpy(&wk[0], &upper, sizeof(vec));
+            memcpy(&wk[1], &lower, sizeof(vec));
+            __builtin_prefetch(pair + k * LANES + AHEAD, 0, 2);
+        } else {
+            for (int i = 0; i < NB; ++i) memcpy(&wk[i], block + (i * K + k) * LANES, sizeof(vec));
+            for (int i = 0; i < NB; ++i) __builtin_prefetch(block + (i * K + k) * LANES + AHEAD, 0, 2);
+        }
         for (int m = 0; m < M; ++m) {
             float xs = x[m * K + k];
             for (int i = 0; i < NB; ++i) acc[i][m] += wk[i] * xs;
@@ -58,10 +77,11 @@ static inline __attribute__((always_inline)) void pass(const float *x, const flo
     }
 }
 
-#define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R); break;
+#define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R, HALF); break;
 
-static inline __attribute__((always_inline)) void rows(const float *x, const float *w, const float *bias, float *y,
-                                                       int64_t N, int64_t K, int64_t b, const int NB, int64_t r) {
+static inline __attribute__((always_inline)) void rows(const float *x, const void *w, const float *bias, float *y,
+                                                       int64_t N, int64_t K, int64_t b, const int NB, int64_t r,
+                                                       const int HALF) {
     switch (r) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
 #if ROWS > 6
@@ -77,8 +97,18 @@ void specdec_blocked_linear(const float *x, const float *w, const float *bias, f
     int64_t blocks = (N + LANES - 1) / LANES, b = 0, group = M <= ONE_PASS ? M : ROWS;
     for (; b + BLOCKS <= blocks; b += BLOCKS)
         for (int64_t m = 0; m < M; m += group)
-            rows(x + m * K, w, bias, y + m * N, N, K, b, BLOCKS, M - m < group ? M - m : group);
+            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, BLOCKS, M - m < group ? M - m : group, 0);
     for (; b < blocks; ++b)
         for (int64_t m = 0; m < M; m += group)
-            rows(x + m * K, w, bias, y + m * N, N, K, b, 1, M - m < group ? M - m : group);
+            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, 1, M - m < group ? M - m : group, 0);
+}
+
+/* the same from pairs of bfloat16 blocks, w [ceil(N / LANES / 2), K, LANES] 32-bit words (an odd last block paired
+ * with zeros, whose columns are not stored) */
+void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N,
+                                 int64_t K) {
+    int64_t blocks = (N + LANES - 1) / LANES, group = M <= ONE_PASS ? M : ROWS;
+    for (int64_t b = 0; b < blocks; b += 2)
+        for (int64_t m = 0; m < M; m += group)
+            rows(x + m * K, w + b / 2 * K * LANES, bias, y + m * N, N, K, b, 2, M - m < group ? M - m : group, 1);
 }

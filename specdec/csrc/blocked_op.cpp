@@ -10,6 +10,8 @@
 
 extern "C" void specdec_blocked_linear(const float *x, const float *w, const float *bias, float *y, int64_t M,
                                        int64_t N, int64_t K);
+extern "C" void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M,
+                                            int64_t N, int64_t K);
 extern "C" int specdec_lanes(void);
 extern "C" void specdec_attention(const float *q, const float *k, const float *v, const float *mask, float *out,
                                   float *scores, int64_t R, int64_t H, int64_t Hkv, int64_t n, int64_t S, int64_t D,
@@ -17,14 +19,16 @@ extern "C" void specdec_attention(const float *q, const float *k, const float *v
 extern "C" int specdec_attention_dims(int64_t D);
 extern "C" int specdec_attention_max_acc(void);
 
-// x [M, K] @ W.T (+ bias) -> [M, N], W laid out by kernels.block_weight: packed [ceil(N / lanes), K, lanes]
+// x [M, K] @ W.T (+ bias) -> [M, N], W laid out by kernels.block_weight: packed float32 [ceil(N / lanes), K, lanes],
+// or bfloat16 [ceil(N / lanes / 2), K, lanes, 2] (pairs of blocks, kernels.pair_weight)
 static at::Tensor blocked_linear(const at::Tensor &x, const at::Tensor &packed, const std::optional<at::Tensor> &bias,
                                  int64_t out_features) {
     TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
                 "specdec::blocked_linear: x must be a 2-D float32 CPU tensor");
-    TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kFloat && packed.is_contiguous() &&
-                    packed.size(1) == x.size(1) && packed.size(2) == specdec_lanes() &&
-                    packed.size(0) * packed.size(2) >= out_features,
+    const bool half = packed.scalar_type() == at::kBFloat16;
+    TORCH_CHECK(packed.dim() == (half ? 4 : 3) && (half || packed.scalar_type() == at::kFloat) && packed.is_contiguous() &&
+                    packed.size(1) == x.size(1) && packed.size(2) == specdec_lanes() && (!half || packed.size(3) == 2) &&
+                    packed.size(0) * packed.size(2) * (half ? 2 : 1) >= out_features,
                 "specdec::blocked_linear: the weight is not laid out for this kernel and input");
     at::Tensor rows = x.contiguous();
     at::Tensor b;
@@ -33,9 +37,13 @@ static at::Tensor blocked_linear(const at::Tensor &x, const at::Tensor &packed, 
         TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == out_features, "specdec::blocked_linear: bad bias");
     }
     at::Tensor y = at::empty({rows.size(0), out_features}, rows.options());
-    if (rows.size(0) > 0)
-        specdec_blocked_linear(rows.data_ptr<float>(), packed.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
-                               y.data_ptr<float>(), rows.size(0), out_features, rows.size(1));
+    const float *bias_data = b.defined() ? b.data_ptr<float>() : nullptr;
+    if (rows.size(0) > 0 && half)
+        specdec_blocked_linear_bf16(rows.data_ptr<float>(), static_cast<const uint32_t *>(packed.data_ptr()), bias_data,
+                                    y.data_ptr<float>(), rows.size(0), out_features, rows.size(1));
+    else if (rows.size(0) > 0)
+        specdec_blocked_linear(rows.data_ptr<float>(), packed.data_ptr<float>(), bias_data, y.data_ptr<float>(),
+                               rows.size(0), out_features, rows.size(1));
     return y;
 }
 
