@@ -11,6 +11,7 @@
  * GCC/Clang vector extensions and __builtin_prefetch, no intrinsics: the same source builds for AVX-512 (16
  * lanes) and AVX2 (8). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -25,6 +26,10 @@
 #define ONE_PASS 6
 #endif
 #define BLOCKS 2 /* output blocks per pass: two weight streams */
+/* A bfloat16 pair is widened as it is read for up to this many rows (two passes over it); for more, once into a float32
+ * scratch block that every pass reads (the AMD EPYC, AVX2, 1 thread, code-target's layers: widened as read, 7-12 rows
+ * took 0.68-0.74 of the float32 copy's time but 64 rows 1.35-1.55; widened once, 13-20 rows 0.99-1.00, 64 rows 0.91) */
+#define WIDEN_ROWS (2 * ROWS)
 /* Each stream is prefetched this many floats (4 KiB) ahead, into L2: without it, at 5-13 rows the products' arithmetic
  * kept the core from asking for the next lines early enough, and a pass took 1.2-1.7x a 1-row pass (8.9-12.1 ms
  * against 7.3 for code-target's weights read from memory; 7.8-9.9 ms with it). A prefetch past the end is harmless
@@ -104,11 +109,27 @@ void specdec_blocked_linear(const float *x, const float *w, const float *bias, f
 }
 
 /* the same from pairs of bfloat16 blocks, w [ceil(N / LANES / 2), K, LANES] 32-bit words (an odd last block paired
- * with zeros, whose columns are not stored) */
+ * with zeros, whose columns are not stored); more than WIDEN_ROWS rows read each pair widened into a scratch block */
 void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N,
                                  int64_t K) {
     int64_t blocks = (N + LANES - 1) / LANES, group = M <= ONE_PASS ? M : ROWS;
-    for (int64_t b = 0; b < blocks; b += 2)
-        for (int64_t m = 0; m < M; m += group)
-            rows(x + m * K, w + b / 2 * K * LANES, bias, y + m * N, N, K, b, 2, M - m < group ? M - m : group, 1);
+    float *wide = M > WIDEN_ROWS ? malloc(2 * K * LANES * sizeof(float)) : NULL;
+    for (int64_t b = 0; b < blocks; b += 2) {
+        const uint32_t *pair = w + b / 2 * K * LANES;
+        if (wide)
+            for (int64_t k = 0; k < K; ++k) {
+                words both, upper, lower;
+                memcpy(&both, pair + k * LANES, sizeof(words));
+                upper = both & 0xFFFF0000u;
+                lower = both << 16;
+                memcpy(wide + k * LANES, &upper, sizeof(words));
+                memcpy(wide + (K + k) * LANES, &lower, sizeof(words));
+            }
+        for (int64_t m = 0; m < M; m += group) {
+            int64_t r = M - m < group ? M - m : group;
+            if (wide) rows(x + m * K, wide, bias, y + m * N, N, K, b, 2, r, 0);
+            else rows(x + m * K, pair, bias, y + m * N, N, K, b, 2, r, 1);
+        }
+    }
+    free(wide);
 }
