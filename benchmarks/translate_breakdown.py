@@ -22,6 +22,9 @@ the encoders):
   (``specdec.compiled.CompiledSeq2Seq``, rows of 1, the buckets of ``compiled.token_buckets``), and prompt lookup
   (``ngram``, the default) and the drafter model (γ 4) each way, in the same process, interleaved with
   the eager jobs (every output checked equal to ``generate``'s).
+- ``--float32-copy`` (with ``--compile``): a second copy of the target compiled with its linears' blocked copies in
+  float32 (``kernels.block_weight``), not in the bfloat16 pairs ``kernels.blocked_copy`` makes for a model stored in
+  bfloat16, timed beside the first (``specdec plain`` and ``ngram``, compiled): what reading half the bytes gives.
 
     python benchmarks/translate_breakdown.py --data data/gettext-de --sources 40 --repeats 5
 """
@@ -111,6 +114,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time plain decoding with compiled decode steps")
+    parser.add_argument("--float32-copy", action="store_true",
+                        help="with --compile: also a target compiled on float32 copies of its weights (not bfloat16 pairs)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -130,6 +135,15 @@ def main() -> None:
         verify, steps = token_buckets(4, "lookup+", True, True, 4)
         print("compile:", prepare(target, "on", tokens=verify).reason, "(target);",
               prepare(drafter, "on", tokens=steps).reason, "(drafter)")
+    full = None
+    if args.compile and args.float32_copy:
+        full = AutoModelForSeq2SeqLM.from_pretrained(args.target, dtype=torch.float32).eval()
+        kernels.install(full)
+        exact, kernels.bf16_exact = kernels.bf16_exact, lambda weight: False  # every copy in float32
+        try:
+            print("compile:", prepare(full, "on", tokens=verify).reason, "(target, float32 copies)")
+        finally:
+            kernels.bf16_exact = exact
 
     def plain(model: PreTrainedModel, compiled: bool = False) -> list:
         if compiled:
@@ -163,6 +177,12 @@ def main() -> None:
             jobs["specdec plain compiled"] = lambda: plain(target, compiled=True)
             jobs["drafter alone compiled"] = lambda: plain(drafter, compiled=True)
             checks["specdec plain compiled"] = lambda: [r.tokens for r in jobs["specdec plain compiled"]()]
+            if full is not None:
+                for label, job in (("plain", specdec.autoregressive_generate),
+                                   ("ngram", lambda m, s, **c: specdec.speculative_generate(m, "ngram", s, gamma=4, **c))):
+                    name = f"specdec {label} compiled, float32 copy"
+                    jobs[name] = lambda job=job: job(full, sources, **common)
+                    checks[name] = lambda name=name: [r.tokens for r in jobs[name]()]
             for label, chosen in (("ngram", "ngram"), ("drafter model", drafter)):
                 for compiled in (False, True):
                     name = f"specdec {label}{' compiled' if compiled else ''}"

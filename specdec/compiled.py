@@ -32,7 +32,10 @@ Eager decoding pays transformers' Python around every forward (module dispatch, 
   every float32 CPU linear as it, for any number of rows, on a copy of the weight in the kernel's layout (a
   non-persistent buffer ``_specdec_blocked``, re-laid by ``refresh_blocked`` when the weight changed, as each
   decoding call's static cache is made). The compiled step then took 0.64-0.95 of its time with torch's products (four shipped
-  models, 1 and 5 tokens, 10 and 200 cached; docs/benchmarks.md, "The blocked kernel as a torch operator").
+  models, 1 and 5 tokens, 10 and 200 cached; docs/benchmarks.md, "The blocked kernel as a torch operator"). A
+  weight whose every value is a bfloat16 number (a model stored in bfloat16, as the shipped ones) is copied in
+  bfloat16 pairs (``kernels.blocked_copy``), which the kernel widens back exactly as it reads them: the same results
+  from half the bytes (docs/benchmarks.md, "Weights read at their stored width").
   Without it (no C++ compiler, ``SPECDEC_LINEAR=off``), where ``specdec.kernels`` installs its kernels on the
   model, the graph traces them in the kernels' formulation (``traced_linear``: ``W @ x.T`` for 1-2 rows, oneDNN
   on the prepacked weight through the ``specdec::packed_linear`` op for more, each where the probe chose it), not

@@ -30,7 +30,10 @@ at 5 rows and 0.69 at 8, and the blocked kernel less: 0.76-0.82 of oneDNN's time
 0.83-0.89 at 13, 0.85-0.91 at 20, 0.98-1.03 at 64, 1.08-1.12 at 150 (``benchmarks/linear_kernels.py``; at
 64-150 rows, a prefill's, MKL's packed kernel is the fastest, 0.87 of oneDNN's, with a third copy of the
 weights). So each range is decided apart (``pays``: for many rows the faster of the two), and a layer keeps
-``F.linear`` for the other.
+``F.linear`` for the other; a layer that takes the blocked kernel for many rows takes it for 1-2 rows too (it reads
+its copy once whatever the rows; ``fast_linear``). A weight whose every value is a bfloat16 number (a model stored
+in bfloat16, as the shipped ones) is copied for the blocked kernel in bfloat16 pairs, read at half the bytes and
+widened back exactly (``blocked_copy``).
 
 Same numbers up to float summation order (as a different batch size or thread count gives), so greedy
 decoding matches ``generate`` up to near ties and sampling stays lossless (the verification rule is
@@ -377,11 +380,16 @@ def fast_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     not a matrix-vector product: an expanded view, stride 0, takes a slower kernel still); where ``kernel.many``,
     ``many(rows, weight, bias)`` for more rows, the layer's kernel of many rows on its copy of the weight
     (``kernel`` itself; in a trace, ``specdec.compiled.traced_linear``'s op that finds the layer's copy); else
-    ``F.linear``. ``traced`` leaves the
-    layout of the product of n <= ``FEW`` to inductor; eagerly it is made contiguous, with the bias."""
+    ``F.linear``. Where the kernel of many rows is the blocked one, it serves every n: it reads its copy once
+    whatever the rows, as a compiled step's operator does (``python benchmarks/linear_kernels.py``, code-target, 1-2
+    rows: 0.26-0.36 of ``F.linear``'s time on its bfloat16 pairs, 0.43-0.62 on the float32 copy on this project's AMD
+    EPYC; 0.89-0.95 on the float32 copy on its Intel Xeon). ``traced`` leaves the layout of the product of n <= ``FEW``
+    to inductor; eagerly it is made contiguous, with the bias."""
     rows = x.reshape(-1, x.shape[-1])  # [n, in]
     n = rows.shape[0]
-    if n <= FEW and kernel.few:
+    if kernel.many == "blocked" and n > 0:
+        out = (many or kernel)(rows, weight, bias)
+    elif n <= FEW and kernel.few:
         rows = rows.contiguous()  # one layout: the BLAS sums a transposed operand in another order (AMD EPYC, AVX2)
         pair = torch.cat((rows, rows)) if n == 1 else rows  # [2, in]
         product = torch.mm(weight, pair.T)  # [out, 2]
@@ -443,6 +451,8 @@ def describe(model: torch.nn.Module) -> str:
     few, many = _DECIDED.get(model, (False, None))
     if not (few or many):
         return "torch"
+    if many == "blocked":
+        return f"{NAMES[many]}, every row count"
     return f"1-{FEW} rows {'W @ x.T' if few else 'torch'}, {FEW + 1}+ rows {NAMES[many]}"
 
 
