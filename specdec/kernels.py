@@ -302,8 +302,9 @@ def pair_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
 def blocked_copy(weight: torch.Tensor, lanes: int) -> torch.Tensor:
     """The copy of ``weight`` the blocked kernel reads: in bfloat16 pairs (``pair_weight``) where every weight is a
     bfloat16 number, which the kernel widens back to exactly those float32 numbers as it reads them (the results are
-    the float32 copy's, from half the bytes: a decode step reads its weights from memory, so 1-6 rows took 0.55-0.63
-    of the time and 7-128 rows 0.75-0.90 on this project's AMD EPYC, docs/benchmarks.md); else ``block_weight``."""
+    the float32 copy's, from half the bytes: a decode step reads its weights from memory, so on this project's AMD
+    EPYC 1-12 rows took 0.57-0.66 of the float32 copy's time, 13-20 rows 0.98-1.00, 64-150 rows 0.87-0.93;
+    docs/benchmarks.md, "Weights read at their stored width"); else ``block_weight``."""
     if sys.byteorder == "little" and bf16_exact(weight):
         return pair_weight(weight, lanes)
     return block_weight(weight, lanes)
