@@ -76,6 +76,11 @@ def _same_weights(one: Path, two: Path) -> None:
     a, b = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
     assert a.keys() == b.keys()
     for name in a:
+        if name.endswith("k_proj.bias"):
+            # a key bias shifts all of a query's scores by one amount, which softmax cancels: its gradient is zero but
+            # for rounding, whose sign depends on the summation order, and Adam makes a full step of that sign (on
+            # the AMD EPYC the cross-attention's key bias drifted past 1e-5 between one process and two)
+            continue
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-5, msg=name)
 
 
