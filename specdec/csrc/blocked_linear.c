@@ -47,6 +47,16 @@ static inline __attribute__((always_inline)) void store(float *y, vec v, const f
     for (int64_t i = 0; i < cols; ++i) y[n0 + i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
 }
 
+/* the floats of a pair's LANES words at ``at``: block 2p's (the upper halves) and block 2p + 1's (the lower) */
+static inline __attribute__((always_inline)) void widen(const uint32_t *at, vec *upper, vec *lower) {
+    words both, high, low;
+    memcpy(&both, at, sizeof(words));
+    high = both & 0xFFFF0000u;
+    low = both << 16;
+    memcpy(upper, &high, sizeof(vec));
+    memcpy(lower, &low, sizeof(vec));
+}
+
 /* rows m0 .. m0 + M of x against NB blocks at ``w`` (float32, or where HALF a pair of bfloat16 ones), which are the
  * weight's blocks b .. b + NB */
 static inline __attribute__((always_inline)) void pass(const float *x, const void *w, const float *bias, float *y,
@@ -60,12 +70,7 @@ static inline __attribute__((always_inline)) void pass(const float *x, const voi
     for (int64_t k = 0; k < K; ++k) {
         vec wk[BLOCKS];
         if (HALF) { /* NB == 2 */
-            words both, upper, lower;
-            memcpy(&both, pair + k * LANES, sizeof(words));
-            upper = both & 0xFFFF0000u;
-            lower = both << 16;
-            memcpy(&wk[0], &upper, sizeof(vec));
-            memcpy(&wk[1], &lower, sizeof(vec));
+            widen(pair + k * LANES, &wk[0], &wk[1]);
             __builtin_prefetch(pair + k * LANES + AHEAD, 0, 2);
         } else {
             for (int i = 0; i < NB; ++i) memcpy(&wk[i], block + (i * K + k) * LANES, sizeof(vec));
@@ -118,12 +123,10 @@ void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float 
         const uint32_t *pair = w + b / 2 * K * LANES;
         if (wide)
             for (int64_t k = 0; k < K; ++k) {
-                words both, upper, lower;
-                memcpy(&both, pair + k * LANES, sizeof(words));
-                upper = both & 0xFFFF0000u;
-                lower = both << 16;
-                memcpy(wide + k * LANES, &upper, sizeof(words));
-                memcpy(wide + (K + k) * LANES, &lower, sizeof(words));
+                vec upper, lower;
+                widen(pair + k * LANES, &upper, &lower);
+                memcpy(wide + k * LANES, &upper, sizeof(vec));
+                memcpy(wide + (K + k) * LANES, &lower, sizeof(vec));
             }
         for (int64_t m = 0; m < M; m += group) {
             int64_t r = M - m < group ? M - m : group;
