@@ -80,6 +80,11 @@ class Schedule(ABC):
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the rows ``rows`` [B']."""
 
+    def settled_plain(self, rows: int) -> bool:
+        """Whether rounds of ``rows`` rows are settled as plain decoding for a while (the drafter may then sit out
+        and drop its rows: ``Decoder``); a schedule that may draft in any round says no."""
+        return False
+
 
 class Constant(Schedule):
     """gamma drafts per row, every round."""
@@ -260,6 +265,9 @@ def crossover_widths(most: int | None, free: int = 0) -> tuple[int | None, ...]:
     return (None, *caps, 0)
 
 
+DROP = 0.75  # Crossover: a width measured below this share of the fastest's speed stops being measured
+
+
 class Crossover(Schedule, Listener):
     """``speculate="auto"``: per batch size, the draft width that commits the most tokens per second.
 
@@ -279,15 +287,20 @@ class Crossover(Schedule, Listener):
     wide round leaves holes in the target's cache (rows that accepted fewer than the longest draft)
     that later rounds pay for until a compaction; alternating every round, the rounds of the other
     widths paid for them (16 rows, in the decoder: uncapped measured 536 tokens/s interleaved against
-    346 run alone, and kept; in blocks of 4, 373-406, and width 2 kept, the fastest alone). After ``recheck_rounds`` rounds in a bucket the choice is
-    dropped and measured again, so one noisy trial (a shared machine, a burst of prompts that lookup
-    copies well) does not decide for good. In plain rounds the drafter only follows the committed
-    tokens; a model drafter catches them up in its next forward, which a drafting round pays (as it
-    would after a plain stretch). ``clock`` is injectable (tests)."""
+    346 run alone, and kept; in blocks of 4, 373-406, and width 2 kept, the fastest alone). Once every width has a
+    block, one below ``drop`` of the fastest's speed is measured no more (its block's figures kept for the choices):
+    a trial round of a width that loses by far costs what the trial is for, uncapped drafts at 4 rows or plain
+    decoding at 1 row about half their rounds' time (on the AMD EPYC the server's 4 clients measured a 5-9% longer
+    median latency with ``auto`` than with ``off`` while every width ran its 12 rounds, and ``auto`` kept plain).
+    After ``recheck_rounds`` rounds in a bucket the choice is measured again against the widths next to it in
+    ``widths`` (one wider, one narrower), so one noisy trial (a shared machine, a burst of prompts that lookup copies
+    well) does not decide for good, at the cost of a few rounds of two near-equal widths rather than of all.
+    In plain rounds the drafter only follows the committed tokens; a model drafter catches them up in its
+    next forward, which a drafting round pays (as it would after a plain stretch). ``clock`` is injectable (tests)."""
 
     def __init__(self, inner: Schedule, trial_rounds: int = 12, recheck_rounds: int = 512,
                  clock: Callable[[], float] = time.perf_counter, widths: tuple[int | None, ...] | None = None,
-                 block: int = 4) -> None:
+                 block: int = 4, drop: float = DROP) -> None:
         self.inner = inner
         self.block = block  # rounds a width runs in a row when measuring (its cache's holes are mostly its own)
         self.widths = widths if widths is not None else crossover_widths(inner.most)  # tried in this order
@@ -295,9 +308,11 @@ class Crossover(Schedule, Listener):
             raise ValueError(f"Crossover's widths must be distinct and include 0 (plain decoding), got {self.widths}")
         self.trial_rounds = trial_rounds  # measured rounds of each width per batch-size bucket
         self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
+        self.drop = drop  # a width below this share of the fastest, once each has a block, leaves the trial
         self.clock = clock
         self.width: dict[int, int | None] = {}  # bucket -> the width kept (0: plain)
         self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
+        self._racing: dict[int, list[int | None]] = {}  # bucket -> the widths its trial still measures
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
         self._turn: dict[int, int | None] = {}  # bucket -> the width measuring now
         self._open: tuple[int, int | None, float] | None = None  # (bucket, width, started) of the measured round
@@ -316,36 +331,52 @@ class Crossover(Schedule, Listener):
             width = self.width[bucket]
             self._kept[bucket] = self._kept.get(bucket, 0) + 1
             if self._kept[bucket] >= self.recheck_rounds:  # measure this bucket again from its next round
-                del self.width[bucket], self._trials[bucket]
-                self._kept[bucket] = 0
-        else:  # still measuring: the widths take turns, the widest first
+                self._recheck(bucket)
+        else:  # still measuring: the widths racing take turns, the widest first
             trials = self._trials.setdefault(bucket, {w: [0, 0, 0.0] for w in self.widths})
+            racing = self._racing.setdefault(bucket, list(self.widths))
             width = self._turn.get(bucket, 0)
-            if bucket not in self._turn or trials[width][0] % self.block == 0 or trials[width][0] >= self.trial_rounds:
-                width = self._turn[bucket] = min(self.widths, key=lambda w: trials[w][0])
+            if (width not in racing or bucket not in self._turn or trials[width][0] % self.block == 0
+                    or trials[width][0] >= self.trial_rounds):
+                width = self._turn[bucket] = min(racing, key=lambda w: trials[w][0])
             self._open, self._tokens, self._left_out = (bucket, width, self.clock()), None, 0.0
         plan = self.inner.plan(rows, device)
         if width is None:
             return plan
         return DraftPlan(plan.limit.clamp(max=width), plan.stop if width else None, width)
 
+    def _recheck(self, bucket: int) -> None:
+        """Measure ``bucket`` again from its next round: the width kept against its neighbours in ``widths`` (one
+        wider, one narrower), each from fresh rounds; the other widths keep their last figures and stay out."""
+        at = self.widths.index(self.width.pop(bucket))
+        racing = list(self.widths[max(0, at - 1):at + 2])
+        for w in racing:
+            self._trials[bucket][w] = [0, 0, 0.0]
+        self._racing[bucket] = racing
+        self._turn.pop(bucket, None)
+        self._kept[bucket] = 0
+
     def _close(self) -> None:
-        """Record the measured round in flight, if it ended (one that raised is dropped)."""
+        """Record the measured round in flight, if it ended (one that raised is dropped); drop the widths that
+        lost by far once each has a block; decide once those left have their rounds."""
         if self._open is None:
             return
         (bucket, width, started), tokens = self._open, self._tokens
         self._open = None
         if tokens is None or bucket not in self._trials:
             return
-        trials = self._trials[bucket]
+        trials, racing = self._trials[bucket], self._racing[bucket]
         record = trials[width]
         record[0] += 1
         record[1] += tokens
         record[2] += max(0.0, self.clock() - started - self._left_out)
-        if all(r[0] >= self.trial_rounds for r in trials.values()):
+        if len(racing) > 1 and all(trials[w][0] >= self.block for w in racing):
             speed = _speeds(trials)
-            best = max(self.widths, key=lambda w: (speed[w], w == 0))  # a tie goes to plain decoding
-            self.width[bucket] = best
+            fastest = max(speed[w] for w in racing)
+            racing[:] = [w for w in racing if speed[w] >= self.drop * fastest]
+        if all(trials[w][0] >= self.trial_rounds for w in racing):
+            speed = _speeds(trials)
+            self.width[bucket] = max(racing, key=lambda w: (speed[w], w == 0))  # a tie goes to plain decoding
 
     def phase_started(self, phase: str) -> None:
         if self._open is not None and phase in (PREFILL, DRAFT_PREFILL):
@@ -370,6 +401,10 @@ class Crossover(Schedule, Listener):
         self.inner.select(rows)
         if len(rows) == 0:  # the batch emptied: what follows may be an idle wait, not this round's cost
             self._close()
+
+    def settled_plain(self, rows: int) -> bool:
+        """Plain decoding was measured fastest at this batch size and is kept until its recheck."""
+        return self.width.get(batch_bucket(rows), None) == 0
 
     @property
     def choice(self) -> dict[int, bool]:

@@ -292,3 +292,57 @@ def test_a_rollback_re_packs_rows_whose_dead_slots_widen_attention():
         assert rounds >= 2 and used - longest >= max(COMPACT_MIN_SLOTS, REPACK_WASTE * longest)
         assert static.used == longest == int(static.live.max())  # packed: the pointer right after the longest row
         forward([[80], [81]])  # the packed rows decode as the eager cache's
+
+
+class _PlainFromThree(specdec.schedules.Constant):
+    """Drafts gamma while the batch has 1-2 rows; from 3 rows decodes plain, settled (as ``speculate="auto"`` after
+    measuring plain decoding faster at that batch size)."""
+
+    def plan(self, rows, device):
+        plan = super().plan(rows, device)
+        return specdec.schedules.DraftPlan(plan.limit.clamp(max=0), None, 0) if rows >= 3 else plan
+
+    def settled_plain(self, rows: int) -> bool:
+        return rows >= 3
+
+
+@pytest.mark.parametrize("pair", ["llama", "gpt2+llama"])
+def test_the_drafter_sits_out_a_batch_size_settled_as_plain_and_reads_the_rows_back(pair):
+    """While the schedule has settled the batch's size as plain (``Schedule.settled_plain``), the drafter drops its
+    rows and rows joining are not prefilled into it; when the batch shrinks to a size that drafts, the drafter
+    reads every row's committed sequence (prompt and new tokens) in one prefill, and drafts from there. Every row
+    stays the target's own greedy decoding, through rows joining and leaving on both sides of the switch."""
+    target, drafter = PAIRS[pair]()
+    if drafter is None:
+        from conftest import truncated_copy
+
+        drafter = truncated_copy(target, 1)
+    prompts = ragged_prompts(11)
+    budgets = [20, 6, 14, 9, 30, 4, 25]  # rows finish at different rounds: the batch goes 4 -> 3 -> 2 -> 1
+    expected = [hf_greedy(target, p, n, []) for p, n in zip(prompts, budgets)]
+    chosen = specdec.drafters.model_drafter(drafter)
+    prefills: list[list[list[int]]] = []  # the rows of each of the drafter's prefills
+    resets = []
+    prefill, reset = chosen.prefill, chosen.reset
+    chosen.prefill = lambda batch: prefills.append(batch.rows()) or prefill(batch)
+    chosen.reset = lambda: resets.append(True) or reset()
+    requests = [specdec.decode.Request(p, n, specdec.config.SamplingConfig(temperature=0.0), index=i)
+                for i, (p, n) in enumerate(zip(prompts, budgets))]
+    decoder = specdec.decode.Decoder(specdec.target.make_target(target), chosen, _PlainFromThree(3), batch_size=4)
+    for request in requests:
+        decoder.submit(request)
+    finished = []
+    while decoder.busy:
+        finished += decoder.step()
+    by_index = {row.request.index: row.tokens for row in finished}
+    for i, (prompt, reference) in enumerate(zip(prompts, expected)):
+        near_ties(target, prompt, by_index[i], reference)
+    assert len(resets) == 1  # it sat out once the batch reached 3 rows (the 7 prompts kept it at 3-4 until the tail)
+    first, *later = prefills
+    assert first == prompts[:4]  # the first rows joined before any round settled plain
+    [read_back] = later  # the others joined a plain batch: not prefilled; at 2 rows, the batch read back
+    assert len(read_back) == 2
+    for row in read_back:  # each a prompt and some of its new tokens: its committed sequence
+        assert any(row[:len(p)] == p and len(row) > len(p) and row[len(p):] == e[:len(row) - len(p)]
+                   for p, e in zip(prompts, expected)), row
+    assert decoder.stats.drafted > 0

@@ -29,6 +29,7 @@ from specdec.schedules import (
     DraftPlan,
     Heuristic,
     _AdaStop,
+    _speeds,
     batch_bucket,
     crossover_widths,
     make_schedule,
@@ -228,7 +229,7 @@ def drive(auto: Crossover, clock: FakeClock, rows: int, n: int, draft: tuple[flo
 
 def test_crossover_measures_both_modes_then_keeps_one():
     clock = FakeClock()
-    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, clock=clock, block=1)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, clock=clock, block=1, drop=0.0)
     modes = drive(auto, clock, 3, 5, draft=(0.01, 9), plain=(0.01, 3))
     assert modes == [True, False, True, False, True] and auto.choice == {4: True}
     assert auto.plan(4, "cpu").limit.tolist() == [4] * 4  # the bucket of 3 and 4 rows: decided
@@ -308,7 +309,7 @@ def test_crossover_measures_each_width_in_blocks_of_rounds():
     """A width runs ``block`` rounds in a row while measuring (the holes its rounds leave in the cache are then
     paid mostly by its own rounds), the widths taking turns, the widest first, until each has its rounds."""
     clock = FakeClock()
-    auto = Crossover(Constant(4), widths=(None, 2, 0), trial_rounds=4, clock=clock, block=2)
+    auto = Crossover(Constant(4), widths=(None, 2, 0), trial_rounds=4, clock=clock, block=2, drop=0.0)
     widths = []
     for _ in range(12):
         plan = auto.plan(4, "cpu")
@@ -362,7 +363,7 @@ def test_crossover_drops_a_round_that_raised():
 
 def test_crossover_measures_again_and_follows_a_change():
     clock = FakeClock()
-    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, recheck_rounds=5, clock=clock, block=1)
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, recheck_rounds=5, clock=clock, block=1, drop=0.0)
 
     def rounds(n: int, drafting_wins: bool) -> list[bool]:
         return drive(auto, clock, 1, n, draft=(0.01, 4 if drafting_wins else 1), plain=(0.01, 2))
@@ -371,6 +372,52 @@ def test_crossover_measures_again_and_follows_a_change():
     assert rounds(3, drafting_wins=False) == [True] * 3  # kept while its recheck is not due
     assert rounds(6, drafting_wins=False) == [True, True, False, True, False, False]  # due: measured again
     assert auto.choice == {1: False}
+
+
+def _race(auto: Crossover, clock: FakeClock, rows: int, n: int, speed: dict) -> list[int | None]:
+    """``n`` rounds of ``rows`` rows, each width's round committing ``speed[width]`` tokens in 0.01 s: the widths run."""
+    widths = []
+    for _ in range(n):
+        width = auto.plan(rows, "cpu").width
+        widths.append(width)
+        clock.now += 0.01
+        auto.round_ended(RoundSummary(rows, 0, speed[width], 0.01))
+    return widths
+
+
+def test_crossover_stops_measuring_a_width_that_lost_by_far():
+    """Once every width has a block of rounds, one below ``drop`` of the fastest's speed runs no more trial rounds
+    (uncapped drafts at 4 rows, or plain decoding at 1, cost most while measured); the others go on to their
+    ``trial_rounds``, and the figures of the one dropped stay in the choices."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), widths=(None, 2, 1, 0), trial_rounds=6, clock=clock, block=2, drop=0.75)
+    speed = {None: 5, 2: 15, 1: 14, 0: 16}  # tokens a round of 10 ms: uncapped a third of plain's speed
+    widths = _race(auto, clock, 4, 21, speed)  # the 21st round: decided at its plan
+    assert widths[:8] == [None, None, 2, 2, 1, 1, 0, 0]  # a block each, the widest first
+    assert None not in widths[8:] and auto.width == {4: 0}  # then uncapped no more; plain is kept
+    assert [widths[8:20].count(w) for w in (2, 1, 0)] == [4, 4, 4] and widths[20] == 0
+    [choice] = auto.choices()
+    assert choice.speculate == "off" and (choice.plain_tokens_per_s, choice.draft_tokens_per_s) == pytest.approx((1600, 1500))
+    assert _speeds(auto._trials[4])[None] == pytest.approx(500)  # its block's figure kept
+    with pytest.raises(ValueError, match="include 0"):
+        Crossover(Constant(4), widths=(None, 2), drop=0.5)
+
+
+def test_crossover_rechecks_the_kept_width_against_its_neighbours():
+    """A recheck measures the width kept and the widths next to it (one wider, one narrower), not all of them again;
+    a neighbour that has become faster is kept, and the next recheck is around it."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), widths=(None, 4, 2, 1, 0), trial_rounds=2, recheck_rounds=3, clock=clock, block=1,
+                     drop=0.0)
+    speed = {None: 10, 4: 12, 2: 16, 1: 14, 0: 11}
+    assert _race(auto, clock, 4, 11, speed) == [None, 4, 2, 1, 0] * 2 + [2] and auto.width == {4: 2}
+    assert _race(auto, clock, 4, 2, speed) == [2, 2]  # kept until the recheck is due (3 rounds)
+    speed[1] = 20  # narrower drafts now pay more (a busier machine, say)
+    assert _race(auto, clock, 4, 6 + 1, speed) == [4, 2, 1] * 2 + [1] and auto.width == {4: 1}
+    assert _race(auto, clock, 4, 2, speed) == [1, 1]
+    assert _race(auto, clock, 4, 6 + 1, speed) == [2, 1, 0] * 2 + [1]  # the next recheck: around 1
+    assert auto.width == {4: 1}
+    assert {w: r[0] for w, r in auto._trials[4].items()} == {None: 2, 4: 2, 2: 2, 1: 2, 0: 2}
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

@@ -130,6 +130,30 @@ def test_greedy_equals_generate_single_and_batched(arch, gamma):
     assert [r.tokens for r in plain] == references
 
 
+@pytest.mark.parametrize("arch", ["bart", "t5"])
+def test_the_drafter_sitting_out_plain_stretches_reads_sources_back(arch):
+    """A drafter that sat out while 3-4 rows decoded plain (``Schedule.settled_plain``) reads the rows back with
+    their sources when the batch falls to 2 rows and drafts again (its own encoder runs on them): every row equal
+    to ``generate``, for a model drafter and lookup then the model."""
+    from test_core_batch import _PlainFromThree
+
+    target, agree, _ = pair(arch)
+    budgets = [18, 5, 12, 8, 16]  # rows finish apart: 4 rows, then 3, 2, 1
+    references = [generate(target, s, n, []) for s, n in zip(SOURCES, budgets)]
+    handle = make_target(target)
+    for drafter in (agree, specdec.LookupDrafter(agree)):
+        chosen = specdec.drafters.make_drafter(drafter, handle)
+        decoder = specdec.decode.Decoder(handle, chosen, _PlainFromThree(3), batch_size=4)
+        for i, (source, n) in enumerate(zip(SOURCES, budgets)):
+            decoder.submit(specdec.decode.Request([handle.decoder_start], n, specdec.config.SamplingConfig(0.0),
+                                                  source=source, index=i))
+        finished = []
+        while decoder.busy:
+            finished += decoder.step()
+        assert [row.tokens for row in sorted(finished, key=lambda r: r.request.index)] == references
+        assert decoder.stats.accepted > 0  # the tail drafted, after the plain stretch
+
+
 @pytest.mark.parametrize("arch", ["marian", "t5"])
 def test_stop_tokens_and_sampling(arch):
     target, agree, _ = pair(arch)
