@@ -29,6 +29,7 @@ import torch
 from conftest import build_tiny
 from tiny_models import save_tiny_pair
 
+from specdec import kernels
 from specdec.bench import BenchConfig, build_report, run_benchmark
 from specdec.bench.cli import main
 from specdec.bench.floor import PassMeter, floor_rows, linear_layers, pass_over, weight_pass
@@ -77,6 +78,24 @@ def _counted_pass(model: torch.nn.Module, passes: int) -> tuple[int, int]:
         for h in handles:
             h.remove()
     return len(calls), len(layers)
+
+
+@pytest.mark.skipif(kernels.blocked() is None, reason="the blocked kernel needs a C compiler (Linux)")
+def test_the_weight_pass_counts_the_copies_the_kernels_read(monkeypatch) -> None:
+    """A model whose layers take the blocked kernel reads its copies, in bfloat16 pairs where every weight is a
+    bfloat16 number: the pass counts those bytes (about half the float32 weights'), not the weights'."""
+    monkeypatch.setenv(kernels.ENV, "on")
+    model = build_tiny("llama", seed=0, layers=2)
+    float32_bytes = weight_pass(model, passes=1).bytes
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).float())
+    assert kernels.install(model) and kernels.describe(model) == "specdec blocked, every row count"
+    reading = weight_pass(model, passes=1)
+    copies = [m._specdec_packed.weight for m, _ in linear_layers(model)]
+    assert all(c is not None and c.dtype == torch.bfloat16 for c in copies)
+    assert reading.bytes == sum(c.numel() * c.element_size() for c in copies)
+    assert float32_bytes / 2 <= reading.bytes < 0.6 * float32_bytes  # pairs of blocks, an odd one padded
 
 
 @pytest.mark.parametrize("arch, per_layer", [("llama", 7), ("gpt2", 4)])

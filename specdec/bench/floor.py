@@ -4,8 +4,9 @@ A single-token decoding step reads every weight of the model's linear layers onc
 product each); at batch 1 that read is what the step cannot go below with these kernels. A model's
 floor here is the median time of that pass alone: each linear layer once (a tied head included; the
 input embedding, a one-row gather, left out) applied to a one-token input as the model runs it
-(``module(x)``: ``F.linear`` or specdec's own float32 kernels where ``specdec.kernels`` installed them,
-transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to back, with nothing else: no
+(``module(x)``: ``F.linear`` or specdec's own float32 kernels where ``specdec.kernels`` installed them, on the
+copies they read, bfloat16 pairs for the blocked kernel where the weights are bfloat16 numbers (the shipped
+models), transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to back, with nothing else: no
 attention, norms, cache or Python around them. A step's time over its floor is what the engine adds;
 an engine below it has faster kernels than ours here. The bench samples the pass after each prompt
 (``PassMeter``) and takes the median, so on a busy machine the floor and the methods are timed over the
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.bench.measure import Clock
-from specdec.kernels import active
+from specdec.kernels import active, bytes_read
 
 PASSES = 20  # timed passes per model (after two untimed)
 
@@ -87,7 +88,11 @@ def pass_over(model: torch.nn.Module) -> tuple[Callable[[], None], int, int]:
         for module, width in layers:
             module(inputs[width])
 
-    read = sum(w.numel() * w.element_size() for w in (_weight(m) for m, _ in layers) if w is not None)
+    read = 0
+    for module, _ in layers:  # the bytes the layer's kernel reads: a copy of its own where it has one (specdec.kernels)
+        found = bytes_read(module)
+        weight = _weight(module)
+        read += found if found is not None else weight.numel() * weight.element_size() if weight is not None else 0
     return one_pass, read, len(layers)
 
 
