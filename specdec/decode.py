@@ -243,6 +243,8 @@ class Decoder:
             with self.events.phase(PREFILL):
                 calls = self.target.prefill(prompts)
             draft_calls = 0
+            if not self._drafter_out and self.schedule.settled_plain(len(self.rows) + len(joining)):
+                self._sit_out()  # the batch they make decodes plain: no prefill the drafter would drop at once
             if not self._drafter_out:  # else the drafter reads the rows when it drafts again (``_seat_drafter``)
                 with self.events.phase(DRAFT_PREFILL):
                     draft_calls = self.drafter.prefill(prompts)
@@ -356,7 +358,7 @@ class Decoder:
     def _seat_drafter(self, plan: DraftPlan) -> None:
         """The drafter sits out while the schedule has settled the batch's size as plain decoding
         (``Schedule.settled_plain``: ``speculate="auto"`` measured plain faster there): it drops its rows, and rows
-        joining meanwhile are not prefilled into it, nor does it follow the committed tokens; before the next round
+        joining meanwhile (or joining to make such a batch) are not prefilled into it, nor does it follow the committed tokens; before the next round
         that drafts it reads every row's committed sequence as a prompt (one prefill, a ``DRAFT_PREFILL`` phase).
         Measured on the AMD EPYC (code pair, 4 rows, 12 prompts of 82-206 tokens and 64 new: the drafter's prefill of
         each joining row took 4% of the run and its following of the plain rounds 1%; ``auto`` settled plain there
@@ -371,8 +373,11 @@ class Decoder:
                 self.stats.drafter_calls += self.drafter.prefill(prompts)
             self._drafter_out = False
         elif not drafting and not self._drafter_out and self.schedule.settled_plain(len(self.rows)):
-            self.drafter.reset()
-            self._drafter_out = True
+            self._sit_out()
+
+    def _sit_out(self) -> None:
+        self.drafter.reset()
+        self._drafter_out = True
 
     def _on_device(self, limits: list[int]) -> torch.Tensor:
         """``limits`` as a device tensor: last round's when they are the same (plain decoding, a constant schedule
