@@ -29,7 +29,7 @@ import torch
 from conftest import build_tiny
 from tiny_models import save_tiny_pair
 
-from specdec import kernels
+from specdec import compiled, kernels
 from specdec.bench import BenchConfig, build_report, run_benchmark
 from specdec.bench.cli import main
 from specdec.bench.floor import PassMeter, floor_rows, linear_layers, pass_over, weight_pass
@@ -96,6 +96,8 @@ def test_the_weight_pass_counts_the_copies_the_kernels_read(monkeypatch) -> None
     assert all(c is not None and c.dtype == torch.bfloat16 for c in copies)
     assert reading.bytes == sum(c.numel() * c.element_size() for c in copies)
     assert float32_bytes / 2 <= reading.bytes < 0.6 * float32_bytes  # pairs of blocks, an odd one padded
+    if compiled.trace_kernels(model) and kernels.blocked_op():  # compiled: the operator's copies, eager rows too
+        assert weight_pass(model, passes=1).bytes == sum(m._specdec_blocked.nbytes for m, _ in linear_layers(model))
 
 
 @pytest.mark.parametrize("arch, per_layer", [("llama", 7), ("gpt2", 4)])

@@ -88,12 +88,18 @@ def pass_over(model: torch.nn.Module) -> tuple[Callable[[], None], int, int]:
         for module, width in layers:
             module(inputs[width])
 
-    read = 0
-    for module, _ in layers:  # the bytes the layer's kernel reads: a copy of its own where it has one (specdec.kernels)
-        found = bytes_read(module)
-        weight = _weight(module)
-        read += found if found is not None else weight.numel() * weight.element_size() if weight is not None else 0
+    read = sum(_bytes_read(module) for module, _ in layers)
     return one_pass, read, len(layers)
+
+
+def _bytes_read(module: torch.nn.Module) -> int:
+    """The bytes a layer's one-row product reads: a compiled model's blocked copy (``specdec.compiled.trace_kernels``:
+    its operator serves eager rows too), the copy ``specdec.kernels`` installed, else the weight."""
+    copy = module._buffers.get("_specdec_blocked")
+    if copy is None and (found := bytes_read(module)) is not None:
+        return found
+    copy = copy if copy is not None else _weight(module)
+    return copy.numel() * copy.element_size() if copy is not None else 0
 
 
 @torch.inference_mode()
@@ -126,8 +132,8 @@ class PassMeter:
         """The median of the samples (one sample taken now if there is none)."""
         if not self.readings:
             self.sample()
-        first = self.readings[0]
-        return WeightPass(statistics.median(r.seconds for r in self.readings), first.bytes, first.layers)
+        last = self.readings[-1]  # the copies the kernels read by the end of the run
+        return WeightPass(statistics.median(r.seconds for r in self.readings), last.bytes, last.layers)
 
 
 @dataclass(frozen=True)
