@@ -216,9 +216,7 @@ class Decoder:
         models' self-checks, which raise what refuses even one row); said once, by name."""
         if not self._apart_known and (prompts is not None or len(self.rows) + len(self.waiting) > 1):
             if prompts is None:
-                request = (self.rows or list(self.waiting))[0].request
-                prompts = PromptBatch.from_lists([request.ids], self.device,
-                                                 None if request.source is None else [request.source])
+                prompts = self._prompts((self.rows or list(self.waiting))[:1])
             self.apart = self.target.rows_apart(prompts) or self.drafter.rows_apart(prompts)
             if self.apart is not None:
                 warnings.warn(f"{self.apart}. Each prompt decodes alone, in turn (a batch of {self.batch_size} "
@@ -237,9 +235,7 @@ class Decoder:
             (finished if row.done or row.room(self.target.context_limit) == 0 else joining).append(row)
         if joining:
             self.clock.new_round()
-            prompts = PromptBatch.from_lists([r.request.ids for r in joining], self.device,
-                                             None if joining[0].request.source is None else
-                                             [r.request.source for r in joining])
+            prompts = self._prompts(joining)
             with self.events.phase(PREFILL):
                 calls = self.target.prefill(prompts)
             draft_calls = 0
@@ -259,6 +255,13 @@ class Decoder:
             self._resample()
         return finished
 
+    def _prompts(self, rows: list[Row], committed: bool = False) -> PromptBatch:
+        """``rows``' prompts as a batch (``committed``: each with its new tokens so far), with their sources
+        (encoder-decoder targets)."""
+        ids = [r.request.ids + r.tokens if committed else r.request.ids for r in rows]
+        sources = None if rows[0].request.source is None else [r.request.source for r in rows]
+        return PromptBatch.from_lists(ids, self.device, sources)
+
     def _resample(self) -> None:
         self.sampler = Sampler.per_row([r.request.sampling for r in self.rows], [r.generator for r in self.rows])
         self.processing = any(r.request.processors for r in self.rows)
@@ -270,7 +273,8 @@ class Decoder:
         if finished:
             order = kept_order([r.done for r in self.rows])
             keep = torch.tensor(order, dtype=torch.long, device=self.device)
-            for part in (self.target, self.schedule, *(() if self._drafter_out else (self.drafter,))):
+            parts = (self.target, self.schedule) if self._drafter_out else (self.target, self.drafter, self.schedule)
+            for part in parts:
                 part.select(keep)
             self.last = self.last[keep]
             self.rows = [self.rows[i] for i in order]
@@ -357,9 +361,10 @@ class Decoder:
 
     def _seat_drafter(self, plan: DraftPlan) -> None:
         """The drafter sits out while the schedule has settled the batch's size as plain decoding
-        (``Schedule.settled_plain``: ``speculate="auto"`` measured plain faster there): it drops its rows, and rows
-        joining meanwhile (or joining to make such a batch) are not prefilled into it, nor does it follow the committed tokens; before the next round
-        that drafts it reads every row's committed sequence as a prompt (one prefill, a ``DRAFT_PREFILL`` phase).
+        (``Schedule.settled_plain``: ``speculate="auto"`` measured plain faster there): it drops its rows, rows
+        joining meanwhile (or joining to make such a batch) are not prefilled into it, and it does not follow the
+        committed tokens; before the next round that drafts it reads every row's committed sequence as a prompt (one
+        prefill, a ``DRAFT_PREFILL`` phase).
         Measured on the AMD EPYC (code pair, 4 rows, 12 prompts of 82-206 tokens and 64 new: the drafter's prefill of
         each joining row took 4% of the run and its following of the plain rounds 1%; ``auto`` settled plain there
         decoded 0.95x ``off``'s tokens/s, 0.97x with the drafter sitting out; the server at 4 clients, 7 runs each,
@@ -367,10 +372,7 @@ class Decoder:
         drafting = plan.width != 0
         if drafting and self._drafter_out:
             with self.events.phase(DRAFT_PREFILL):
-                source = self.rows[0].request.source is not None
-                prompts = PromptBatch.from_lists([r.request.ids + r.tokens for r in self.rows], self.device,
-                                                 [r.request.source for r in self.rows] if source else None)
-                self.stats.drafter_calls += self.drafter.prefill(prompts)
+                self.stats.drafter_calls += self.drafter.prefill(self._prompts(self.rows, committed=True))
             self._drafter_out = False
         elif not drafting and not self._drafter_out and self.schedule.settled_plain(len(self.rows)):
             self._sit_out()

@@ -444,16 +444,14 @@ def installed(model: torch.nn.Module) -> bool:
     return any(_DECIDED.get(model, (False, None)))
 
 
-def bytes_read(module: torch.nn.Module, rows: int = 1) -> int | None:
-    """The bytes of weights an installed layer's kernel reads for a product of ``rows`` rows inside ``active()``: its
-    copy for the blocked kernel (half the float32 weight's where it is in bfloat16 pairs, ``blocked_copy``) or oneDNN's
-    packed copy where it takes that kernel for those rows, else the weight's; None for a layer not installed."""
+def bytes_read(module: torch.nn.Module) -> int | None:
+    """The bytes of weights an installed layer's kernel reads for a one-row product inside ``active()``: its copy for
+    the blocked kernel (half the float32 weight's where it is in bfloat16 pairs, ``blocked_copy``), else the weight's
+    (``W @ x.T`` or ``F.linear``); None for a layer not installed."""
     packed = vars(module).get("_specdec_packed")
     if not _ours(module) or not isinstance(packed, _Packed):
         return None
-    weight = module.weight
-    if packed.many == "blocked" or (rows > FEW and packed.many):
-        weight = packed.get(weight)
+    weight = packed.get(module.weight) if packed.many == "blocked" else module.weight
     return weight.numel() * weight.element_size()
 
 

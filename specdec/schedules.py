@@ -370,12 +370,11 @@ class Crossover(Schedule, Listener):
         record[0] += 1
         record[1] += tokens
         record[2] += max(0.0, self.clock() - started - self._left_out)
+        speed = _speeds(trials)
         if len(racing) > 1 and all(trials[w][0] >= self.block for w in racing):
-            speed = _speeds(trials)
             fastest = max(speed[w] for w in racing)
             racing[:] = [w for w in racing if speed[w] >= self.drop * fastest]
         if all(trials[w][0] >= self.trial_rounds for w in racing):
-            speed = _speeds(trials)
             self.width[bucket] = max(racing, key=lambda w: (speed[w], w == 0))  # a tie goes to plain decoding
 
     def phase_started(self, phase: str) -> None:
@@ -404,7 +403,7 @@ class Crossover(Schedule, Listener):
 
     def settled_plain(self, rows: int) -> bool:
         """Plain decoding was measured fastest at this batch size and is kept until its recheck."""
-        return self.width.get(batch_bucket(rows), None) == 0
+        return self.width.get(batch_bucket(rows)) == 0
 
     @property
     def choice(self) -> dict[int, bool]:

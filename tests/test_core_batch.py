@@ -309,9 +309,10 @@ class _PlainFromThree(specdec.schedules.Constant):
 @pytest.mark.parametrize("pair", ["llama", "gpt2+llama"])
 def test_the_drafter_sits_out_a_batch_size_settled_as_plain_and_reads_the_rows_back(pair):
     """While the schedule has settled the batch's size as plain (``Schedule.settled_plain``), the drafter drops its
-    rows and rows joining (or making such a batch) are not prefilled into it; when the batch shrinks to a size that drafts, the drafter
-    reads every row's committed sequence (prompt and new tokens) in one prefill, and drafts from there. Every row
-    stays the target's own greedy decoding, through rows joining and leaving on both sides of the switch."""
+    rows and rows joining (or making such a batch) are not prefilled into it; when the batch shrinks to a size that
+    drafts, the drafter reads every row's committed sequence (prompt and new tokens) in one prefill, and drafts from
+    there. Every row stays the target's own greedy decoding, through rows joining and leaving on both sides of the
+    switch."""
     target, drafter = PAIRS[pair]()
     if drafter is None:
         from conftest import truncated_copy

@@ -96,10 +96,12 @@ def _bytes_read(module: torch.nn.Module) -> int:
     """The bytes a layer's one-row product reads: a compiled model's blocked copy (``specdec.compiled.trace_kernels``:
     its operator serves eager rows too), the copy ``specdec.kernels`` installed, else the weight."""
     copy = module._buffers.get("_specdec_blocked")
-    if copy is None and (found := bytes_read(module)) is not None:
-        return found
-    copy = copy if copy is not None else _weight(module)
-    return copy.numel() * copy.element_size() if copy is not None else 0
+    if copy is None:
+        found = bytes_read(module)
+        if found is not None:
+            return found
+        copy = _weight(module)  # linear_layers found one
+    return copy.numel() * copy.element_size()
 
 
 @torch.inference_mode()
