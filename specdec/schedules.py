@@ -266,6 +266,13 @@ def crossover_widths(most: int | None, free: int = 0) -> tuple[int | None, ...]:
 
 
 DROP = 0.75  # Crossover: a width measured below this share of the fastest's speed stops being measured
+# Crossover: a drafting width is kept over plain decoding only where it measured at least this many times plain's
+# speed. A trial round counts the round and the rows leaving after it; drafting also costs what it leaves out: each
+# joining row's prefill into the drafter (a batch settled plain skips it), the drafter's read-back after a plain
+# stretch, and, for requests arriving together, the rounds of a shrinking batch as rows finish apart. On the AMD
+# EPYC the server's 16 simultaneous requests kept drafting (width 4) for 9-16 rows on 387 against 366 tokens/s
+# (1.06x) in its trials, and the whole runs made 0.80x the tokens/s of plain decoding (docs/benchmarks.md).
+PLAIN_MARGIN = 1.10
 
 
 class Crossover(Schedule, Listener):
@@ -274,7 +281,8 @@ class Crossover(Schedule, Listener):
     Verifying B rows costs the longest draft of any row (the forward is [B, width + 1]): the wider the
     batch, the fewer drafted tokens pay, down to none (plain decoding, width 0). So per batch-size bucket
     it measures each width of ``widths`` (None: the inner schedule's own drafts, lookup copies included;
-    k: no row's draft longer than k, ``DraftPlan.width``; 0: plain decoding) and keeps the fastest.
+    k: no row's draft longer than k, ``DraftPlan.width``; 0: plain decoding) and keeps the fastest, plain decoding
+    unless a drafting width beat it by ``margin`` (``PLAIN_MARGIN``: what the trial rounds leave out costs drafting).
 
     What it compares is the batch's committed tokens per second of wall time, as a server sees it. A
     measured round runs from its plan to the plan of the next round: the round itself, then the rows
@@ -300,7 +308,7 @@ class Crossover(Schedule, Listener):
 
     def __init__(self, inner: Schedule, trial_rounds: int = 12, recheck_rounds: int = 512,
                  clock: Callable[[], float] = time.perf_counter, widths: tuple[int | None, ...] | None = None,
-                 block: int = 4, drop: float = DROP) -> None:
+                 block: int = 4, drop: float = DROP, margin: float = PLAIN_MARGIN) -> None:
         self.inner = inner
         self.block = block  # rounds a width runs in a row when measuring (its cache's holes are mostly its own)
         self.widths = widths if widths is not None else crossover_widths(inner.most)  # tried in this order
@@ -309,6 +317,7 @@ class Crossover(Schedule, Listener):
         self.trial_rounds = trial_rounds  # measured rounds of each width per batch-size bucket
         self.recheck_rounds = recheck_rounds  # rounds a choice is kept before it is measured again
         self.drop = drop  # a width below this share of the fastest, once each has a block, leaves the trial
+        self.margin = margin  # drafting is kept over plain only at this many times plain's speed or more
         self.clock = clock
         self.width: dict[int, int | None] = {}  # bucket -> the width kept (0: plain)
         self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
@@ -375,7 +384,14 @@ class Crossover(Schedule, Listener):
             fastest = max(speed[w] for w in racing)
             racing[:] = [w for w in racing if speed[w] >= self.drop * fastest]
         if all(trials[w][0] >= self.trial_rounds for w in racing):
-            self.width[bucket] = max(racing, key=lambda w: (speed[w], w == 0))  # a tie goes to plain decoding
+            self.width[bucket] = self._pick(racing, speed)
+
+    def _pick(self, racing: list[int | None], speed: dict[int | None, float]) -> int | None:
+        """The fastest width of ``racing``, plain decoding (where it races) unless a drafting width measured at
+        least ``margin`` times its speed; a tie between drafting widths goes to the first measured."""
+        drafting = [w for w in racing if w != 0]
+        best = max(drafting, key=lambda w: speed[w], default=0)
+        return best if 0 not in racing or (best != 0 and speed[best] >= self.margin * speed[0]) else 0
 
     def phase_started(self, phase: str) -> None:
         if self._open is not None and phase in (PREFILL, DRAFT_PREFILL):

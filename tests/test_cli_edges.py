@@ -28,6 +28,7 @@ from specdec.config import BLOCK, LOOKUP, SHIPPED_DRAFTERS, SHIPPED_TARGETS
 from specdec.console import auto_text
 from specdec.drafters import DRAFTERS
 from specdec.loading import SHIPPED_MODELS, models_dir
+from specdec.schedules import PLAIN_MARGIN
 from specdec.stats import AutoChoice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,7 +106,8 @@ def test_auto_reports_its_choice_per_batch_size(pair: TinyPair) -> None:
                                           stop_token_ids=[])
     [choice] = result.batch.auto
     assert choice.rows == (1, 1) and choice.draft_tokens_per_s > 0 and choice.plain_tokens_per_s > 0
-    assert choice.speculate == ("on" if choice.draft_tokens_per_s >= choice.plain_tokens_per_s else "off")
+    drafting_paid = choice.draft_tokens_per_s >= PLAIN_MARGIN * choice.plain_tokens_per_s  # the margin plain gets
+    assert choice.speculate == ("on" if drafting_paid else "off")
     short = specdec.speculative_generate(target, drafter, ids, max_new_tokens=3, speculate="auto")
     assert short.batch.auto[0].speculate == "measuring"  # too few rounds to decide
     on = specdec.speculative_generate(target, drafter, ids, max_new_tokens=20)
