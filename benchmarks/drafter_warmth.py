@@ -23,8 +23,8 @@ import time
 import torch
 
 from specdec.bench.floor import pass_over
-from specdec.cache import RaggedCache
-from specdec.compiled import decoding_cache, prepare
+from specdec.bench.measure import compiled_start
+from specdec.compiled import prepare
 from specdec.kernels import active
 from specdec.loading import load_model
 
@@ -45,11 +45,7 @@ def main() -> None:
     buffer, square = torch.ones(64 << 18), torch.randn(256, 256)
 
     def fresh(model: torch.nn.Module) -> list:  # a compiled cache holding the context, and the next token
-        prefill = RaggedCache(model, 1, context.device)
-        out = prefill.forward(context)
-        static = decoding_cache(model, context.device)
-        static.merge(prefill)
-        return [static, out.logits[:, -1:].argmax(-1)]
+        return list(compiled_start(model, context))
 
     def step(state: list) -> None:
         state[1] = state[0].forward(state[1]).logits[:, -1:].argmax(-1)

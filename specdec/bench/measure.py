@@ -215,25 +215,32 @@ def _compiled_step(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> 
     return cache, cache.forward(ids).logits
 
 
-def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int,
-                passes: Sequence[Callable[[], None]]) -> list[float]:
+def compiled_start(model: torch.nn.Module, context: torch.Tensor) -> tuple[object, torch.Tensor]:
+    """A compiled model's static cache holding ``context`` ([B, T]), prefilled eagerly and merged into it as a run
+    does, and the greedy next token of each row [B, 1]."""
     from specdec.cache import RaggedCache
     from specdec.compiled import decoding_cache
 
+    prefill = RaggedCache(model, context.shape[0], context.device)
+    out = prefill.forward(context)
+    static = decoding_cache(model, context.device)
+    static.merge(prefill)
+    return static, out.logits[:, -1:].argmax(-1)
+
+
+def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int, clock: Clock, run: int,
+                passes: Sequence[Callable[[], None]]) -> list[float]:
     caches, tokens, steppers = [], [], []
     for model in models:
-        if step_path(model) == "compiled":  # prefilled eagerly, merged into its static cache, as a run does
-            prefill = RaggedCache(model, context.shape[0], context.device)
-            out = prefill.forward(context)
-            static = decoding_cache(model, context.device)
-            static.merge(prefill)
-            caches.append(static)
+        if step_path(model) == "compiled":
+            cache, token = compiled_start(model, context)
             steppers.append(_compiled_step)
         else:
             out = model(input_ids=context, use_cache=True)
-            caches.append(out.past_key_values)
+            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)  # [1, 1]
             steppers.append(_eager_step)
-        tokens.append(out.logits[:, -1:].argmax(-1))  # [1, 1]
+        caches.append(cache)
+        tokens.append(token)
     timed = [*range(len(models)), *passes]  # a model's index (a step) or a pass
     times: list[list[float]] = [[] for _ in timed]
 
