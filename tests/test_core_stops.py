@@ -112,3 +112,40 @@ def test_stop_strings_need_a_tokenizer(llama_target):
         specdec.speculative_generate(llama_target, "ngram", [1, 2], max_new_tokens=3, stop_strings=["x"])
     with pytest.raises(ValueError, match="tokenizer"):
         specdec.autoregressive_generate(llama_target, [1, 2], max_new_tokens=3, stop_strings="x")
+
+
+RAGGED = [[3, 4], list(range(3, 20)), list(range(10, 18))]  # rows reaching a 24-position context at different rounds
+
+
+@pytest.mark.parametrize("gamma", [4, 8])
+def test_a_ragged_batch_decodes_exactly_up_to_the_context_limit(gpt2_small_context, gamma):
+    """Rows near the end of the context draft less than the batch's longest: the drafter's steps for them past
+    its last position go in as dead tokens (an index past a learned position table crashed here)."""
+    target = gpt2_small_context
+    plain = [specdec.autoregressive_generate(target, p, max_new_tokens=40, stop_token_ids=[]).tokens for p in RAGGED]
+    for drafter in (target, truncated_copy(target, 1)):
+        results = specdec.speculative_generate(target, drafter, RAGGED, max_new_tokens=40, gamma=gamma,
+                                               stop_token_ids=[])
+        assert [r.tokens for r in results] == plain
+        assert [r.stop_reason for r in results] == ["context_limit"] * 3
+
+
+@pytest.fixture(scope="module")
+def long_target():
+    return build_tiny("gpt2", seed=4, max_positions=256)
+
+
+def test_a_drafter_with_a_shorter_context_drafts_within_it(long_target):
+    """A drafter of 24 positions beside a target of 256: a prompt longer than the drafter's context is decoded by
+    the target alone, and a row that outgrows it mid-batch stops being drafted for; the output stays the target's."""
+    drafter = build_tiny("gpt2", seed=5, layers=1, hidden=16, max_positions=24)
+    long_prompt = list(range(3, 63))
+    res = specdec.speculative_generate(long_target, drafter, long_prompt, max_new_tokens=10, stop_token_ids=[])
+    assert res.tokens == hf_greedy(long_target, long_prompt, 10, []) and res.stats.drafted == 0
+    prompts = [*RAGGED, long_prompt]
+    results = specdec.speculative_generate(long_target, drafter, prompts, max_new_tokens=40, gamma=4,
+                                           stop_token_ids=[])
+    for prompt, result in zip(prompts, results):
+        assert result.tokens == hf_greedy(long_target, prompt, 40, [])
+        within = sum(r.drafted for r in result.stats.records)
+        assert 0 < within <= max(0, 24 - len(prompt) + 1) * 4 or len(prompt) > 24 and within == 0

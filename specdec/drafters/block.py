@@ -106,6 +106,7 @@ class BlockDrafter(CachedDrafter):
         self.device = input_device(model)
         self.cache = cache_for(model, 0, self.device)
         self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
+        self.lengths: list[int] = []  # per row: its sequence's tokens so far
         self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
 
     @staticmethod
@@ -149,8 +150,10 @@ class BlockDrafter(CachedDrafter):
         width = ids.shape[1]
         block = torch.full((rows, k), self.mask_token_id, dtype=torch.long, device=self.device)  # [B, k]
         valid = None
-        if len(set(counts.tolist())) > 1:
-            valid = torch.cat([left_mask(counts, width), torch.ones(rows, k, dtype=torch.bool, device=self.device)], 1)
+        fits = self._fits(0, k)  # [B, k] | None: a row drafting less than k: mask positions past its context go dead
+        if len(set(counts.tolist())) > 1 or fits is not None:
+            block = torch.ones(rows, k, dtype=torch.bool, device=self.device) if fits is None else fits  # [B, k]
+            valid = torch.cat([left_mask(counts, width), block], dim=1)
         before = self.cache.live.clone()  # [B]
         with torch.no_grad():
             out = self.cache.forward(self._ids(torch.cat([ids, block], dim=1)), valid, logits_to_keep=k, block_size=k)
@@ -183,8 +186,9 @@ class BlockDrafter(CachedDrafter):
 
     def follow(self, tokens: list[list[int]]) -> None:
         """Row b committed ``tokens[b]``: they wait to be fed with the next block (drafts never enter the cache)."""
-        self.pending = [p + t for p, t in zip(self.pending, tokens)]
+        reach = self._grown(tokens)  # a row past the drafter's context is no longer followed
+        self.pending = [p + t if ok else [] for p, t, ok in zip(self.pending, tokens, reach)]
 
     def reset(self) -> None:
         self.cache = cache_for(self.model, 0, self.device)
-        self.pending, self._drafts = [], []
+        self.pending, self.lengths, self._drafts = [], [], []

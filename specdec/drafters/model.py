@@ -288,11 +288,18 @@ def check_kind(target, drafter: PreTrainedModel) -> None:
 
 class CachedDrafter(FollowingDrafter):
     """A drafter model's per-row state: ``cache`` (the rows' committed tokens, selectable by row),
-    ``pending`` (committed tokens not yet in the cache) and the last proposal's drafts."""
+    ``pending`` (committed tokens not yet in the cache), each row's length and the last proposal's drafts.
+
+    A row's token at position p is fed only while p < ``context_limit`` (the drafter's positions): the round loop
+    asks no drafts past it (``Decoder._caps``), and a row whose sequence has outgrown it is no longer followed
+    (nothing pending, nothing fed: its cache is never read again). Draft steps and a block's mask positions that
+    would pass it, for a row drafting less than the batch's longest, go in as dead tokens."""
 
     model: PreTrainedModel
     cache: Any  # a cache with select(rows [B'])
     pending: list[list[int]]  # per row: committed tokens not yet in the cache
+    lengths: list[int]  # per row: its sequence's tokens so far (cached or pending), on the host
+    context_limit: int | None  # the drafter's positions (None: no limit)
     _drafts: list[list[int]]  # per row: the last proposal's drafts
     device: torch.device
 
@@ -305,11 +312,36 @@ class CachedDrafter(FollowingDrafter):
 
     def prefill(self, prompts: PromptBatch) -> int:
         """Cache the new rows' prompts except their last tokens, which stay pending (an encoder-decoder
-        drafter first encodes the rows' sources with its own encoder, once)."""
+        drafter first encodes the rows' sources with its own encoder, once). A prompt longer than the drafter's
+        context is not fed: its row is never drafted for."""
+        rows = prompts.rows()
+        reach = [self._within(len(row)) for row in rows]
+        if not all(reach):
+            sources = None if prompts.source is None else prompts.source_rows()
+            prompts = PromptBatch.from_lists([row if ok else row[-1:] for row, ok in zip(rows, reach)],
+                                             prompts.ids.device, sources)
         calls = prefill_into(self.cache, self.model, prompts, self.device, self._ids)
-        self.pending += [[row[-1]] for row in prompts.rows()]
+        self.pending += [[row[-1]] if ok else [] for row, ok in zip(rows, reach)]
+        self.lengths += [len(row) for row in rows]
         self._drafts += [[] for _ in range(prompts.size)]
         return calls
+
+    def _within(self, length: int) -> bool:
+        """Whether a sequence of ``length`` tokens fits the drafter's positions."""
+        return self.context_limit is None or length <= self.context_limit
+
+    def _grown(self, tokens: list[list[int]]) -> list[bool]:
+        """Each row's length after it commits ``tokens[b]``; whether it still fits the drafter's positions."""
+        self.lengths = [n + len(t) for n, t in zip(self.lengths, tokens)]
+        return [self._within(n) for n in self.lengths]
+
+    def _fits(self, offset: int, width: int = 1) -> torch.Tensor | None:
+        """[B, width] bool: which of the ``width`` tokens from ``offset`` past each row's sequence still have a
+        position in the drafter's context; None when all of them have."""
+        limit = self.context_limit
+        if limit is None or max(self.lengths, default=0) + offset + width <= limit:
+            return None
+        return torch.tensor([[n + offset + j < limit for j in range(width)] for n in self.lengths], device=self.device)
 
     def rows_apart(self, prompts: PromptBatch) -> str | None:
         return rows_apart(self.model, prompts, self.device, self._ids)
@@ -318,6 +350,7 @@ class CachedDrafter(FollowingDrafter):
         index = rows.tolist()
         self.cache.select(rows.to(self.device))
         self.pending = [self.pending[i] for i in index]
+        self.lengths = [self.lengths[i] for i in index]
         self._drafts = [self._drafts[i] for i in index]
 
 
@@ -337,6 +370,7 @@ class ModelDrafter(CachedDrafter):
         self.encoder_decoder = is_encoder_decoder(model)
         self.cache = decoding_cache(model, self.device)
         self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
+        self.lengths: list[int] = []  # per row: its sequence's tokens so far
         self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
         self._fed: list[list[int]] | None = None  # per row: drafts forwarded into the cache since the last commit
         self._mark: torch.Tensor | None = None  # [B] live tokens before those drafts
@@ -396,7 +430,9 @@ class ModelDrafter(CachedDrafter):
             counts, halted = torch.stack([lengths, stopped.long()]).tolist()
         drafted = torch.stack(tokens, dim=1)  # [B, k]
         lists = drafted.tolist()
-        self._fed = [row[: len(tokens) - 1] for row in lists]
+        fed = len(tokens) - 1  # drafts forwarded, each row's within its context (``_fits``)
+        self._fed = [row[: fed if self.context_limit is None else max(0, min(fed, self.context_limit - n))]
+                     for row, n in zip(lists, self.lengths)]
         ended = tuple(ENDED_NONE if n == 0 else ENDED_THRESHOLD if s else ENDED_LIMIT for n, s in zip(counts, halted))
         proposal = Proposal(drafted, lengths, None if probs[0] is None else torch.stack(probs, dim=1),
                             torch.stack(states, dim=1) if hidden else None, calls=len(tokens), ended=ended)
@@ -429,22 +465,23 @@ class ModelDrafter(CachedDrafter):
                     break
             if i == steps - 1:
                 break
-            logits, state = self._step(token[:, None], None, hidden)
+            logits, state = self._step(token[:, None], self._fits(i), hidden)
         return tokens, probs, states, lengths, stopped
 
     def follow(self, tokens: list[list[int]]) -> None:
         """Each row keeps the forwarded drafts that agree with its committed ``tokens``; the rest is pending."""
+        reach = self._grown(tokens)  # a row past the drafter's context is no longer followed
         if self._fed is None:  # nothing forwarded since the last commit: all of it waits
-            self.pending = [p + t for p, t in zip(self.pending, tokens)]
+            self.pending = [p + t if ok else [] for p, t, ok in zip(self.pending, tokens, reach)]
             return
         # the newest committed token stays pending even when it was forwarded (a row that drafted nothing
         # may have had exactly it forwarded): the next round's first forward starts from it
         keep = [min(common_prefix(fed, new), len(new) - 1) for fed, new in zip(self._fed, tokens)]
         assert self._mark is not None
         self.cache.keep(self._mark + torch.tensor(keep, dtype=torch.long, device=self.device))
-        self.pending = [new[n:] for new, n in zip(tokens, keep)]
+        self.pending = [new[n:] if ok else [] for new, n, ok in zip(tokens, keep, reach)]
         self._fed, self._mark = None, None
 
     def reset(self) -> None:
         self.cache = decoding_cache(self.model, self.device)
-        self.pending, self._drafts, self._fed, self._mark = [], [], None, None
+        self.pending, self.lengths, self._drafts, self._fed, self._mark = [], [], [], None, None
