@@ -265,7 +265,7 @@ def crossover_widths(most: int | None, free: int = 0) -> tuple[int | None, ...]:
     return (None, *caps, 0)
 
 
-DROP = 0.75  # Crossover: a width measured below this share of the fastest's speed stops being measured
+DROP = 0.75  # Crossover: a drafting width measured below this share of the fastest's speed stops being measured
 # Crossover: a drafting width is kept over plain decoding only where it measured at least this many times plain's
 # speed. A trial round counts the round and the rows leaving after it; drafting also costs what it leaves out: each
 # joining row's prefill into the drafter (a batch settled plain skips it), the drafter's read-back after a plain
@@ -296,10 +296,13 @@ class Crossover(Schedule, Listener):
     that later rounds pay for until a compaction; alternating every round, the rounds of the other
     widths paid for them (16 rows, in the decoder: uncapped measured 536 tokens/s interleaved against
     346 run alone, and kept; in blocks of 4, 373-406, and width 2 kept, the fastest alone). Once every width has a
-    block, one below ``drop`` of the fastest's speed is measured no more (its block's figures kept for the choices):
-    a trial round of a width that loses by far costs what the trial is for, uncapped drafts at 4 rows or plain
-    decoding at 1 row about half their rounds' time (on the AMD EPYC the server's 4 clients measured a 5-9% longer
-    median latency with ``auto`` than with ``off`` while every width ran its 12 rounds, and ``auto`` kept plain).
+    block, a drafting width below ``drop`` of the fastest's speed is measured no more (its block's figures kept for
+    the choices): a trial round of a width that loses by far costs what the trial is for, uncapped drafts at 4 rows
+    about half their rounds' time (on the AMD EPYC the server's 4 clients measured a 5-9% longer median latency with
+    ``auto`` than with ``off`` while every width ran its 12 rounds, and ``auto`` kept plain). Plain decoding, the
+    margin's reference and the cheapest round, runs all its trial rounds: dropped on its first block, one block
+    measured slow (4 rounds of 16-18 ms where its later blocks took 9-11, in the server at 4 clients) against a
+    drafting block of looping prompts (18-20 tokens a round) made ``auto`` draft at 4 rows, 0.91x ``off``'s latency.
     After ``recheck_rounds`` rounds in a bucket the choice is measured again against the widths next to it in
     ``widths`` (one wider, one narrower), so one noisy trial (a shared machine, a burst of prompts that lookup copies
     well) does not decide for good, at the cost of a few rounds of two near-equal widths rather than of all.
@@ -382,7 +385,7 @@ class Crossover(Schedule, Listener):
         speed = _speeds(trials)
         if len(racing) > 1 and all(trials[w][0] >= self.block for w in racing):
             fastest = max(speed[w] for w in racing)
-            racing[:] = [w for w in racing if speed[w] >= self.drop * fastest]
+            racing[:] = [w for w in racing if w == 0 or speed[w] >= self.drop * fastest]  # plain runs its rounds
         if all(trials[w][0] >= self.trial_rounds for w in racing):
             self.width[bucket] = self._pick(racing, speed)
 

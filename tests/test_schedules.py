@@ -391,8 +391,8 @@ def _race(auto: Crossover, clock: FakeClock, rows: int, n: int, speed: dict) -> 
 
 
 def test_crossover_stops_measuring_a_width_that_lost_by_far():
-    """Once every width has a block of rounds, one below ``drop`` of the fastest's speed runs no more trial rounds
-    (uncapped drafts at 4 rows, or plain decoding at 1, cost most while measured); the others go on to their
+    """Once every width has a block of rounds, a drafting width below ``drop`` of the fastest's speed runs no more
+    trial rounds (uncapped drafts at 4 rows cost most while measured); the others go on to their
     ``trial_rounds``, and the figures of the one dropped stay in the choices."""
     clock = FakeClock()
     auto = Crossover(Constant(4), widths=(None, 2, 1, 0), trial_rounds=6, clock=clock, block=2, drop=0.75)
@@ -406,6 +406,19 @@ def test_crossover_stops_measuring_a_width_that_lost_by_far():
     assert _speeds(auto._trials[4])[None] == pytest.approx(500)  # its block's figure kept
     with pytest.raises(ValueError, match="include 0"):
         Crossover(Constant(4), widths=(None, 2), drop=0.5)
+
+
+def test_crossover_measures_plain_decoding_to_the_end_of_its_trial():
+    """Plain decoding, the margin's reference, is never dropped: a first block measured slow (a noisy moment) against
+    a drafting width's lucky block is outweighed by its later blocks, and plain is kept where it is faster."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), widths=(4, 0), trial_rounds=6, clock=clock, block=2, drop=0.75)
+    first = _race(auto, clock, 4, 4, {4: 20, 0: 10})  # a block each: plain at half the drafting width's speed
+    assert first == [4, 4, 0, 0] and auto._racing[4] == [4, 0]  # below drop, still racing
+    rest = _race(auto, clock, 4, 9, {4: 8, 0: 16})  # then plain twice as fast
+    assert rest == [4, 4, 0, 0, 4, 4, 0, 0, 0] and auto.width == {4: 0}
+    speed = _speeds(auto._trials[4])
+    assert speed[0] == pytest.approx((2 * 10 + 4 * 16) / 0.06) and speed[4] == pytest.approx((2 * 20 + 4 * 8) / 0.06)
 
 
 def test_crossover_rechecks_the_kept_width_against_its_neighbours():
