@@ -294,6 +294,10 @@ def auto_text(choices: list[AutoChoice]) -> str:
     parts = []
     for c in choices:
         rows = f"{c.rows[0]}" if c.rows[0] == c.rows[1] else f"{c.rows[0]}-{c.rows[1]}"
+        if c.like is not None:  # plain, unmeasured: a smaller batch measured plain faster
+            like = f"{c.like[0]}" if c.like[0] == c.like[1] else f"{c.like[0]}-{c.like[1]}"
+            parts.append(f"{rows} rows: {c.speculate} (as at {like} row{'s' if c.like[1] > 1 else ''})")
+            continue
         drafting = "drafting" if c.width is None else f"drafting <= {c.width}"
         draft, plain = (f"{v:.0f} tokens/s" if v > 0 else "not yet measured"  # 0: no round of it timed yet
                         for v in (c.draft_tokens_per_s, c.plain_tokens_per_s))

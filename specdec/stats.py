@@ -116,6 +116,7 @@ class AutoChoice:
     draft_tokens_per_s: float  # committed tokens per second over the trial rounds that drafted (0: none yet)
     plain_tokens_per_s: float  # the same over the trial rounds that did not draft
     width: int | None = None  # drafting's width: the longest draft a row holds (None: uncapped)
+    like: tuple[int, int] | None = None  # "off" unmeasured, as at this smaller bucket, where plain decoding won
 
 
 @dataclass

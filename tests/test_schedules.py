@@ -19,6 +19,7 @@ from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
 import specdec
 from specdec.acceptance import Verdict
 from specdec.config import ScheduleConfig, SpecConfig
+from specdec.console import auto_text
 from specdec.drafters.base import DraftStep, Proposal
 from specdec.events import DRAFT_PREFILL, PREFILL, RoundSummary
 from specdec.schedules import (
@@ -419,6 +420,23 @@ def test_crossover_measures_plain_decoding_to_the_end_of_its_trial():
     assert rest == [4, 4, 0, 0, 4, 4, 0, 0, 0] and auto.width == {4: 0}
     speed = _speeds(auto._trials[4])
     assert speed[0] == pytest.approx((2 * 10 + 4 * 16) / 0.06) and speed[4] == pytest.approx((2 * 20 + 4 * 8) / 0.06)
+
+
+def test_a_batch_larger_than_one_measured_plain_starts_plain():
+    """Drafting pays less the more rows share a verification: once a smaller batch size settled plain decoding, a
+    larger one decodes plain from its first round without a trial, says whose choice it follows, and measures itself
+    at its recheck (plain against the narrowest draft); a smaller batch size is measured as usual."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), widths=(2, 1, 0), trial_rounds=2, recheck_rounds=4, clock=clock, block=1, drop=0.0)
+    assert _race(auto, clock, 4, 7, {2: 5, 1: 6, 0: 8}) == [2, 1, 0, 2, 1, 0, 0] and auto.width == {4: 0}
+    assert _race(auto, clock, 16, 3, {2: 20, 1: 20, 0: 10}) == [0, 0, 0]  # follows 3-4 rows: no trial
+    assert auto.settled_plain(16) and 16 not in auto._trials
+    choices = {c.rows: c for c in auto.choices()}
+    assert choices[(9, 16)].speculate == "off" and choices[(9, 16)].like == (3, 4) and choices[(3, 4)].like is None
+    assert auto_text([choices[(9, 16)]]) == "speculate auto: 9-16 rows: off (as at 3-4 rows)"
+    assert _race(auto, clock, 16, 6, {2: 20, 1: 20, 0: 10}) == [0, 1, 0, 1, 0, 1]  # its recheck: 1 against plain
+    assert auto.width[16] == 1 and auto.choices()[-1].like is None
+    assert _race(auto, clock, 2, 4, {2: 9, 1: 6, 0: 4}) == [2, 1, 0, 2]  # smaller than 3-4 rows: its own trial
 
 
 def test_crossover_rechecks_the_kept_width_against_its_neighbours():
