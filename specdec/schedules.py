@@ -302,7 +302,8 @@ class Crossover(Schedule, Listener):
     ``auto`` than with ``off`` while every width ran its 12 rounds, and ``auto`` kept plain). Plain decoding, the
     margin's reference and the cheapest round, runs all its trial rounds: dropped on its first block, one block
     measured slow (4 rounds of 16-18 ms where its later blocks took 9-11, in the server at 4 clients) against a
-    drafting block of looping prompts (18-20 tokens a round) made ``auto`` draft at 4 rows, 0.91x ``off``'s latency.
+    drafting block of looping prompts (16-20 tokens a round) made ``auto`` draft at 4 rows, 0.91x ``off``'s latency.
+    A batch size larger than one settled on plain decoding starts plain, without a trial of its own (``_plain_below``).
     After ``recheck_rounds`` rounds in a bucket the choice is measured again against the widths next to it in
     ``widths`` (one wider, one narrower), so one noisy trial (a shared machine, a burst of prompts that lookup copies
     well) does not decide for good, at the cost of a few rounds of two near-equal widths rather than of all.
