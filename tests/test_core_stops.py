@@ -149,3 +149,16 @@ def test_a_drafter_with_a_shorter_context_drafts_within_it(long_target):
         assert result.tokens == hf_greedy(long_target, prompt, 40, [])
         within = sum(r.drafted for r in result.stats.records)
         assert 0 < within <= max(0, 24 - len(prompt) + 1) * 4 or len(prompt) > 24 and within == 0
+
+
+def test_prompt_lookup_drafts_past_a_shorter_drafters_context(long_target, tmp_path):
+    """Composed with prompt lookup, the short drafter still drafts only within its positions, and lookup copies past
+    them: a 60-token prompt that repeats itself gets drafts, every output the target's."""
+    build_tiny("gpt2", seed=5, layers=1, hidden=16, max_positions=24).save_pretrained(tmp_path / "short")
+    looping = list(range(3, 23)) * 3
+    prompts = [[3, 4], looping, [5, 6, 7, 5, 6, 7, 5, 6, 7]]
+    results = specdec.speculative_generate(long_target, f"lookup+{tmp_path / 'short'}", prompts, max_new_tokens=40,
+                                           stop_token_ids=[])
+    for prompt, result in zip(prompts, results):
+        assert result.tokens == hf_greedy(long_target, prompt, 40, [])
+    assert results[1].stats.drafted > 0  # lookup's copies, past the drafter model's 24 positions

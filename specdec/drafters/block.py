@@ -138,7 +138,8 @@ class BlockDrafter(CachedDrafter):
         """One forward: every row's pending tokens, then k = max(limit) mask positions; row b keeps
         ``limit[b]`` drafts (fewer where ``stop`` stops it)."""
         rows = len(self.pending)
-        k = int(limit.max()) if rows else 0
+        limit, limits = self._within_room(limit)
+        k = max(limits, default=0)
         if k == 0:
             self._drafts = [[] for _ in range(rows)]
             return Proposal.empty(rows, self.device)

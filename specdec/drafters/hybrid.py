@@ -66,7 +66,7 @@ class LookupDrafter(FollowingDrafter):
     def __init__(self, fallback: FollowingDrafter | PreTrainedModel, ngram: NgramConfig = LOOKUP_NGRAM) -> None:
         self.fallback = fallback if isinstance(fallback, FollowingDrafter) else ModelDrafter(fallback)
         self.lookup = NgramDrafter(ngram)
-        self.context_limit = self.fallback.context_limit
+        self.context_limit = None  # lookup copies from the row itself; the fallback drafts only within its positions
         self.max_draft = self.fallback.max_draft  # the limit bounds the fallback; lookup drafts past it freely
         self.returns_hidden = self.fallback.returns_hidden
         self.hidden_size = self.fallback.hidden_size

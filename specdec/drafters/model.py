@@ -335,6 +335,18 @@ class CachedDrafter(FollowingDrafter):
         self.lengths = [n + len(t) for n, t in zip(self.lengths, tokens)]
         return [self._within(n) for n in self.lengths]
 
+    def _within_room(self, limit: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """``limit`` [B] cut to the drafts each row's sequence leaves room for in the drafter's positions (a drafter
+        composed with prompt lookup is asked for rows the round loop does not cap at its context), and as a list."""
+        limits = limit.tolist()
+        if self.context_limit is None or max(self.lengths, default=0) < self.context_limit:
+            return limit, limits
+        room = [max(0, self.context_limit - n + 1) for n in self.lengths]
+        if all(n <= r for n, r in zip(limits, room)):
+            return limit, limits
+        limits = [min(n, r) for n, r in zip(limits, room)]
+        return torch.tensor(limits, dtype=limit.dtype, device=limit.device), limits
+
     def _fits(self, offset: int, width: int = 1) -> torch.Tensor | None:
         """[B, width] bool: which of the ``width`` tokens from ``offset`` past each row's sequence still have a
         position in the drafter's context; None when all of them have."""
@@ -412,7 +424,7 @@ class ModelDrafter(CachedDrafter):
         """Draft ``max(limit)`` positions for the batch: that many forwards, the first also catching up on
         the pending tokens; row b's proposal ends at ``limit[b]`` or where ``stop`` stops it."""
         rows = len(self.pending)
-        limits = limit.tolist()
+        limit, limits = self._within_room(limit)
         steps = max(max(limits, default=0), 0)
         if steps == 0:
             self._drafts = [[] for _ in range(rows)]
