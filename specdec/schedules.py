@@ -327,6 +327,7 @@ class Crossover(Schedule, Listener):
         self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
         self._racing: dict[int, list[int | None]] = {}  # bucket -> the widths its trial still measures
         self._like: dict[int, int] = {}  # bucket -> the smaller bucket whose plain decoding it follows (``_plain_below``)
+        self._rechecking: dict[int, int | None] = {}  # bucket -> the width it kept before its recheck, while rechecked
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
         self._turn: dict[int, int | None] = {}  # bucket -> the width measuring now
         self._open: tuple[int, int | None, float] | None = None  # (bucket, width, started) of the measured round
@@ -368,12 +369,14 @@ class Crossover(Schedule, Listener):
         bucket larger than one where plain decoding won starts plain without a trial of its own. On the AMD EPYC the
         server's 16 clients, after its 4 clients had settled plain, spent their whole run (16 requests) in the 16-row
         trial (uncapped drafts alone 270 ms a round against plain's 40) and made 0.90-0.92x ``off``'s tokens/s."""
-        return max((b for b, w in self.width.items() if b < bucket and w == 0 and b not in self._like), default=None)
+        settled = {**self._rechecking, **self.width}  # a bucket being rechecked counts with the choice it had
+        return max((b for b, w in settled.items() if b < bucket and w == 0 and b not in self._like), default=None)
 
     def _recheck(self, bucket: int) -> None:
         """Measure ``bucket`` again from its next round: the width kept against its neighbours in ``widths`` (one
         wider, one narrower), each from fresh rounds; the other widths keep their last figures and stay out."""
-        at = self.widths.index(self.width.pop(bucket))
+        self._rechecking[bucket] = self.width.pop(bucket)
+        at = self.widths.index(self._rechecking[bucket])
         self._like.pop(bucket, None)
         racing = list(self.widths[max(0, at - 1):at + 2])
         trials = self._trials.setdefault(bucket, {w: [0, 0, 0.0] for w in self.widths})
@@ -403,6 +406,7 @@ class Crossover(Schedule, Listener):
             racing[:] = [w for w in racing if w == 0 or speed[w] >= self.drop * fastest]  # plain runs its rounds
         if all(trials[w][0] >= self.trial_rounds for w in racing):
             self.width[bucket] = self._pick(racing, speed)
+            self._rechecking.pop(bucket, None)
 
     def _pick(self, racing: list[int | None], speed: dict[int | None, float]) -> int | None:
         """The fastest width of ``racing``, plain decoding (where it races) unless a drafting width measured at

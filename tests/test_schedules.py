@@ -425,7 +425,8 @@ def test_crossover_measures_plain_decoding_to_the_end_of_its_trial():
 def test_a_batch_larger_than_one_measured_plain_starts_plain():
     """Drafting pays less the more rows share a verification: once a smaller batch size settled plain decoding, a
     larger one decodes plain from its first round without a trial, says whose choice it follows, and measures itself
-    at its recheck (plain against the narrowest draft); a smaller batch size is measured as usual."""
+    at its recheck (plain against the narrowest draft); a smaller batch size is measured as usual; while the smaller
+    one is being rechecked, its plain choice still counts (a burst of rows arriving meanwhile starts plain)."""
     clock = FakeClock()
     auto = Crossover(Constant(4), widths=(2, 1, 0), trial_rounds=2, recheck_rounds=4, clock=clock, block=1, drop=0.0)
     assert _race(auto, clock, 4, 7, {2: 5, 1: 6, 0: 8}) == [2, 1, 0, 2, 1, 0, 0] and auto.width == {4: 0}
@@ -437,6 +438,9 @@ def test_a_batch_larger_than_one_measured_plain_starts_plain():
     assert _race(auto, clock, 16, 6, {2: 20, 1: 20, 0: 10}) == [0, 1, 0, 1, 0, 1]  # its recheck: 1 against plain
     assert auto.width[16] == 1 and auto.choices()[-1].like is None
     assert _race(auto, clock, 2, 4, {2: 9, 1: 6, 0: 4}) == [2, 1, 0, 2]  # smaller than 3-4 rows: its own trial
+    assert _race(auto, clock, 4, 4, {2: 5, 1: 6, 0: 8}) == [0, 0, 0, 1]  # 3-4 rows: its recheck begins
+    assert 4 not in auto.width and _race(auto, clock, 8, 1, {0: 8}) == [0]  # 5-8 rows meanwhile: plain, as at 3-4
+    assert {c.rows: c.like for c in auto.choices()}[(5, 8)] == (3, 4)
 
 
 def test_crossover_rechecks_the_kept_width_against_its_neighbours():
