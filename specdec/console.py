@@ -291,18 +291,20 @@ def batch_line(batch: BatchStats, mode: str) -> str:
 
 def auto_text(choices: list[AutoChoice]) -> str:
     """What ``--speculate auto`` kept at each batch size, with the speeds it measured."""
+    def rows_text(rows: tuple[int, int]) -> str:  # a batch-size bucket: "1 row", "2 rows", "3-4 rows"
+        sizes = f"{rows[0]}" if rows[0] == rows[1] else f"{rows[0]}-{rows[1]}"
+        return f"{sizes} row{'s' if rows[1] > 1 else ''}"
+
     parts = []
     for c in choices:
-        rows = f"{c.rows[0]}" if c.rows[0] == c.rows[1] else f"{c.rows[0]}-{c.rows[1]}"
         if c.like is not None:  # plain, unmeasured: a smaller batch measured plain faster
-            like = f"{c.like[0]}" if c.like[0] == c.like[1] else f"{c.like[0]}-{c.like[1]}"
-            parts.append(f"{rows} rows: {c.speculate} (as at {like} row{'s' if c.like[1] > 1 else ''})")
+            parts.append(f"{rows_text(c.rows)}: {c.speculate} (as at {rows_text(c.like)})")
             continue
         drafting = "drafting" if c.width is None else f"drafting <= {c.width}"
         draft, plain = (f"{v:.0f} tokens/s" if v > 0 else "not yet measured"  # 0: no round of it timed yet
                         for v in (c.draft_tokens_per_s, c.plain_tokens_per_s))
         speeds = f"{drafting}: {draft}, plain: {plain}"
-        parts.append(f"{rows} row{'s' if c.rows[1] > 1 else ''}: {c.speculate} ({speeds})")
+        parts.append(f"{rows_text(c.rows)}: {c.speculate} ({speeds})")
     return "speculate auto: " + "; ".join(parts)
 
 

@@ -459,9 +459,14 @@ class Crossover(Schedule, Listener):
             width = self.width.get(bucket) if drafting else max((w for w in speed if w != 0), key=speed.get,
                                                                 default=None)
             like = self._like.get(bucket)
-            out.append(AutoChoice((bucket // 2 + 1, bucket), kept, speed.get(width, 0.0), speed.get(0, 0.0), width,
-                                  None if like is None else (like // 2 + 1, like)))
+            out.append(AutoChoice(_rows(bucket), kept, speed.get(width, 0.0), speed.get(0, 0.0), width,
+                                  None if like is None else _rows(like)))
         return out
+
+
+def _rows(bucket: int) -> tuple[int, int]:
+    """The batch sizes a bucket covers (``batch_bucket``: 1, 2, 3-4, 5-8, ...)."""
+    return bucket // 2 + 1, bucket
 
 
 def _speeds(trials: dict[int | None, list[float]]) -> dict[int | None, float]:

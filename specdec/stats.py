@@ -118,6 +118,12 @@ class AutoChoice:
     width: int | None = None  # drafting's width: the longest draft a row holds (None: uncapped)
     like: tuple[int, int] | None = None  # "off" unmeasured, as at this smaller bucket, where plain decoding won
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> AutoChoice:
+        """The choice from its ``dataclasses.asdict`` read back from JSON (the buckets' lists as tuples)."""
+        like = fields.get("like")
+        return cls(**{**fields, "rows": tuple(fields["rows"]), "like": None if like is None else tuple(like)})
+
 
 @dataclass
 class BatchStats:

@@ -377,8 +377,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                             server.close()
             if "auto" in ours:  # what auto measured and kept, per batch-size bucket
                 (model,) = server_stats(ours["auto"])["models"]
-                auto = [AutoChoice(tuple(c.pop("rows")), **{**c, "like": tuple(c["like"]) if c.get("like") else None})
-                        for c in model["auto"]]
+                auto = [AutoChoice.from_dict(c) for c in model["auto"]]
         finally:
             for server in servers.values():
                 server.close()
