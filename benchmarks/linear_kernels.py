@@ -73,6 +73,7 @@ from specdec.kernels import (
     _Packed,
     bf16_exact,
     block_weight,
+    blocked_copy,
     blocked_product,
     build_blocked,
     fast_linear,
@@ -111,7 +112,8 @@ def candidates(weights: list[torch.Tensor], rows: int,
             full = [block_weight(w, blocked_kernel().lanes) for w in weights]
             found["blocked float32"] = lambda x, i: blocked_product(blocked_kernel(), x, full[i], weights[i].shape[0])
     if other is not None:
-        laid = [block_weight(w, other.lanes) for w in weights]
+        laid = [blocked_copy(w, other.lanes) if other.pairs is not None else block_weight(w, other.lanes)
+                for w in weights]  # the shipped kernel's copy (bfloat16 pairs where exact), where the other has it
         found["blocked (other)"] = lambda x, i: blocked_product(other, x, laid[i], weights[i].shape[0])
     if rows == 1:
         found["mv"] = lambda x, i: torch.mv(weights[i], x[0])[None]

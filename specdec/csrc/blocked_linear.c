@@ -35,6 +35,18 @@
  * against 7.3 for code-target's weights read from memory; 7.8-9.9 ms with it). A prefetch past the end is harmless
  * (it never faults). */
 #define AHEAD (4096 / sizeof(float))
+/* Up to STREAM_ROWS rows, the weight is read as STREAMS(M) streams side by side: its blocks (float32) or pairs of
+ * blocks (bfloat16) split into that many runs of consecutive ones, one of each run per pass (``streamed``). One core's
+ * hardware prefetcher follows each stream apart, and one stream alone capped the read at 7.5-8 GB/s on the AMD EPYC
+ * (AVX2, 1 thread; a plain sum over 96 MB: 7.5 GB/s as one stream, 10.0 as two, 14.0 as four). A pass over
+ * code-target's weights in bfloat16 pairs (47 MB) from memory, the same process, interleaved (``python
+ * benchmarks/linear_kernels.py --rows 1 2 3 4 --blocked-source OLD``): 1 row 5.46-6.31 -> 4.51-5.13 ms (0.81-0.83x),
+ * 2 rows 5.40-5.42 -> 4.51-4.59 (0.84x), 3 rows (two streams) 4.45-5.73 -> 4.46-5.25 (0.92-1.00x); 4-6 rows over two
+ * streams (16-24 accumulators, spilled on AVX2) took 1.0-1.5x, read twice in row groups 1.3-1.6x, so they read one.
+ * Each output column sums its products in the same order as before: the same floats. */
+#define STREAM_ROWS 3
+#define MAX_STREAMS 4
+#define STREAMS(M) ((M) <= 2 ? 4 : 2)
 
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 typedef uint32_t words __attribute__((vector_size(LANES * sizeof(uint32_t))));
@@ -87,6 +99,61 @@ static inline __attribute__((always_inline)) void pass(const float *x, const voi
     }
 }
 
+/* rows m0 .. m0 + M of x against P streams of the weight, each read apart (STREAMS): stream p's block (float32) or
+ * pair of blocks (HALF: bfloat16) at ``w + p * apart * K * LANES`` (in units of floats, or of 32-bit words), which is
+ * the weight's block b + p * apart (or blocks b + 2 p apart and the next) */
+static inline __attribute__((always_inline)) void pass_streams(const float *x, const void *w, const float *bias,
+                                                              float *y, int64_t N, int64_t K, int64_t b, int64_t apart,
+                                                              const int P, const int M, const int HALF) {
+    const int W = HALF ? 2 : 1; /* blocks a stream holds */
+    vec acc[2 * MAX_STREAMS][STREAM_ROWS];
+    for (int i = 0; i < W * P; ++i)
+        for (int m = 0; m < M; ++m) acc[i][m] = (vec){0};
+    for (int64_t k = 0; k < K; ++k) {
+        for (int p = 0; p < P; ++p) {
+            vec wk[2];
+            if (HALF) {
+                const uint32_t *at = (const uint32_t *)w + p * apart * K * LANES + k * LANES;
+                widen(at, &wk[0], &wk[1]);
+                __builtin_prefetch(at + AHEAD, 0, 2);
+            } else {
+                const float *at = (const float *)w + p * apart * K * LANES + k * LANES;
+                memcpy(&wk[0], at, sizeof(vec));
+                __builtin_prefetch(at + AHEAD, 0, 2);
+            }
+            for (int m = 0; m < M; ++m) {
+                float xs = x[m * K + k];
+                for (int i = 0; i < W; ++i) acc[W * p + i][m] += wk[i] * xs;
+            }
+        }
+    }
+    for (int i = 0; i < W * P; ++i) {
+        int64_t n0 = (b + i / W * W * apart + i % W) * LANES, cols = N - n0 < LANES ? N - n0 : LANES;
+        for (int m = 0; m < M; ++m) store(y + m * N, acc[i][m], bias, n0, cols);
+    }
+}
+
+#define STREAMS_CASE(R) case R: pass_streams(x, w + q * K * LANES, bias, y, N, K, W * q, apart, STREAMS(R), R, HALF); break;
+
+/* the first ``W * STREAMS(M) * apart`` blocks of the weight (W blocks a stream's unit), read as STREAMS(M) streams of
+ * ``apart`` units each (M <= STREAM_ROWS); the blocks done */
+static inline __attribute__((always_inline)) int64_t streamed(const float *x, const void *w_, const float *bias,
+                                                             float *y, int64_t M, int64_t N, int64_t K, int64_t blocks,
+                                                             const int HALF) {
+    const int W = HALF ? 2 : 1;
+    const int64_t apart = (blocks + W - 1) / W / STREAMS(M);
+    for (int64_t q = 0; q < apart; ++q) {
+        if (HALF) {
+            const uint32_t *w = w_;
+            switch (M) { STREAMS_CASE(1) STREAMS_CASE(2) STREAMS_CASE(3) default: break; }
+        } else {
+            const float *w = w_;
+            switch (M) { STREAMS_CASE(1) STREAMS_CASE(2) STREAMS_CASE(3) default: break; }
+        }
+    }
+    return W * apart * STREAMS(M);
+}
+
 #define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R, HALF); break;
 
 static inline __attribute__((always_inline)) void rows(const float *x, const void *w, const float *bias, float *y,
@@ -105,6 +172,7 @@ static inline __attribute__((always_inline)) void rows(const float *x, const voi
 void specdec_blocked_linear(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N,
                             int64_t K) {
     int64_t blocks = (N + LANES - 1) / LANES, b = 0, group = M <= ONE_PASS ? M : ROWS;
+    if (M <= STREAM_ROWS) b = streamed(x, w, bias, y, M, N, K, blocks, 0); /* the blocks left over by BLOCKS, below */
     for (; b + BLOCKS <= blocks; b += BLOCKS)
         for (int64_t m = 0; m < M; m += group)
             rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, BLOCKS, M - m < group ? M - m : group, 0);
@@ -119,7 +187,9 @@ void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float 
                                  int64_t K) {
     int64_t blocks = (N + LANES - 1) / LANES, group = M <= ONE_PASS ? M : ROWS;
     float *wide = M > WIDEN_ROWS ? malloc(2 * K * LANES * sizeof(float)) : NULL;
-    for (int64_t b = 0; b < blocks; b += 2) {
+    int64_t b = 0;
+    if (M <= STREAM_ROWS) b = streamed(x, w, bias, y, M, N, K, blocks, 1); /* the pairs left over one by one, below */
+    for (; b < blocks; b += 2) {
         const uint32_t *pair = w + b / 2 * K * LANES;
         if (wide)
             for (int64_t k = 0; k < K; ++k) {
