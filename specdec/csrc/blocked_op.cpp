@@ -14,7 +14,7 @@ extern "C" void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, c
                                             int64_t N, int64_t K);
 extern "C" int specdec_lanes(void);
 extern "C" void specdec_attention(const float *q, const float *k, const float *v, const float *mask, float *out,
-                                  float *scores, int64_t R, int64_t H, int64_t Hkv, int64_t n, int64_t S, int64_t D,
+                                  float *scores, int64_t *runs, int64_t R, int64_t H, int64_t Hkv, int64_t n, int64_t S, int64_t D,
                                   int64_t k_row, int64_t k_head, int64_t v_row, int64_t v_head, float scale);
 extern "C" int specdec_attention_dims(int64_t D);
 extern "C" int specdec_attention_max_acc(void);
@@ -69,9 +69,10 @@ static at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k, con
     at::Tensor query = q.contiguous(), masks = mask.contiguous();
     at::Tensor out = at::empty({R, n, H, D}, q.options());
     at::Tensor scores = at::empty({(H / Hkv) * n * S + 1}, q.options());
+    at::Tensor runs = at::empty({2 * (S + 1)}, q.options().dtype(at::kLong));  // a row's live runs of slots
     if (R > 0 && S > 0)
         specdec_attention(query.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), masks.data_ptr<float>(),
-                          out.data_ptr<float>(), scores.data_ptr<float>(), R, H, Hkv, n, S, D, k.stride(0), k.stride(1),
+                          out.data_ptr<float>(), scores.data_ptr<float>(), runs.data_ptr<int64_t>(), R, H, Hkv, n, S, D, k.stride(0), k.stride(1),
                           v.stride(0), v.stride(1), static_cast<float>(scale));
     return out;
 }
