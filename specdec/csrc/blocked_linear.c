@@ -33,7 +33,9 @@
 /* Each stream is prefetched this many floats (4 KiB) ahead, into L2: without it, at 5-13 rows the products' arithmetic
  * kept the core from asking for the next lines early enough, and a pass took 1.2-1.7x a 1-row pass (8.9-12.1 ms
  * against 7.3 for code-target's weights read from memory; 7.8-9.9 ms with it). A prefetch past the end is harmless
- * (it never faults). */
+ * (it never faults). A pass over the widened scratch block (more than WIDEN_ROWS rows), which is read from L2, asks
+ * no prefetch: one per vector read took two of the ten loads a step issued, and 13-150 rows took 0.90-0.95 of the time
+ * without them (code-target's weights in bfloat16 pairs, the AMD EPYC, 1 thread). */
 #define AHEAD (4096 / sizeof(float))
 /* Up to STREAM_ROWS rows, the weight is read as STREAMS(M) streams side by side: its blocks (float32) or pairs of
  * blocks (bfloat16) split into that many runs of consecutive ones, one of each run per pass (``streamed``). One core's
@@ -73,7 +75,7 @@ static inline __attribute__((always_inline)) void widen(const uint32_t *at, vec 
  * weight's blocks b .. b + NB */
 static inline __attribute__((always_inline)) void pass(const float *x, const void *w, const float *bias, float *y,
                                                        int64_t N, int64_t K, int64_t b, const int NB, const int M,
-                                                       const int HALF) {
+                                                       const int HALF, const int FETCH) {
     vec acc[BLOCKS][ONE_PASS > ROWS ? ONE_PASS : ROWS];
     for (int i = 0; i < NB; ++i)
         for (int m = 0; m < M; ++m) acc[i][m] = (vec){0};
@@ -86,7 +88,8 @@ static inline __attribute__((always_inline)) void pass(const float *x, const voi
             __builtin_prefetch(pair + k * LANES + AHEAD, 0, 2);
         } else {
             for (int i = 0; i < NB; ++i) memcpy(&wk[i], block + (i * K + k) * LANES, sizeof(vec));
-            for (int i = 0; i < NB; ++i) __builtin_prefetch(block + (i * K + k) * LANES + AHEAD, 0, 2);
+            if (FETCH)
+                for (int i = 0; i < NB; ++i) __builtin_prefetch(block + (i * K + k) * LANES + AHEAD, 0, 2);
         }
         for (int m = 0; m < M; ++m) {
             float xs = x[m * K + k];
@@ -154,11 +157,11 @@ static inline __attribute__((always_inline)) int64_t streamed(const float *x, co
     return W * apart * STREAMS(M);
 }
 
-#define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R, HALF); break;
+#define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R, HALF, FETCH); break;
 
 static inline __attribute__((always_inline)) void rows(const float *x, const void *w, const float *bias, float *y,
                                                        int64_t N, int64_t K, int64_t b, const int NB, int64_t r,
-                                                       const int HALF) {
+                                                       const int HALF, const int FETCH) {
     switch (r) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
 #if ROWS > 6
@@ -175,10 +178,10 @@ void specdec_blocked_linear(const float *x, const float *w, const float *bias, f
     if (M <= STREAM_ROWS) b = streamed(x, w, bias, y, M, N, K, blocks, 0); /* the blocks left over by BLOCKS, below */
     for (; b + BLOCKS <= blocks; b += BLOCKS)
         for (int64_t m = 0; m < M; m += group)
-            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, BLOCKS, M - m < group ? M - m : group, 0);
+            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, BLOCKS, M - m < group ? M - m : group, 0, 1);
     for (; b < blocks; ++b)
         for (int64_t m = 0; m < M; m += group)
-            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, 1, M - m < group ? M - m : group, 0);
+            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, 1, M - m < group ? M - m : group, 0, 1);
 }
 
 /* the same from pairs of bfloat16 blocks, w [ceil(N / LANES / 2), K, LANES] 32-bit words (an odd last block paired
@@ -200,8 +203,8 @@ void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float 
             }
         for (int64_t m = 0; m < M; m += group) {
             int64_t r = M - m < group ? M - m : group;
-            if (wide) rows(x + m * K, wide, bias, y + m * N, N, K, b, 2, r, 0);
-            else rows(x + m * K, pair, bias, y + m * N, N, K, b, 2, r, 1);
+            if (wide) rows(x + m * K, wide, bias, y + m * N, N, K, b, 2, r, 0, 0);
+            else rows(x + m * K, pair, bias, y + m * N, N, K, b, 2, r, 1, 1);
         }
     }
     free(wide);
