@@ -1,0 +1,51 @@
+"""Log what a ``specdec serve`` process's worker thread does, one line per step, for the server bench.
+
+Put this folder on ``PYTHONPATH`` and name a log file in ``SPECDEC_TIMELINE_LOG``; every ``specdec serve`` process
+started with both (the bench's, or ``benchmarks/serve_process.py``'s) appends a line per admission of waiting requests
+(``join``: the rows before and after, the joining prompts' lengths; the prefill of both models), per round (``round``:
+the batch's rows) and per idle wait for a request (``idle``), each as ``start seconds kind fields``:
+
+    PYTHONPATH=benchmarks/worker_timeline SPECDEC_TIMELINE_LOG=timeline.log OMP_NUM_THREADS=1 \\
+        python benchmarks/serve_process.py --speculate off --clients 4
+
+Findings: docs/benchmarks.md, "Weights read as several streams, and where the server's time goes at 4 clients".
+"""
+
+import os
+import sys
+import time
+
+if os.environ.get("SPECDEC_TIMELINE_LOG") and "serve" in sys.argv:
+    from specdec import decode
+    from specdec.serve import engine
+
+    _log = open(os.environ["SPECDEC_TIMELINE_LOG"], "a")  # noqa: SIM115 - open for the process's life
+    _join, _round, _take = decode.Decoder._join, decode.Decoder._round, engine.Engine._take_inbox
+
+    def _write(kind: str, start: float, **fields: object) -> None:
+        seconds = time.perf_counter() - start
+        _log.write(f"{start:.6f} {seconds:.6f} {kind} " + " ".join(f"{k}={v}".replace(" ", "") for k, v in fields.items())
+                   + "\n")
+
+    def join(self):
+        start, waiting, before = time.perf_counter(), len(self.waiting), len(self.rows)
+        out = _join(self)
+        if waiting:
+            _write("join", start, rows=before, after=len(self.rows),
+                   prompts=[len(r.request.ids) for r in self.rows[before:]])
+        return out
+
+    def round_(self):
+        start = time.perf_counter()
+        out = _round(self)
+        _write("round", start, rows=len(self.rows))
+        return out
+
+    def take(self, block):
+        start = time.perf_counter()
+        out = _take(self, block)
+        if block:
+            _write("idle", start)
+        return out
+
+    decode.Decoder._join, decode.Decoder._round, engine.Engine._take_inbox = join, round_, take
