@@ -11,7 +11,9 @@ from collections import Counter
 def main(path: str) -> None:
     seconds, count, prompt_tokens = Counter(), Counter(), 0
     first = last = None
-    for line in open(path):
+    with open(path) as log:
+        lines = log.read().splitlines()
+    for line in lines:
         start, duration, kind, *fields = line.split()
         start, duration = float(start), float(duration)
         first = start if first is None else min(first, start)
