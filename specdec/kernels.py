@@ -16,7 +16,9 @@ The other ways, each for a range of the number of rows n:
   - ``blocked``: specdec's own (``csrc/blocked_linear.c``), the weight re-laid in blocks of 16 output columns
     ([ceil(out / 16), in, 16]; 8 without AVX-512): each block's floats are streamed from memory once, contiguously,
     and multiplied by up to 14 rows of x in one pass (x's element broadcast; more rows go 12 at a time), each
-    stream prefetched 4 KiB ahead, so a product of 5 or 13 rows reads the weights once as a 1-row product does.
+    stream prefetched 4 KiB ahead, so a product of 5 or 13 rows reads the weights once as a 1-row product does; 1-3
+    rows read the weight as 4 (or 2) long streams side by side, which one core's prefetcher follows faster than one
+    (0.81-0.84x the time of a 1-2 row pass here, docs/benchmarks.md, "Weights read as several streams").
     Built at first use with the machine's C compiler (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
     oneDNN's op 17 us); absent without a compiler, and offered only to models of ``STREAMED_BYTES`` or more of
     linear weights (``many_kernels``: a smaller model's weights stay cached between steps, where torch's kernel
