@@ -50,7 +50,13 @@ tensor that needs gradients. specdec's target and drafter handles install it on 
 kernel where it builds), ``auto`` (default) takes each range's kernel where a short probe at install (a pass over
 the model's own layers at 1 and at 5 rows, each kernel against the stock one, interleaved) finds it at most
 ``PAYS`` of the stock time (for many rows the one with the smaller share), so a CPU whose BLAS is fast already keeps it.
-The probe reads the weights from memory, as decoding does: before each timed pass it reads a buffer
+Its answer is kept between processes (``plans.json`` in the kernels' cache folder, keyed by the machine's CPU
+flags, torch, the threads, the layers' shapes and the kernels offered; delete the file to probe again): a probe
+timed while something else ran could flip a choice whose kernels were near even, and every flip of a compiled
+model's kernels traces its graphs again (``compiled.model_digest`` names them). On the AMD EPYC the graph cache held
+code-drafter's graphs for three plans (torch's kernels, oneDNN's for many rows, ``W @ x.T`` for few), and a server
+launched beside a CPU-bound process compiled three drafter shapes on the spot: 45.6 s to its first reply against
+17-18 s. The probe reads the weights from memory, as decoding does: before each timed pass it reads a buffer
 larger than the CPU's last-level cache (``evictor``). A drafter small enough to stay in that cache between
 passes would otherwise be timed warm, which in speculative decoding only its later steps of a round are: the
 target's forward streams its own weights between the drafter's rounds. Warm, the stock kernel wins for code-drafter's small
@@ -64,6 +70,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import math
 import os
 import platform
@@ -109,6 +116,7 @@ _BUILT: dict[str, object] = {}  # "kernel" -> the loaded blocked kernel or None:
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
 _PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' shapes -> auto's plan (a model loaded again)
+PLANS_FILE = "plans.json"  # auto's plans kept between processes, in the kernels' cache folder
 
 
 def mode() -> str:
@@ -534,10 +542,70 @@ def pays(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, str | None]:
     return few, best if shares[best] <= PAYS else None
 
 
+def plans_path() -> Path:
+    """Where ``auto``'s plans are kept between processes: ``~/.cache/specdec/kernels/plans.json``."""
+    return cache_root() / "kernels" / PLANS_FILE
+
+
+def _plan_key(shapes: tuple, offered: tuple[str, ...]) -> str:
+    """What a probe's answer depends on: the machine (its CPU's flags), torch, the threads and the layers' shapes
+    (``shapes``), the kernels offered for many rows, the blocked kernel's source where offered and the probe's rule."""
+    source = _SOURCE.read_text() if "blocked" in offered else ""
+    parts = [torch.__version__, _cpu_flags(), shapes, offered, PAYS, PROBE_ROWS, source]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def _kept_plan(key: str, offered: tuple[str, ...]) -> tuple[bool, str | None] | None:
+    """The plan kept under ``key``, or None where there is none, the file is unreadable, or it names a kernel not
+    offered now."""
+    try:
+        few, many = json.loads(plans_path().read_text())[key]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (few, many) if isinstance(few, bool) and (many is None or many in offered) else None
+
+
+def _keep_plan(key: str, plan: tuple[bool, str | None]) -> None:
+    """Add ``plan`` under ``key`` to the kept plans (a file that is not a JSON object is replaced; written whole,
+    then renamed into place; a cache that cannot be written is left as it is: probed again next time)."""
+    path = plans_path()
+    try:
+        plans = json.loads(path.read_text())
+    except (OSError, ValueError):
+        plans = {}
+    plans = {**(plans if isinstance(plans, dict) else {}), key: list(plan)}
+    written = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
+            written = file.name
+            json.dump(plans, file)
+        os.replace(written, path)
+    except OSError:
+        if written is not None:
+            Path(written).unlink(missing_ok=True)
+
+
+def _planned(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, str | None]:
+    """``auto``'s plan for ``layers``: this process's, else the one kept for this machine, else probed (``pays``) and
+    kept."""
+    shapes = (torch.get_num_threads(), *((m.in_features, m.out_features, m.bias is not None) for m in layers))
+    if shapes not in _PLANS:
+        offered = many_kernels(sum(m.weight.numel() * m.weight.element_size() for m in layers))
+        key = _plan_key(shapes, offered)
+        plan = _kept_plan(key, offered)
+        if plan is None:
+            plan = pays(layers)
+            _keep_plan(key, plan)
+        _PLANS[shapes] = plan
+    return _PLANS[shapes]
+
+
 def install(model: torch.nn.Module) -> bool:
     """Give ``model``'s eligible linear layers the fast kernels, as ``SPECDEC_LINEAR`` says (decided once per
-    model, for few rows and for many apart: ``pays``, probed once per process for the same layer shapes and
-    threads: a drafter named in every ``speculative_generate`` call is loaded again each time); returns whether
+    model, for few rows and for many apart: ``pays``, probed once per machine for the same layer shapes and
+    threads, ``_planned``: a drafter named in every ``speculative_generate`` call is loaded again each time, and
+    each process of a server or a bench would otherwise probe again); returns whether
     they have any. Nothing changes outside ``active()``."""
     if model in _DECIDED:
         return installed(model)
@@ -548,11 +616,8 @@ def install(model: torch.nn.Module) -> bool:
         plan: tuple[bool, str | None] = (False, None)
     elif chosen == "on":
         plan = (True, many_kernels()[0])
-    else:  # the probe's answer depends on the layers' shapes and the machine, not the weights: once per process
-        shapes = (torch.get_num_threads(), *((m.in_features, m.out_features, m.bias is not None) for m in layers))
-        if shapes not in _PLANS:
-            _PLANS[shapes] = pays(layers)
-        plan = _PLANS[shapes]
+    else:  # the probe's answer depends on the layers' shapes and the machine, not the weights: once per machine
+        plan = _planned(layers)
     if any(plan):
         for m, kernel in layers.items():
             kernel.few, kernel.many = plan

@@ -10,6 +10,7 @@ speculative and plain, ragged batches); ``SPECDEC_LINEAR`` off installs nothing,
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -24,9 +25,11 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
 
 
 @pytest.fixture(autouse=True)
-def _no_earlier_plans(monkeypatch):
-    """Each test probes for itself (auto's plans are kept per process by the layers' shapes)."""
+def _no_earlier_plans(monkeypatch, tmp_path):
+    """Each test probes for itself (auto's plans are kept per process by the layers' shapes, and per machine in a
+    file of the cache folder)."""
     monkeypatch.setattr(kernels, "_PLANS", {})
+    monkeypatch.setattr(kernels, "plans_path", lambda: tmp_path / "kernels" / kernels.PLANS_FILE)
 
 
 def _fresh_install(model: torch.nn.Module, monkeypatch, mode: str = "on") -> bool:
@@ -268,6 +271,41 @@ def test_a_model_of_the_same_shapes_is_probed_once(monkeypatch):
     assert len(probes) == 1 and kernels.describe(again) == "1-2 rows torch, 3+ rows oneDNN prepacked"
     assert _fresh_install(build_tiny("llama", seed=16, hidden=96), monkeypatch, "auto")  # other shapes: probed
     assert len(probes) == 2
+
+
+def test_a_plan_is_kept_for_the_next_process(monkeypatch):
+    """A server's or a bench's every process would probe again, and a probe timed beside other work could flip a
+    choice between near-even kernels (each flip of a compiled model's kernels traces its graphs again): the plan is
+    kept in the cache folder, and a later process with the same layers and threads takes it without a probe. A file
+    that is not JSON, or a kept plan naming a kernel this machine no longer offers, is probed again and rewritten."""
+    probes: list[int] = []
+    monkeypatch.setattr(kernels, "pays", lambda layers: probes.append(len(layers)) or (True, "onednn"))
+    shapes = {"hidden": 64}
+
+    def next_process() -> torch.nn.Module:
+        monkeypatch.setattr(kernels, "_PLANS", {})
+        model = build_tiny("llama", seed=19, **shapes)
+        assert _fresh_install(model, monkeypatch, "auto")
+        return model
+
+    assert kernels.describe(next_process()) == "1-2 rows W @ x.T, 3+ rows oneDNN prepacked" and len(probes) == 1
+    kept = json.loads(kernels.plans_path().read_text())
+    assert list(kept.values()) == [[True, "onednn"]]
+    assert kernels.describe(next_process()) == "1-2 rows W @ x.T, 3+ rows oneDNN prepacked" and len(probes) == 1
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        next_process()  # other threads: another plan, probed
+    finally:
+        torch.set_num_threads(previous)
+    assert len(probes) == 2 and len(json.loads(kernels.plans_path().read_text())) == 2
+    kernels.plans_path().write_text("{not json")
+    next_process()
+    assert len(probes) == 3 and list(json.loads(kernels.plans_path().read_text()).values()) == [[True, "onednn"]]
+    key = next(iter(json.loads(kernels.plans_path().read_text())))
+    kernels.plans_path().write_text(json.dumps({key: [True, "a kernel of another machine"]}))
+    next_process()
+    assert len(probes) == 4 and json.loads(kernels.plans_path().read_text()) == {key: [True, "onednn"]}
 
 
 def test_auto_installs_nothing_where_neither_kernel_pays(monkeypatch):
