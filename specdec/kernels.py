@@ -567,23 +567,21 @@ def _kept_plan(key: str, offered: tuple[str, ...]) -> tuple[bool, str | None] | 
 
 def _keep_plan(key: str, plan: tuple[bool, str | None]) -> None:
     """Add ``plan`` under ``key`` to the kept plans (a file that is not a JSON object is replaced; written whole,
-    then renamed into place; a cache that cannot be written is left as it is: probed again next time)."""
+    then renamed into place, as the project's other caches are; a cache that cannot be written is left as it is:
+    probed again next time)."""
     path = plans_path()
     try:
         plans = json.loads(path.read_text())
     except (OSError, ValueError):
         plans = {}
     plans = {**(plans if isinstance(plans, dict) else {}), key: list(plan)}
-    written = None
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # atomic: processes starting together may both write it
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
-            written = file.name
-            json.dump(plans, file)
-        os.replace(written, path)
+        tmp.write_text(json.dumps(plans))
+        os.replace(tmp, path)
     except OSError:
-        if written is not None:
-            Path(written).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _planned(layers: dict[torch.nn.Linear, _Packed]) -> tuple[bool, str | None]:

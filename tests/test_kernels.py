@@ -280,11 +280,9 @@ def test_a_plan_is_kept_for_the_next_process(monkeypatch):
     that is not JSON, or a kept plan naming a kernel this machine no longer offers, is probed again and rewritten."""
     probes: list[int] = []
     monkeypatch.setattr(kernels, "pays", lambda layers: probes.append(len(layers)) or (True, "onednn"))
-    shapes = {"hidden": 64}
-
     def next_process() -> torch.nn.Module:
         monkeypatch.setattr(kernels, "_PLANS", {})
-        model = build_tiny("llama", seed=19, **shapes)
+        model = build_tiny("llama", seed=19, hidden=64)
         assert _fresh_install(model, monkeypatch, "auto")
         return model
 
