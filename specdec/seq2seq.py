@@ -202,17 +202,24 @@ def prefilled_caches(model: PreTrainedModel, prompts: PromptBatch, device: torch
 def prefill_into(cache: object, model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
                  ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> int:
     """Prefill the new rows ``prompts`` and append them to ``cache``, a running batch's cache handle; the model calls
-    made. A handle whose merge copies only the new rows (``merges_rows``: a compiled model's static cache) takes each
-    group's cache in turn (``prefilled_caches``); another takes them merged first (``prefilled_cache``), so its
-    running rows are copied once."""
-    if not getattr(cache, "merges_rows", False):
-        new, calls = prefilled_cache(model, prompts, device, ids)
-        cache.merge(new)
-        return calls
-    parts, calls = prefilled_caches(model, prompts, device, ids)
+    made (``prefilled_parts``, then each part merged in order)."""
+    parts, calls = prefilled_parts(cache, model, prompts, device, ids)
     for part in parts:
         cache.merge(part)
     return calls
+
+
+def prefilled_parts(cache: object, model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
+                    ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[list[RaggedCache], int]:
+    """The caches of the new rows ``prompts`` that ``cache`` (a running batch's cache handle) merges, in order, to
+    append them, and the model calls made; ``cache`` itself is only read (whether it ``merges_rows``), so they may be
+    computed while the batch decodes on another thread. A handle whose merge copies only the new rows (``merges_rows``:
+    a compiled model's static cache) takes each group's cache in turn (``prefilled_caches``); another takes them
+    merged first (``prefilled_cache``), so its running rows are copied once."""
+    if not getattr(cache, "merges_rows", False):
+        new, calls = prefilled_cache(model, prompts, device, ids)
+        return [new], calls
+    return prefilled_caches(model, prompts, device, ids)
 
 
 def _merged(first: RaggedCache, second: RaggedCache) -> RaggedCache:

@@ -34,7 +34,14 @@ from specdec.compiled import decoding_cache
 from specdec.kernels import install
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
-from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefill_into, rows_apart, source_limit
+from specdec.seq2seq import (
+    decoder_start_id,
+    is_encoder_decoder,
+    prefill_into,
+    prefilled_parts,
+    rows_apart,
+    source_limit,
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,13 @@ class Target(ABC):
     @abstractmethod
     def prefill(self, prompts: PromptBatch) -> int:
         """Add the rows of ``prompts``; return the forward passes spent."""
+
+    def prefill_beside(self, prompts: PromptBatch) -> Callable[[], Callable[[], int]] | None:
+        """``prefill`` in two parts, for a decoder that prefills joining rows while its batch decodes: a function that
+        runs the model on the new rows alone (it touches no state of the running batch, so it may run on another
+        thread meanwhile) and returns one that adds them to the batch (on the decoding thread, between rounds),
+        returning the forward passes spent; or None where the target cannot split it (then ``prefill``)."""
+        return None
 
     def rows_apart(self, prompts: PromptBatch) -> str | None:
         """Why rows of different lengths cannot share the target's forwards (then each decodes alone), or None;
@@ -123,6 +137,23 @@ class ModelTarget(Target):
 
     def prefill(self, prompts: PromptBatch) -> int:
         return prefill_into(self.cache, self.model, prompts, self.device)
+
+    def prefill_beside(self, prompts: PromptBatch) -> Callable[[], Callable[[], int]] | None:
+        if type(self).prefill is not ModelTarget.prefill:  # a subclass's own prefill: not split here
+            return None
+        cache = self.cache
+
+        def run() -> Callable[[], int]:
+            parts, calls = prefilled_parts(cache, self.model, prompts, self.device)
+
+            def add() -> int:
+                if self.cache is not cache:
+                    raise RuntimeError("the target's cache was replaced while joining rows were prefilled beside it")
+                for part in parts:
+                    cache.merge(part)
+                return calls
+            return add
+        return run
 
     def rows_apart(self, prompts: PromptBatch) -> str | None:
         return rows_apart(self.model, prompts, self.device)

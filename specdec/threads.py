@@ -214,3 +214,14 @@ def current() -> ThreadChoice:
     if _applied is not None:
         return ThreadChoice(count, "set outside specdec")
     return ThreadChoice(count, f"torch: {ENV}" if os.environ.get(ENV, "").strip() else "torch's default")
+
+
+def room_beside(threads: int | None = None, usable: int | None = None) -> bool:
+    """Whether a second forward of ``threads`` threads (torch's count now) has cores of its own beside the first's:
+    the server then prefills rows joining its batch on another thread while the batch decodes
+    (``Decoder.prefill_beside``), one thread per concurrent forward as above."""
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return (usable_cores() if usable is None else usable) >= 2 * threads

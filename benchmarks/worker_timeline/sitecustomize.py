@@ -48,4 +48,22 @@ if os.environ.get("SPECDEC_TIMELINE_LOG") and "serve" in sys.argv:
             _write("idle", start)
         return out
 
+    from specdec import target as _target
+
+    _beside, _split, _tokens = decode._beside, _target.ModelTarget.prefill_beside, {}
+
+    def split(self, prompts):
+        run = _split(self, prompts)
+        _tokens[run] = int(prompts.valid().sum())
+        return run
+
+    def beside(run):  # a prefill beside decoding, on the prefill thread (``Decoder.prefill_beside``)
+        start = time.perf_counter()
+        out = _beside(run)
+        _write("beside", start, tokens=_tokens.pop(run, 0))
+        return out
+
+    _target.ModelTarget.prefill_beside = split
+
     decode.Decoder._join, decode.Decoder._round, engine.Engine._take_inbox = join, round_, take
+    decode._beside = beside

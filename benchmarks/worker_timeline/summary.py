@@ -9,7 +9,7 @@ from collections import Counter
 
 
 def main(path: str) -> None:
-    seconds, count, prompt_tokens = Counter(), Counter(), 0
+    seconds, count, prompt_tokens, beside_tokens = Counter(), Counter(), 0, 0
     first = last = None
     with open(path) as log:
         lines = log.read().splitlines()
@@ -22,6 +22,8 @@ def main(path: str) -> None:
         key = f"round of {values['rows']} rows" if kind == "round" else kind
         seconds[key] += duration
         count[key] += 1
+        if kind == "beside":
+            beside_tokens += int(values["tokens"])
         if kind == "join":
             prompt_tokens += sum(int(n) for n in values["prompts"].strip("[]").split(",") if n)
     span = (last or 0) - (first or 0)
@@ -29,6 +31,9 @@ def main(path: str) -> None:
     for key in sorted(seconds, key=lambda k: -seconds[k]):
         print(f"{key}: {count[key]} x {1000 * seconds[key] / count[key]:.2f} ms = {seconds[key]:.2f} s "
               f"({100 * seconds[key] / span:.0f}%)")
+    if seconds["beside"]:
+        print(f"prefilled {beside_tokens} prompt tokens beside decoding at {1000 * seconds['beside'] / beside_tokens:.3f} ms a "
+              "token")
     if seconds["join"]:
         print(f"joined {prompt_tokens} prompt tokens at {1000 * seconds['join'] / prompt_tokens:.3f} ms a token")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -42,6 +43,7 @@ from specdec.schedules import Schedule
 from specdec.serve.metrics import ModelMetrics
 from specdec.stats import GenerationResult, RoundEvent
 from specdec.target import Target
+from specdec.threads import room_beside
 
 log = logging.getLogger("specdec.serve")
 
@@ -144,6 +146,21 @@ class _Interval:
     peak_waiting: int = 0
 
 
+BESIDE_ENV = "SPECDEC_PREFILL_BESIDE"  # auto (default) | on | off
+
+
+def prefill_beside(target: Target) -> bool:
+    """Whether the engine's decoder prefills rows joining its batch on another thread while the batch decodes
+    (``Decoder.prefill_beside``): ``SPECDEC_PREFILL_BESIDE`` ``on`` / ``off``, else (``auto``) on a CPU target where
+    the machine has cores for a second forward (``threads.room_beside``)."""
+    mode = os.environ.get(BESIDE_ENV, "auto").strip().lower() or "auto"
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"{BESIDE_ENV}={mode!r}: use auto, on or off")
+    if mode != "auto":
+        return mode == "on"
+    return torch.device(target.device).type == "cpu" and room_beside()
+
+
 class Engine(Listener):
     """Decodes the requests handed to it, continuously batched, on its own worker thread."""
 
@@ -156,6 +173,7 @@ class Engine(Listener):
         self.verify = verify or VerifyConfig()
         self.metrics = metrics
         self.speculate = speculate  # on / off / auto: shown by the page
+        self.prefill_beside = prefill_beside(target)
         self.decoder = self._new_decoder()
         self._inbox: queue.SimpleQueue[tuple[str, Job | None]] = queue.SimpleQueue()
         self._jobs: dict[int, Job] = {}  # Request.index -> job, for the worker only
@@ -173,7 +191,7 @@ class Engine(Listener):
 
     def _new_decoder(self) -> Decoder:
         return Decoder(self.target, self.drafter, self.schedule, verify=self.verify, batch_size=self.batch_size,
-                       tokenizer=self.tokenizer, listeners=[self])
+                       tokenizer=self.tokenizer, listeners=[self], prefill_beside=self.prefill_beside)
 
     # ------------------------------------------------------------------ the event loop's side
 
