@@ -235,9 +235,9 @@ class Decoder:
         joining a batch that is decoding are prefilled by the target on another thread (``Target.prefill_beside``)
         while the batch goes on with its rounds, and join at the first round boundary after (at once where the batch
         has emptied meanwhile); one such prefill at a time. Measured on the AMD EPYC (2 cores, 1 thread a forward, the
-        code pair, the server at 4 clients, ``benchmarks/worker_timeline``): prefilled beside, 1.12 ms a prompt token
-        against 0.94 in turn, while the batch's rounds went on (4-row rounds 9.9 ms) instead of waiting; median latency
-        0.93-1.00 s against 1.12-1.24 (``--speculate off``), 1.00-1.14 against 1.08-1.29 (``auto``)."""
+        code pair, the server at 4 clients, ``--speculate auto``, alternated): median latency 1.003-1.137 s (median 1.070)
+        against 1.080-1.293 (1.193) in turn; prefilled beside, 1.12 ms a prompt token against 1.09 in turn, while the
+        batch's rounds went on (docs/benchmarks.md, "Prompts prefilled beside the batch, on the second core")."""
         if self._beside and (self._beside[2].done() or not self.rows):  # prefilled, or nothing left to decode
             joining, prompts, future = self._beside
             self._beside = None
