@@ -11,7 +11,9 @@ come back as ``RoundEvent``s: the engine is a ``Listener`` of its decoder and fo
 request whose client went away is cancelled (``Decoder.cancel``) and leaves before its next round.
 
 Contracts:
-- Only the worker thread touches the decoder, its models and caches; handlers only enqueue.
+- Only the worker thread touches the decoder, its models and caches; handlers only enqueue. Where a core is spare
+  (``prefill_beside``), the decoder's prefill thread runs the target on rows joining the batch, into caches of
+  their own, which the worker merges between rounds.
 - Every request gets a unique ``Request.index`` (its ``RoundEvent.row``), so events never mix.
 - A row's tokens do not depend on the rows beside it: greedy rows equal the target's own greedy
   decoding (up to near ties of its two best logits), seeded sampled rows draw from their own generator.
