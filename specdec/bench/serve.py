@@ -126,6 +126,8 @@ class ServeRun:
     crossover: dict[int, int | None]  # auto's draft width per batch-size bucket (0: plain; None: uncapped)
     startup_s: dict[str, float] = field(default_factory=dict)  # launch -> first reply: specdec serve, each vLLM server
     auto: list[AutoChoice] = field(default_factory=list)  # auto's choices with the speeds it measured, at the end
+    prefill_beside: bool = False  # our servers prefilled joining prompts on a second thread (their /stats said so)
+    vllm_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND as vLLM's servers had it ("nobind": as many threads as ours)
 
     def cell(self, mode: str, clients: int) -> Cell | None:
         return next((c for c in self.cells if c.mode == mode and c.clients == clients), None)
@@ -349,6 +351,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         try:
             for mode in config.speculate:  # one at a time, each ready before the next starts
                 servers[mode], ours[mode], _ = serving(config, probe, mode, batch_size)
+            beside = any(m.get("prefill_beside", False) for e in ours.values() for m in server_stats(e)["models"])
             progress = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=console or Console(stderr=True),
                                 disable=not config.progress, transient=True)
@@ -387,7 +390,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         environment = capture_environment((config.target, target), (config.drafter, session.model(config.drafter)),
                                           load_start)
     return ServeRun(config, environment, prompts, temperature, batch_size, list(cells.values()), crossover,
-                    startup, auto)
+                    startup, auto, beside, os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind")
 
 
 def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[Prompt], temperature: float,
@@ -525,8 +528,11 @@ def print_serve(run: ServeRun, console: Console) -> None:
     console.print(serve_table(run))
     env = run.environment
     peers = sorted({c.mode for c in run.cells} - set(run.config.speculate))
-    where = ("each server a process of its own (ours all up, vLLM's one at a time, as many threads as ours), the "
-             "clients in the bench's" if peers else "each server a process of its own, the clients in the bench's")
+    ours = "ours all up, each prefilling joining prompts on a second thread" if run.prefill_beside else "ours all up"
+    theirs = ("as many threads a forward as ours" if run.vllm_bind == "nobind" else
+              f"its threads bound to cores {run.vllm_bind} (VLLM_CPU_OMP_THREADS_BIND)")
+    where = (f"each server a process of its own ({ours}; vLLM's one at a time, {theirs}), the clients in the bench's"
+             if peers else f"each server a process of its own ({ours}), the clients in the bench's")
     console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}, load average "
                   f"{env.load_average_start} -> {env.load_average_end}; {where}; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
@@ -550,6 +556,8 @@ def write_serve(run: ServeRun, out_dir: Path) -> Path:
         "crossover": {str(k): v for k, v in run.crossover.items()},
         "auto": [asdict(c) for c in run.auto],
         "startup_s": run.startup_s,
+        "prefill_beside": run.prefill_beside,
+        "vllm_bind": run.vllm_bind,
         "goals": [asdict(g) for g in serve_goals(run)],
     }, indent=2))
     return path
