@@ -214,6 +214,11 @@ class Decoder:
     def busy(self) -> bool:
         return bool(self.waiting or self.rows or self._beside)
 
+    @property
+    def prefilling(self) -> int:
+        """Rows being prefilled beside the batch (``prefill_beside``): no longer waiting, not yet in the batch."""
+        return len(self._beside[0]) if self._beside else 0
+
     def rows_apart(self, prompts: PromptBatch | None = None) -> str | None:
         """Why the models' rows cannot share a forward (the batch then holds one row at a time), or None. Learnt
         from ``prompts`` (a server's probe at start), else once two rows are in sight (the first row serves the

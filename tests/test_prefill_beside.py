@@ -81,13 +81,13 @@ def test_the_batch_decodes_while_a_row_is_prefilled_beside_it():
         decoder.submit(Request(p, n, SamplingConfig(temperature=0.0), index=i))
     finished = []
     with torch.inference_mode():
-        while decoder._beside is None:  # until row 1 leaves and row 2's prefill starts beside row 0
+        while not decoder.prefilling:  # until row 1 leaves and row 2's prefill starts beside row 0
             finished += decoder.step()
         rounds, tokens = decoder.stats.rounds, len(decoder.rows[0].tokens)
         for _ in range(5):  # its prefill held: row 0 decodes on, alone
             finished += decoder.step()
         assert decoder.stats.rounds == rounds + 5 and len(decoder.rows) == 1
-        assert len(decoder.rows[0].tokens) == tokens + 5 and decoder._beside is not None
+        assert len(decoder.rows[0].tokens) == tokens + 5 and decoder.prefilling == 1 and not decoder.waiting
         gate.set()
         while decoder.busy:
             finished += decoder.step()

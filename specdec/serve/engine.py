@@ -319,7 +319,7 @@ class Engine(Listener):
 
     def _update_gauges(self) -> None:
         self.running = len(self.decoder.rows)
-        self.waiting = len(self.decoder.waiting) + self._inbox.qsize()
+        self.waiting = len(self.decoder.waiting) + self.decoder.prefilling + self._inbox.qsize()
         self._interval.peak_waiting = max(self._interval.peak_waiting, self.waiting)
         if self.metrics is not None:
             self.metrics.running.set(self.running)
