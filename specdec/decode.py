@@ -270,22 +270,21 @@ class Decoder:
     def _admit(self, joining: list[Row], prompts: PromptBatch, calls: int, seconds: float) -> None:
         """Rows the target has just prefilled (``calls`` forwards, ``seconds``) join the batch: the drafter reads them
         (unless it sits out), the schedule and the figures count them."""
-        if joining:
-            draft_calls = 0
-            if not self._drafter_out and self.schedule.settled_plain(len(self.rows) + len(joining)):
-                self._sit_out()  # the batch they make decodes plain: no prefill the drafter would drop at once
-            if not self._drafter_out:  # else the drafter reads the rows when it drafts again (``_seat_drafter``)
-                with self.events.phase(DRAFT_PREFILL):
-                    draft_calls = self.drafter.prefill(prompts)
-            self.schedule.add(len(joining))
-            for row in joining:
-                row.stats.target_calls, row.stats.drafter_calls = calls, draft_calls
-                row.stats.target_time_s, row.stats.drafter_time_s = seconds, self.clock.round[DRAFT_PREFILL]
-            self.stats.target_calls += calls
-            self.stats.drafter_calls += draft_calls
-            self.rows += joining
-            self.last = torch.cat([self.last, prompts.ids[:, -1]])
-            self._resample()
+        draft_calls = 0
+        if not self._drafter_out and self.schedule.settled_plain(len(self.rows) + len(joining)):
+            self._sit_out()  # the batch they make decodes plain: no prefill the drafter would drop at once
+        if not self._drafter_out:  # else the drafter reads the rows when it drafts again (``_seat_drafter``)
+            with self.events.phase(DRAFT_PREFILL):
+                draft_calls = self.drafter.prefill(prompts)
+        self.schedule.add(len(joining))
+        for row in joining:
+            row.stats.target_calls, row.stats.drafter_calls = calls, draft_calls
+            row.stats.target_time_s, row.stats.drafter_time_s = seconds, self.clock.round[DRAFT_PREFILL]
+        self.stats.target_calls += calls
+        self.stats.drafter_calls += draft_calls
+        self.rows += joining
+        self.last = torch.cat([self.last, prompts.ids[:, -1]])
+        self._resample()
 
     def _prompts(self, rows: list[Row], committed: bool = False) -> PromptBatch:
         """``rows``' prompts as a batch (``committed``: each with its new tokens so far), with their sources
