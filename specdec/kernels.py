@@ -64,6 +64,15 @@ layers at 1 row and the probe decided by noise (5 installs in 8 probes); from me
 (8 in 8), and in the bench's default run (``--compile on``) the drafter's step took 0.89 ms with them
 against 1.51 ms without, the default speculation 4.26 against 4.57 ms per token (docs/benchmarks.md,
 "The linear kernels").
+
+The helper (``SPECDEC_HELPER=auto|on|off``): the blocked kernel as a torch operator (``blocked_op``, which a
+compiled step calls, and eager products too once it is loaded) shares every product of 128 KiB of weight or more, and
+the operator's attention over several rows, with one more thread at the scheduler's idle priority
+(``csrc/blocked_op.cpp``): shares of the output's columns (rows), the same floats whichever thread computes them,
+and none ever waited for (a share the helper holds when the owner runs out is taken back and computed by the owner).
+``auto`` turns it on where this process may use more cores than torch's threads (``helper_wanted``); ``shares``
+says whether a model's products go through it. On the 2-core AMD EPYC (AVX-512), 1 thread: a pass over
+code-target's layers 0.74x the one-thread time at 4 rows, 0.68x at 16, 0.56x at 150 (``benchmarks/helper_split.py``).
 """
 
 from __future__ import annotations
@@ -95,6 +104,7 @@ from specdec.folders import cache_root
 
 MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
 ENV = "SPECDEC_LINEAR"
+HELPER_ENV = "SPECDEC_HELPER"  # auto|on|off: the blocked operator's helper thread (``helper``)
 PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
 FEW = 2  # up to this many rows, the few-row kernel (W @ x.T); more, a kernel of ``MANY``
 # The blocked kernel is offered to models of at least this many bytes of linear weights: they stream them from
@@ -126,6 +136,58 @@ def mode() -> str:
         raise ValueError(f"{ENV}={value!r}: use one of {', '.join(MODES)} (off keeps torch's F.linear everywhere, "
                          "on always uses specdec's linear kernels, auto where a probe at load finds they pay)")
     return value
+
+
+def helper_mode() -> str:
+    """``SPECDEC_HELPER`` (auto when unset); a clear error for another value."""
+    value = os.environ.get(HELPER_ENV, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{HELPER_ENV}={value!r}: use one of {', '.join(MODES)} (auto shares the blocked kernel's "
+                         "products with a helper thread where this process has a core beyond torch's threads, on "
+                         "always, off never)")
+    return value
+
+
+def helper_wanted(threads: int | None = None, usable: int | None = None) -> bool:
+    """Whether the blocked operator's products are shared with its helper thread (``csrc/blocked_op.cpp``: a thread
+    at the scheduler's idle priority that takes shares of a product's columns, never waited for): ``SPECDEC_HELPER``
+    on or off, else (auto) where this process may use more cores than torch's ``threads`` (its count now)."""
+    chosen = helper_mode()
+    if chosen != "auto":
+        return chosen == "on"
+    from specdec.threads import usable_cores
+
+    return (usable_cores() if usable is None else usable) > (torch.get_num_threads() if threads is None else threads)
+
+
+_HELPER: list[bool] = [False]  # whether specdec set the helper on (``helper``, ``_build_op``)
+
+
+def helper() -> bool:
+    """Start or park the helper as ``helper_wanted`` says now (torch's thread count may have changed since the operator
+    loaded: ``install`` calls it for every model); whether it is on. False where the operator is not loaded."""
+    if not _BUILT.get("op"):
+        return False
+    _set_helper(helper_wanted())
+    return _HELPER[0]
+
+
+def _set_helper(on: bool) -> None:
+    torch.ops.specdec.helper(on)
+    _HELPER[0] = on
+
+
+def helper_on() -> bool:
+    """Whether the blocked operator shares its products with its helper thread now."""
+    return bool(_BUILT.get("op")) and _HELPER[0]
+
+
+def shares(model: torch.nn.Module | None = None) -> bool:
+    """Whether ``model``'s linear products (None: any model's this process decodes) are shared with the helper thread
+    while specdec decodes: the helper is on and the model's layers take the blocked kernel, through the operator
+    (loaded by a compiled model; products of 128 KiB of weight or more)."""
+    plans = [_DECIDED.get(model, (False, None))] if model is not None else list(_DECIDED.values())
+    return helper_on() and any(many == "blocked" for _, many in plans)
 
 
 def available() -> bool:
@@ -269,6 +331,7 @@ def _build_op() -> bool:
             torch.library.register_fake("specdec::blocked_linear")(_blocked_fake)
             torch.library.register_fake("specdec::decode_attention")(_attention_fake)
             _OP_LOADED.append(path)
+        _set_helper(helper_wanted())
     except (OSError, RuntimeError, subprocess.SubprocessError):
         return False
     return True
@@ -322,8 +385,12 @@ def blocked_copy(weight: torch.Tensor, lanes: int) -> torch.Tensor:
 
 def blocked_product(kernel: Blocked, rows: torch.Tensor, packed: torch.Tensor, out_features: int,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``rows`` [n, in] (contiguous) times a weight laid out by ``blocked_copy`` (+ bias) by ``kernel``: [n, out]."""
+    """``rows`` [n, in] (contiguous) times a weight laid out by ``blocked_copy`` (+ bias) by ``kernel``: [n, out].
+    Through the operator where it is loaded (a compiled step loaded it), which shares the product with its helper
+    (``helper``), else through ctypes: the same floats either way."""
     bias = None if bias is None else bias.contiguous()
+    if _BUILT.get("op") and kernel is _BUILT.get("kernel"):
+        return torch.ops.specdec.blocked_linear(rows, packed, bias, out_features)
     out = rows.new_empty(rows.shape[0], out_features)
     function = kernel.pairs if packed.dtype == torch.bfloat16 else kernel.function
     if function is None:
@@ -605,6 +672,7 @@ def install(model: torch.nn.Module) -> bool:
     threads, ``_planned``: a drafter named in every ``speculative_generate`` call is loaded again each time, and
     each process of a server or a bench would otherwise probe again); returns whether
     they have any. Nothing changes outside ``active()``."""
+    helper()
     if model in _DECIDED:
         return installed(model)
     chosen = mode()

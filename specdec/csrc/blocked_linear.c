@@ -55,10 +55,12 @@ typedef uint32_t words __attribute__((vector_size(LANES * sizeof(uint32_t))));
 
 int specdec_lanes(void) { return LANES; }
 
-static inline __attribute__((always_inline)) void store(float *y, vec v, const float *bias, int64_t n0, int64_t cols) {
+/* output columns n0 .. n0 + cols (of the whole product) into the row ``y``, whose first column is column c0 */
+static inline __attribute__((always_inline)) void store(float *y, vec v, const float *bias, int64_t n0, int64_t cols,
+                                                        int64_t c0) {
     float out[LANES];
     memcpy(out, &v, sizeof(vec));
-    for (int64_t i = 0; i < cols; ++i) y[n0 + i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
+    for (int64_t i = 0; i < cols; ++i) y[n0 - c0 + i] = out[i] + (bias ? bias[n0 + i] : 0.0f);
 }
 
 /* the floats of a pair's LANES words at ``at``: block 2p's (the upper halves) and block 2p + 1's (the lower) */
@@ -72,10 +74,10 @@ static inline __attribute__((always_inline)) void widen(const uint32_t *at, vec 
 }
 
 /* rows m0 .. m0 + M of x against NB blocks at ``w`` (float32, or where HALF a pair of bfloat16 ones), which are the
- * weight's blocks b .. b + NB */
+ * weight's blocks b .. b + NB; y's rows are ``ys`` floats apart and start at output column c0 */
 static inline __attribute__((always_inline)) void pass(const float *x, const void *w, const float *bias, float *y,
                                                        int64_t N, int64_t K, int64_t b, const int NB, const int M,
-                                                       const int HALF, const int FETCH) {
+                                                       const int HALF, const int FETCH, int64_t ys, int64_t c0) {
     vec acc[BLOCKS][ONE_PASS > ROWS ? ONE_PASS : ROWS];
     for (int i = 0; i < NB; ++i)
         for (int m = 0; m < M; ++m) acc[i][m] = (vec){0};
@@ -98,7 +100,7 @@ static inline __attribute__((always_inline)) void pass(const float *x, const voi
     }
     for (int i = 0; i < NB; ++i) {
         int64_t n0 = (b + i) * LANES, cols = N - n0 < LANES ? N - n0 : LANES;
-        for (int m = 0; m < M; ++m) store(y + m * N, acc[i][m], bias, n0, cols);
+        for (int m = 0; m < M; ++m) store(y + m * ys, acc[i][m], bias, n0, cols, c0);
     }
 }
 
@@ -107,7 +109,8 @@ static inline __attribute__((always_inline)) void pass(const float *x, const voi
  * the weight's block b + p * apart (or blocks b + 2 p apart and the next) */
 static inline __attribute__((always_inline)) void pass_streams(const float *x, const void *w, const float *bias,
                                                               float *y, int64_t N, int64_t K, int64_t b, int64_t apart,
-                                                              const int P, const int M, const int HALF) {
+                                                              const int P, const int M, const int HALF, int64_t ys,
+                                                              int64_t c0) {
     const int W = HALF ? 2 : 1; /* blocks a stream holds */
     vec acc[2 * MAX_STREAMS][STREAM_ROWS];
     for (int i = 0; i < W * P; ++i)
@@ -132,17 +135,18 @@ static inline __attribute__((always_inline)) void pass_streams(const float *x, c
     }
     for (int i = 0; i < W * P; ++i) {
         int64_t n0 = (b + i / W * W * apart + i % W) * LANES, cols = N - n0 < LANES ? N - n0 : LANES;
-        for (int m = 0; m < M; ++m) store(y + m * N, acc[i][m], bias, n0, cols);
+        for (int m = 0; m < M; ++m) store(y + m * ys, acc[i][m], bias, n0, cols, c0);
     }
 }
 
-#define STREAMS_CASE(R) case R: pass_streams(x, w + q * K * LANES, bias, y, N, K, W * q, apart, STREAMS(R), R, HALF); break;
+#define STREAMS_CASE(R) case R: pass_streams(x, w + q * K * LANES, bias, y, N, K, b0 + W * q, apart, STREAMS(R), R, HALF, \
+                                             ys, c0); break;
 
-/* the first ``W * STREAMS(M) * apart`` blocks of the weight (W blocks a stream's unit), read as STREAMS(M) streams of
- * ``apart`` units each (M <= STREAM_ROWS); the blocks done */
+/* the first ``W * STREAMS(M) * apart`` of the ``blocks`` blocks at ``w_``, the weight's blocks from b0 on (W blocks a
+ * stream's unit), read as STREAMS(M) streams of ``apart`` units each (M <= STREAM_ROWS); the blocks done */
 static inline __attribute__((always_inline)) int64_t streamed(const float *x, const void *w_, const float *bias,
                                                              float *y, int64_t M, int64_t N, int64_t K, int64_t blocks,
-                                                             const int HALF) {
+                                                             const int HALF, int64_t b0, int64_t ys, int64_t c0) {
     const int W = HALF ? 2 : 1;
     const int64_t apart = (blocks + W - 1) / W / STREAMS(M);
     for (int64_t q = 0; q < apart; ++q) {
@@ -157,11 +161,11 @@ static inline __attribute__((always_inline)) int64_t streamed(const float *x, co
     return W * apart * STREAMS(M);
 }
 
-#define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R, HALF, FETCH); break;
+#define ROWS_CASE(R) case R: pass(x, w, bias, y, N, K, b, NB, R, HALF, FETCH, ys, c0); break;
 
 static inline __attribute__((always_inline)) void rows(const float *x, const void *w, const float *bias, float *y,
                                                        int64_t N, int64_t K, int64_t b, const int NB, int64_t r,
-                                                       const int HALF, const int FETCH) {
+                                                       const int HALF, const int FETCH, int64_t ys, int64_t c0) {
     switch (r) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
 #if ROWS > 6
@@ -171,28 +175,33 @@ static inline __attribute__((always_inline)) void rows(const float *x, const voi
     }
 }
 
-/* x [M, K] (rows contiguous), w [ceil(N / LANES), K, LANES], bias [N] or NULL, y [M, N] */
-void specdec_blocked_linear(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N,
-                            int64_t K) {
-    int64_t blocks = (N + LANES - 1) / LANES, b = 0, group = M <= ONE_PASS ? M : ROWS;
-    if (M <= STREAM_ROWS) b = streamed(x, w, bias, y, M, N, K, blocks, 0); /* the blocks left over by BLOCKS, below */
-    for (; b + BLOCKS <= blocks; b += BLOCKS)
+/* blocks b0 .. b1 of the product (output columns b0 * LANES .. min(b1 * LANES, N)) from the float32 copy, into y, whose
+ * rows are ``ys`` floats apart and start at output column c0 */
+static void float_range(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int64_t b0, int64_t b1, int64_t ys, int64_t c0) {
+    int64_t b = b0, group = M <= ONE_PASS ? M : ROWS;
+    if (M <= STREAM_ROWS) /* the blocks left over by BLOCKS, below */
+        b += streamed(x, w + b0 * K * LANES, bias, y, M, N, K, b1 - b0, 0, b0, ys, c0);
+    for (; b + BLOCKS <= b1; b += BLOCKS)
         for (int64_t m = 0; m < M; m += group)
-            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, BLOCKS, M - m < group ? M - m : group, 0, 1);
-    for (; b < blocks; ++b)
+            rows(x + m * K, w + b * K * LANES, bias, y + m * ys, N, K, b, BLOCKS, M - m < group ? M - m : group, 0, 1,
+                 ys, c0);
+    for (; b < b1; ++b)
         for (int64_t m = 0; m < M; m += group)
-            rows(x + m * K, w + b * K * LANES, bias, y + m * N, N, K, b, 1, M - m < group ? M - m : group, 0, 1);
+            rows(x + m * K, w + b * K * LANES, bias, y + m * ys, N, K, b, 1, M - m < group ? M - m : group, 0, 1, ys,
+                 c0);
 }
 
-/* the same from pairs of bfloat16 blocks, w [ceil(N / LANES / 2), K, LANES] 32-bit words (an odd last block paired
- * with zeros, whose columns are not stored); more than WIDEN_ROWS rows read each pair widened into a scratch block */
-void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N,
-                                 int64_t K) {
-    int64_t blocks = (N + LANES - 1) / LANES, group = M <= ONE_PASS ? M : ROWS;
+/* the same from pairs of bfloat16 blocks (b0 even); more than WIDEN_ROWS rows read each pair widened into a scratch
+ * block */
+static void pair_range(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                       int64_t b0, int64_t b1, int64_t ys, int64_t c0) {
+    int64_t group = M <= ONE_PASS ? M : ROWS;
     float *wide = M > WIDEN_ROWS ? malloc(2 * K * LANES * sizeof(float)) : NULL;
-    int64_t b = 0;
-    if (M <= STREAM_ROWS) b = streamed(x, w, bias, y, M, N, K, blocks, 1); /* the pairs left over one by one, below */
-    for (; b < blocks; b += 2) {
+    int64_t b = b0;
+    if (M <= STREAM_ROWS) /* the pairs left over one by one, below */
+        b += streamed(x, w + b0 / 2 * K * LANES, bias, y, M, N, K, b1 - b0, 1, b0, ys, c0);
+    for (; b < b1; b += 2) {
         const uint32_t *pair = w + b / 2 * K * LANES;
         if (wide)
             for (int64_t k = 0; k < K; ++k) {
@@ -203,9 +212,31 @@ void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float 
             }
         for (int64_t m = 0; m < M; m += group) {
             int64_t r = M - m < group ? M - m : group;
-            if (wide) rows(x + m * K, wide, bias, y + m * N, N, K, b, 2, r, 0, 0);
-            else rows(x + m * K, pair, bias, y + m * N, N, K, b, 2, r, 1, 1);
+            if (wide) rows(x + m * K, wide, bias, y + m * ys, N, K, b, 2, r, 0, 0, ys, c0);
+            else rows(x + m * K, pair, bias, y + m * ys, N, K, b, 2, r, 1, 1, ys, c0);
         }
     }
     free(wide);
+}
+
+/* x [M, K] (rows contiguous), w [ceil(N / LANES), K, LANES], bias [N] or NULL, y [M, N] */
+void specdec_blocked_linear(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N,
+                            int64_t K) {
+    float_range(x, w, bias, y, M, N, K, 0, (N + LANES - 1) / LANES, N, 0);
+}
+
+/* the same from pairs of bfloat16 blocks, w [ceil(N / LANES / 2), K, LANES] 32-bit words (an odd last block paired
+ * with zeros, whose columns are not stored) */
+void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M, int64_t N,
+                                 int64_t K) {
+    pair_range(x, w, bias, y, M, N, K, 0, (N + LANES - 1) / LANES, N, 0);
+}
+
+/* blocks b0 .. b1 of either product (HALF: w holds bfloat16 pairs, b0 even) into y, whose rows are ``ys`` floats apart
+ * and start at output column b0 * LANES: a share of the product for one thread (blocked_op.cpp, ``Helper``). Each
+ * column's sum is the whole product's, in the same order, whatever share computes it */
+void specdec_blocked_range(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                           int64_t b0, int64_t b1, int64_t ys, int HALF) {
+    if (HALF) pair_range(x, w, bias, y, M, N, K, b0, b1, ys, b0 * LANES);
+    else float_range(x, w, bias, y, M, N, K, b0, b1, ys, b0 * LANES);
 }

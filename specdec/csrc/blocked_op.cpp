@@ -3,21 +3,269 @@
 // blocked_linear.c; specdec/compiled.py, ``traced_linear``) and specdec::decode_attention (attention.c; specdec/
 // compiled.py, ``specdec_attention``). Built at first use with the machine's C++ compiler against the installed
 // torch's headers (specdec/kernels.py, ``blocked_op``), linked with the two C files built -march=native.
+//
+// The helper: one more thread, at the scheduler's idle priority (SCHED_IDLE: it runs only on a core nothing else
+// wants), shares a product's output columns with the thread that asked for it (the owner). The columns are cut into
+// shares, large first and single pairs of blocks last; owner and helper take them in turn from one counter, and each
+// share's columns are summed by the same code in the same order whichever thread takes it, so the floats are the
+// one-thread product's. Nothing waits for the helper: it computes a share into a buffer of its own and copies it into
+// the output only after winning it back from the owner (a compare-and-swap), and an owner that has taken every share it
+// could takes back (steals) any share the helper still holds and computes it itself. So a helper descheduled by other
+// work (another process, the server's prefill on the second core) costs the owner at most one share of waiting for a
+// copy in flight, never a scheduler's time slice, unlike OpenMP's threads at the end of every parallel region
+// (specdec/threads.py). The helper keeps its own references to the tensors of the product it works on, so a product
+// the owner has finished and freed is never read freed. specdec::helper(on) starts or parks it (kernels.helper_mode).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 extern "C" void specdec_blocked_linear(const float *x, const float *w, const float *bias, float *y, int64_t M,
                                        int64_t N, int64_t K);
 extern "C" void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M,
                                             int64_t N, int64_t K);
 extern "C" int specdec_lanes(void);
+extern "C" void specdec_blocked_range(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
+                                      int64_t K, int64_t b0, int64_t b1, int64_t ys, int half);
 extern "C" void specdec_attention(const float *q, const float *k, const float *v, const float *mask, float *out,
                                   float *scores, int64_t *runs, int64_t R, int64_t H, int64_t Hkv, int64_t n, int64_t S, int64_t D,
                                   int64_t k_row, int64_t k_head, int64_t v_row, int64_t v_head, float scale);
 extern "C" int specdec_attention_dims(int64_t D);
 extern "C" int specdec_attention_max_acc(void);
+
+namespace {
+
+constexpr int kMaxShares = 64;
+constexpr int64_t kMinSharedBytes = 128 << 10;  // a product of a smaller weight is not shared (too short for the hand-off)
+constexpr auto kSpin = std::chrono::microseconds(2000);  // the helper waits this long for the next work before sleeping
+// a share's state: the work's sequence number * 8 + one of these (a state of other work never matches)
+enum : uint64_t { FREE = 0, OWNER = 1, HELPER = 2, COPYING = 3, DONE = 4, STOLEN = 5 };
+
+inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+// One piece of shared work: a linear product (its output columns cut into shares) or an attention (its rows). The
+// owner's, and the helper's own copy, which holds its own references to the tensors.
+struct Work {
+    enum Kind { LINEAR, ATTENTION };
+    uint64_t seq = 0;
+    Kind kind = LINEAR;
+    at::Tensor in, weight, bias, out;          // linear: x, the packed weight, bias, y
+    at::Tensor key, value, mask;               // attention: in = q, out = out
+    int64_t M = 0, N = 0, K = 0, lanes = 8;    // linear: rows, out and in features
+    int half = 0;
+    int64_t R = 0, H = 0, Hkv = 0, n = 0, S = 0, D = 0, strides[4] = {};  // attention's shapes; k, v row and head strides
+    float scale = 1.0f;
+    int shares = 0;
+    int64_t bounds[kMaxShares + 1] = {};  // share i: blocks (linear) or rows (attention) bounds[i] .. bounds[i + 1]
+
+    // where share i lies in the output: its first float, its rows' count, width and stride there
+    int64_t offset(int i) const { return kind == LINEAR ? bounds[i] * lanes : bounds[i] * n * H * D; }
+    int64_t rows(int i) const { return kind == LINEAR ? M : 1; }
+    int64_t width(int i) const {
+        return kind == LINEAR ? std::min(bounds[i + 1] * lanes, N) - bounds[i] * lanes
+                              : (bounds[i + 1] - bounds[i]) * n * H * D;
+    }
+    int64_t stride() const { return kind == LINEAR ? N : 0; }
+
+    // share i into ``to``, whose rows are ``ys`` floats apart (linear); ``scratch`` the attention's scores and runs
+    void compute(int i, float *to, int64_t ys, std::vector<float> &scores, std::vector<int64_t> &runs) const {
+        if (kind == LINEAR) {
+            specdec_blocked_range(in.const_data_ptr<float>(), weight.const_data_ptr(),
+                                  bias.defined() ? bias.const_data_ptr<float>() : nullptr, to, M, N, K, bounds[i],
+                                  bounds[i + 1], ys, half);
+            return;
+        }
+        const int64_t r = bounds[i], rs = bounds[i + 1] - r;
+        scores.resize(static_cast<size_t>((H / Hkv) * n * S + 1));
+        runs.resize(static_cast<size_t>(2 * (S + 1)));
+        specdec_attention(in.const_data_ptr<float>() + r * H * n * D, key.const_data_ptr<float>() + r * strides[0],
+                          value.const_data_ptr<float>() + r * strides[2], mask.const_data_ptr<float>() + r * n * S, to,
+                          scores.data(), runs.data(), rs, H, Hkv, n, S, D, strides[0], strides[1], strides[2],
+                          strides[3], scale);
+    }
+
+    // the shares: a linear's columns in units of two blocks (a pass's, or a bfloat16 pair's), an attention's rows;
+    // decreasing, a quarter of what is left each (owner and helper take turns), single units at the end, at most
+    // kMaxShares
+    void cut() {
+        const int64_t blocks = (N + lanes - 1) / lanes, units = kind == LINEAR ? (blocks + 1) / 2 : R;
+        int64_t at = 0, count = 0;
+        bounds[0] = 0;
+        while (at < units) {
+            const int64_t left = units - at, room = kMaxShares - count;
+            at += std::min(left, std::max<int64_t>({1, left / 4, (left + room - 1) / room}));
+            bounds[++count] = kind == LINEAR ? std::min(2 * at, blocks) : at;
+        }
+        shares = static_cast<int>(count);
+    }
+};
+
+class Helper {
+  public:
+    static Helper &get() {
+        static Helper *helper = new Helper();  // never destroyed: the thread may outlive static destructors
+        return *helper;
+    }
+
+    void enable(bool on) {
+        on_.store(on);
+        if (on && !started_.exchange(true)) std::thread([this] { loop(); }).detach();
+        if (on) wake();
+    }
+    bool enabled() const { return on_.load(std::memory_order_relaxed); }
+
+    // the work done, with the helper (its output written); false (nothing done) where it is not to be shared: the
+    // helper is off, or another thread is sharing work now
+    bool share(Work &&work) {
+        if (!on_.load(std::memory_order_relaxed)) return false;
+        bool free = false;
+        if (!busy_.compare_exchange_strong(free, true, std::memory_order_acquire)) return false;
+        std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);  // the helper may hold it while copying work_
+        if (!lock.owns_lock()) {
+            busy_.store(false, std::memory_order_release);
+            return false;
+        }
+        const uint64_t seq = seq_.load(std::memory_order_relaxed) + 1;
+        work.seq = seq;
+        work.cut();
+        for (int i = 0; i < work.shares; ++i) state_[i].store(seq * 8 + FREE, std::memory_order_relaxed);
+        next_.store(0, std::memory_order_relaxed);
+        work_ = work;  // the helper's to copy, under the mutex
+        lock.unlock();
+        seq_.store(seq);  // publishes the states and the work (seq_cst: paired with the helper's sleeping_)
+        if (sleeping_.load()) wake();
+        float *out = work.out.data_ptr<float>();
+        for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < work.shares;) {
+            uint64_t expected = seq * 8 + FREE;
+            if (state_[i].compare_exchange_strong(expected, seq * 8 + OWNER, std::memory_order_acq_rel))
+                work.compute(i, out + work.offset(i), work.stride(), scores_, runs_);
+        }
+        for (int i = 0; i < work.shares; ++i) {  // what is not done yet: a share skipped, or one the helper holds
+            for (;;) {
+                uint64_t now = state_[i].load(std::memory_order_acquire);
+                const uint64_t what = now - seq * 8;
+                if (what == FREE || what == HELPER) {
+                    if (!state_[i].compare_exchange_strong(now, seq * 8 + (what == FREE ? OWNER : STOLEN),
+                                                           std::memory_order_acq_rel))
+                        continue;
+                    if (what == HELPER) stolen_.fetch_add(1, std::memory_order_relaxed);
+                    work.compute(i, out + work.offset(i), work.stride(), scores_, runs_);
+                    break;
+                }
+                if (what != COPYING) break;  // OWNER, DONE (its copy seen by this acquire), STOLEN
+                relax();
+            }
+        }
+        {
+            std::unique_lock<std::mutex> clear(mutex_, std::try_to_lock);  // drop work_'s references unless the helper
+            if (clear.owns_lock()) work_ = Work{seq};                       // is copying them (then the next work's do)
+        }
+        shared_.fetch_add(1, std::memory_order_relaxed);
+        busy_.store(false, std::memory_order_release);
+        return true;
+    }
+
+    // works shared, shares the helper computed, shares the owner took back from it, whether it holds one (``hold``)
+    std::vector<int64_t> counts() const {
+        return {shared_.load(), helped_.load(), stolen_.load(), holding_.load() ? 1 : 0};
+    }
+    void hold(bool on) { hold_.store(on); }
+
+  private:
+    void loop() {
+        struct sched_param idle = {};
+        sched_setscheduler(0, SCHED_IDLE, &idle);  // this thread only; where refused, it runs at the normal priority
+        std::vector<float> scratch, scores;
+        std::vector<int64_t> runs;
+        for (uint64_t seen = 0;;) {
+            wait_after(seen);
+            Work work;
+            {
+                std::lock_guard<std::mutex> guard(mutex_);
+                work = work_;
+            }
+            seen = work.seq;  // at least the sequence number seen published (work_ is written before it)
+            help(work, scratch, scores, runs);
+        }  // work's references are dropped here
+    }
+
+    bool wanted(uint64_t seen) const { return on_.load() && seq_.load() > seen; }
+
+    // returns once work after ``seen`` is published while on: spins kSpin, then sleeps until woken
+    void wait_after(uint64_t seen) {
+        for (const auto until = std::chrono::steady_clock::now() + kSpin; std::chrono::steady_clock::now() < until;) {
+            if (wanted(seen)) return;
+            for (int spin = 0; spin < 64; ++spin) relax();
+        }
+        for (;;) {
+            const uint32_t woken = wake_.load();
+            sleeping_.store(true);
+            if (wanted(seen)) break;
+            wake_.wait(woken);  // returns once wake_ moved, whenever that was after the load
+        }
+        sleeping_.store(false);
+    }
+
+    void wake() {
+        wake_.fetch_add(1);
+        wake_.notify_one();
+    }
+
+    // the shares of the work the helper can take, each computed into scratch and copied where the owner has not
+    // stolen it
+    void help(const Work &work, std::vector<float> &scratch, std::vector<float> &scores, std::vector<int64_t> &runs) {
+        for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < work.shares;) {
+            uint64_t expected = work.seq * 8 + FREE;
+            if (!state_[i].compare_exchange_strong(expected, work.seq * 8 + HELPER, std::memory_order_acq_rel)) {
+                if (expected / 8 != work.seq) return;  // the owner has moved on to other work
+                continue;
+            }
+            if (hold_.load()) {  // tests: a helper stopped with a share in hand, as a descheduled one is
+                holding_.store(true);
+                while (hold_.load()) relax();
+                holding_.store(false);
+            }
+            const int64_t rows = work.rows(i), width = work.width(i);
+            scratch.resize(static_cast<size_t>(rows * width));
+            work.compute(i, scratch.data(), width, scores, runs);
+            uint64_t held = work.seq * 8 + HELPER;
+            if (!state_[i].compare_exchange_strong(held, work.seq * 8 + COPYING, std::memory_order_acq_rel))
+                continue;  // stolen: the owner computed it
+            float *out = work.out.data_ptr<float>() + work.offset(i);
+            for (int64_t m = 0; m < rows; ++m)
+                std::memcpy(out + m * work.stride(), scratch.data() + m * width, width * sizeof(float));
+            state_[i].store(work.seq * 8 + DONE, std::memory_order_release);
+            helped_.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    std::atomic<bool> on_{false}, started_{false}, busy_{false}, sleeping_{false}, hold_{false}, holding_{false};
+    std::atomic<uint64_t> seq_{0};
+    std::atomic<uint32_t> wake_{0};  // moved to wake a sleeping helper
+    std::atomic<uint64_t> state_[kMaxShares] = {};
+    std::atomic<int> next_{0};
+    std::atomic<int64_t> helped_{0}, shared_{0}, stolen_{0};  // (counts)
+    std::mutex mutex_;  // guards work_; the owner only tries it
+    Work work_;
+    std::vector<float> scores_;  // the owner's scratch for an attention's shares (one owner at a time: busy_)
+    std::vector<int64_t> runs_;
+};
+
+}  // namespace
 
 // x [M, K] @ W.T (+ bias) -> [M, N], W laid out by kernels.block_weight: packed float32 [ceil(N / lanes), K, lanes],
 // or bfloat16 [ceil(N / lanes / 2), K, lanes, 2] (pairs of blocks, kernels.pair_weight)
@@ -38,6 +286,14 @@ static at::Tensor blocked_linear(const at::Tensor &x, const at::Tensor &packed, 
     }
     at::Tensor y = at::empty({rows.size(0), out_features}, rows.options());
     const float *bias_data = b.defined() ? b.data_ptr<float>() : nullptr;
+    if (rows.size(0) > 0 && packed.nbytes() >= static_cast<size_t>(kMinSharedBytes)) {
+        Work work;
+        work.kind = Work::LINEAR;
+        work.in = rows, work.weight = packed, work.bias = b, work.out = y;
+        work.M = rows.size(0), work.N = out_features, work.K = rows.size(1), work.lanes = specdec_lanes();
+        work.half = half;
+        if (Helper::get().share(std::move(work))) return y;
+    }
     if (rows.size(0) > 0 && half)
         specdec_blocked_linear_bf16(rows.data_ptr<float>(), static_cast<const uint32_t *>(packed.data_ptr()), bias_data,
                                     y.data_ptr<float>(), rows.size(0), out_features, rows.size(1));
@@ -70,6 +326,15 @@ static at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k, con
     at::Tensor out = at::empty({R, n, H, D}, q.options());
     at::Tensor scores = at::empty({(H / Hkv) * n * S + 1}, q.options());
     at::Tensor runs = at::empty({2 * (S + 1)}, q.options().dtype(at::kLong));  // a row's live runs of slots
+    if (R > 1 && S > 0) {
+        Work work;
+        work.kind = Work::ATTENTION;
+        work.in = query, work.key = k, work.value = v, work.mask = masks, work.out = out;
+        work.R = R, work.H = H, work.Hkv = Hkv, work.n = n, work.S = S, work.D = D;
+        work.strides[0] = k.stride(0), work.strides[1] = k.stride(1), work.strides[2] = v.stride(0);
+        work.strides[3] = v.stride(1), work.scale = static_cast<float>(scale);
+        if (Helper::get().share(std::move(work))) return out;
+    }
     if (R > 0 && S > 0)
         specdec_attention(query.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), masks.data_ptr<float>(),
                           out.data_ptr<float>(), scores.data_ptr<float>(), runs.data_ptr<int64_t>(), R, H, Hkv, n, S, D, k.stride(0), k.stride(1),
@@ -77,7 +342,24 @@ static at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k, con
     return out;
 }
 
+// the helper on or off (started at the first on); returns whether it was on. helper_counts, since the process started:
+// [works shared, shares the helper computed, shares taken back from it, 1 while it holds a share (helper_hold)].
+// helper_hold(true), for the tests: the helper stops with the next share it takes in hand until helper_hold(false), as
+// a helper descheduled by other work would
+static bool helper(bool on) {
+    const bool was = Helper::get().enabled();
+    Helper::get().enable(on);
+    return was;
+}
+
+static std::vector<int64_t> helper_counts() { return Helper::get().counts(); }
+
+static void helper_hold(bool on) { Helper::get().hold(on); }
+
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
+    m.def("helper(bool on) -> bool");
+    m.def("helper_counts() -> int[]");
+    m.def("helper_hold(bool on) -> ()");
     m.def("blocked_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
     m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
 }
@@ -85,4 +367,10 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
     m.impl("blocked_linear", &blocked_linear);
     m.impl("decode_attention", &decode_attention);
+}
+
+TORCH_LIBRARY_IMPL(specdec, CompositeExplicitAutograd, m) {
+    m.impl("helper", &helper);
+    m.impl("helper_counts", &helper_counts);
+    m.impl("helper_hold", &helper_hold);
 }
