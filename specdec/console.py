@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from specdec.drafters import Drafter
 from specdec.threads import current as current_threads
-from specdec.threads import use_threads
+from specdec.threads import helper_note, use_threads
 
 COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
 STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
@@ -285,7 +285,7 @@ def batch_line(batch: BatchStats, mode: str) -> str:
                  f"prefill {batch.prefill_time_s / wall:.0%}, bookkeeping {batch.bookkeeping_s / wall:.0%}")
     if batch.auto:
         parts.append(auto_text(batch.auto))
-    parts.append(current_threads().describe())
+    parts.append(current_threads().describe() + helper_note())
     return " | ".join(parts)
 
 
@@ -326,7 +326,7 @@ def summary_line(result: GenerationResult, mode: str, *, auto: bool = True) -> s
         parts.append(result.settings.line())
     if not s.lossless:
         parts.append("relaxed verification: may differ from the target's own output")
-    parts.append(current_threads().describe())
+    parts.append(current_threads().describe() + helper_note())
     return " | ".join(parts)
 
 

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +215,16 @@ def current() -> ThreadChoice:
     if _applied is not None:
         return ThreadChoice(count, "set outside specdec")
     return ThreadChoice(count, f"torch: {ENV}" if os.environ.get(ENV, "").strip() else "torch's default")
+
+
+HELPER_NOTE = " + a helper on idle cores"  # said after the thread count where the helper thread shares the products
+
+
+def helper_note() -> str:
+    """``HELPER_NOTE`` where specdec's blocked operator shares a decoded model's products with its helper thread (a
+    thread at the scheduler's idle priority: ``specdec.kernels.shares``), else ""."""
+    kernels = sys.modules.get("specdec.kernels")  # not imported: no operator, no helper (and no torch imported here)
+    return HELPER_NOTE if kernels is not None and kernels.shares() else ""
 
 
 def room_beside(threads: int | None = None, usable: int | None = None) -> bool:

@@ -15,8 +15,8 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from specdec.kernels import describe, mode
-from specdec.threads import ThreadChoice
+from specdec.kernels import describe, mode, shares
+from specdec.threads import HELPER_NOTE, ThreadChoice
 from specdec.threads import current as current_threads
 
 
@@ -108,11 +108,13 @@ class Environment:
     compared: dict[str, ModelInfo] = field(default_factory=dict)  # label -> a compared drafter (--compare)
     linear: str = ""  # the target's linear kernels while specdec decodes, by row count, or "torch" (specdec.kernels.describe)
     compile: str = ""  # --compile: "off", or what was compiled and how long it took (specdec.compiled)
+    helper: bool = False  # whether the target's products were shared with the helper thread (specdec.kernels.shares)
 
     @property
     def threads(self) -> str:
-        """The thread count and its source, e.g. "1 thread (default: target < 200M params)"."""
-        return ThreadChoice(self.torch_threads, self.threads_source).describe()
+        """The thread count and its source, e.g. "1 thread (default: target < 200M params)", and the helper where it
+        was on (" + a helper on idle cores")."""
+        return ThreadChoice(self.torch_threads, self.threads_source).describe() + (HELPER_NOTE if self.helper else "")
 
 
 def load_average() -> tuple[float, float, float] | None:
@@ -153,4 +155,5 @@ def capture_environment(
         compared={label: model_info(*named) for label, named in (compared or {}).items()},
         linear=f"{describe(model)} (SPECDEC_LINEAR={mode()})",
         compile=compile,
+        helper=shares(model),
     )

@@ -16,6 +16,7 @@ from specdec.arguments import UsageError, add_config_arguments, config_from
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.serve.config import API_KEY_ENV, SPECULATE, ServeConfig
 from specdec.threads import current as current_threads
+from specdec.threads import helper_note
 
 EXTRA = 'pip install -e ".[serve]"'  # how to install what the server needs
 
@@ -58,7 +59,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     app = build_app(config, models, spec, sampling, verify, schedule=schedule)
     drafter = "none" if spec.speculate == "off" else models.drafter
     print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, schedule {schedule.schedule}, batch size "
-          f"{spec.batch_size}, {current_threads().describe()}) on {url_of(sock)}: the page at /, the API at /v1",
+          f"{spec.batch_size}, {current_threads().describe()}{helper_note()}) on {url_of(sock)}: the page at /, the API at /v1",
           file=sys.stderr, flush=True)
     make_server(app, config.log_level).run(sockets=[sock])
     return 0

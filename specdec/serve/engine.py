@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from specdec import kernels
 from specdec.config import VerifyConfig
 from specdec.decode import Decoder, Request, Row
 from specdec.drafters import Drafter
@@ -154,13 +155,18 @@ BESIDE_ENV = "SPECDEC_PREFILL_BESIDE"  # auto (default) | on | off
 def prefill_beside(target: Target) -> bool:
     """Whether the engine's decoder prefills rows joining its batch on another thread while the batch decodes
     (``Decoder.prefill_beside``): ``SPECDEC_PREFILL_BESIDE`` ``on`` / ``off``, else (``auto``) on a CPU target where
-    the machine has cores for a second forward (``threads.room_beside``)."""
+    the machine has cores for a second forward (``threads.room_beside``) and the target's products are not shared
+    with the blocked operator's helper thread already (``kernels.shares``): with it, a prefill in turn takes both
+    cores, 0.19 ms a prompt token against 0.35 beside the batch, and the server at 4 clients answered in 0.94x the
+    time (docs/benchmarks.md, "A helper thread on the idle core")."""
     mode = os.environ.get(BESIDE_ENV, "auto").strip().lower() or "auto"
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"{BESIDE_ENV}={mode!r}: use auto, on or off")
     if mode != "auto":
         return mode == "on"
-    return torch.device(target.device).type == "cpu" and room_beside()
+    model = getattr(target, "model", None)
+    return (torch.device(target.device).type == "cpu" and room_beside()
+            and not (model is not None and kernels.shares(model)))
 
 
 class Engine(Listener):
