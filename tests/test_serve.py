@@ -209,6 +209,7 @@ def test_models_and_health(server, client):
     assert stats(server)["auto"] == []  # --speculate on: no crossover measured (auto's: the bench --serve test)
     assert (stats(server)["threads"], stats(server)["threads_source"]) == (1, "OMP_NUM_THREADS")  # set by the fixture
     assert stats(server)["prefill_beside"] is room_beside(1)  # a second forward where the cores hold two of one thread
+    assert stats(server)["helper"] is False  # a tiny model: no blocked kernel, no products shared
     assert f"batch size {BATCH}, 1 thread (OMP_NUM_THREADS)) on http://" in server.log.read_text()  # the start line
     assert get(server.url + "/health", key=None) == (200, b'{"status":"ok"}')
 
@@ -696,11 +697,13 @@ def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
     assert "speculate auto: 1 row: " in console.file.getvalue()
     # the servers' own word (/stats) on prefilling beside the batch, said in the environment line
     printed = " ".join(console.file.getvalue().split())  # (rich wraps the environment line)
-    assert ("each prefilling joining prompts on a second thread" in printed) is run.prefill_beside
+    assert ("prefilling joining prompts on a second thread" in printed) is run.prefill_beside
+    assert ("sharing its products with a helper on the idle core" in printed) is run.helper
     assert list(run.startup_s) == ["specdec serve"] and run.startup_s["specdec serve"] > 0  # the real command
     saved = json.loads(write_serve(run, tmp_path).read_text())
     assert len(saved["cells"]) == 6 and saved["config"]["serve"] is True and len(saved["auto"]) == len(run.auto)
     assert saved["prefill_beside"] is run.prefill_beside and saved["vllm_bind"] == "nobind"
+    assert saved["helper"] is run.helper
     assert percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5 and percentile([1.0, 2.0], 0.95) == pytest.approx(1.95)
 
 

@@ -128,6 +128,7 @@ class ServeRun:
     auto: list[AutoChoice] = field(default_factory=list)  # auto's choices with the speeds it measured, at the end
     prefill_beside: bool = False  # our servers prefilled joining prompts on a second thread (their /stats said so)
     vllm_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND as vLLM's servers had it ("nobind": as many threads as ours)
+    helper: bool = False  # our servers shared their target's products with a helper thread (their /stats said so)
 
     def cell(self, mode: str, clients: int) -> Cell | None:
         return next((c for c in self.cells if c.mode == mode and c.clients == clients), None)
@@ -351,7 +352,8 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         try:
             for mode in config.speculate:  # one at a time, each ready before the next starts
                 servers[mode], ours[mode], _ = serving(config, probe, mode, batch_size)
-            beside = any(m.get("prefill_beside", False) for e in ours.values() for m in server_stats(e)["models"])
+            said = [m for e in ours.values() for m in server_stats(e)["models"]]
+            beside, helper = (any(m.get(name, False) for m in said) for name in ("prefill_beside", "helper"))
             progress = Progress(TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=console or Console(stderr=True),
                                 disable=not config.progress, transient=True)
@@ -390,7 +392,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         environment = capture_environment((config.target, target), (config.drafter, session.model(config.drafter)),
                                           load_start)
     return ServeRun(config, environment, prompts, temperature, batch_size, list(cells.values()), crossover,
-                    startup, auto, beside, os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind")
+                    startup, auto, beside, os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind", helper)
 
 
 def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[Prompt], temperature: float,
@@ -528,7 +530,9 @@ def print_serve(run: ServeRun, console: Console) -> None:
     console.print(serve_table(run))
     env = run.environment
     peers = sorted({c.mode for c in run.cells} - set(run.config.speculate))
-    ours = "ours all up, each prefilling joining prompts on a second thread" if run.prefill_beside else "ours all up"
+    each = [part for part, said in (("prefilling joining prompts on a second thread", run.prefill_beside),
+                                    ("sharing its products with a helper on the idle core", run.helper)) if said]
+    ours = "ours all up" + (f", each {' and '.join(each)}" if each else "")
     theirs = ("as many threads a forward as ours" if run.vllm_bind == "nobind" else
               f"its threads bound to cores {run.vllm_bind} (VLLM_CPU_OMP_THREADS_BIND)")
     where = (f"each server a process of its own ({ours}; vLLM's one at a time, {theirs}), the clients in the bench's"
@@ -558,6 +562,7 @@ def write_serve(run: ServeRun, out_dir: Path) -> Path:
         "startup_s": run.startup_s,
         "prefill_beside": run.prefill_beside,
         "vllm_bind": run.vllm_bind,
+        "helper": run.helper,
         "goals": [asdict(g) for g in serve_goals(run)],
     }, indent=2))
     return path

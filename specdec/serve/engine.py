@@ -182,6 +182,8 @@ class Engine(Listener):
         self.metrics = metrics
         self.speculate = speculate  # on / off / auto: shown by the page
         self.prefill_beside = prefill_beside(target)
+        model = getattr(target, "model", None)
+        self.helper = model is not None and kernels.shares(model)  # its products shared with the helper thread
         self.decoder = self._new_decoder()
         self._inbox: queue.SimpleQueue[tuple[str, Job | None]] = queue.SimpleQueue()
         self._jobs: dict[int, Job] = {}  # Request.index -> job, for the worker only
