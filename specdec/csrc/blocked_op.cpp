@@ -8,13 +8,12 @@
 // wants), shares a product's output columns with the thread that asked for it (the owner). The columns are cut into
 // shares, large first and single pairs of blocks last; owner and helper take them in turn from one counter, and each
 // share's columns are summed by the same code in the same order whichever thread takes it, so the floats are the
-// one-thread product's. Nothing waits for the helper: it computes a share into a buffer of its own and copies it into
-// the output only after winning it back from the owner (a compare-and-swap), and an owner that has taken every share it
-// could takes back (steals) any share the helper still holds and computes it itself. So a helper descheduled by other
-// work (another process, the server's prefill on the second core) costs the owner at most one share of waiting for a
-// copy in flight, never a scheduler's time slice, unlike OpenMP's threads at the end of every parallel region
-// (specdec/threads.py). The helper keeps its own references to the tensors of the product it works on, so a product
-// the owner has finished and freed is never read freed. specdec::helper(on) starts or parks it (kernels.helper_mode).
+// one-thread product's. Nothing waits for the helper: it computes a share into a buffer of its own and marks it done
+// (a compare-and-swap), never writing the output; the owner, once it has taken every share it could, copies the
+// helper's done shares in and takes back (steals) any share the helper still holds, computing it itself. So a helper
+// descheduled by other work (another process, the server's clients) costs the owner nothing, never a scheduler's time
+// slice, unlike OpenMP's threads at the end of every parallel region (specdec/threads.py). The helper keeps its own
+// references to the tensors of the work it is on, so work the owner has finished and freed is never read freed. specdec::helper(on) starts or parks it (kernels.helper_mode).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -49,7 +48,7 @@ constexpr int kMaxShares = 64;
 constexpr int64_t kMinSharedBytes = 128 << 10;  // a product of a smaller weight is not shared (too short for the hand-off)
 constexpr auto kSpin = std::chrono::microseconds(2000);  // the helper waits this long for the next work before sleeping
 // a share's state: the work's sequence number * 8 + one of these (a state of other work never matches)
-enum : uint64_t { FREE = 0, OWNER = 1, HELPER = 2, COPYING = 3, DONE = 4, STOLEN = 5 };
+enum : uint64_t { FREE = 0, OWNER = 1, HELPER = 2, READY = 3, STOLEN = 4 };
 
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -80,6 +79,13 @@ struct Work {
                               : (bounds[i + 1] - bounds[i]) * n * H * D;
     }
     int64_t stride() const { return kind == LINEAR ? N : 0; }
+    // where the helper computes share i in a buffer of its own as large as the output: its rows side by side
+    int64_t apart(int i) const { return rows(i) * offset(i); }
+    // share i, computed by the helper at ``helped + apart(i)``, into the output
+    void copy(int i, const float *helped, float *to) const {
+        for (int64_t m = 0, w = width(i); m < rows(i); ++m)
+            std::memcpy(to + offset(i) + m * stride(), helped + apart(i) + m * w, w * sizeof(float));
+    }
 
     // share i into ``to``, whose rows are ``ys`` floats apart (linear); ``scratch`` the attention's scores and runs
     void compute(int i, float *to, int64_t ys, std::vector<float> &scores, std::vector<int64_t> &runs) const {
@@ -154,20 +160,20 @@ class Helper {
             if (state_[i].compare_exchange_strong(expected, seq * 8 + OWNER, std::memory_order_acq_rel))
                 work.compute(i, out + work.offset(i), work.stride(), scores_, runs_);
         }
-        for (int i = 0; i < work.shares; ++i) {  // what is not done yet: a share skipped, or one the helper holds
+        for (int i = 0; i < work.shares; ++i) {  // what is not done yet: a share skipped, one the helper holds or did
             for (;;) {
                 uint64_t now = state_[i].load(std::memory_order_acquire);
                 const uint64_t what = now - seq * 8;
                 if (what == FREE || what == HELPER) {
                     if (!state_[i].compare_exchange_strong(now, seq * 8 + (what == FREE ? OWNER : STOLEN),
                                                            std::memory_order_acq_rel))
-                        continue;
+                        continue;  // the helper finished it meanwhile
                     if (what == HELPER) stolen_.fetch_add(1, std::memory_order_relaxed);
                     work.compute(i, out + work.offset(i), work.stride(), scores_, runs_);
-                    break;
+                } else if (what == READY) {  // its buffer seen by this acquire
+                    work.copy(i, helped_at_.load(std::memory_order_acquire), out);
                 }
-                if (what != COPYING) break;  // OWNER, DONE (its copy seen by this acquire), STOLEN
-                relax();
+                break;  // OWNER, STOLEN: done
             }
         }
         {
@@ -225,9 +231,14 @@ class Helper {
         wake_.notify_one();
     }
 
-    // the shares of the work the helper can take, each computed into scratch and copied where the owner has not
-    // stolen it
+    // the shares of the work the helper can take, each computed into its buffer and left there for the owner to copy
+    // (READY), unless the owner took it back meanwhile: the helper never writes the output, so the owner never waits
+    // for it, not even for a copy
     void help(const Work &work, std::vector<float> &scratch, std::vector<float> &scores, std::vector<int64_t> &runs) {
+        if (work.shares == 0) return;
+        const size_t need = static_cast<size_t>(work.out.numel());
+        if (scratch.size() < need) scratch.resize(need);  // no owner reads it now: none of this work is READY yet
+        helped_at_.store(scratch.data(), std::memory_order_release);
         for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < work.shares;) {
             uint64_t expected = work.seq * 8 + FREE;
             if (!state_[i].compare_exchange_strong(expected, work.seq * 8 + HELPER, std::memory_order_acq_rel)) {
@@ -239,17 +250,10 @@ class Helper {
                 while (hold_.load()) relax();
                 holding_.store(false);
             }
-            const int64_t rows = work.rows(i), width = work.width(i);
-            scratch.resize(static_cast<size_t>(rows * width));
-            work.compute(i, scratch.data(), width, scores, runs);
+            work.compute(i, scratch.data() + work.apart(i), work.width(i), scores, runs);
             uint64_t held = work.seq * 8 + HELPER;
-            if (!state_[i].compare_exchange_strong(held, work.seq * 8 + COPYING, std::memory_order_acq_rel))
-                continue;  // stolen: the owner computed it
-            float *out = work.out.data_ptr<float>() + work.offset(i);
-            for (int64_t m = 0; m < rows; ++m)
-                std::memcpy(out + m * work.stride(), scratch.data() + m * width, width * sizeof(float));
-            state_[i].store(work.seq * 8 + DONE, std::memory_order_release);
-            helped_.fetch_add(1, std::memory_order_relaxed);
+            if (state_[i].compare_exchange_strong(held, work.seq * 8 + READY, std::memory_order_acq_rel))
+                helped_.fetch_add(1, std::memory_order_relaxed);  // else stolen: the owner computed it
         }
     }
 
@@ -257,6 +261,7 @@ class Helper {
     std::atomic<uint64_t> seq_{0};
     std::atomic<uint32_t> wake_{0};  // moved to wake a sleeping helper
     std::atomic<uint64_t> state_[kMaxShares] = {};
+    std::atomic<float *> helped_at_{nullptr};  // the helper's buffer, where its READY shares lie
     std::atomic<int> next_{0};
     std::atomic<int64_t> helped_{0}, shared_{0}, stolen_{0};  // (counts)
     std::mutex mutex_;  // guards work_; the owner only tries it
