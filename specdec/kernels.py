@@ -72,7 +72,7 @@ the operator's attention over several rows, with one more thread at the schedule
 and none ever waited for (a share the helper holds when the owner runs out is taken back and computed by the owner).
 ``auto`` turns it on where this process may use more cores than torch's threads (``helper_wanted``); ``shares``
 says whether a model's products go through it. On the 2-core AMD EPYC (AVX-512), 1 thread: a pass over
-code-target's layers 0.74x the one-thread time at 4 rows, 0.68x at 16, 0.56x at 150 (``benchmarks/helper_split.py``).
+code-target's layers 0.81x the one-thread time at 4 rows, 0.62x at 16, 0.57x at 150 (``benchmarks/helper_split.py``).
 """
 
 from __future__ import annotations
