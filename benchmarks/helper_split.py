@@ -44,7 +44,7 @@ def main() -> None:
     for rows in args.rows:
         inputs = {k: torch.randn(rows, k) for k in {k for _, _, k in layers}}
 
-        def run(on: bool) -> tuple[float, list[torch.Tensor]]:
+        def run(on: bool, inputs: dict[int, torch.Tensor] = inputs) -> tuple[float, list[torch.Tensor]]:
             torch.ops.specdec.helper(on)
             evict()
             start = time.perf_counter()
