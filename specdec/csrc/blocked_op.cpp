@@ -140,7 +140,8 @@ class Helper {
         if (!on_.load(std::memory_order_relaxed)) return false;
         bool free = false;
         if (!busy_.compare_exchange_strong(free, true, std::memory_order_acquire)) return false;
-        std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);  // the helper may hold it while copying work_
+        std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);  // the helper holds it while copying work_: a
+        for (int tries = 0; tries < 64 && !lock.try_lock(); ++tries) relax();  // moment, unless it was preempted there
         if (!lock.owns_lock()) {
             busy_.store(false, std::memory_order_release);
             return false;
