@@ -183,9 +183,10 @@ def helper_on() -> bool:
 
 
 def shares(model: torch.nn.Module | None = None) -> bool:
-    """Whether ``model``'s linear products (None: any model's this process decodes) are shared with the helper thread
-    while specdec decodes: the helper is on and the model's layers take the blocked kernel, through the operator
-    (loaded by a compiled model; products of 128 KiB of weight or more)."""
+    """Whether ``model``'s eager linear products (None: any model's this process decodes), its prefill's among them,
+    are shared with the helper thread: the helper is on and the model's plan takes the blocked kernel (products of
+    128 KiB of weight or more). A compiled step traces every eligible linear as the operator whatever the plan
+    (``compiled.trace_kernels``), so its products are shared either way."""
     plans = [_DECIDED.get(model, (False, None))] if model is not None else list(_DECIDED.values())
     return helper_on() and any(many == "blocked" for _, many in plans)
 
