@@ -166,6 +166,7 @@ _HELPER: list[bool] = [False]  # whether specdec set the helper on (``helper``, 
 def helper() -> bool:
     """Start or park the helper as ``helper_wanted`` says now (torch's thread count may have changed since the operator
     loaded: ``install`` calls it for every model); whether it is on. False where the operator is not loaded."""
+    helper_mode()  # a bad SPECDEC_HELPER is refused whether or not the operator is loaded
     if not _BUILT.get("op"):
         return False
     _set_helper(helper_wanted())

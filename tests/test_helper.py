@@ -175,3 +175,5 @@ def test_the_helper_is_on_where_a_core_is_left_beside_torchs_threads(monkeypatch
     monkeypatch.setenv(kernels.HELPER_ENV, "sometimes")
     with pytest.raises(ValueError, match="SPECDEC_HELPER='sometimes': use one of auto, on, off"):
         kernels.helper_wanted()
+    with pytest.raises(ValueError, match="SPECDEC_HELPER='sometimes'"):  # refused at load, operator or not
+        kernels.install(build_tiny("llama", seed=9))
