@@ -129,23 +129,25 @@ _PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' sha
 PLANS_FILE = "plans.json"  # auto's plans kept between processes, in the kernels' cache folder
 
 
+def _switch(env: str, meaning: str) -> str:
+    """The environment variable ``env``, one of ``MODES`` (auto when unset); else a ValueError naming it, the values
+    and ``meaning`` (what each does)."""
+    value = os.environ.get(env, "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"{env}={value!r}: use one of {', '.join(MODES)} ({meaning})")
+    return value
+
+
 def mode() -> str:
     """``SPECDEC_LINEAR`` (auto when unset); a clear error for another value."""
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"{ENV}={value!r}: use one of {', '.join(MODES)} (off keeps torch's F.linear everywhere, "
-                         "on always uses specdec's linear kernels, auto where a probe at load finds they pay)")
-    return value
+    return _switch(ENV, "off keeps torch's F.linear everywhere, on always uses specdec's linear kernels, auto where a "
+                        "probe at load finds they pay")
 
 
 def helper_mode() -> str:
     """``SPECDEC_HELPER`` (auto when unset); a clear error for another value."""
-    value = os.environ.get(HELPER_ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"{HELPER_ENV}={value!r}: use one of {', '.join(MODES)} (auto shares the blocked kernel's "
-                         "products with a helper thread where this process has a core beyond torch's threads, on "
-                         "always, off never)")
-    return value
+    return _switch(HELPER_ENV, "auto shares the blocked kernel's products with a helper thread where this process has "
+                               "a core beyond torch's threads, on always, off never")
 
 
 def helper_wanted(threads: int | None = None, usable: int | None = None) -> bool:
@@ -166,10 +168,10 @@ _HELPER: list[bool] = [False]  # whether specdec set the helper on (``helper``, 
 def helper() -> bool:
     """Start or park the helper as ``helper_wanted`` says now (torch's thread count may have changed since the operator
     loaded: ``install`` calls it for every model); whether it is on. False where the operator is not loaded."""
-    helper_mode()  # a bad SPECDEC_HELPER is refused whether or not the operator is loaded
+    wanted = helper_wanted()  # a bad SPECDEC_HELPER is refused whether or not the operator is loaded
     if not _BUILT.get("op"):
         return False
-    _set_helper(helper_wanted())
+    _set_helper(wanted)
     return _HELPER[0]
 
 

@@ -330,8 +330,6 @@ static at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k, con
     TORCH_CHECK(mask.size(0) == R && mask.size(1) == n && mask.size(2) == S, "specdec::decode_attention: bad mask");
     at::Tensor query = q.contiguous(), masks = mask.contiguous();
     at::Tensor out = at::empty({R, n, H, D}, q.options());
-    at::Tensor scores = at::empty({(H / Hkv) * n * S + 1}, q.options());
-    at::Tensor runs = at::empty({2 * (S + 1)}, q.options().dtype(at::kLong));  // a row's live runs of slots
     if (R > 1 && S > 0) {
         Work work;
         work.kind = Work::ATTENTION;
@@ -339,8 +337,10 @@ static at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k, con
         work.R = R, work.H = H, work.Hkv = Hkv, work.n = n, work.S = S, work.D = D;
         work.strides[0] = k.stride(0), work.strides[1] = k.stride(1), work.strides[2] = v.stride(0);
         work.strides[3] = v.stride(1), work.scale = static_cast<float>(scale);
-        if (Helper::get().share(std::move(work))) return out;
+        if (Helper::get().share(std::move(work))) return out;  // the owner's scratch is the helper's (scores_, runs_)
     }
+    at::Tensor scores = at::empty({(H / Hkv) * n * S + 1}, q.options());
+    at::Tensor runs = at::empty({2 * (S + 1)}, q.options().dtype(at::kLong));  // a row's live runs of slots
     if (R > 0 && S > 0)
         specdec_attention(query.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), masks.data_ptr<float>(),
                           out.data_ptr<float>(), scores.data_ptr<float>(), runs.data_ptr<int64_t>(), R, H, Hkv, n, S, D, k.stride(0), k.stride(1),

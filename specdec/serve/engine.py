@@ -164,9 +164,14 @@ def prefill_beside(target: Target) -> bool:
         raise ValueError(f"{BESIDE_ENV}={mode!r}: use auto, on or off")
     if mode != "auto":
         return mode == "on"
+    return torch.device(target.device).type == "cpu" and room_beside() and not shares(target)
+
+
+def shares(target: Target) -> bool:
+    """Whether ``target``'s products are shared with the blocked operator's helper thread (``kernels.shares``; a
+    target without a model of its own: no)."""
     model = getattr(target, "model", None)
-    return (torch.device(target.device).type == "cpu" and room_beside()
-            and not (model is not None and kernels.shares(model)))
+    return model is not None and kernels.shares(model)
 
 
 class Engine(Listener):
@@ -182,8 +187,7 @@ class Engine(Listener):
         self.metrics = metrics
         self.speculate = speculate  # on / off / auto: shown by the page
         self.prefill_beside = prefill_beside(target)
-        model = getattr(target, "model", None)
-        self.helper = model is not None and kernels.shares(model)  # its products shared with the helper thread
+        self.helper = shares(target)  # its products shared with the helper thread
         self.decoder = self._new_decoder()
         self._inbox: queue.SimpleQueue[tuple[str, Job | None]] = queue.SimpleQueue()
         self._jobs: dict[int, Job] = {}  # Request.index -> job, for the worker only
