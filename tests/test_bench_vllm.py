@@ -233,6 +233,10 @@ def test_serve_bench_runs_vllms_servers_one_at_a_time_beside_ours(pair, stub: Pa
     assert startup["value"] == saved["startup_s"]["specdec serve"] and startup["target"] == "<= 20"
     assert "start-up, launch to the first reply: specdec serve " in printed and "vllm-draft " in printed
     assert "goal median latency vllm-plain / off at 1 client:" in printed
+    # every timed cell waited for the servers to go quiet first: 3 vLLM servers in turn x 2 client counts x 3 modes
+    assert len(saved["settle_s"]) == 18
+    assert all(vllm_server.QUIET_WINDOW_S <= w <= vllm_server.SETTLE_MAX_S + 1 for w in saved["settle_s"])
+    assert "each cell timed once every server was quiet" in printed
 
 
 def test_the_stream_gives_generates_tokens_and_puts_the_stop_token_back(pair, stub: Path, monkeypatch) -> None:  # noqa: F811
@@ -324,3 +328,63 @@ def test_the_peer_goals_hold_both_our_speculating_modes_against_vllms_best(pair)
                      "throughput on / vllm-draft (vLLM's best) at 16 clients": (0.692, False),
                      "throughput auto / vllm-draft (vLLM's best) at 16 clients": (0.846, False),
                      "specdec serve launched to its first reply, s": (8.0, True)}
+
+
+class _Scripted:
+    """A server whose CPU seconds follow a script, one value a reading (the last repeated)."""
+
+    def __init__(self, readings: list[float | None]) -> None:
+        self.readings = readings
+
+    def cpu_seconds(self) -> float | None:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def _clock() -> tuple:
+    now = [0.0]
+    return (lambda: now[0]), (lambda seconds: now.__setitem__(0, now[0] + seconds))
+
+
+def test_settle_waits_while_a_server_works_and_stops_once_all_are_quiet() -> None:
+    window = vllm_server.QUIET_WINDOW_S
+    busy = _Scripted([0.0, window, 2 * window, 2.5 * window, 2.5 * window])  # a core, a core, half, then nothing
+    idle = _Scripted([3.0])
+    clock, sleep = _clock()
+    waited = vllm_server.settle([busy, idle], clock, sleep)
+    assert waited == pytest.approx(4 * window)  # three windows over the share, the fourth quiet
+    assert vllm_server.settle([_Scripted([1.0]), _Scripted([None])], *_clock()) == pytest.approx(window)
+
+
+def test_settle_gives_up_on_a_server_that_never_goes_quiet() -> None:
+    readings = [i * vllm_server.QUIET_WINDOW_S for i in range(1000)]  # one whole core, always
+    waited = vllm_server.settle([_Scripted(readings)], *_clock())
+    assert vllm_server.SETTLE_MAX_S <= waited < vllm_server.SETTLE_MAX_S + vllm_server.QUIET_WINDOW_S + 1e-9
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_process_groups_cpu_seconds_count_its_work() -> None:
+    import subprocess
+    import time
+
+    spin = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    busy = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    resting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        time.sleep(1.5)
+        assert vllm_server.group_cpu_seconds(busy.pid) >= 0.4  # its spin, counted
+        assert vllm_server.group_cpu_seconds(resting.pid) < 0.3  # its start only
+        waited = vllm_server.settle([_Group(busy.pid), _Group(resting.pid)])
+        assert waited < 1.0  # both quiet now
+    finally:
+        for process in (busy, resting):
+            process.kill()
+            process.wait()
+    assert vllm_server.group_cpu_seconds(busy.pid) is None  # gone: no process of that group left
+
+
+class _Group:
+    def __init__(self, group: int) -> None:
+        self.group = group
+
+    def cpu_seconds(self) -> float | None:
+        return vllm_server.group_cpu_seconds(self.group)

