@@ -17,7 +17,8 @@ time to first token is seen): each sends the next prompt as soon as its previous
 95th-percentile request latency, the median time to first token, and total tokens/s (all tokens
 over the cell's wall time). Every cell runs ``--repeats`` times; each figure is the median over
 repeats; within each repeat the modes take turns at each C (the order rotating), so a slow spell
-of the shared machine falls on all modes alike. A warm-up sends one untimed cell per (mode, C)
+of the shared machine falls on all modes alike, and each timed cell starts once every server is quiet
+(``vllm_server.settle``: a server may keep a core busy after its last reply, as vLLM's does for 1 s). A warm-up sends one untimed cell per (mode, C)
 first (this also lets ``auto`` measure its crossover at each batch size).
 
 Greedy runs check that speculation changes nothing: every prompt's tokens under ``on`` and ``auto``
@@ -380,8 +381,9 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                             startup[name] = first_reply_s(
                                 theirs[name], probe, server.launched, server.alive, name,
                                 float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
-                        quiet = lambda: waits.append(settle([*servers.values(), *up]))  # noqa: E731
-                        _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task, quiet)
+                        running = [*servers.values(), *up]
+                        _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task,
+                                 lambda: waits.append(settle(running)))  # noqa: B023 - called within this turn
                     finally:
                         for server in up:
                             server.close()
