@@ -133,7 +133,7 @@ def settle(servers: list[ServerProcess], clock: Callable[[], float] = time.perf_
     busy-polls its shared-memory queue for 1 s after its last read (``busy_loop_s`` in its ``shm_broadcast``), a
     whole core, so a cell timed right after one of its cells ran beside that spinning process (ours at 4
     clients: median latency 0.419 s right after a vLLM cell against 0.342 s after 1.5 s of quiet;
-    docs/benchmarks.md, "A peer that spins after its turn")."""
+    docs/benchmarks.md, "A peer that spins after its turn, and the server's tax")."""
     start = clock()
     before = [s.cpu_seconds() for s in servers]
     while clock() - start < SETTLE_MAX_S:
