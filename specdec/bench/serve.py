@@ -17,9 +17,10 @@ time to first token is seen): each sends the next prompt as soon as its previous
 95th-percentile request latency, the median time to first token, and total tokens/s (all tokens
 over the cell's wall time). Every cell runs ``--repeats`` times; each figure is the median over
 repeats; within each repeat the modes take turns at each C (the order rotating), so a slow spell
-of the shared machine falls on all modes alike, and each timed cell starts once every server is quiet
-(``vllm_server.settle``: a server may keep a core busy after its last reply, as vLLM's does for 1 s). A warm-up sends one untimed cell per (mode, C)
-first (this also lets ``auto`` measure its crossover at each batch size).
+of the shared machine falls on all modes alike, and each timed cell starts once every server is
+quiet (``vllm_server.settle``: a server may keep a core busy after its last reply, as vLLM's does
+for 1 s). A warm-up sends one untimed cell per (mode, C) first (this also lets ``auto`` measure its
+crossover at each batch size).
 
 Greedy runs check that speculation changes nothing: every prompt's tokens under ``on`` and ``auto``
 equal those under ``off``. The goals (issue 20): at 1 and 4 clients, ``on`` has >= 1.5x lower median
