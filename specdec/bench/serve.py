@@ -67,7 +67,7 @@ from specdec.bench.batched import Goal, print_choices_and_goals
 from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.prompts import Prompt, load_prompts
-from specdec.bench.vllm_server import QUIET_SHARE, QUIET_WINDOW_S
+from specdec.bench.vllm_server import QUIET_SHARE, QUIET_WINDOW_S, ServerProcess, settle
 from specdec.config import LOOKUP, ModelConfig
 from specdec.stats import AutoChoice
 
@@ -327,10 +327,8 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         SERVED_NAME,
         START_TIMEOUT_S,
         TIMEOUT_ENV,
-        ServerProcess,
         VLLMServer,
         max_model_len,
-        settle,
     )
     from specdec.console import Session
     from specdec.target import make_target
@@ -382,9 +380,8 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                             startup[name] = first_reply_s(
                                 theirs[name], probe, server.launched, server.alive, name,
                                 float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
-                        running = [*servers.values(), *up]
                         _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task,
-                                 lambda: waits.append(settle(running)))  # noqa: B023 - called within this turn
+                                 [*servers.values(), *up], waits)
                     finally:
                         for server in up:
                             server.close()
@@ -405,10 +402,10 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
 
 def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[Prompt], temperature: float,
              cells: dict[tuple[str, int], Cell], first: dict[tuple[str, int], list[Reply]], progress: Progress,
-             task, quiet: Callable[[], object] = lambda: None) -> None:
+             task, servers: list[ServerProcess], waits: list[float]) -> None:
     """Every (mode, clients) cell of ``endpoints``, ``config.repeats`` times after a warm-up of the modes not
-    warmed yet, into ``cells`` (a cell met again gets more runs); ``first``: each cell's first replies. ``quiet``
-    runs before each timed cell: it waits until the servers went quiet (``vllm_server.settle``)."""
+    warmed yet, into ``cells`` (a cell met again gets more runs); ``first``: each cell's first replies. Each timed
+    cell starts once ``servers`` (every server up) are quiet (``settle``), its wait appended to ``waits``."""
     modes = list(endpoints)
     if config.warmup > 0:
         for clients in config.clients:
@@ -427,7 +424,7 @@ def _measure(config: BenchConfig, endpoints: dict[str, Endpoint], prompts: list[
                 progress.update(task, description=f"{mode}, {clients} clients, run {repeat + 1}")
                 cell = cells[(mode, clients)]
                 n = -(-config.num_prompts // clients) * clients
-                quiet()
+                waits.append(settle(servers))
                 replies, wall = drive(endpoints[mode], _bodies(prompts, n, config, temperature), clients)
                 latencies = [r.latency_s for r in replies]
                 cell.requests = len(replies)
