@@ -103,7 +103,9 @@ buckets of a bench's default run with inductor's cache warm; ``specdec generate 
 also compiled rows of 8; tracing, paid at every start, is most of it, whether inductor's disk cache is warm or
 not), against the server's start-up goal of 20 s, for a gain
 within the noise of a shared machine on the default speculation. So auto stays off: ``on`` pays for plain
-decoding and long runs whose start is paid once. With the guards and bookkeeping cut (above; docs/benchmarks.md,
+decoding and long runs whose start is paid once. The server is such a run: with ``auto`` it loads every bucket
+from the compile cache where all are there, else serves eagerly while a child process compiles them, and switches
+(``specdec.serve.background``; ``compiles`` answers for the other runs). With the guards and bookkeeping cut (above; docs/benchmarks.md,
 "Compiled decoding: per-call overhead"), three alternated pairs of ``specdec bench --methods plain-hf plain spec-lookup --peers
 llamacpp --num-prompts 12 --repeats 3 --drafter-dtype float32 --compile off|on`` (1 thread, load 4-7, every
 output equal) put compiled plain decoding at 1.43-1.71x llama.cpp float32's time per token (eager 1.90-2.08x).
@@ -704,6 +706,7 @@ class CompiledModel:
         self.replays = input_device(model).type == "cuda"
         self.captured: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> {(shape, S): CudaStep}
         self.pool = None  # the CUDA graphs' memory pool, shared by this model's graphs (``CudaStep``)
+        self.cached_only = False  # warm loads graphs from the compile cache only: a missing one raises ``NotCached``
 
     def _graph(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,
                hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -903,6 +906,8 @@ class CompiledModel:
         graph = self._load(path)
         for cached in (True, False) if graph is not None else (False,):
             if not cached:
+                if self.cached_only:
+                    raise NotCached(path.name)
                 graph = trace()
             try:
                 with kernels.active():
@@ -929,6 +934,11 @@ class CompiledModel:
         return graph
 
 
+class NotCached(Exception):
+    """A shape whose compiled step is not in the compile cache (or cannot be used from it), under ``prepare``'s
+    ``cached_only``: nothing is compiled then."""
+
+
 @dataclass(frozen=True)
 class CompileChoice:
     """Whether a model's decode forwards are compiled, and why."""
@@ -941,11 +951,13 @@ class CompileChoice:
 
 
 def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...] = (1,), rows: tuple[int, ...] = (1,),
-            hidden: bool = False, slots: int | None = None) -> CompileChoice:
+            hidden: bool = False, slots: int | None = None, cached_only: bool = False) -> CompileChoice:
     """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on), or leave it
     eager (off, and auto: ``compiles``). Later caches of the model (``decoding_cache``) are then static. A
     second call adds buckets. A model that cannot be compiled decodes eagerly, told once by a warning; a
-    missing compiler is a RuntimeError saying what to install."""
+    missing compiler is a RuntimeError saying what to install. ``cached_only``: every bucket from the compile
+    cache (each checked as usual) or none: where one is not there, nothing is compiled and the model stays as it
+    was (eager, or with the buckets it had), silently (``specdec.serve.background`` compiles it elsewhere)."""
     import time
 
     device = input_device(model)
@@ -980,8 +992,13 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
             if shape not in compiled.shapes:
                 compiled.warm(shape)
 
+    compiled.cached_only = cached_only
     try:
         warm_wanted()
+        if cached_only and isinstance(compiled, CompiledSeq2Seq) and not cuda and compiled.encoder is None:
+            compiled.warm_encoder()
+    except NotCached as missing:
+        return CompileChoice(False, f"off (not in the compile cache yet: {missing})")
     except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager, said once
         if not (cuda and compiled.inductor):
             warnings.warn(f"--compile on: {type(model).__name__} could not be compiled ({type(error).__name__}: "
@@ -992,6 +1009,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
                       f"{first_line(error)}); its eager step is captured as CUDA graphs", stacklevel=2)
         compiled.inductor = False
         warm_wanted()
+    finally:
+        compiled.cached_only = False
     if isinstance(compiled, CompiledSeq2Seq) and compiled.inductor and not cuda and compiled.encoder is None:
         try:
             compiled.warm_encoder()

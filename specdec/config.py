@@ -197,7 +197,7 @@ class ModelConfig:
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
     drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation of its linear layers); the target verifies, so output stays exact
     threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
-    compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off on a CPU: measured not to repay its start; on for CUDA: CUDA graphs; specdec.compiled)
+    compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off on a CPU: measured not to repay its start, except in the server, which compiles beside serving; on for CUDA: CUDA graphs; specdec.compiled)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:

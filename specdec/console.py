@@ -88,39 +88,50 @@ class Session:
             self._models[name] = model
         return self._models[name]
 
-    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig, prompts: int | None = None) -> list[str]:
+    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig, prompts: int | None = None, *,
+                how: str | None = None, cached_only: bool = False) -> list[str]:
         """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
         says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
         the target verifies gamma + 1 tokens (and a prompt-lookup copy, and steps 1 when it may decode alone), a
         drafter model steps 1 token and catches up (``compiled.token_buckets``), in rows of 1, 4, 16, ... below the
         batch size and the batch size (``compiled.row_buckets``; at most ``prompts``, where the caller knows how
-        many it decodes: one prompt compiles rows of 1 only).
+        many it decodes: one prompt compiles rows of 1 only). ``how`` overrides ``--compile``; ``cached_only``
+        takes each model's buckets from the compile cache only, all or none (``compiled.prepare``), saying nothing.
         Returns what was decided, per model."""
-        from specdec.compiled import compiled_for, compiles, prepare, row_buckets, token_buckets
-        from specdec.drafters.hybrid import LOOKUP_NGRAM
+        from specdec.compiled import compiled_for, compiles, prepare
         from specdec.loading import resolve_device
 
-        if not compiles(self.models.compile, resolve_device(self.models.device)):
+        how = how or self.models.compile
+        if not compiles(how, resolve_device(self.models.device)):
             return []
+        decided = []
+        for name, tokens, rows, hidden in self.compile_plan(mode, spec, schedule, prompts):
+            model = self.model(name)
+            known = compiled_for(model)
+            before = set(known.shapes) if known is not None else set()
+            choice = prepare(model, how, tokens=tokens, rows=rows, hidden=hidden, cached_only=cached_only)
+            decided.append(f"{name}: {choice.describe()}")
+            new = choice.compiled and bool(compiled_for(model).shapes - before)
+            if not cached_only and (not choice.compiled or new):  # said when something new was done
+                stderr_console().print(f"specdec: {decided[-1]}")
+        return decided
+
+    def compile_plan(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig,
+                     prompts: int | None = None) -> list[tuple[str, tuple[int, ...], tuple[int, ...], bool]]:
+        """What ``compile`` compiles: (model name, tokens buckets, rows buckets, hidden states) per model."""
+        from specdec.compiled import row_buckets, token_buckets
+        from specdec.drafters.hybrid import LOOKUP_NGRAM
+
         rows = row_buckets(min(spec.batch_size, prompts or spec.batch_size))
         speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
         plain = mode != "speculative" or spec.speculate != "on"
         verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,
                                       LOOKUP_NGRAM.copy_length(spec.gamma))
-        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, False)]
+        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, rows, False)]
         drafter = self.models.drafter_model
         if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
-            plan.append((drafter, steps, schedule.schedule == "ada"))
-        decided = []
-        for name, tokens, hidden in plan:
-            model = self.model(name)
-            known = compiled_for(model)
-            before = set(known.shapes) if known is not None else set()
-            choice = prepare(model, self.models.compile, tokens=tokens, rows=rows, hidden=hidden)
-            decided.append(f"{name}: {choice.describe()}")
-            if not choice.compiled or (compiled_for(model).shapes - before):  # said when something new was done
-                stderr_console().print(f"specdec: {decided[-1]}")
-        return decided
+            plan.append((drafter, steps, rows, schedule.schedule == "ada"))
+        return plan
 
     def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
         """The tokenizer of the model that decodes in ``mode``."""

@@ -323,6 +323,11 @@ class Crossover(Schedule, Listener):
         self.drop = drop  # a width below this share of the fastest, once each has a block, leaves the trial
         self.margin = margin  # drafting is kept over plain only at this many times plain's speed or more
         self.clock = clock
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop every measurement and choice (the rounds now run another way: a server switched to its compiled
+        graphs); each batch size is measured afresh."""
         self.width: dict[int, int | None] = {}  # bucket -> the width kept (0: plain)
         self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
         self._racing: dict[int, list[int | None]] = {}  # bucket -> the widths its trial still measures

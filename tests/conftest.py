@@ -56,6 +56,9 @@ from specdec.batch import kept_order
 _CACHE = tempfile.mkdtemp(prefix="specdec-tests-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE
 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # specdec.compiled.use_cache_folder points it into _CACHE
+# a server with --compile auto (the default) on a CPU compiles beside serving (specdec.serve.background): the suite's
+# servers stay eager, as their tests expect; tests/test_background.py switches it on
+os.environ["SPECDEC_COMPILE_BESIDE"] = "off"
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 torch.set_num_threads(1)  # tiny models: threads only add contention on a shared 2-core machine

@@ -268,6 +268,19 @@ def test_crossover_decides_each_batch_size_on_its_own():
     assert drive(auto, clock, 12, 3, draft=(0.25, 48), plain=(0.06, 16)) == [False] * 3
 
 
+def test_crossover_forgets_what_it_measured():
+    """``forget`` (a server switched to its compiled graphs): every batch size is measured afresh, and what the
+    new rounds measure decides, not the old rounds' figures."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), widths=(None, 0), trial_rounds=2, clock=clock, block=1, drop=0.0)
+    drive(auto, clock, 1, 5, draft=(0.02, 3), plain=(0.01, 1))  # drafting 150 against plain 100 tokens/s
+    assert auto.choice == {1: True} and auto.choices()
+    auto.forget()
+    assert auto.choice == {} and auto.choices() == []
+    modes = drive(auto, clock, 1, 5, draft=(0.05, 3), plain=(0.01, 1))  # now drafting 60 against 100
+    assert modes[:4] == [True, False, True, False] and auto.choice == {1: False}
+
+
 def test_crossover_widths():
     """Uncapped first, then powers of two below the schedule's most (and the most itself where lookup copies go
     past it), then plain decoding; make_schedule gives auto the drafter's."""

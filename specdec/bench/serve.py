@@ -249,7 +249,10 @@ def launch_specdec_serve(config: BenchConfig, mode: str | None = None, batch_siz
     if mode is not None:
         command += ["--speculate", mode, "--gamma", str(config.gamma[0]), "--max-new-tokens",
                     str(config.max_new_tokens), "--batch-size", str(batch_size or max(config.clients))]
-    return ServerProcess(command, {**os.environ, "PYTHONUNBUFFERED": "1"}, "specdec-serve-"), Endpoint(port)
+    # the bench's --compile auto decodes eagerly on a CPU, as in its other runs: a server that compiled beside serving
+    # would change how it runs between cells (specdec.serve.background)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPECDEC_COMPILE_BESIDE": "off"}
+    return ServerProcess(command, env, "specdec-serve-"), Endpoint(port)
 
 
 def serving(config: BenchConfig, body: dict, mode: str | None = None, batch_size: int | None = None):

@@ -43,6 +43,7 @@ from specdec.decode import Decoder, Request, Row
 from specdec.drafters import Drafter
 from specdec.events import Listener, RoundSummary
 from specdec.schedules import Schedule
+from specdec.serve.background import Beside
 from specdec.serve.metrics import ModelMetrics
 from specdec.stats import GenerationResult, RoundEvent
 from specdec.target import Target
@@ -179,8 +180,10 @@ class Engine(Listener):
 
     def __init__(self, target: Target, drafter: Drafter, schedule: Schedule, *, batch_size: int,
                  tokenizer: PreTrainedTokenizerBase | None = None, verify: VerifyConfig | None = None,
-                 metrics: ModelMetrics | None = None, speculate: str = "on") -> None:
+                 metrics: ModelMetrics | None = None, speculate: str = "on", beside: Beside | None = None) -> None:
         self.target, self.drafter, self.schedule = target, drafter, schedule
+        self.beside = beside  # the models' compile beside serving, until the switch to its graphs (``_switch``)
+        self._held: list[Job] = []  # requests held while the rows in flight finish before the switch
         self.batch_size = batch_size
         self.tokenizer = tokenizer
         self.verify = verify or VerifyConfig()
@@ -217,8 +220,12 @@ class Engine(Listener):
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the worker after its current round; requests in flight get ``Failed``."""
+        """Stop the worker after its current round; requests in flight get ``Failed``; a compile beside serving
+        ends."""
         self._stopping = True
+        beside, self.beside = self.beside, None
+        if beside is not None:
+            beside.stop()
         self._inbox.put(("wake", None))
         if self._thread is not None:
             self._thread.join(timeout)
@@ -246,9 +253,11 @@ class Engine(Listener):
     def _work(self) -> None:
         with torch.inference_mode():
             while not self._stopping:
-                self._take_inbox(block=not self.decoder.busy)
+                self._take_inbox(block=not self.decoder.busy and not self._switching())
                 if self.decoder.busy and not self._stopping:
                     self._step()
+                elif self._switching():
+                    self._switch()
                 self._sample_load()
             self._fail_all("the server is shutting down")
 
@@ -269,7 +278,34 @@ class Engine(Listener):
                 break
         self._update_gauges()
 
+    def _switching(self) -> bool:
+        """Whether the compile beside serving has ended: new requests are held until the rows in flight finish and
+        the engine switches to its graphs."""
+        beside = self.beside  # read once: ``stop`` drops it from another thread
+        return beside is not None and beside.ended()
+
+    def _switch(self) -> None:
+        """With no row in flight: load the compiled graphs (``Beside.apply``), start both models' caches afresh (static
+        now) and the schedule's measurements (``forget``: they timed the eager step), then let the held requests in.
+        Each request decodes eagerly or compiled from its start to its end."""
+        beside, self.beside = self.beside, None
+        if beside is not None and not self._stopping and beside.apply():
+            self.target.reset()
+            self.drafter.reset()
+            if (forget := getattr(self.schedule, "forget", None)) is not None:
+                forget()
+            self.prefill_beside = prefill_beside(self.target)
+            self.helper = shares(self.target)
+            self.decoder = self._new_decoder()
+        held, self._held = self._held, []
+        for job in held:
+            self._submit(job)
+        self._update_gauges()
+
     def _submit(self, job: Job) -> None:
+        if self._switching():
+            self._held.append(job)
+            return
         if job.cancelled:
             self._count_finished(job, "abort")
             return
@@ -316,6 +352,10 @@ class Engine(Listener):
             job.push(Failed(message))
             self._count_finished(job, "abort")
         self._jobs.clear()
+        for job in self._held:
+            job.push(Failed(message))
+            self._count_finished(job, "abort")
+        self._held.clear()
         while True:
             try:
                 command, job = self._inbox.get_nowait()
@@ -331,7 +371,7 @@ class Engine(Listener):
 
     def _update_gauges(self) -> None:
         self.running = len(self.decoder.rows)
-        self.waiting = len(self.decoder.waiting) + self.decoder.prefilling + self._inbox.qsize()
+        self.waiting = len(self.decoder.waiting) + self.decoder.prefilling + self._inbox.qsize() + len(self._held)
         self._interval.peak_waiting = max(self._interval.peak_waiting, self.waiting)
         if self.metrics is not None:
             self.metrics.running.set(self.running)

@@ -25,6 +25,8 @@ from specdec.loading import SHIPPED_MODELS
 from specdec.processors import resolve
 from specdec.schedules import make_schedule
 from specdec.serve.app import ServedModel, create_app
+from specdec.serve.background import Beside
+from specdec.serve.background import wanted as compile_beside
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine
 from specdec.serve.metrics import ServerMetrics
@@ -52,18 +54,22 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     session = session or Session(models)
     tokenizer = session.tokenizer("speculative")
     compiled = session.compile("speculative", spec, schedule or ScheduleConfig())  # on: compiled at start
+    beside, said = (Beside.start(session, spec, schedule or ScheduleConfig()) if not compiled and compile_beside(models)
+                    else (None, ""))  # auto on a CPU: from the compile cache, else compiled beside serving
     target = make_target(session.model(models.target))
     drafter = NoDrafter() if spec.speculate == "off" else session.drafter()
     served_id = name or model_id(models.target)
     engine = Engine(target, drafter, make_schedule(spec, schedule, drafter), batch_size=spec.batch_size,
                     tokenizer=tokenizer, verify=verify, metrics=metrics.for_model(served_id),
-                    speculate=spec.speculate)
+                    speculate=spec.speculate, beside=beside)
     # a model whose rows cannot share a forward serves one request at a time (the others wait): said at start
     apart = engine.decoder.rows_apart(probe(target)) if spec.batch_size > 1 else None
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
                    "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
                    "device": str(target.device), **session.threads.to_dict(),
-                   "compile": "; ".join(compiled) or models.compile, "rows_apart": apart or ""}
+                   "compile": "; ".join(compiled) or said or models.compile, "rows_apart": apart or ""}
+    if beside is not None:
+        beside.description = description
     # the target's generation config applies to every request as in generate (repetition penalty, forced tokens...)
     processing = resolve(target.model, ignore_generation_config=sampling.ignore_generation_config, device=target.device)
     description["processors"] = list(processing.settings.processors)
