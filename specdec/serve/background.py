@@ -93,12 +93,17 @@ class Beside:
     def start(cls, session, spec: SpecConfig, schedule: ScheduleConfig) -> tuple[Beside | None, str]:
         """Load every bucket of the server's models from the compile cache if all are there, else start their
         compile beside serving (the ``Beside``); with what to say of it ("" where nothing compiles)."""
+        from specdec.compiled import cache_folder
+
         plan = _plan(session, spec, schedule)
         if not plan:
             return None, ""
-        decided = session.compile(MODE, spec, schedule, how="on", cached_only=True)
-        if _compiled(session, plan):
-            return None, "auto: " + "; ".join(decided)
+        # a first start (no graph saved yet) does not look: looking builds specdec's operators first (the traced
+        # step's kernels, a C++ build of 15-20 s), which the child builds anyway
+        if any(cache_folder("graphs").glob("*.bin")):
+            decided = session.compile(MODE, spec, schedule, how="on", cached_only=True)
+            if _compiled(session, plan):
+                return None, "auto: " + "; ".join(decided)
         return cls(session, spec, schedule), "auto: compiling beside serving (eager until then)"
 
     def ended(self) -> bool:
