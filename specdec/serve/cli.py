@@ -58,9 +58,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     sock = bind(config.host, config.port)
     app = build_app(config, models, spec, sampling, verify, schedule=schedule)
     drafter = "none" if spec.speculate == "off" else models.drafter
+    beside = any(m.engine.beside is not None for m in app.state.models.values())
+    compiling = "; compiling beside serving, eager until then" if beside else ""
     print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, schedule {schedule.schedule}, batch size "
-          f"{spec.batch_size}, {current_threads().describe()}{helper_note()}) on {url_of(sock)}: the page at /, the API at /v1",
-          file=sys.stderr, flush=True)
+          f"{spec.batch_size}, {current_threads().describe()}{helper_note()}{compiling}) on {url_of(sock)}: the page at /, the "
+          "API at /v1", file=sys.stderr, flush=True)
     make_server(app, config.log_level).run(sockets=[sock])
     return 0
 
