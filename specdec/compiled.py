@@ -555,6 +555,12 @@ class Shape:
     hidden: bool = False
 
 
+def buckets(tokens: tuple[int, ...], rows: tuple[int, ...], hidden: bool = False) -> list[Shape]:
+    """The shapes ``prepare`` warms for these buckets: every rows x tokens, without the hidden states and, where
+    ``hidden``, with them too."""
+    return [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
+
+
 ENCODER = Shape(1, 0)  # the graph file of an encoder-decoder model's compiled encoder (``CompiledSeq2Seq.warm_encoder``)
 
 
@@ -988,7 +994,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         if cuda and (missing is not None or os.environ.get("SPECDEC_CUDA_STEP", "eager") != "inductor"):
             compiled.inductor = False  # CUDA graphs of the eager step (inductor's: SPECDEC_CUDA_STEP=inductor)
     loaded = compiled.loaded
-    wanted = [Shape(r, n, h) for r in rows for n in tokens for h in sorted({False, hidden})]
+    wanted = buckets(tokens, rows, hidden)
 
     def warm_wanted() -> None:
         for shape in wanted:

@@ -151,18 +151,15 @@ def test_the_server_serves_at_once_then_compiled_and_a_second_start_is_compiled(
     assert compiled_for(second.model(models.target)) is not None
 
 
-class _Child:
+def child(session, spec, schedule, command: list[str], tmp_path) -> Beside:
     """A ``Beside`` whose child is any command: the engine's switch without a compile."""
-
-    @staticmethod
-    def make(session, spec, schedule, command: list[str], tmp_path) -> Beside:
-        beside = object.__new__(Beside)
-        beside.session, beside.spec, beside.schedule, beside.description = session, spec, schedule, {}
-        beside.log = tmp_path / "child.log"
-        with beside.log.open("wb") as log:
-            beside.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        beside.started = time.perf_counter()
-        return beside
+    beside = object.__new__(Beside)
+    beside.session, beside.spec, beside.schedule, beside.description = session, spec, schedule, {}
+    beside.log = tmp_path / "child.log"
+    with beside.log.open("wb") as log:
+        beside.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    beside.started = time.perf_counter()
+    return beside
 
 
 def test_a_failed_compile_leaves_the_server_eager_and_says_why(pair, tmp_path, capsys):
@@ -178,7 +175,7 @@ def test_a_failed_compile_leaves_the_server_eager_and_says_why(pair, tmp_path, c
     target = make_target(session.model(models.target))
     drafter = make_drafter(models.drafter_config, target, session.tokenizer("speculative"))
     failing = [sys.executable, "-c", "import sys; print('inductor: no C++ compiler found'); sys.exit(3)"]
-    beside = _Child.make(session, spec, ScheduleConfig(), failing, tmp_path)
+    beside = child(session, spec, ScheduleConfig(), failing, tmp_path)
     engine = Engine(target, drafter, make_schedule(spec, None, drafter), batch_size=2, beside=beside)
     beside.process.wait(30)
     assert engine._switching()
@@ -207,7 +204,7 @@ def test_requests_wait_for_the_rows_in_flight_then_go_on(pair, tmp_path):
     drafter = make_drafter(models.drafter_config, target, tokenizer)
     gate = tmp_path / "go"
     waiting = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"]
-    beside = _Child.make(session, spec, ScheduleConfig(), waiting, tmp_path)
+    beside = child(session, spec, ScheduleConfig(), waiting, tmp_path)
     engine = Engine(target, drafter, make_schedule(spec, None, drafter), batch_size=2, tokenizer=tokenizer,
                     beside=beside)
 
@@ -252,7 +249,7 @@ def test_stopping_the_engine_ends_the_child(pair, tmp_path):
     models, spec = configs(pair, speculate="off")
     session = Session(models)
     target = make_target(session.model(models.target))
-    beside = _Child.make(session, spec, ScheduleConfig(), [sys.executable, "-c", "import time; time.sleep(120)"],
+    beside = child(session, spec, ScheduleConfig(), [sys.executable, "-c", "import time; time.sleep(120)"],
                          tmp_path)
     engine = Engine(target, NoDrafter(), make_schedule(spec, None, None), batch_size=2, beside=beside)
     engine.start()

@@ -56,12 +56,11 @@ def wanted(models: ModelConfig) -> bool:
 
 def _compiled(session, plan) -> bool:
     """Whether every model of ``plan`` (``Session.compile_plan``) has every bucket compiled."""
-    from specdec.compiled import Shape, compiled_for
+    from specdec.compiled import buckets, compiled_for
 
     for name, tokens, rows, hidden in plan:
         compiled = compiled_for(session.model(name))
-        need = {Shape(r, n, h) for r in rows for n in tokens for h in {False, hidden}}
-        if compiled is None or not need <= compiled.shapes:
+        if compiled is None or not set(buckets(tokens, rows, hidden)) <= compiled.shapes:
             return False
     return True
 

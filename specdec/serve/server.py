@@ -52,9 +52,10 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     """Load the target (and drafter, unless ``spec.speculate`` is off) and build its engine, drafting as
     ``schedule`` says (None: the constant ``spec.gamma``)."""
     session = session or Session(models)
+    schedule = schedule or ScheduleConfig()
     tokenizer = session.tokenizer("speculative")
-    compiled = session.compile("speculative", spec, schedule or ScheduleConfig())  # on: compiled at start
-    beside, said = (Beside.start(session, spec, schedule or ScheduleConfig()) if not compiled and compile_beside(models)
+    compiled = session.compile("speculative", spec, schedule)  # on: compiled at start
+    beside, said = (Beside.start(session, spec, schedule) if not compiled and compile_beside(models)
                     else (None, ""))  # auto on a CPU: from the compile cache, else compiled beside serving
     target = make_target(session.model(models.target))
     drafter = NoDrafter() if spec.speculate == "off" else session.drafter()
@@ -65,7 +66,7 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     # a model whose rows cannot share a forward serves one request at a time (the others wait): said at start
     apart = engine.decoder.rows_apart(probe(target)) if spec.batch_size > 1 else None
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
-                   "gamma": spec.gamma, "schedule": (schedule or ScheduleConfig()).schedule,
+                   "gamma": spec.gamma, "schedule": schedule.schedule,
                    "device": str(target.device), **session.threads.to_dict(),
                    "compile": "; ".join(compiled) or said or models.compile, "rows_apart": apart or ""}
     if beside is not None:
