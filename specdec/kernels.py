@@ -129,24 +129,25 @@ _PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' sha
 PLANS_FILE = "plans.json"  # auto's plans kept between processes, in the kernels' cache folder
 
 
-def _switch(env: str, meaning: str) -> str:
-    """The environment variable ``env``, one of ``MODES`` (auto when unset); else a ValueError naming it, the values
-    and ``meaning`` (what each does)."""
+def switch(env: str, meaning: str, allowed: tuple[str, ...] = MODES) -> str:
+    """The environment variable ``env``, one of ``allowed`` (auto when unset); else a ValueError naming it, the values
+    and ``meaning`` (what each does). specdec's switches: ``SPECDEC_LINEAR``, ``SPECDEC_HELPER``,
+    ``SPECDEC_PREFILL_BESIDE`` (``serve.engine``), ``SPECDEC_COMPILE_BESIDE`` (``serve.background``)."""
     value = os.environ.get(env, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"{env}={value!r}: use one of {', '.join(MODES)} ({meaning})")
+    if value not in allowed:
+        raise ValueError(f"{env}={value!r}: use one of {', '.join(allowed)} ({meaning})")
     return value
 
 
 def mode() -> str:
     """``SPECDEC_LINEAR`` (auto when unset); a clear error for another value."""
-    return _switch(ENV, "off keeps torch's F.linear everywhere, on always uses specdec's linear kernels, auto where a "
+    return switch(ENV, "off keeps torch's F.linear everywhere, on always uses specdec's linear kernels, auto where a "
                         "probe at load finds they pay")
 
 
 def helper_mode() -> str:
     """``SPECDEC_HELPER`` (auto when unset); a clear error for another value."""
-    return _switch(HELPER_ENV, "auto shares the blocked kernel's products with a helper thread where this process has "
+    return switch(HELPER_ENV, "auto shares the blocked kernel's products with a helper thread where this process has "
                                "a core beyond torch's threads, on always, off never")
 
 

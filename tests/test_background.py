@@ -80,7 +80,7 @@ def test_the_rule(monkeypatch):
     monkeypatch.setenv(ENV, "off")
     assert background.wanted(ModelConfig(compile="auto", device="cpu")) is False
     monkeypatch.setenv(ENV, "sometimes")
-    with pytest.raises(ValueError, match=r"SPECDEC_COMPILE_BESIDE='sometimes': use auto or off"):
+    with pytest.raises(ValueError, match=r"SPECDEC_COMPILE_BESIDE='sometimes': use one of auto, off"):
         background.wanted(ModelConfig(compile="auto", device="cpu"))
 
 

@@ -123,7 +123,7 @@ def test_prefill_beside_is_chosen_by_the_environment_else_by_spare_cores(monkeyp
     monkeypatch.setenv(BESIDE_ENV, "off")
     assert prefill_beside(handle) is False
     monkeypatch.setenv(BESIDE_ENV, "sometimes")
-    with pytest.raises(ValueError, match="SPECDEC_PREFILL_BESIDE='sometimes': use auto, on or off"):
+    with pytest.raises(ValueError, match="SPECDEC_PREFILL_BESIDE='sometimes': use one of auto, on, off"):
         prefill_beside(handle)
     monkeypatch.setenv(BESIDE_ENV, "auto")
     assert prefill_beside(handle) is room_beside()

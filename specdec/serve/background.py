@@ -41,12 +41,12 @@ MODE = "speculative"  # what the server decodes (``Session.compile``'s mode)
 def wanted(models: ModelConfig) -> bool:
     """Whether a server of ``models`` compiles beside its serving: ``--compile auto`` on a CPU whose torch compiles
     and saves its graphs, unless ``SPECDEC_COMPILE_BESIDE=off``."""
+    from specdec import kernels
     from specdec.compiled import compiler_missing, compiles, saves_graphs
     from specdec.loading import resolve_device
 
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if mode not in ("auto", "off"):
-        raise ValueError(f"{ENV}={mode!r}: use auto or off")
+    mode = kernels.switch(ENV, "auto compiles beside serving where --compile auto meets a CPU that compiles, off "
+                               "serves eagerly", ("auto", "off"))
     if mode == "off" or models.compile != "auto":
         return False
     device = resolve_device(models.device)

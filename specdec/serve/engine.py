@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -160,9 +159,8 @@ def prefill_beside(target: Target) -> bool:
     with the blocked operator's helper thread already (``kernels.shares``): with it, a prefill in turn takes both
     cores, 0.19 ms a prompt token against 0.35 beside the batch, and the server at 4 clients answered in 0.94x the
     time (docs/benchmarks.md, "A helper thread on the idle core")."""
-    mode = os.environ.get(BESIDE_ENV, "auto").strip().lower() or "auto"
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"{BESIDE_ENV}={mode!r}: use auto, on or off")
+    mode = kernels.switch(BESIDE_ENV, "auto prefills beside where the cores allow it and no helper shares the "
+                                      "target's products, on always, off never")
     if mode != "auto":
         return mode == "on"
     return torch.device(target.device).type == "cpu" and room_beside() and not shares(target)
