@@ -175,7 +175,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache, EncoderDecoderCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from specdec import kernels
+from specdec import attention, kernels
 from specdec.architectures import attention_chunk, local_window
 from specdec.cache import RaggedCache, gather_slots, repack_pays
 from specdec.config import COMPILE_MODES, ModelConfig
@@ -294,10 +294,6 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
-# keyword inputs of transformers' attention functions that change what attention computes: a call with any of them
-# set is not ``specdec_attention``'s to compute (it hands the call to sdpa's)
-OTHER_ATTENTION = ("position_bias", "cache", "softcap", "s_aux", "sinks", "head_mask", "alibi")
-
 
 def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -313,7 +309,7 @@ def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     if (torch.compiler.is_compiling() and attention_mask is not None and not dropout and _covered(query, key, value,
                                                                                                     attention_mask)
-            and all(kwargs.get(name) is None for name in OTHER_ATTENTION)):
+            and all(kwargs.get(name) is None for name in attention.OTHER)):
         rows, _, tokens, dim = query.shape
         slots = key.shape[2]
         mask = attention_mask[:, :, :, :slots]
@@ -327,8 +323,6 @@ def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 AttentionInterface.register("specdec", specdec_attention)
-ATTENTION_DIMS = (32, 64, 80, 96, 128, 256)  # head dimensions csrc/attention.c computes (its HEAD_DIMS)
-ATTENTION_ACC = 8192  # its MAX_ACC: query heads per key-value head x new tokens x head dimension at most
 
 
 def _covered(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
@@ -339,8 +333,8 @@ def _covered(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: 
     return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (query, key, value))
             and mask.dim() == 4 and mask.shape[0] in (1, rows) and mask.shape[1] == 1 and mask.shape[2] in (1, tokens)
             and mask.shape[-1] >= key.shape[2]
-            and mask.dtype in (torch.bool, torch.float32) and dim in ATTENTION_DIMS
-            and heads % kv_heads == 0 and heads // kv_heads * tokens * dim <= ATTENTION_ACC
+            and mask.dtype in (torch.bool, torch.float32) and dim in attention.DIMS
+            and heads % kv_heads == 0 and heads // kv_heads * tokens * dim <= attention.ACC
             and tuple(value.shape) == tuple(key.shape) and key.shape[-1] == dim
             and key.stride(-1) == value.stride(-1) == 1 and key.stride(-2) == value.stride(-2) == dim)
 

@@ -31,6 +31,7 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
+from specdec.attention import prefilling
 from specdec.batch import PromptBatch, prefill_groups
 from specdec.cache import RaggedCache, causal_mask
 from specdec.recurrent import RecurrentCache, is_recurrent
@@ -237,7 +238,8 @@ def _prefilled(model: PreTrainedModel, prompts: PromptBatch, device: torch.devic
         calls += new.encode(prompts.source, prompts.source_valid())
     if prompts.ids.shape[1] > 1:
         valid = prompts.valid()[:, :-1]  # [B, T-1]
-        new.forward(ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
+        with prefilling(model):  # its attention on both cores where the helper shares the products
+            new.forward(ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
         calls += 1
     return new, calls
 
