@@ -89,8 +89,8 @@ def _chunk_masks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | No
     gets the same mask (kept on the thread until it leaves ``prefilling``)."""
     rows, _, tokens, _ = query.shape
     slots = key.shape[2]
-    made = _local.masks
-    if made is not None and made[0] is mask and made[1] == (tokens, slots):
+    made, shape = _local.masks, (tokens, slots, causal)
+    if made is not None and made[0] is mask and made[1] == shape:
         return made[2]
     if mask is None:  # sdpa: causal (top-left) where the module is causal; here only a prefill from an empty cache
         if not causal or slots != tokens:
@@ -109,7 +109,7 @@ def _chunk_masks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | No
     else:
         out[:, :tokens] = allowed
     masks = list(out.view(len(allowed), chunks, CHUNK, slots))
-    _local.masks = (mask, (tokens, slots), masks)
+    _local.masks = (mask, shape, masks)
     return masks
 
 
