@@ -3,8 +3,9 @@
 
 Each causal-LM model type the architecture sweep builds (``benchmarks/architecture_sweep.py``: its tiny configs, but
 twice as wide, 128, with heads of 32, so that the operator's head dimensions apply), in float32, one thread, the
-helper on: a 40-token prompt alone and a batch of two with one row left-padded by 6, prefilled into a
-``RaggedCache`` with the model's own sdpa attention, inside ``attention.prefilling``, and in float64. Printed per
+helper on: a 40-token prompt alone and a batch of two with one row left-padded by 6, prefilled into the cache
+specdec gives it (``seq2seq.cache_for``: a ``RaggedCache``, or a ``RecurrentCache`` for a hybrid) with the model's
+own sdpa attention, inside ``attention.prefilling``, and in float64. Printed per
 type: how many attention calls the operator took (one per layer and row where it covers them), the largest
 difference of the real positions' logits from the float64 prefill for sdpa and for the operator, and OK where the
 operator's is within twice sdpa's (or 1e-4). Where the float64 copy cannot run (grouped expert products are
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import architecture_sweep as sweep
 
 from specdec import attention, kernels
-from specdec.cache import RaggedCache
+from specdec.seq2seq import cache_for
 
 WIDTHS = ("hidden_size", "d_model", "n_embd", "emb_dim", "embed_dim", "dim", "word_embed_proj_dim", "d_embed",
           "projection_dim")
@@ -49,9 +50,9 @@ def check(model_type: str, taken: list[int]) -> str:
         x = ids[:rows]
         out = {}
         for name, m, shared in (("sdpa", model, False), ("shared", model, True), ("float64", exact_model, False)):
-            cache = RaggedCache(m, rows)
             taken[0] = 0
             try:
+                cache = cache_for(m, rows, "cpu")
                 with torch.inference_mode(), attention.prefilling(m) if shared else contextlib.nullcontext():
                     out[name] = cache.forward(x, valid, logits_to_keep=40).logits.double()
             except RuntimeError:
