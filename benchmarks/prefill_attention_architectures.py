@@ -84,8 +84,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if not kernels.blocked_op():
         sys.exit("specdec's operators did not build (a C and a C++ compiler are needed)")
-    torch.ops.specdec.helper(True)
-    kernels._HELPER[0] = True
+    kernels._set_helper(True)
     taken = [0]
     chunked = attention._chunked
 

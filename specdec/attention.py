@@ -29,6 +29,8 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from specdec import kernels
+
 CHUNK = 16  # queries a row of the operator: 16 balanced the two cores better than 32 or 64 (3.5 ms, 4.6, 5.1)
 MIN_TOKENS = 32  # fewer queries: sdpa's (a short prompt's attention is not worth the chunks' set-up)
 # keyword inputs of transformers' attention functions that change what attention computes: a call with any of them
@@ -43,8 +45,6 @@ _local = threading.local()  # .on: this thread is inside ``prefilling``
 def wanted(model: PreTrainedModel) -> bool:
     """Whether ``model``'s prefill attention is shared here: a decoder-only float32 CPU model with sdpa attention,
     specdec's operators loaded and their helper on (without it, one core computes it either way)."""
-    from specdec import kernels
-
     config = model.config
     return (not getattr(config, "is_encoder_decoder", False) and getattr(config, "_attn_implementation", None) == "sdpa"
             and model.dtype == torch.float32 and model.device.type == "cpu" and kernels.helper_on())
@@ -73,7 +73,8 @@ def prefill_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             and all(kwargs.get(name) is None for name in OTHER)):
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", True) if causal is None else causal
-        masks = _chunk_masks(query, key, attention_mask, causal) if _covered(query, key, value) else None
+        covered = query.shape[2] >= MIN_TOKENS and covers(query, key, value, CHUNK)
+        masks = _chunk_masks(query, key, attention_mask, causal) if covered else None
         if masks is not None:
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             out = [_chunked(query[b], key[b], value[b], masks[b if len(masks) > 1 else 0], scale)
@@ -113,12 +114,14 @@ def _chunk_masks(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | No
     return masks
 
 
-def _covered(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    _, heads, tokens, dim = query.shape
+def covers(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, queries: int) -> bool:
+    """Whether ``specdec::decode_attention`` takes these inputs with ``queries`` queries a row of it: float32 CPU
+    tensors, a head dimension it has, key-value heads dividing the query heads, its accumulators enough, keys and
+    values alike with each slot's contiguous (here, and in a compiled step: ``compiled.specdec_attention``)."""
+    heads, dim = query.shape[1], query.shape[-1]
     kv_heads = key.shape[1]
     return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (query, key, value))
-            and tokens >= MIN_TOKENS and dim in DIMS and heads % kv_heads == 0
-            and heads // kv_heads * CHUNK * dim <= ACC
+            and dim in DIMS and heads % kv_heads == 0 and heads // kv_heads * queries * dim <= ACC
             and tuple(value.shape) == tuple(key.shape) and key.shape[-1] == dim
             and key.stride(-1) == value.stride(-1) == 1 and key.stride(-2) == value.stride(-2) == dim)
 

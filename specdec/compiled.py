@@ -294,7 +294,6 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 
-
 def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       **kwargs: object) -> tuple[torch.Tensor, None]:
@@ -326,17 +325,12 @@ AttentionInterface.register("specdec", specdec_attention)
 
 
 def _covered(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
-    """Whether ``specdec::decode_attention`` computes this call: float32 CPU inputs, a head dimension it has,
-    key-value heads dividing the query heads, each slot's keys and values contiguous, a 4D mask with one head."""
-    rows, heads, tokens, dim = query.shape
-    kv_heads = key.shape[1]
-    return (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (query, key, value))
-            and mask.dim() == 4 and mask.shape[0] in (1, rows) and mask.shape[1] == 1 and mask.shape[2] in (1, tokens)
-            and mask.shape[-1] >= key.shape[2]
-            and mask.dtype in (torch.bool, torch.float32) and dim in attention.DIMS
-            and heads % kv_heads == 0 and heads // kv_heads * tokens * dim <= attention.ACC
-            and tuple(value.shape) == tuple(key.shape) and key.shape[-1] == dim
-            and key.stride(-1) == value.stride(-1) == 1 and key.stride(-2) == value.stride(-2) == dim)
+    """Whether ``specdec::decode_attention`` computes this call: inputs it takes (``attention.covers``, a row's new
+    tokens its queries), a 4D mask with one head."""
+    rows, _, tokens, _ = query.shape
+    return (mask.dim() == 4 and mask.shape[0] in (1, rows) and mask.shape[1] == 1 and mask.shape[2] in (1, tokens)
+            and mask.shape[-1] >= key.shape[2] and mask.dtype in (torch.bool, torch.float32)
+            and attention.covers(query, key, value, tokens))
 
 
 def traced_attention(model: PreTrainedModel) -> str | None:

@@ -23,11 +23,10 @@ pytestmark = [pytest.mark.usefixtures("one_thread"),
 
 @pytest.fixture
 def helper():
-    was = torch.ops.specdec.helper(True)
-    kernels._HELPER[0] = True
+    was = kernels.helper_on()
+    kernels._set_helper(True)
     yield
-    torch.ops.specdec.helper(was)
-    kernels._HELPER[0] = was
+    kernels._set_helper(was)
 
 
 @pytest.fixture
@@ -115,15 +114,14 @@ def test_only_the_thread_inside_takes_it(helper, calls):
 
 def test_not_wanted_without_the_helper_or_off_the_float32_cpu(calls):
     model = build_tiny("llama", hidden=256, vocab_size=128, seed=5)
-    was = torch.ops.specdec.helper(False)
-    kernels._HELPER[0] = False
+    was = kernels.helper_on()
+    kernels._set_helper(False)
     try:
         assert not attention.wanted(model)
         _prefill(model, torch.randint(3, 128, (1, 40)), None, shared=True)
         assert calls == {"operator": 0, "sdpa": model.config.num_hidden_layers}
     finally:
-        torch.ops.specdec.helper(was)
-        kernels._HELPER[0] = was
+        kernels._set_helper(was)
     assert not attention.wanted(model.to(torch.bfloat16))
 
 
