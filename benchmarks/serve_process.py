@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", choices=("on", "off", "auto"), default="on")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--front", choices=("process", "thread"), default="process")
     args = parser.parse_args()
     config = BenchConfig(num_prompts=args.num_prompts)
     target = str(resolve_model_path("code-target"))
@@ -43,7 +44,7 @@ def main() -> None:
     port = free_port()
     command = [sys.executable, "-m", "specdec", "serve", "--target", target, "--drafter", "lookup+code-drafter",
                "--port", str(port), "--threads", str(args.threads), "--compile", args.compile,
-               "--speculate", args.speculate, "--batch-size", "16"]
+               "--speculate", args.speculate, "--batch-size", "16", "--front", args.front]
     server = ServerProcess(command, {**os.environ, "PYTHONUNBUFFERED": "1"}, "serve-process-")
     # a SIGTERM (``timeout``) ends this process through the ``finally`` below, which stops the server: a server left
     # behind by a timed-out run spent 15% of a core through the next measurements here

@@ -29,6 +29,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -104,6 +105,15 @@ def server(pair, tmp_path_factory):
 def serving(pair: TinyPair, log: Path, *flags: str):
     """`specdec serve` of ``pair`` (drafter lookup+drafter, key KEY, one thread) in a subprocess on a free
     loopback port, with ``flags``; yields (url, port) once it answers /health, and stops it after."""
+    proc, url, port = launch(pair, log, *flags)
+    try:
+        yield url, port
+    finally:
+        stop(proc)
+
+
+def launch(pair: TinyPair, log: Path, *flags: str) -> tuple[subprocess.Popen, str, int]:
+    """`specdec serve` as ``serving`` starts it: (the process, its url, its port) once it answers /health."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""}
     command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--api-key", KEY,
@@ -124,9 +134,10 @@ def serving(pair: TinyPair, log: Path, *flags: str):
             if time.monotonic() > deadline:
                 pytest.fail(f"specdec serve did not answer /health in {START_TIMEOUT} s:\n{log.read_text()}")
             time.sleep(0.2)
-        yield url, port
-    finally:
+    except BaseException:
         stop(proc)
+        raise
+    return proc, url, port
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -210,7 +221,9 @@ def test_models_and_health(server, client):
     assert (stats(server)["threads"], stats(server)["threads_source"]) == (1, "OMP_NUM_THREADS")  # set by the fixture
     assert stats(server)["prefill_beside"] is room_beside(1)  # a second forward where the cores hold two of one thread
     assert stats(server)["helper"] is False  # a tiny model: no blocked kernel, no products shared
-    assert f"batch size {BATCH}, 1 thread (OMP_NUM_THREADS)) on http://" in server.log.read_text()  # the start line
+    assert stats(server)["front"] == "process"  # the app apart from the engine (specdec.serve.front), by default
+    assert (f"batch size {BATCH}, 1 thread (OMP_NUM_THREADS); HTTP in a process of its own) on http://"
+            in server.log.read_text())  # the start line
     assert get(server.url + "/health", key=None) == (200, b'{"status":"ok"}')
 
 
@@ -510,6 +523,77 @@ def test_every_endpoint_but_health_needs_the_key(server, key):
         openai.OpenAI(base_url=server.url + "/v1", api_key=key or "none", max_retries=0).models.list()
     assert get(server.url + "/health", key=key)[0] == 200
     assert get(server.url + "/", key=key)[0] == 200  # the page's static files hold no data
+
+
+# ------------------------------------------------------------------------- the front's process
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux's /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"  # a zombie has ended
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_the_front_ends_when_the_engines_process_is_killed(pair, tmp_path):
+    """SIGKILL of the engines' process (no chance to stop its front): the front sees its pipe close and stops
+    serving, so no process is left holding the port."""
+    proc, url, _ = launch(pair, tmp_path / "server.log")
+    try:
+        fronts = children(proc.pid)
+        assert fronts, "the HTTP front runs in a process of its own"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert wait_until(lambda: not any(alive(p) for p in fronts)), "the front outlived the engines' process"
+        with pytest.raises(OSError):
+            get(url + "/health", key=None)
+    finally:
+        stop(proc)
+
+
+def test_the_engines_process_ends_when_its_front_dies(pair, tmp_path):
+    """A front killed from outside: the engines' process stops its engines and exits with 1, said in its log."""
+    log = tmp_path / "server.log"
+    proc, _, _ = launch(pair, log)
+    try:
+        for front in children(proc.pid):
+            os.kill(front, signal.SIGKILL)
+        assert proc.wait(60) == 1
+        assert "the HTTP front's process ended with -9" in log.read_text()
+    finally:
+        stop(proc)
+
+
+def test_the_app_can_stay_on_a_thread_of_the_engines_process(pair, session, tmp_path):
+    """``--front thread``: one process, as before the front had its own; the same greedy completion."""
+    log = tmp_path / "server.log"
+    ids = encode(session, PROMPTS[0])
+    with serving(pair, log, "--front", "thread", "--max-new-tokens", str(MAX_TOKENS), "--schedule",
+                 SCHEDULE.schedule, "--speculate", "on") as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, timeout=HTTP_TIMEOUT, max_retries=0)
+        reply = client.completions.create(model="target", prompt=ids, max_tokens=MAX_TOKENS, temperature=0)
+        assert json.loads(get(url + "/stats")[1])["models"][0]["front"] == "thread"
+    assert reply.choices[0].text == reference(session, ids)[1]
+    assert "HTTP on a thread of this process) on http://" in log.read_text()
+    with pytest.raises(ValueError, match="front must be one of process, thread, got 'fork'"):
+        ServeConfig(front="fork")
 
 
 def test_the_server_speculates_auto_by_default():

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -69,6 +70,9 @@ from specdec.serve.protocol import (
 from specdec.serve.text import TextStream
 from specdec.stats import GenerationStats
 
+if TYPE_CHECKING:
+    from specdec.serve.front import RemoteEngine
+
 log = logging.getLogger("specdec.serve")
 STATIC = resources.files("specdec.serve") / "static"
 DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is still there
@@ -80,7 +84,7 @@ class ServedModel:
     """A model the server answers for: its engine, tokenizer and the defaults of its requests."""
 
     id: str  # the model id clients name
-    engine: Engine
+    engine: Engine | RemoteEngine  # its engine, or the engine's stand-in in an app apart from it
     tokenizer: PreTrainedTokenizerBase
     vocab_size: int  # the target's vocabulary (prompt ids must lie below it)
     context_limit: int | None  # the target's context (a prompt must leave room); an encoder-decoder's: its encoder's
@@ -202,11 +206,11 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
 
     @api.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+        return Response(await answer(metrics.exposition()), media_type=CONTENT_TYPE)
 
     @api.get("/stats")
     async def stats() -> dict[str, Any]:
-        return {"models": [load_of(m) for m in models]}
+        return {"models": [await answer(load_of(m)) for m in models]}
 
     app.include_router(api)
     return app
@@ -414,10 +418,18 @@ async def stream(job: Job, prepared: Prepared) -> AsyncIterator[str]:
             prepared.model.engine.cancel(job)
 
 
-def load_of(model: ServedModel) -> dict[str, Any]:
+async def answer(value: Any) -> Any:
+    """``value``, or what it awaits: an app apart from its engines asks their process (``specdec.serve.front``)."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def load_of(model: ServedModel) -> dict[str, Any] | Awaitable[dict[str, Any]]:
     """A served model's load and figures, for the page's second view; ``auto``: what ``--speculate auto`` measured
-    and kept per batch-size bucket so far (``Crossover.choices``; empty for another schedule)."""
+    and kept per batch-size bucket so far (``Crossover.choices``; empty for another schedule). From an app apart
+    from its engines: the engines' process's answer, to await."""
     engine = model.engine
+    if not isinstance(engine, Engine):  # a RemoteEngine
+        return engine.ask("stats")
     t = engine.totals
     return {"id": model.id, **model.description, "speculate": engine.speculate, "batch_size": engine.batch_size,
             "prefill_beside": engine.prefill_beside, "helper": engine.helper, "running": engine.running, "waiting": engine.waiting,

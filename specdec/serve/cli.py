@@ -45,10 +45,12 @@ def _run_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError as err:
         raise UsageError(f"specdec serve needs {err.name}: install the server's extra with {EXTRA}") from None
+    from specdec.serve.app import create_app
+    from specdec.serve.front import Front
     from specdec.serve.server import (  # torch: only once the settings hold
         bind,
-        build_app,
         make_server,
+        served_models,
         url_of,
     )
 
@@ -56,14 +58,24 @@ def _run_serve(args: argparse.Namespace) -> int:
     if warning:
         print(f"specdec serve: warning: {warning}", file=sys.stderr)
     sock = bind(config.host, config.port)
-    app = build_app(config, models, spec, sampling, verify, schedule=schedule)
+    front = Front(sock, config) if config.front == "process" else None  # it starts while the models load
+    try:
+        served, metrics = served_models(config, models, spec, sampling, verify, schedule=schedule)
+    except BaseException:
+        if front is not None:
+            front.stop()
+        raise
     drafter = "none" if spec.speculate == "off" else models.drafter
-    beside = any(m.engine.beside is not None for m in app.state.models.values())
+    beside = any(m.engine.beside is not None for m in served)
     compiling = "; compiling beside serving, eager until then" if beside else ""
+    http = "HTTP in a process of its own" if front is not None else "HTTP on a thread of this process"
     print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, schedule {schedule.schedule}, batch size "
-          f"{spec.batch_size}, {current_threads().describe()}{helper_note()}{compiling}) on {url_of(sock)}: the page at /, the "
-          "API at /v1", file=sys.stderr, flush=True)
-    make_server(app, config.log_level).run(sockets=[sock])
+          f"{spec.batch_size}, {current_threads().describe()}{helper_note()}{compiling}; {http}) on "
+          f"{url_of(sock)}: the page at /, the API at /v1",
+          file=sys.stderr, flush=True)
+    if front is not None:
+        return front.serve(served, metrics)
+    make_server(create_app(served, config, metrics), config.log_level).run(sockets=[sock])
     return 0
 
 

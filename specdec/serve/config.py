@@ -16,6 +16,8 @@ API_KEY_ENV = "SPECDEC_API_KEY"  # the environment variable read when --api-key 
 # verifying a batch costs its longest draft in every row, so per batch size it keeps the draft width measured
 # fastest, plain decoding included (docs/benchmarks.md, the server).
 SPECULATE = "auto"
+# Where the HTTP app runs (specdec.serve.front): a process of its own takes its Python off the engine's GIL
+FRONTS = ("process", "thread")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class ServeConfig:
     model_name: str | None = None  # the model id clients name; None = the target's shipped name or folder name
     max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
     log_level: str = "warning"  # uvicorn's log level: critical, error, warning, info, debug, trace
+    front: str = "process"  # where the HTTP app runs: process (one of its own, beside the engine's) or thread (in the engine's process)
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -39,6 +42,9 @@ class ServeConfig:
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ValueError(f"log_level must be one of critical, error, warning, info, debug, trace, "
                              f"got {self.log_level!r}")
+
+        if self.front not in FRONTS:
+            raise ValueError(f"front must be one of {', '.join(FRONTS)}, got {self.front!r}")
 
     def key(self) -> str | None:
         """The API key in force: ``api_key``, else ``$SPECDEC_API_KEY``, else None (no key)."""

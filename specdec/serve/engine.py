@@ -31,6 +31,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -83,11 +84,14 @@ Item = Round | Finished | Failed
 
 
 class Job:
-    """One request in flight: its ``Request``, the asyncio queue its items go to, its timings."""
+    """One request in flight: its ``Request``, the asyncio queue its items go to (or the ``sink`` that takes them:
+    the pipe to an app in another process, ``specdec.serve.front``), its timings."""
 
-    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop | None,
+                 sink: Callable[[Item], None] | None = None) -> None:
         self.request = request
         self.loop = loop
+        self.sink = sink
         self.items: asyncio.Queue[Item] = asyncio.Queue()
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None  # perf_counter of its first committed token
@@ -102,6 +106,9 @@ class Job:
         """Hand ``item`` to the request's handler (from the worker thread)."""
         if isinstance(item, (Finished, Failed)):
             self.finished = True
+        if self.sink is not None:
+            self.sink(item)
+            return
         try:
             self.loop.call_soon_threadsafe(self.items.put_nowait, item)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
@@ -229,9 +236,11 @@ class Engine(Listener):
             self._thread.join(timeout)
             self._thread = None
 
-    def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> Job:
-        """Queue ``request`` (its ``index`` is replaced by a unique one); its items arrive on the job."""
-        job = Job(replace(request, index=next(self._indexes)), loop)
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop | None,
+               sink: Callable[[Item], None] | None = None) -> Job:
+        """Queue ``request`` (its ``index`` is replaced by a unique one); its items arrive on the job (on ``loop``),
+        or go to ``sink``, called on the worker thread."""
+        job = Job(replace(request, index=next(self._indexes)), loop, sink)
         self._inbox.put(("submit", job))
         return job
 

@@ -80,13 +80,23 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
                        processing=processing)
 
 
-def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
-              verify: VerifyConfig, session: Session | None = None, schedule: ScheduleConfig | None = None) -> FastAPI:
-    """The app serving ``models.target`` with the decoding settings given (loads the models)."""
+def served_models(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
+                  verify: VerifyConfig, session: Session | None = None,
+                  schedule: ScheduleConfig | None = None) -> tuple[list[ServedModel], ServerMetrics]:
+    """The models a server of ``models.target`` serves, with the decoding settings given (loads them), and its
+    metrics."""
     metrics = ServerMetrics()
     served = served_model(models, spec, sampling, verify, metrics=metrics, name=config.model_name, session=session,
                           schedule=schedule)
-    return create_app([served], config, metrics)
+    served.description["front"] = config.front  # where the HTTP app runs: shown by /stats
+    return [served], metrics
+
+
+def build_app(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig,
+              verify: VerifyConfig, session: Session | None = None, schedule: ScheduleConfig | None = None) -> FastAPI:
+    """The app serving ``models.target`` with the decoding settings given (loads the models), in this process."""
+    served, metrics = served_models(config, models, spec, sampling, verify, session, schedule)
+    return create_app(served, config, metrics)
 
 
 def bind(host: str, port: int) -> socket.socket:
