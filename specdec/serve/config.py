@@ -42,7 +42,6 @@ class ServeConfig:
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ValueError(f"log_level must be one of critical, error, warning, info, debug, trace, "
                              f"got {self.log_level!r}")
-
         if self.front not in FRONTS:
             raise ValueError(f"front must be one of {', '.join(FRONTS)}, got {self.front!r}")
 

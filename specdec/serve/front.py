@@ -80,8 +80,8 @@ class Link:
             self.conn.send(message)
 
     def submit(self, model_id: str, request: Request, loop: asyncio.AbstractEventLoop) -> Job:
-        job = Job(request, loop)
-        job.key = key = next(self._keys)  # type: ignore[attr-defined]
+        job = RemoteJob(request, loop, key=next(self._keys))
+        key = job.key
         self._jobs[key] = job
         try:
             self.send(("submit", key, model_id, request))
@@ -91,10 +91,10 @@ class Link:
         return job
 
     def cancel(self, job: Job) -> None:
-        if not job.finished and not self.closed:
+        if isinstance(job, RemoteJob) and not job.finished and not self.closed:
             job.cancelled = True
             try:
-                self.send(("cancel", job.key))  # type: ignore[attr-defined]
+                self.send(("cancel", job.key))
             except (ConnectionError, OSError):
                 pass
 
@@ -116,6 +116,9 @@ class Link:
                 kind, key, value = self.conn.recv()
             except (EOFError, OSError):
                 break
+            except Exception:  # a message that did not unpickle: the next ones still arrive whole
+                log.exception("a message from the engines' process could not be read")
+                continue
             if kind == "item":
                 job = self._jobs.get(key)
                 if job is None:
@@ -145,6 +148,14 @@ def _settle(future: asyncio.Future[Any], value: Any) -> None:
 def _fail(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_exception(ConnectionError(GONE))
+
+
+class RemoteJob(Job):
+    """A request in flight in the front: a ``Job`` fed by the ``Link``, known to the engines' process by ``key``."""
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop, *, key: int) -> None:
+        super().__init__(request, loop)
+        self.key = key
 
 
 class RemoteEngine:
@@ -223,8 +234,13 @@ class Bridge:
                 return
             kind, key = message[0], message[1]
             if kind == "submit":
-                model = self.models[message[2]]
-                job = model.engine.submit(with_processors(model, message[3]), None, sink=self._sink(key))
+                try:
+                    model = self.models[message[2]]
+                    job = model.engine.submit(with_processors(model, message[3]), None, sink=self._sink(key))
+                except Exception as err:  # the request fails, not this thread: the front's other requests go on
+                    log.exception("a request from the front could not be submitted")
+                    self.send(("item", key, Failed(f"the request could not be decoded: {type(err).__name__}: {err}")))
+                    continue
                 self._jobs[key] = (model, job)
                 if job.finished:  # failed at once, before it was kept
                     self._jobs.pop(key, None)
@@ -309,6 +325,7 @@ def _interrupt(*_: object) -> None:
 
 def _front(conn: Connection, sock: socket.socket, config: ServeConfig) -> None:
     """The front's process: the app over ``RemoteEngine``s, served by uvicorn on ``sock``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C while the models load: the engines' process ends this one
     import torch
 
     torch.set_num_threads(1)  # the front computes nothing with torch
