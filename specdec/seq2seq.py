@@ -36,6 +36,7 @@ from specdec.batch import PromptBatch, prefill_groups
 from specdec.cache import RaggedCache, causal_mask
 from specdec.recurrent import RecurrentCache, is_recurrent
 from specdec.selfcheck import check_cached_path
+from specdec.tail import keys_only
 
 
 def is_encoder_decoder(model: PreTrainedModel) -> bool:
@@ -238,7 +239,8 @@ def _prefilled(model: PreTrainedModel, prompts: PromptBatch, device: torch.devic
         calls += new.encode(prompts.source, prompts.source_valid())
     if prompts.ids.shape[1] > 1:
         valid = prompts.valid()[:, :-1]  # [B, T-1]
-        with prefilling(model):  # its attention on both cores where the helper shares the products
+        # its attention on both cores where the helper shares the products; its last layer's keys and values only
+        with prefilling(model), keys_only(model):
             new.forward(ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
         calls += 1
     return new, calls
