@@ -67,6 +67,16 @@ ARCHS = ("llama", "gpt2", "qwen2", "gpt_neox")
 TIE_TOL = 1e-4  # a greedy divergence is acceptable only where the target's top-2 logits are this close
 
 
+def count_calls(monkeypatch, owner: object, name: str, counts: dict[str, int], key: str) -> None:
+    """Replace ``owner.name`` (for the test) with itself counting its calls in ``counts[key]``."""
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        counts[key] += 1
+        return original(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+
+
 def build_tiny(
     arch: str = "llama",
     *,

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import torch
-from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
+from conftest import assert_same_greedy, build_tiny, count_calls, hf_greedy, truncated_copy
 
 import specdec
 from specdec import attention, kernels
@@ -33,17 +33,8 @@ def helper():
 def calls(monkeypatch):
     """How many attention calls the operator computed (``_chunked``) and how many went to sdpa's."""
     counts = {"operator": 0, "sdpa": 0}
-    chunked, sdpa = attention._chunked, attention._SDPA
-
-    def count_chunked(*args):
-        counts["operator"] += 1
-        return chunked(*args)
-
-    def count_sdpa(*args, **kwargs):
-        counts["sdpa"] += 1
-        return sdpa(*args, **kwargs)
-    monkeypatch.setattr(attention, "_chunked", count_chunked)
-    monkeypatch.setattr(attention, "_SDPA", count_sdpa)
+    count_calls(monkeypatch, attention, "_chunked", counts, "operator")
+    count_calls(monkeypatch, attention, "_SDPA", counts, "sdpa")
     return counts
 
 

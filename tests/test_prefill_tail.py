@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
+from conftest import assert_same_greedy, build_tiny, count_calls, hf_greedy, truncated_copy
 
 import specdec
 from specdec import tail
@@ -22,12 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def counted(monkeypatch):
     """How many calls of a Llama layer wrote keys and values only."""
     counts = {"keys only": 0}
-    keys_and_values = tail._keys_and_values
-
-    def count(*args):
-        counts["keys only"] += 1
-        return keys_and_values(*args)
-    monkeypatch.setattr(tail, "_keys_and_values", count)
+    count_calls(monkeypatch, tail, "_keys_and_values", counts, "keys only")
     return counts
 
 

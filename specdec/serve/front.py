@@ -56,7 +56,6 @@ class TargetFacts:
 
     encoder_decoder: bool
     decoder_start: int | None
-    device: str = "cpu"  # only read to build logits processors, which the engines' process builds
 
 
 class Link:
@@ -290,6 +289,7 @@ class Front:
         bridge = Bridge(models, metrics, self.conn)
         signal.signal(signal.SIGTERM, _interrupt)  # on the main thread: as Ctrl-C
         for m in models:
+            m.description["front"] = "process"  # shown by /stats
             m.engine.start()
         interrupted = False
         try:

@@ -68,7 +68,8 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     description = {"target": models.target, "drafter": "none" if spec.speculate == "off" else models.drafter,
                    "gamma": spec.gamma, "schedule": schedule.schedule,
                    "device": str(target.device), **session.threads.to_dict(),
-                   "compile": "; ".join(compiled) or said or models.compile, "rows_apart": apart or ""}
+                   "compile": "; ".join(compiled) or said or models.compile, "rows_apart": apart or "",
+                   "front": "thread"}  # where the HTTP app runs: ``front.Front.serve`` says "process" where it is apart
     if beside is not None:
         beside.description = description
     # the target's generation config applies to every request as in generate (repetition penalty, forced tokens...)
@@ -88,7 +89,6 @@ def served_models(config: ServeConfig, models: ModelConfig, spec: SpecConfig, sa
     metrics = ServerMetrics()
     served = served_model(models, spec, sampling, verify, metrics=metrics, name=config.model_name, session=session,
                           schedule=schedule)
-    served.description["front"] = config.front  # where the HTTP app runs: shown by /stats
     return [served], metrics
 
 
