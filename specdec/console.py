@@ -105,11 +105,11 @@ class Session:
         if not compiles(how, resolve_device(self.models.device)):
             return []
         decided = []
-        for name, tokens, rows, hidden in self.compile_plan(mode, spec, schedule, prompts):
+        for name, tokens, rows, hidden, last in self.compile_plan(mode, spec, schedule, prompts):
             model = self.model(name)
             known = compiled_for(model)
             before = set(known.shapes) if known is not None else set()
-            choice = prepare(model, how, tokens=tokens, rows=rows, hidden=hidden, cached_only=cached_only)
+            choice = prepare(model, how, tokens=tokens, rows=rows, hidden=hidden, last=last, cached_only=cached_only)
             decided.append(f"{name}: {choice.describe()}")
             new = choice.compiled and bool(compiled_for(model).shapes - before)
             if not cached_only and (not choice.compiled or new):  # said when something new was done
@@ -117,8 +117,9 @@ class Session:
         return decided
 
     def compile_plan(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig,
-                     prompts: int | None = None) -> list[tuple[str, tuple[int, ...], tuple[int, ...], bool]]:
-        """What ``compile`` compiles: (model name, tokens buckets, rows buckets, hidden states) per model."""
+                     prompts: int | None = None) -> list[tuple[str, tuple[int, ...], tuple[int, ...], bool, bool]]:
+        """What ``compile`` compiles: (model name, tokens buckets, rows buckets, hidden states, the last logits only)
+        per model: a drafter model's catch-ups read their last token's logits only (``compiled.prepare``'s ``last``)."""
         from specdec.compiled import row_buckets, token_buckets
         from specdec.drafters.hybrid import LOOKUP_NGRAM
 
@@ -127,10 +128,10 @@ class Session:
         plain = mode != "speculative" or spec.speculate != "on"
         verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,
                                       LOOKUP_NGRAM.copy_length(spec.gamma))
-        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, rows, False)]
+        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, rows, False, False)]
         drafter = self.models.drafter_model
         if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
-            plan.append((drafter, steps, rows, schedule.schedule == "ada"))
+            plan.append((drafter, steps, rows, schedule.schedule == "ada", True))
         return plan
 
     def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:

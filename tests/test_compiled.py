@@ -67,7 +67,7 @@ def pair(request):
         "long": spec(target, drafter, PROMPTS[2], max_new_tokens=90).tokens,
     }
     assert prepare(target, "on", tokens=(GAMMA + 1,), rows=(1, 4)).compiled
-    assert prepare(drafter, "on", tokens=(1, 2), rows=(1, 4)).compiled
+    assert prepare(drafter, "on", tokens=(1, 2), rows=(1, 4), last=True).compiled  # as a run compiles a drafter
     return target, drafter, eager
 
 
@@ -222,6 +222,38 @@ def test_token_buckets_cover_the_lookup_copies():
     assert token_buckets(4, "lookup+code-drafter", True, False, copy) == ((5, copy + 1), (1, 2, copy + 2))
     assert token_buckets(4, "code-drafter", True, False, copy) == ((5,), (1, 2))
     assert token_buckets(4, "code-drafter", False, True, copy) == ((1,), (1, 2))
+
+
+def test_a_catch_up_computes_the_logits_of_its_last_real_token_only():
+    """``prepare(..., last=True)`` (a drafter's buckets): a forward of more than one token that keeps one logit (a
+    drafter's catch-up) runs a graph that projects only its last real token's hidden state onto the vocabulary,
+    whether its bucket is padded or not, with valid columns or without: the same last logits and hidden states as
+    the eager cache; a forward that keeps them all has no such bucket and runs eagerly, exactly."""
+    model = build_tiny("llama", seed=3)
+    assert prepare(model, "on", tokens=(1, 4), rows=(2,), hidden=True, last=True).compiled
+    step = compiled_for(model)
+    assert step.shapes == {Shape(2, n, hidden, n > 1) for n in (1, 4) for hidden in (False, True)}
+    assert graph_file(model, step.slots, Shape(2, 4, last=True)).name.endswith("-r2-n4-last.bin")
+    static, ragged = StaticRaggedCache(model, step), RaggedCache(model, 0)
+    batch = PromptBatch.from_lists([[1, 4, 5, 6, 7], [1, 9, 10]], "cpu")
+    static.merge(prefilled_cache(model, batch, "cpu")[0])
+    ragged.merge(prefilled_cache(model, batch, "cpu")[0])
+    with torch.no_grad():
+        for n, valid, hidden in ((4, None, True), (3, None, False), (2, torch.tensor([[False, True], [True, True]]), True),
+                                 (1, None, False)):
+            ids = torch.randint(3, 96, (2, n))
+            before = dict(step.calls)
+            a = static.forward(ids, valid, output_hidden_states=hidden)
+            b = ragged.forward(ids, valid, output_hidden_states=hidden)
+            assert a.logits.shape == b.logits.shape == (2, 1, model.config.vocab_size)
+            assert torch.allclose(a.logits, b.logits, atol=1e-5), n
+            if hidden:
+                assert torch.allclose(a.hidden_states[-1], b.hidden_states[-1][:, -1:], atol=1e-5), n
+            assert step.calls == {"compiled": before["compiled"] + 1, "eager": before["eager"]}, n
+        ids = torch.randint(3, 96, (2, 3))
+        with pytest.warns(UserWarning, match="no compiled bucket"):
+            a = static.forward(ids, logits_to_keep=3)
+        assert torch.allclose(a.logits, ragged.forward(ids, logits_to_keep=3).logits, atol=1e-5)
 
 
 def test_static_cache_follows_the_ragged_rule():

@@ -327,7 +327,7 @@ def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, P
     for label, drafter in drafters.items():
         if drafter is not None and id(drafter) not in seen:
             seen.add(id(drafter))
-            done.append(f"{label} {prepare(drafter, 'on', tokens=tokens).reason}")
+            done.append(f"{label} {prepare(drafter, 'on', tokens=tokens, last=True).reason}")
     return "; ".join(done)
 
 

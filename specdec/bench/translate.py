@@ -358,7 +358,7 @@ def compile_models(config: TranslateBenchConfig, target: PreTrainedModel, drafte
     verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.copy_length(config.gamma))
     done = [f"target {prepare(target, 'on', tokens=verify).reason}"]
     if drafter is not None:
-        done.append(f"drafter {prepare(drafter, 'on', tokens=steps).reason}")
+        done.append(f"drafter {prepare(drafter, 'on', tokens=steps, last=True).reason}")
     log("compile " + "; ".join(done))
     return "; ".join(done)
 
