@@ -20,6 +20,7 @@ Helpers (import them in other tests with ``from conftest import ...``):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import os
 import random
@@ -75,6 +76,16 @@ def count_calls(monkeypatch, owner: object, name: str, counts: dict[str, int], k
         counts[key] += 1
         return original(*args, **kwargs)
     monkeypatch.setattr(owner, name, counted)
+
+
+def ragged_forward(model, ids: torch.Tensor, valid: torch.Tensor | None, within=None, **options):
+    """One forward of ``ids`` [B, T] (``valid``: the real ones) into a fresh ``RaggedCache`` of ``model``, inside
+    ``within(model)`` where given (a context manager such as ``attention.prefilling``): (its output, the cache)."""
+    from specdec.cache import RaggedCache
+
+    cache = RaggedCache(model, ids.shape[0])
+    with torch.inference_mode(), within(model) if within is not None else contextlib.nullcontext():
+        return cache.forward(ids, valid, **options), cache
 
 
 def build_tiny(

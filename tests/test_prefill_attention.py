@@ -11,11 +11,10 @@ import threading
 
 import pytest
 import torch
-from conftest import assert_same_greedy, build_tiny, count_calls, hf_greedy, truncated_copy
+from conftest import assert_same_greedy, build_tiny, count_calls, hf_greedy, ragged_forward, truncated_copy
 
 import specdec
 from specdec import attention, kernels
-from specdec.cache import RaggedCache
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not kernels.blocked_op(), reason="specdec's operators need a C and a C++ compiler")]
@@ -39,13 +38,8 @@ def calls(monkeypatch):
 
 
 def _prefill(model, ids, valid, shared):
-    cache = RaggedCache(model, ids.shape[0])
-    with torch.inference_mode():
-        if shared:
-            with attention.prefilling(model):
-                out = cache.forward(ids, valid, logits_to_keep=ids.shape[1])
-        else:
-            out = cache.forward(ids, valid, logits_to_keep=ids.shape[1])
+    out, cache = ragged_forward(model, ids, valid, attention.prefilling if shared else None,
+                                logits_to_keep=ids.shape[1])
     return out.logits, [layer.keys for layer in cache.cache.layers]
 
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import torch
-from conftest import assert_same_greedy, build_tiny, count_calls, hf_greedy, truncated_copy
+from conftest import assert_same_greedy, build_tiny, count_calls, hf_greedy, ragged_forward, truncated_copy
 
 import specdec
 from specdec import tail
@@ -27,13 +27,7 @@ def counted(monkeypatch):
 
 
 def _cache(model, ids, valid, tail_only):
-    cache = RaggedCache(model, ids.shape[0])
-    with torch.inference_mode():
-        if tail_only:
-            with tail.keys_only(model):
-                cache.forward(ids, valid)
-        else:
-            cache.forward(ids, valid)
+    cache = ragged_forward(model, ids, valid, tail.keys_only if tail_only else None)[1]
     return [(layer.keys, layer.values) for layer in cache.cache.layers]
 
 
