@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec import kernels
+from specdec.compat import cache_kwargs
 from specdec.loading import load_model
 
 
@@ -31,7 +32,7 @@ def main() -> None:
     token = torch.full((args.rows, 1), 7)
     with torch.inference_mode(), kernels.active():
         cache = DynamicCache()
-        model(context, past_key_values=cache, use_cache=True)
+        model(context, **cache_kwargs(model, cache), use_cache=True)
 
     def prefill() -> float:
         started = time.perf_counter()
@@ -42,7 +43,7 @@ def main() -> None:
     def step() -> float:
         started = time.perf_counter()
         with torch.inference_mode(), kernels.active():
-            model(token, past_key_values=cache, use_cache=True)
+            model(token, **cache_kwargs(model, cache), use_cache=True)
             cache.crop(-1)
         return time.perf_counter() - started
 

@@ -53,6 +53,7 @@ import specdec
 from specdec import kernels
 from specdec.bench.floor import weight_pass
 from specdec.bench.translate import encode_sources, sample_pairs
+from specdec.compat import cache_kwargs
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 
@@ -77,7 +78,7 @@ def raw_loop(model: PreTrainedModel, sources: list[list[int]], max_new_tokens: i
             encoded = model.get_encoder()(input_ids=torch.tensor([ids])).last_hidden_state
             cache, token, tokens = EncoderDecoderCache(DynamicCache(), DynamicCache()), torch.tensor([[start]]), []
             for _ in range(max_new_tokens):
-                out = model(encoder_outputs=(encoded,), decoder_input_ids=token, past_key_values=cache, use_cache=True)
+                out = model(encoder_outputs=(encoded,), decoder_input_ids=token, **cache_kwargs(model, cache), use_cache=True)
                 token = out.logits[:, -1:].argmax(-1)
                 tokens.append(int(token))
                 if tokens[-1] == eos:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import typing
 
 from specdec.lazy import lazy_names
-from specdec.supported import check_installed
+from specdec.supported import check_installed, installed
 
 check_installed()  # the transformers release, named before any module imports it (specdec.supported)
+__version__ = installed("specdec") or "unknown"  # from the package metadata (pyproject.toml's version)
 
 if typing.TYPE_CHECKING:
     from specdec.acceptance import RULES, Rule, Verdict, register_rule

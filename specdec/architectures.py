@@ -6,7 +6,8 @@ so it needs the model's whole state in a transformers ``Cache`` whose layers can
 
 - ``state_refusal``: a model that keeps state outside the cache (XLNet's ``mems``, XLM's ``cache``
   dict, Reformer's ``past_buckets_states``; a ``state`` or ``cache_params`` argument of a family
-  ``specdec.module_state.ARGUMENT_STATES`` does not carry: any forward without ``past_key_values``)
+  ``specdec.module_state.ARGUMENT_STATES`` does not carry: any forward that takes no transformers ``Cache``,
+  whatever this release calls it, ``specdec.compat.cache_keyword``)
   would decode wrong tokens, so it is refused, naming its class and where its state lives (or that it
   has no KV cache at all). RWKV and xLSTM, registered there, get a ``RecurrentCache`` instead.
 - ``family_refusal``: a family whose own ``generate`` output depends on how tokens are fed (Moshi:
@@ -47,6 +48,7 @@ from collections.abc import Callable
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionCacheLayerMixin
 
+from specdec.compat import cache_keyword
 from specdec.module_state import ARGUMENT_STATES, held_cache
 
 # forward argument -> the state a model keeps there, outside a transformers Cache that specdec can roll back
@@ -57,6 +59,8 @@ STATE_ARGUMENTS: dict[str, str] = {
     "past_buckets_states": "its LSH buckets and states (`past_buckets_states`)",  # Reformer
     "cache_params": "its recurrent state (`cache_params`)",  # xLSTM's, where not in module_state.ARGUMENT_STATES
 }
+
+KV_KEYWORDS = ("cache", "past_key_values")  # compat.cache_keyword's answers for a KV cache (not 5.23's cache_params)
 
 # model_type -> why a family's own generate cannot be reproduced by any verification (refused by name)
 FEED_DEPENDENT: dict[str, str] = {
@@ -145,14 +149,14 @@ LOCAL_LAYER_WORDS = ("sliding", "local")  # layer types whose attention sees a w
 
 def state_refusal(model: PreTrainedModel) -> str | None:
     """Why ``model`` cannot be decoded (state outside the cache, or no cache), or None."""
-    arguments = inspect.signature(model.forward).parameters
-    if "past_key_values" in arguments:
+    if cache_keyword(model) in KV_KEYWORDS:
         return None
+    arguments = inspect.signature(model.forward).parameters
     name = type(model).__name__
-    fix = "Use a model with a KV cache (its forward takes past_key_values)"
+    fix = "Use a model with a KV cache (its forward takes a transformers Cache)"
     where = next((STATE_ARGUMENTS[a] for a in arguments if a in STATE_ARGUMENTS), None)
     if where is None:
-        return (f"{name} has no KV cache (its forward takes no past_key_values): specdec feeds a model only its "
+        return (f"{name} has no KV cache (its forward takes no transformers Cache): specdec feeds a model only its "
                 f"new tokens and rolls its cache back after a rejected draft. {fix}")
     return (f"{name} keeps {where} outside a transformers Cache: specdec feeds only the new tokens and rolls the "
             f"cache back after a rejected draft, so it would decode wrong tokens. {fix}")

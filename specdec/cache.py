@@ -82,6 +82,7 @@ from specdec.architectures import (
     new_cache,
     state_refusal,
 )
+from specdec.compat import cache_kwargs
 from specdec.positions import positions_for
 from specdec.selfcheck import verdict_of
 
@@ -304,7 +305,7 @@ class RaggedCache:
             kwargs["attention_mask"] = (causal_mask(attention_mask, input_ids.shape[1], self.model.dtype) if self.mask_4d
                                         else attention_mask.long())
         with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
-            return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+            return self.model(input_ids=input_ids, **cache_kwargs(self.model, self.cache), use_cache=True,
                               logits_to_keep=logits_to_keep, **kwargs)
 
     def keep(self, n: torch.Tensor) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from specdec.arguments import Settings, UsageError, add_decoding_arguments, settings_from
 from specdec.config import ModelConfig
 from specdec.folders import is_encoder_decoder
+from specdec.supported import version_line
 from specdec.threads import current as current_threads
 
 if typing.TYPE_CHECKING:
@@ -342,6 +343,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="specdec", description="Speculative decoding for Hugging Face transformers models."
     )
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", action=_Subcommands)
     if command in SUBCOMMANDS:
         importlib.import_module(SUBCOMMANDS[command].module).register(subparsers)

@@ -181,6 +181,7 @@ from transformers.cache_utils import StaticLayer
 from specdec import attention, kernels
 from specdec.architectures import attention_chunk, local_window
 from specdec.cache import RaggedCache, gather_slots, repack_pays
+from specdec.compat import cache_keyword, cache_kwargs
 from specdec.config import COMPILE_MODES, ModelConfig
 from specdec.folders import cache_root
 from specdec.loading import context_limit, input_device
@@ -689,6 +690,7 @@ class CompiledModel:
 
     def __init__(self, model: PreTrainedModel, slots: int) -> None:
         self.model = model
+        self.keyword = cache_keyword(model)  # read here, not inside the traced step
         self.positions = positions_for(model)  # read through ``self`` in the traced step: a saved graph's input
         self.slots = slots  # C: slots per row a forward may use (the buffers hold C + 1: ``WindowLayer``)
         self.shapes: set[Shape] = set()  # compiled and warmed
@@ -842,7 +844,7 @@ class CompiledModel:
         ``last`` [1]: the logits of that column only, [R, 1, V] (the head's product for one token a row)."""
         n = ids.shape[1]
         positions, mask = step_inputs(ids, live, cache, self.layout[0][3])
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{self.keyword: cache},
                          use_cache=True, logits_to_keep=n if last is None else last, output_hidden_states=hidden)
         return out.logits, out.hidden_states[-1] if hidden else None
 
@@ -1383,7 +1385,7 @@ def cross_states(model: PreTrainedModel, encoded: torch.Tensor) -> list[tuple[to
     for module in cross_attentions(model):
         scratch = EncoderDecoderCache(DynamicCache(), _Capture())
         try:
-            module(query, key_value_states=encoded, past_key_values=scratch)
+            module(query, key_value_states=encoded, **cache_kwargs(module, scratch))
         except _Cached as cached:
             states.append(cached.args)
         else:
@@ -1511,7 +1513,7 @@ class CompiledSeq2Seq(CompiledModel):
         kwargs: dict = {}
         with self.positions.applied(kwargs, positions, None, slots):
             out = self.model(encoder_outputs=(cache.encoded,), attention_mask=source_mask, decoder_input_ids=ids,
-                             decoder_attention_mask=mask, past_key_values=cache, use_cache=True,
+                             decoder_attention_mask=mask, **{self.keyword: cache}, use_cache=True,
                              output_hidden_states=hidden, **kwargs)
         logits = out.logits[:, -n:]
         return logits if last is None else logits[:, last], out.decoder_hidden_states[-1] if hidden else None

@@ -50,6 +50,8 @@ from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DummyLayer
 from transformers.modeling_outputs import ModelOutput
 
+from specdec.compat import cache_keyword, cache_of
+
 # (state layer number, kind, index) -> tensor [B, ...], as specdec.recurrent.States
 StateDict = dict[tuple[int, str, int], torch.Tensor]
 
@@ -130,7 +132,7 @@ LISTED = "linear_cache"  # the state list of a held cache (as MiniMax's own cach
 class ArgumentStateFamily:
     """How one model family takes its recurrent state as a forward argument and gives it back in its output."""
 
-    keyword: str  # the forward argument taking the state
+    keyword: str | None  # the forward argument taking the state (None: its cache's, specdec.compat.cache_keyword)
     count: Callable[[PretrainedConfig], int]  # how many state tensors (the flat list's length)
     hand: Callable[[PreTrainedModel, list[torch.Tensor], int], object]  # flat tensors [B, ...], rows -> the argument
     take: Callable[[ModelOutput], list[torch.Tensor]]  # a forward's output -> its state, flat, in the same order
@@ -159,10 +161,10 @@ ARGUMENT_STATES: dict[str, ArgumentStateFamily] = {
                                 steps_apart="its one-token branch mixes each token with the previous one's hidden "
                                             "state as [B, 1, H] against [B, H], which broadcasts to [B, B, H] (rows "
                                             "mixed) for more than one row"),
-    "xlstm": ArgumentStateFamily(keyword="cache_params", count=lambda config: 3 * config.num_hidden_layers,
+    "xlstm": ArgumentStateFamily(keyword=None, count=lambda config: 3 * config.num_hidden_layers,
                                  hand=_xlstm_cache,
-                                 take=lambda output: [t for layer in sorted(output.cache_params.rnn_state)
-                                                      for t in output.cache_params.rnn_state[layer]]),
+                                 take=lambda output: [t for layer in sorted(cache_of(output).rnn_state)
+                                                      for t in cache_of(output).rnn_state[layer]]),
 }
 
 
@@ -173,14 +175,15 @@ class ArgumentState:
 
     def __init__(self, model: PreTrainedModel, family: ArgumentStateFamily) -> None:
         self.model, self.family = model, family
+        self.keyword = family.keyword or cache_keyword(model)
         self.steps_apart = family.steps_apart
 
     def install(self, states: StateDict, rows: int) -> dict[str, object]:
         """The forward argument holding ``states`` (None before the first forward: the model's own initial state)."""
         if not states:
-            return {self.family.keyword: None}
+            return {self.keyword: None}
         flat = [states[number, LISTED, 0] for number in range(self.family.count(self.model.config))]
-        return {self.family.keyword: self.family.hand(self.model, flat, rows)}
+        return {self.keyword: self.family.hand(self.model, flat, rows)}
 
     def blank(self, key: tuple[int, str, int], like: torch.Tensor) -> torch.Tensor:
         """The state of no tokens for ``key``, shaped like ``like``."""

@@ -55,8 +55,9 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast, ModelOutput
 
-from specdec.architectures import INSTEAD, new_cache
+from specdec.architectures import INSTEAD, KV_KEYWORDS, new_cache
 from specdec.cache import RaggedCache, joined
+from specdec.compat import cache_keyword
 from specdec.module_state import ARGUMENT_STATES, LISTED, module_state, zeros_state
 
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
@@ -77,12 +78,6 @@ def is_recurrent(model: PreTrainedModel) -> bool:
         known = (model.config, any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers))
         model.__dict__["_specdec_recurrent"] = known
     return known[1]
-
-
-def cache_keyword(model: PreTrainedModel) -> str:
-    """The name under which ``model.forward`` takes its cache (Mamba's is ``cache_params``)."""
-    parameters = inspect.signature(model.forward).parameters
-    return "past_key_values" if "past_key_values" in parameters else "cache_params"
 
 
 @torch.no_grad()
@@ -256,7 +251,7 @@ class RecurrentCache(RaggedCache):
         handed = {}  # this cache's state onto the modules (every attribute set: nothing stale is read), or as the
         if self.held is not None:  # forward argument that takes it
             handed = self.held.install(read_states(self.cache), self.rows)
-        if self.attention and self.keyword == "past_key_values":  # positions by the one rule (Bamba needs them)
+        if self.attention and self.keyword in KV_KEYWORDS:  # positions by the one rule (Bamba needs them)
             out = super()._call(input_ids, attention_mask, position_ids, logits_to_keep, kwargs)
         elif self.held is not None and self.held.steps_apart and input_ids.shape[1] == 1 and self.rows > 1:
             return self._rows_apart(input_ids, logits_to_keep, kwargs)  # RWKV: one-token forwards of one row only

@@ -34,6 +34,7 @@ from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 from specdec.attention import prefilling
 from specdec.batch import PromptBatch, prefill_groups
 from specdec.cache import RaggedCache, causal_mask
+from specdec.compat import cache_kwargs
 from specdec.recurrent import RecurrentCache, is_recurrent
 from specdec.selfcheck import check_cached_path
 from specdec.tail import keys_only
@@ -118,7 +119,7 @@ class Seq2SeqCache(RaggedCache):
         with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
             out = self.model(encoder_outputs=encoded, attention_mask=source_mask,
                              decoder_input_ids=input_ids, decoder_attention_mask=decoder_mask,
-                             past_key_values=self.past, use_cache=True, **kwargs)
+                             **cache_kwargs(self.model, self.past), use_cache=True, **kwargs)
         if not self._keeps_logits:
             out.logits = out.logits[:, -logits_to_keep:]
         return out

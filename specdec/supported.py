@@ -2,26 +2,24 @@
 from the installed distribution's version, before any module of specdec imports transformers (so that no torch is
 imported for it, and an older release is named, not met as ``cannot import name 'DummyLayer'`` deep in an import).
 
-- 5.23 is the first release with every cache class specdec reads (``DummyLayer``: 5.17-5.22 fail at import).
-- 5.24 renames ``past_key_values`` / ``cache_params`` to ``cache`` in every forward's signature (and outputs), which
-  ``specdec.architectures``' checks read: specdec is not ported to it yet. pyproject.toml pins the same range.
-- torch 2.8 is the first specdec runs on whole: transformers 5.23 disables a torch older than 2.6 ("Disabling
-  PyTorch": every model class fails later); torch 2.6's dynamo cannot trace transformers 5.23's forwards at all (its
-  output wrapper reads ``func.__code__.co_varnames``) and 2.7.1's fails on some (``Unsupported: Data dependent
-  operator``; Marian: a graph break), so ``--compile on`` fell back to eager and the compiled tests failed.
-  Run here: 2.6.0 and 2.7.1 (as above), 2.8.0 (the core and compiled tests: 273 passed, the compile cache's 4
-  skipped without aot_compile), 2.9.1 (those 2.7.1 failed), 2.11 (a GPU), 2.13 (all).
+Only releases known not to work are refused, each by name with the install command that fixes it:
+- transformers before 5.23 lacks cache classes specdec reads (``DummyLayer``: 5.17-5.22 fail at import). 5.24 renamed
+  ``past_key_values`` / ``cache_params`` to ``cache``; ``specdec.compat`` reads whichever the installed release uses.
+- torch before 2.8: transformers 5.23 disables a torch older than 2.6 ("Disabling PyTorch": every model class fails
+  later); torch 2.6's dynamo cannot trace transformers' forwards at all and 2.7.1's fails on some, so ``--compile on``
+  falls back to eager and the compiled path fails.
+pyproject.toml states the tested range (the README says which releases CI runs).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import platform
 
 FIRST_SUPPORTED = (5, 23)
-UNPORTED_TRANSFORMERS = (5, 24)
-INSTALL = "pip install 'transformers>=5.23,<5.24'"
+INSTALL = "pip install -U 'transformers>=5.23,<5.40'"
 FIRST_TORCH = (2, 8)
-INSTALL_TORCH = "pip install 'torch>=2.8,<2.14' (on a machine without a GPU: pip install torch==2.13.0)"
+INSTALL_TORCH = "pip install -U 'torch>=2.8' (on a machine without a GPU: pip install torch==2.13.0)"
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -31,12 +29,7 @@ def _release(version: str) -> tuple[int, ...]:
 
 def check_transformers(version: str) -> None:
     """Raise a clear ImportError for a transformers ``version`` specdec does not run on."""
-    parts = _release(version)
-    if parts >= UNPORTED_TRANSFORMERS:
-        raise ImportError(f"transformers {version} is installed, but specdec supports transformers < "
-                          f"{'.'.join(map(str, UNPORTED_TRANSFORMERS))} for now (that release renames past_key_values "
-                          f"to cache in models' forwards). Install a supported one: {INSTALL}")
-    if parts < FIRST_SUPPORTED:
+    if _release(version) < FIRST_SUPPORTED:
         raise ImportError(f"transformers {version} is installed, but specdec needs transformers >= "
                           f"{'.'.join(map(str, FIRST_SUPPORTED))} (earlier releases lack cache classes it reads). "
                           f"Install a supported one: {INSTALL}")
@@ -50,12 +43,23 @@ def check_torch(version: str) -> None:
                           f"a supported one: {INSTALL_TORCH}")
 
 
+def installed(name: str) -> str | None:
+    """The installed version of distribution ``name`` (read from its metadata: nothing is imported), or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def version_line() -> str:
+    """What ``specdec --version`` prints: specdec's version and the transformers and torch it runs on."""
+    return f"specdec {installed('specdec') or 'unknown'} (transformers {installed('transformers')}, " \
+           f"torch {installed('torch')}, Python {platform.python_version()})"
+
+
 def check_installed() -> None:
     """``check_transformers`` and ``check_torch`` on the installed releases, if any (none: its import fails later,
     by name)."""
     for name, check in (("transformers", check_transformers), ("torch", check_torch)):
-        try:
-            version = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        check(version)
+        if (version := installed(name)) is not None:
+            check(version)

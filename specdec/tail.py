@@ -26,6 +26,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer, apply_rotary_pos_emb
 
+from specdec.compat import LAYER_KEYWORD
+
 _local = threading.local()  # .layer: the layer whose forward writes keys and values only, on this thread
 _FORWARD = LlamaDecoderLayer.forward
 
@@ -54,8 +56,8 @@ def keys_only(model: PreTrainedModel) -> Iterator[None]:
 
 def _forward(self: LlamaDecoderLayer, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
     if (not torch.compiler.is_compiling() and getattr(_local, "layer", None) is self and not args
-            and kwargs.get("past_key_values") is not None and kwargs.get("position_embeddings") is not None):
-        return _keys_and_values(self, hidden_states, kwargs["position_embeddings"], kwargs["past_key_values"])
+            and kwargs.get(LAYER_KEYWORD) is not None and kwargs.get("position_embeddings") is not None):
+        return _keys_and_values(self, hidden_states, kwargs["position_embeddings"], kwargs[LAYER_KEYWORD])
     return _FORWARD(self, hidden_states, *args, **kwargs)
 
 

@@ -176,8 +176,10 @@ class ToyLM(PreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
-    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0, attention_mask=None,
-                **kwargs):
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0, attention_mask=None,
+                past_key_values=None, **kwargs):
+        # ``cache`` as transformers >= 5.24 and its generate name it, ``past_key_values`` as 5.23's generate does
+        past_key_values = cache if cache is not None else past_key_values
         x = self.embed(input_ids)  # [B, n, H]
         n = x.shape[1]
         if past_key_values is not None:

@@ -56,6 +56,7 @@ from specdec import architectures
 from specdec import cache as cache_module
 from specdec.architectures import INSTEAD
 from specdec.cache import RaggedCache
+from specdec.compat import cache_keyword
 from specdec.module_state import ARGUMENT_STATES, MODULE_STATES
 from specdec.selfcheck import Verdict, verdict_of
 from specdec.target import make_target
@@ -366,7 +367,7 @@ def test_a_window_beside_sparse_attention_keeps_its_indexed_cache_layers():
 @pytest.mark.parametrize(("name", "reason"), [
     ("xlnet", r"XLNetLMHeadModel keeps its memory \(`mems`\) outside a transformers Cache"),
     ("xlm", r"XLMWithLMHeadModel keeps its own `cache` dictionary outside a transformers Cache"),
-    ("openai-gpt", r"OpenAIGPTLMHeadModel has no KV cache \(its forward takes no past_key_values\)"),
+    ("openai-gpt", r"OpenAIGPTLMHeadModel has no KV cache \(its forward takes no transformers Cache\)"),
 ])
 def test_state_the_cache_cannot_roll_back_is_refused_by_name(name, reason):
     target = build(name)
@@ -557,13 +558,14 @@ def test_self_check_catches_a_wrong_multi_token_forward_and_spares_known_good_mo
     family (the shipped Llama's) starts up with no extra forward."""
     target = build_tiny("gpt2")
     target.config.model_type = "gpt2-unknown"  # not known good: checked
-    forward = target.forward
+    forward, keyword = target.forward, cache_keyword(target)
 
     @functools.wraps(forward)
-    def shifted(*args, position_ids=None, past_key_values=None, **kwargs):
-        if position_ids is not None and position_ids.shape[1] > 1 and past_key_values and past_key_values.get_seq_length():
+    def shifted(*args, position_ids=None, **kwargs):
+        cache = kwargs.get(keyword)
+        if position_ids is not None and position_ids.shape[1] > 1 and cache and cache.get_seq_length():
             position_ids = position_ids + 1
-        return forward(*args, position_ids=position_ids, past_key_values=past_key_values, **kwargs)
+        return forward(*args, position_ids=position_ids, **kwargs)
 
     target.forward = shifted
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel's cached forward disagrees .* in a 5-token cached forward"):
@@ -594,21 +596,18 @@ def test_positions_of_its_own_decide_batches_by_the_self_check():
     assert [r.tokens for r in batch] == references and verdict_of(target) == Verdict("", "")
 
 
-def test_an_unported_transformers_release_is_refused_by_name_with_the_fix():
-    """transformers 5.24 renames ``past_key_values`` to ``cache`` in every forward's signature, so specdec's checks
-    would misread every model (a Llama refused as keeping "its own `cache` dictionary"): such a release is refused
-    at import with the supported range and the install command; the installed (supported) one passes. So is a release
-    before 5.23 (5.17, on a lent GPU machine, failed as ``cannot import name 'DummyLayer'``)."""
+def test_only_a_transformers_release_known_not_to_work_is_refused_by_name_with_the_fix():
+    """A release before 5.23 (5.17, on a lent GPU machine, failed as ``cannot import name 'DummyLayer'``) is refused
+    at import with the supported range and the install command; the installed one, 5.23 and the releases that renamed
+    ``past_key_values`` to ``cache`` (5.24 on, read through ``specdec.compat``) pass."""
     from specdec.supported import check_installed, check_transformers
 
     check_transformers(transformers.__version__)
     check_installed()
-    check_transformers("5.23.0")
-    for version in ("5.24.0", "5.25.0.dev0", "6.0.0"):
-        with pytest.raises(ImportError, match=r"transformers .* supports transformers < 5\.24 .*pip install"):
-            check_transformers(version)
+    for version in ("5.23.0", "5.24.0", "5.25.0", "5.26.0.dev0"):
+        check_transformers(version)
     for version in ("5.17.0", "5.22.1", "4.57.0"):
-        with pytest.raises(ImportError, match=r"transformers .* needs transformers >= 5\.23 .*pip install 'transformers>=5"):
+        with pytest.raises(ImportError, match=r"transformers .* needs transformers >= 5\.23 .*pip install -U 'transformers>=5"):
             check_transformers(version)
 
 

@@ -294,3 +294,20 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(pair: TinyPair, delay: float |
     assert "interrupted" in line, err
     if delay is None:  # mid-generation: what was produced is kept and counted
         assert re.fullmatch(r"\[interrupted: \d+ new tokens in [\d.]+ s\]", line), line
+
+
+def test_version_names_specdec_and_the_releases_it_runs_on(capsys) -> None:
+    """``specdec --version`` and ``specdec.__version__`` come from the installed package's metadata, and the line
+    names the transformers and torch releases found, so a bug report carries them."""
+    import importlib.metadata
+
+    import torch
+    import transformers
+
+    assert specdec.__version__ == importlib.metadata.version("specdec")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"specdec {specdec.__version__} (transformers {transformers.__version__}, ")
+    assert f"torch {torch.__version__}" in line

@@ -54,6 +54,7 @@ import specdec
 from specdec import architectures
 from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
+from specdec.compat import cache_of
 from specdec.config import SamplingConfig
 from specdec.drafters import ModelDrafter
 from specdec.module_state import module_state
@@ -386,5 +387,5 @@ def test_caches_specdec_builds_keep_every_slot_and_the_state_where_the_model_rea
     cache.keep(torch.tensor([3, 4]))  # row 0 back to its checkpoint, row 1 replayed to 4 tokens
     torch.testing.assert_close(cache.cache.linear_cache[0][0], saved[0], rtol=0, atol=0)
     with torch.no_grad():
-        fresh = model(torch.tensor([[8, 9, 10, 13]]), use_cache=True).past_key_values.linear_cache[0]
+        fresh = cache_of(model(torch.tensor([[8, 9, 10, 13]]), use_cache=True)).linear_cache[0]
     torch.testing.assert_close(cache.cache.linear_cache[0][1], fresh[0], atol=1e-5, rtol=1e-5)

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from typing_extensions import Self
 
+from specdec.compat import cache_kwargs, cache_of
 from specdec.events import Intervals
 from specdec.kernels import active
 
@@ -207,8 +208,8 @@ def step_path(model: torch.nn.Module) -> str:
 
 
 def _eager_step(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> tuple[object, torch.Tensor]:
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-    return out.past_key_values, out.logits
+    out = model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True)
+    return cache_of(out), out.logits
 
 
 def _compiled_step(model: torch.nn.Module, ids: torch.Tensor, cache: object) -> tuple[object, torch.Tensor]:
@@ -237,7 +238,7 @@ def _step_times(models: list[torch.nn.Module], context: torch.Tensor, steps: int
             steppers.append(_compiled_step)
         else:
             out = model(input_ids=context, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)  # [1, 1]
+            cache, token = cache_of(out), out.logits[:, -1:].argmax(-1)  # [1, 1]
             steppers.append(_eager_step)
         caches.append(cache)
         tokens.append(token)

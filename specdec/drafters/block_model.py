@@ -62,6 +62,8 @@ from transformers import (
 )
 from transformers.modeling_outputs import ModelOutput
 
+from specdec.compat import cache_kwargs, cache_of
+
 MODEL_TYPE = "specdec-block-drafter"
 PREFIX_ATTENTION = ("causal", "bidirectional")
 
@@ -297,7 +299,7 @@ class BlockDrafterModel(BlockDrafterPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
-                         past_key_values=past_key_values, use_cache=use_cache,
+                         **cache_kwargs(self.model, past_key_values), use_cache=use_cache,
                          output_hidden_states=output_hidden_states)
         hidden = out.last_hidden_state  # [B, n, H]
         if logits_to_keep:
@@ -306,7 +308,7 @@ class BlockDrafterModel(BlockDrafterPreTrainedModel):
         if self.config.draft_vocab_size and not head_logits:  # tokens without a row: never drafted
             full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), torch.finfo(logits.dtype).min)
             logits = full.index_copy(-1, self.draft_vocab, logits)  # [B, keep, V]
-        return BlockDrafterOutput(logits=logits, past_key_values=out.past_key_values if use_cache else None,
+        return BlockDrafterOutput(logits=logits, past_key_values=cache_of(out) if use_cache else None,
                                   hidden_states=out.hidden_states)
 
 

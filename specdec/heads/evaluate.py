@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from specdec.compat import cache_kwargs
 from specdec.config import ScheduleConfig
 from specdec.drafters.base import DraftStep
 from specdec.heads.data import Record
@@ -61,7 +62,7 @@ class RoundData:
 def _full_pass(model, ids: torch.Tensor, hidden: bool):
     """One forward over ``ids`` [1, L] with a fresh cache: (logits [L, V] f32, hidden [L, H] | None, cache)."""
     cache = DynamicCache()
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=hidden)
+    out = model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, output_hidden_states=hidden)
     return out.logits[0].float(), out.hidden_states[-1][0].float() if hidden else None, cache
 
 
@@ -74,8 +75,8 @@ def _branch(model, cache: DynamicCache, live: torch.Tensor, tokens: torch.Tensor
     rows, t = tokens.shape
     mask = torch.cat([live, torch.ones(rows, fed + t, dtype=torch.long, device=live.device)], dim=1)
     position_ids = pos[:, None] + fed + torch.arange(t, device=pos.device)  # [R, t]
-    out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                use_cache=True, output_hidden_states=hidden)
+    out = model(input_ids=tokens, attention_mask=mask, position_ids=position_ids,
+                **cache_kwargs(model, cache), use_cache=True, output_hidden_states=hidden)
     return out.logits.float(), out.hidden_states[-1].float() if hidden else None
 
 

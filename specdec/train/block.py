@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
+from specdec.compat import cache_kwargs
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
 from specdec.loading import load_model, load_tokenizer
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config
@@ -674,20 +675,20 @@ def forward_times(target, drafter, block: BlockDrafterModel, context: torch.Tens
     for name, model in (("target", target), ("drafter", drafter), ("block", block)):
         if model is not None:
             caches[name] = DynamicCache(config=model.config)
-            model(input_ids=context, past_key_values=caches[name], use_cache=True)
+            model(input_ids=context, **cache_kwargs(model, caches[name]), use_cache=True)
     mask_id = block.config.mask_token_id
     hidden = torch.zeros(1, block.config.target_hidden_size) if block.config.target_hidden_size else None
 
     def probe(name: str):
         if name == "target":
-            return lambda: (target(input_ids=context[:, -1:], past_key_values=caches["target"], use_cache=True),
+            return lambda: (target(input_ids=context[:, -1:], **cache_kwargs(target, caches["target"]), use_cache=True),
                             caches["target"].crop(-1))
         if name.startswith("verify"):
             m = int(name.removeprefix("verify"))
-            return lambda: (target(input_ids=context[:, -m:], past_key_values=caches["target"], use_cache=True,
+            return lambda: (target(input_ids=context[:, -m:], **cache_kwargs(target, caches["target"]), use_cache=True,
                                    logits_to_keep=m, output_hidden_states=target_hidden), caches["target"].crop(-m))
         if name == "drafter":
-            return lambda: (drafter(input_ids=context[:, -1:], past_key_values=caches["drafter"], use_cache=True),
+            return lambda: (drafter(input_ids=context[:, -1:], **cache_kwargs(drafter, caches["drafter"]), use_cache=True),
                             caches["drafter"].crop(-1))
         k = int(name.removeprefix("block"))
         ids = torch.cat([context[:, -1:], torch.full((1, k), mask_id)], 1)  # [1, 1 + k]
