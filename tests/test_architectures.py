@@ -621,5 +621,5 @@ def test_a_torch_specdec_cannot_run_on_is_refused_by_name_with_the_fix():
     for version in ("2.8.0+cu128", "2.13.0+cpu", "2.15.0"):
         check_torch(version)
     for version in ("2.7.1+cu126", "2.6.0+cu124", "2.5.1", "2.4.0+cpu", "1.13.1"):
-        with pytest.raises(ImportError, match=r"torch .* is installed, .* torch >= 2\.8 .*pip install 'torch>=2\.8"):
+        with pytest.raises(ImportError, match=r"torch .* is installed, .* torch >= 2\.8 .*pip install -U 'torch>=2\.8"):
             check_torch(version)
