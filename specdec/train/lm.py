@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from specdec.data.stdlib import load_split
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint
+from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from specdec.train.outputs import outputs_stream
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import ModelShape, TrainConfig
@@ -168,7 +168,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         lr=cfg.lr, betas=(0.9, 0.95), fused=False,
     )
     state = TrainState(history=[])
-    if (out / "checkpoint").exists():
+    if latest_checkpoint(out / "checkpoint") is not None:
         state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
         log(f"resumed {out} at step {state.step}")
     n_params = sum(p.numel() for p in model.parameters())

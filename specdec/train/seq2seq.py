@@ -41,7 +41,7 @@ from transformers import (
 )
 
 from specdec.data.gettext import load_pairs
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint, untied_state
+from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, untied_state
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import SEQ2SEQ_PRESETS as PRESETS  # noqa: F401 (this module's presets, by their old name)
 from specdec.train.presets import Seq2SeqShape, Seq2SeqTrainConfig
@@ -193,7 +193,7 @@ def save_run_checkpoint(out: Path, model, optimizer, state: TrainState, config: 
 
 def resume(out: Path, model, optimizer, log: Callable[[str], None]) -> TrainState:
     """The run's state from ``out/checkpoint`` (weights and optimizer loaded), or a fresh one."""
-    if not (out / "checkpoint").exists():
+    if latest_checkpoint(out / "checkpoint") is None:
         return TrainState()
     state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
     log(f"resumed {out} at step {state.step}")
