@@ -215,3 +215,129 @@ def test_a_real_write_failure_is_caught_from_safetensors(tmp_path):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("ERROR could not write a checkpoint in ") and "free space" in lines[0], lines
     assert lines[1] == "STEP 1"
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (its syscall fault injection)")
+def test_dropping_an_unfinished_record_line_killed_at_its_syscall_keeps_the_records(tmp_path):
+    """The data steps' record files: cutting a line a kill left unfinished, itself killed (strace delivers
+    SIGKILL at the write or truncate that touches the file), keeps every finished record. (Rewriting the
+    file, as ``read_records`` once did, empties it first: a kill there lost them all.)"""
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b'{"id": 1}\n{"id": 2}\n{"id": 3')
+    code = ("import sys; from specdec.train.checkpoint import drop_unfinished_line; "
+            "drop_unfinished_line(sys.argv[1]); print('not killed')")
+    done = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "-P", str(path), "-e", "trace=write,truncate,ftruncate",
+                           "-e", "inject=write,truncate,ftruncate:signal=KILL", sys.executable, "-c", code, str(path)],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0 and "not killed" not in done.stdout, (done.returncode, done.stdout, done.stderr)
+    from specdec.train.outputs import read_records
+
+    assert read_records(path) == [{"id": 1}, {"id": 2}]
+    assert path.read_bytes() == b'{"id": 1}\n{"id": 2}\n'
+
+
+# ------------------------------------------------------------------ a real trainer: dropout, stop, SIGKILL
+
+PROMPTS = [f"def f{i}(x{i}):" for i in range(10)] + [f"for i in range({i}):" for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(tmp_path_factory) -> dict:
+    """A tiny GPT-2 target (its config keeps GPT-2's dropout, 0.1: the drafter built from it trains with
+    dropout), its ``specdec data outputs`` file, and the drafter's training settings."""
+    from tiny_models import build_tokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from specdec.train.outputs import user_outputs
+    from specdec.train.presets import DrafterTrainConfig
+
+    root = tmp_path_factory.mktemp("gpt2")
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, vocab_size=len(tok),
+                                       bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                                       initializer_range=0.3))
+    assert model.config.resid_pdrop > 0 and model.config.attn_pdrop > 0
+    model.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    user_outputs(str(root / "target"), root / "prompts.txt", root / "data.jsonl", max_new_tokens=8, batch_size=8,
+                 valid_share=0.2, progress=False, log=lambda m: None)
+    cfg = DrafterTrainConfig(target=str(root / "target"), data=str(root / "data.jsonl"), layers=1, steps=8,
+                             batch_size=4, save_every=2, eval_every=4)
+    return {"root": root, "cfg": cfg}
+
+
+def _train(cfg, out: Path, **kw) -> Path | None:
+    from specdec.train.drafter import train_drafter
+
+    return train_drafter(cfg, out, measure=False, progress=False, log=lambda m: None, **kw)
+
+
+def _weights(final: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(final / "model.safetensors"))
+
+
+def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(gpt2_run) -> dict[str, torch.Tensor]:
+    final = _train(gpt2_run["cfg"], gpt2_run["root"] / "whole")
+    return _weights(final)
+
+
+def test_a_drafter_trained_with_dropout_resumes_bit_identical(gpt2_run, uninterrupted, tmp_path):
+    """Stopped at step 3 (a checkpoint), resumed after other work drew from every random generator: the final
+    weights equal an uninterrupted run's bit for bit (dropout masks drawn as that run drew them)."""
+    cfg = gpt2_run["cfg"]
+    assert _train(cfg, tmp_path / "split", stop_at_step=3) is None
+    torch.manual_seed(1234)
+    torch.rand(100)
+    random.random()
+    _assert_identical(_weights(_train(cfg, tmp_path / "split")), uninterrupted)
+
+
+def test_a_trainer_killed_at_a_random_moment_resumes_bit_identical(gpt2_run, tmp_path):
+    """``specdec train drafter``'s trainer in a subprocess, SIGKILLed at a random moment of its run (saves every
+    2 steps, so often inside one): the resume loses at most 2 steps and ends bit-identical to an uninterrupted
+    run. The moment is printed on failure (``delay``)."""
+    from dataclasses import asdict, replace
+
+    cfg = replace(gpt2_run["cfg"], steps=48, save_every=2, eval_every=16)
+    started = time.perf_counter()
+    reference = _weights(_train(cfg, tmp_path / "whole"))
+    duration = time.perf_counter() - started
+    script = textwrap.dedent(f"""
+        from specdec.train import drafter
+        from specdec.train.presets import DrafterTrainConfig
+        drafter._TrainBar.update = lambda self, step, loss, rate: print("step", step, flush=True)
+        drafter.train_drafter(DrafterTrainConfig(**{asdict(cfg)!r}), {str(tmp_path / "killed")!r}, measure=False,
+                              progress=False, log=lambda m: None)
+        print("done", flush=True)
+    """)
+    for delay in (random.uniform(0, 0.8 * duration), 0.0):  # the second: when the run ended before the first
+        shutil.rmtree(tmp_path / "killed", ignore_errors=True)
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).parent.parent)
+        first = child.stdout.readline()
+        assert first.startswith("step"), first
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        lines = [first, *child.stdout.read().splitlines()]
+        child.wait()
+        if child.returncode == -signal.SIGKILL and "done" not in lines:
+            break
+    else:
+        pytest.fail("the trainer ended before it could be killed")
+    seen = max(int(line.split()[1]) for line in lines if line.startswith("step"))  # steps it had taken, at least
+    latest = ckpt.latest_checkpoint(tmp_path / "killed" / "checkpoint")
+    kept = 0 if latest is None else json.loads((latest / ckpt.STATE_NAME).read_text())["state"]["step"]
+    assert seen - kept <= cfg.save_every, (delay, seen, kept)
+    _assert_identical(_weights(_train(cfg, tmp_path / "killed")), reference)

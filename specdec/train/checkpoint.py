@@ -28,6 +28,10 @@ generators).
 A write that fails (a full disk: ``OSError``, or safetensors' ``SafetensorError``) removes the partial
 ``NAME.tmp`` and raises ``CheckpointWriteError`` (an ``OSError``: the command line prints it as one
 line) naming the folder and the fix; the previous checkpoint is untouched.
+
+The append-only record files of the data steps (``specdec data outputs``, ``specdec train translations``)
+resume by their records instead: ``drop_unfinished_line`` cuts a line a kill left unfinished (one
+``truncate``, so a kill there loses nothing more), and ``append_error`` words a failed append.
 """
 
 from __future__ import annotations
@@ -286,3 +290,23 @@ def saved_config(folder: Path) -> dict | None:
     """The config the newest complete checkpoint in ``folder`` was written with, or None when there is none."""
     saved = saved_run(folder)
     return None if saved is None else saved["config"]
+
+
+def drop_unfinished_line(path: str | Path) -> bytes:
+    """``path``'s bytes up to its last newline. An unfinished last line (a kill or a full disk in the middle of
+    an append) is cut off in place by one ``truncate``: rewriting the file would empty it first, and a kill
+    then would lose every record."""
+    path = Path(path)
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        os.truncate(path, keep)
+        data = data[:keep]
+    return data
+
+
+def append_error(path: str | Path, err: OSError) -> OSError:
+    """The one-line error of a failed append to the record file ``path`` (a full disk): what is kept, and the fix."""
+    reason = " ".join(str(err).split()) or type(err).__name__
+    return OSError(f"could not write to {path} ({reason}); the records written before are kept: free space on "
+                   "that disk and run the same command again to resume")

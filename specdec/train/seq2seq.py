@@ -41,7 +41,14 @@ from transformers import (
 )
 
 from specdec.data.gettext import load_pairs
-from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, untied_state
+from specdec.train.checkpoint import (
+    append_error,
+    drop_unfinished_line,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    untied_state,
+)
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import SEQ2SEQ_PRESETS as PRESETS  # noqa: F401 (this module's presets, by their old name)
 from specdec.train.presets import Seq2SeqShape, Seq2SeqTrainConfig
@@ -358,10 +365,8 @@ def read_translations(path: str | Path) -> dict[int, dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no translations at {path}: write them with `specdec train translations`")
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-    records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    text = drop_unfinished_line(path).decode("utf-8")
+    records = (json.loads(line) for line in text.splitlines() if line.strip())
     return {r["i"]: r for r in records}
 
 
@@ -425,8 +430,14 @@ def write_translations(model_dir: str | Path, data: str | Path, out: str | Path,
             for i, t in zip(part, ids):
                 record = {"i": i, "src": pairs[i].src, "tgt": tokenizer.decode(t, skip_special_tokens=True),
                           "ids": t, "catalogue": pairs[i].catalogue}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            f.flush()
+                try:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                except OSError as err:  # a full disk: the part line is dropped when the run resumes
+                    raise append_error(out, err) from err
+            try:
+                f.flush()
+            except OSError as err:
+                raise append_error(out, err) from err
             count += len(part)
             log(f"translated {count}/{len(todo)} ({count / (time.perf_counter() - started):.1f} sources/s)")
     return len(read_translations(out))
