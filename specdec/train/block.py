@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
+from specdec.folders import require_weights
 from specdec.loading import load_model, load_tokenizer
 from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config
 from specdec.train.drafter import block_card, measure_pair
@@ -728,7 +729,7 @@ def evaluate_block_drafter(block_path: str | Path, valid: str | Path, *, target:
     target's step, and the speed they imply per round in target steps."""
     block_sizes = block_sizes or BLOCK_SIZES
     gammas = gammas or GAMMAS
-    block = BlockDrafterModel.from_pretrained(str(block_path), dtype=torch.float32).eval()
+    block = BlockDrafterModel.from_pretrained(require_weights(block_path), dtype=torch.float32).eval()
     if max(block_sizes) > block.config.max_block_size:
         raise ValueError(f"block sizes up to {max(block_sizes)} asked, but the drafter was built for at most "
                          f"{block.config.max_block_size}")

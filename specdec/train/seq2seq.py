@@ -41,6 +41,7 @@ from transformers import (
 )
 
 from specdec.data.gettext import load_pairs
+from specdec.folders import require_weights
 from specdec.train.checkpoint import (
     append_error,
     drop_unfinished_line,
@@ -301,7 +302,7 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
     lengths = [len(e.src) + len(e.tgt) for e in train_examples]
     model = build_model(cfg.shape, tokenizer, cfg.dropout)
     if cfg.init_from is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+        model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(cfg.init_from), dtype=torch.float32)
         if model.config.vocab_size != len(tokenizer):
             raise ValueError(f"--init-from {cfg.init_from} has vocabulary {model.config.vocab_size}, "
                              f"the tokenizer {len(tokenizer)}: use the tokenizer it was trained with")
@@ -346,7 +347,7 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bf16") -> Path:
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if dtype not in dtypes:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(dtypes)}")
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(src), dtype=dtypes[dtype])
+    model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(src), dtype=dtypes[dtype])
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst, safe_serialization=True)
@@ -371,7 +372,7 @@ def read_translations(path: str | Path) -> dict[int, dict]:
 
 
 def _load_for_inference(model_dir: str | Path, device: str):
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).to(device=device, dtype=torch.float32).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(model_dir)).to(device=device, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return model, tokenizer
 

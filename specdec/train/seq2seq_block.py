@@ -42,6 +42,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 
 from specdec.cache import causal_mask
 from specdec.drafters.block import SEQ2SEQ_BLOCK
+from specdec.folders import require_weights
 from specdec.seq2seq import decoder_start_id
 from specdec.train.drafter import _layer_key as decoder_layers_key
 from specdec.train.drafter import block_card, measure_pair
@@ -176,7 +177,7 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     torch.manual_seed(cfg.seed)
     own = target_data(cfg.target, cfg.outputs) if cfg.outputs else None  # refuses another target's data first
     tokenizer = AutoTokenizer.from_pretrained(cfg.target)
-    target = AutoModelForSeq2SeqLM.from_pretrained(cfg.target, dtype=torch.float32)
+    target = AutoModelForSeq2SeqLM.from_pretrained(require_weights(cfg.target), dtype=torch.float32)
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer.unk_token_id
     if mask is None:
         raise ValueError("the tokenizer has no unk token to use as the block's mask: pass --mask-token-id")
