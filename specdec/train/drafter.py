@@ -353,6 +353,8 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     figures = None
     if measure and valid_records:
         figures = measure_pair(target, drafter, valid_records, measure_prompts, measure_tokens, log)
+    elif measure:
+        log(f"not measured: no held-out records in {valid_path(cfg.data)} (make the data with a larger --valid-share)")
     (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
                                                      "data": {"file": cfg.data, "target": print_},
                                                      "figures": figures, "processes": parallel.world}, indent=1))
@@ -517,8 +519,7 @@ def render_card(cfg: DrafterTrainConfig, drafter: PreTrainedModel, target: PreTr
         (f"Last training KL: {_fmt(last.get('train_loss'))} nats/token. Held out: KL {_fmt(val.get('val_kl'))}, "
          f"top-1 agreement with the target {_fmt(val.get('val_agreement'))}."), "",
     ]
-    if figures:
-        lines += figures_lines(figures)
+    lines += figures_lines(figures) if figures else ["Not measured (`--no-measure`, or no held-out prompts).", ""]
     lines += ["## Use", "", "```", f"specdec generate --target {cfg.target} --drafter PATH_OF_THIS_FOLDER \"...\"",
               "```", ""]
     return "\n".join(lines)
