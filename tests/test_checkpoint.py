@@ -191,7 +191,8 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_keeps_the_previous_checkp
 
 def test_a_real_write_failure_is_caught_from_safetensors(tmp_path):
     """A real failing write (the file size limit, RLIMIT_FSIZE: write(2) fails with EFBIG as with a full disk)
-    inside safetensors' own writer: one CheckpointWriteError, the previous checkpoint kept."""
+    inside safetensors' own writer: one CheckpointWriteError, the previous checkpoint kept; and the same for a
+    run's final folder (``writing``)."""
     script = textwrap.dedent(f"""
         import resource, signal, sys
         from pathlib import Path
@@ -206,6 +207,12 @@ def test_a_real_write_failure_is_caught_from_safetensors(tmp_path):
             t._save(folder, 2)
         except ckpt.CheckpointWriteError as err:
             print("ERROR", err)
+        try:
+            with ckpt.writing(folder.parent / "final"):
+                (folder.parent / "final").mkdir()
+                t.save_file({{"w": t.torch.zeros(1000)}}, str(folder.parent / "final" / "model.safetensors"))
+        except ckpt.CheckpointWriteError as err:
+            print("FINAL", err)
         resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
         print("STEP", t._resumed_step(folder))
     """)
@@ -214,7 +221,8 @@ def test_a_real_write_failure_is_caught_from_safetensors(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("ERROR could not write a checkpoint in ") and "free space" in lines[0], lines
-    assert lines[1] == "STEP 1"
+    assert lines[1].startswith(f"FINAL could not write {tmp_path / 'final'} (") and "run the same command" in lines[1]
+    assert lines[2] == "STEP 1"
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (its syscall fault injection)")

@@ -40,7 +40,8 @@ import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -241,6 +242,19 @@ def save_checkpoint(folder: Path, write_model: Callable[[Path], None], optimizer
     _fsync(folder.parent)
     _step("remove old")
     _remove(old)
+
+
+@contextmanager
+def writing(folder: str | Path) -> Iterator[Path]:
+    """Around the writes of a run's ``final`` folder: a failed write (a full disk) is one
+    ``CheckpointWriteError`` naming the folder and the fix. The run's last checkpoint is complete before
+    ``final`` is written, so the same command writes ``final`` again from it."""
+    try:
+        yield Path(folder)
+    except (OSError, SafetensorError) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise CheckpointWriteError(f"could not write {folder} ({reason}); the run's last checkpoint is kept: free "
+                                   "space on that disk and run the same command again to write it") from err
 
 
 def untied_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

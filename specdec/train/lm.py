@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from specdec.data.stdlib import load_split
 from specdec.folders import require_weights
-from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, writing
 from specdec.train.outputs import outputs_stream
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import ModelShape, TrainConfig
@@ -234,7 +234,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
             return None
     final = out / "final"
     if parallel.main:
-        _write_final(final, model, tokenizer)
+        with writing(final):
+            _write_final(final, model, tokenizer)
     parallel.barrier()
     return final
 

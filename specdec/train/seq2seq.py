@@ -49,6 +49,7 @@ from specdec.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     untied_state,
+    writing,
 )
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import SEQ2SEQ_PRESETS as PRESETS  # noqa: F401 (this module's presets, by their old name)
@@ -333,10 +334,11 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
     if parallel.main:
         model.eval()
         model.generation_config = generation_config(tokenizer, cfg.shape.max_position_embeddings)
-        model.save_pretrained(final, safe_serialization=True)
-        tokenizer.save_pretrained(final)
-        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
-                                                         "processes": parallel.world}, indent=1))
+        with writing(final):
+            model.save_pretrained(final, safe_serialization=True)
+            tokenizer.save_pretrained(final)
+            (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                             "processes": parallel.world}, indent=1))
     parallel.barrier()
     return final
 
