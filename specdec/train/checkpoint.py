@@ -36,6 +36,7 @@ resume by their records instead: ``drop_unfinished_line`` cuts a line a kill lef
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -99,10 +100,16 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
 
 
 def _fsync(path: Path) -> None:
-    """Flush ``path`` (a file, or a folder's entries) to the disk."""
+    """Flush ``path`` (a file, or a folder's entries: a rename is durable once its folder is) to the disk.
+    A folder that cannot be synced (Windows, a file system without it) is left to the operating system."""
+    if path.is_dir() and os.name == "nt":
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as err:
+        if not path.is_dir() or err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 
