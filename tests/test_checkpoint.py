@@ -225,6 +225,28 @@ def test_a_real_write_failure_is_caught_from_safetensors(tmp_path):
     assert lines[2] == "STEP 1"
 
 
+def test_a_full_disk_while_building_head_data_is_one_line_and_keeps_the_finished_shards(tmp_path, monkeypatch):
+    from safetensors import SafetensorError
+
+    from specdec.heads import data
+
+    tensors = {"hidden": torch.zeros(2, 4), "label": torch.zeros(2)}
+    data.write_meta(tmp_path, {"drafter": "d"}, 4)
+    kept = data.write_shard(tmp_path, 0, 2, tensors)
+
+    def full(*args, **kwargs):
+        Path(args[1]).write_bytes(b"part")  # what a write cut short leaves
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(data, "save_file", full)
+    with pytest.raises(OSError) as err:
+        data.write_shard(tmp_path, 1, 2, tensors)
+    message = str(err.value)
+    assert "\n" not in message and "shard-00001-2.safetensors" in message and "No space left" in message
+    assert "free space" in message and "run the same command again" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == [data.META_NAME, kept.name]
+
+
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (its syscall fault injection)")
 def test_dropping_an_unfinished_record_line_killed_at_its_syscall_keeps_the_records(tmp_path):
     """The data steps' record files: cutting a line a kill left unfinished, itself killed (strace delivers
