@@ -2,7 +2,9 @@
 
 ``resolve_model_path`` turns a shipped name ("code-target", "translate-drafter", ...), None (the
 default target) or a path into an existing folder with a ``config.json``, else a ``ValueError``
-that names it; ``is_encoder_decoder`` reads a folder's kind from its ``config.json``. The command
+that names it; ``is_encoder_decoder`` reads a folder's kind from its ``config.json``;
+``require_weights`` refuses, in one line naming the folder and the fix, a folder without safetensors
+weights (transformers' own error names neither the fix nor, under a training run, the folder meant). The command
 line checks its inputs with these before it imports torch; ``specdec.loading`` loads from them.
 """
 
@@ -61,6 +63,26 @@ def resolve_model_path(path_or_name: str | Path | None) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"model path {str(path)!r} has no config.json: it is not a transformers model folder")
     return path
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")  # what from_pretrained(use_safetensors=True) reads
+UNSAFE_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")  # pickles: never loaded (they run code)
+
+
+def require_weights(path: str | Path) -> Path:
+    """``path`` when the model folder holds safetensors weights (one file or an index of shards), else a one-line
+    ``ValueError`` naming the folder and the fix (a training run's weights are in its ``final/``)."""
+    path = Path(path)
+    if any((path / name).is_file() for name in WEIGHT_FILES):
+        return path
+    if any((path / "final" / name).is_file() for name in WEIGHT_FILES):
+        fix = f"give {str(path / 'final')!r}, where the training run wrote its model"
+    elif any((path / name).is_file() for name in UNSAFE_WEIGHT_FILES):
+        fix = ("it holds pickled weights (pytorch_model.bin), which are never loaded: convert them with "
+               "model.save_pretrained(folder, safe_serialization=True)")
+    else:
+        fix = "save the model into it with model.save_pretrained(folder), or give the folder that holds its weights"
+    raise ValueError(f"model folder {str(path)!r} has no weights ({' or '.join(WEIGHT_FILES)}): {fix}")
 
 
 def is_encoder_decoder(path_or_name: str | Path | None) -> bool:

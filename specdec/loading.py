@@ -4,7 +4,7 @@ Contract: ``load_model(path_or_name)`` takes a folder with a ``config.json`` and
 weights (``from_pretrained`` with ``use_safetensors=True``, ``trust_remote_code=False``), or one of
 the shipped names ("code-target", "code-drafter") that resolve to ``models/<name>`` at the repo
 root; ``None`` means the shipped default target. A path that does not exist is a ``ValueError``
-naming it. The model comes back in eval mode. Loading prints no progress bar unless asked
+naming it, and so is a folder without safetensors weights. The model comes back in eval mode. Loading prints no progress bar unless asked
 (``progress=True``); a folder without tokenizer files is refused by ``load_tokenizer`` by name.
 
 Devices: None = "cuda" when available, else "cpu"; "cpu", "cuda", "cuda:N"; "auto" spreads a
@@ -37,6 +37,7 @@ from specdec.folders import (  # noqa: F401
     TOKENIZER_FILES,
     default_model_path,
     models_dir,
+    require_weights,
     resolve_model_path,
 )
 
@@ -96,7 +97,7 @@ def load_model(
 ) -> PreTrainedModel:
     """Load a causal or encoder-decoder LM (as its config says) from a local folder or shipped name, on
     ``device`` in ``dtype``, in eval mode; ``progress`` shows transformers' "Loading weights" bar."""
-    path = resolve_model_path(path_or_name)
+    path = require_weights(resolve_model_path(path_or_name))
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)

@@ -33,6 +33,31 @@ def test_missing_path_is_a_clear_error(tmp_path):
         specdec.load_model(tmp_path / "empty")
 
 
+def test_a_folder_without_weights_is_one_line_naming_it_and_the_fix(tmp_path, capsys):
+    """A config without weights (a run folder given for its final/, pickled weights only, nothing): one line,
+    the folder and what to give instead, from the library and from the command line."""
+    model = build_tiny("gpt2", seed=0)
+    for name in ("empty", "run", "pickled"):
+        model.config.save_pretrained(tmp_path / name)
+        char_tokenizer().save_pretrained(tmp_path / name)
+    model.save_pretrained(tmp_path / "run" / "final")
+    torch.save(model.state_dict(), tmp_path / "pickled" / "pytorch_model.bin")
+    fixes = {"empty": "save the model into it with model.save_pretrained", "run": "final', where the training run",
+             "pickled": "pickled weights (pytorch_model.bin), which are never loaded"}
+    for name, fix in fixes.items():
+        with pytest.raises(ValueError) as err:
+            specdec.load_model(tmp_path / name)
+        message = str(err.value)
+        assert "\n" not in message and str(tmp_path / name) in message and "has no weights" in message, message
+        assert fix in message, message
+    from specdec.cli import main
+
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert main(["generate", "--target", str(tmp_path / "empty"), "--max-new-tokens", "2", "ab"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "has no weights" in err and "Error no file named" not in err, err
+
+
 def test_shipped_names_resolve_next_to_the_package():
     assert models_dir() == Path(specdec.__file__).resolve().parent.parent / "models"
     assert default_model_path("code-target") == models_dir() / "code-target"

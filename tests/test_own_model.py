@@ -190,6 +190,19 @@ def test_data_step_resumes_to_an_uninterrupted_run(targets, tmp_path):
         assert {r["id"]: r for r in read_records(a)} == {r["id"]: r for r in read_records(b)}
 
 
+def test_a_drafter_without_held_out_records_says_it_is_not_measured(targets, tmp_path):
+    """Data made with --valid-share 0: the run says why it measures nothing (and its card), not silence."""
+    target_dir, prompts = targets["gpt2"]
+    data = tmp_path / "data.jsonl"
+    _data(target_dir, prompts, data, valid_share=0.0)
+    assert read_records(data) and not read_records(valid_path(data))
+    said: list[str] = []
+    final = train_drafter(DrafterTrainConfig(target=str(target_dir), data=str(data), layers=1, steps=2, batch_size=4),
+                          tmp_path / "run", progress=False, log=said.append)
+    assert [m for m in said if m.startswith("not measured: no held-out records") and "--valid-share" in m], said
+    assert "Not measured" in (final / "README.md").read_text()
+
+
 def test_training_resumes_after_a_stop_and_ctrl_c(targets, tmp_path):
     """Stopped at a step, or by Ctrl-C (a checkpoint written), the run resumes to the same weights as
     one uninterrupted run."""

@@ -47,10 +47,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specdec.heads.config import LABEL_KINDS, HeadDataConfig
@@ -301,9 +303,14 @@ def _shard_path(out: Path, index: int, records: int) -> Path:
 
 
 def write_meta(out: str | Path, config: dict, hidden_size: int) -> None:
-    """The data folder's meta.json: the build's config and the drafter's hidden size."""
+    """The data folder's meta.json: the build's config and the drafter's hidden size (written beside and renamed
+    in: a kill leaves the old one or the new one, never a cut one the next build could not read)."""
     meta = {"config": config, "hidden_size": hidden_size, "label_kinds": list(LABEL_KINDS)}
-    (Path(out) / META_NAME).write_text(json.dumps(meta, indent=1) + "\n")
+    path = Path(out) / META_NAME
+    tmp = path.with_name(f"{META_NAME}.{os.getpid()}.tmp")
+    with _writing(path, tmp):
+        tmp.write_text(json.dumps(meta, indent=1) + "\n")
+        os.replace(tmp, path)
 
 
 def write_shard(out: str | Path, index: int, records: int, tensors: dict[str, torch.Tensor]) -> Path:
@@ -314,9 +321,22 @@ def write_shard(out: str | Path, index: int, records: int, tensors: dict[str, to
     for stale in out.glob(f"shard-{index:05d}-*.safetensors"):  # a shorter last shard of a smaller build
         stale.unlink()
     tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    os.replace(tmp, path)
+    with _writing(path, tmp):
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+        os.replace(tmp, path)
     return path
+
+
+@contextmanager
+def _writing(path: Path, tmp: Path) -> Iterator[None]:
+    """A failed write (a full disk) as one line naming the file and the fix; the partial ``tmp`` removed."""
+    try:
+        yield
+    except (OSError, SafetensorError) as err:
+        tmp.unlink(missing_ok=True)
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise OSError(f"could not write {path} ({reason}); the finished shards are kept: free space on that disk "
+                      "and run the same command again to resume") from err
 
 
 def load_head_data(data_dir: str | Path, kinds: tuple[str, ...] | None = None) -> HeadData:

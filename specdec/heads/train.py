@@ -33,7 +33,7 @@ import torch
 from specdec.heads.config import LABEL_KINDS, HeadTrainConfig
 from specdec.heads.data import HeadData, load_head_data
 from specdec.heads.model import AcceptanceHead, HeadConfig
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint
+from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, writing
 from specdec.train.parallel import DataParallel
 
 
@@ -127,7 +127,7 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
     parallel.broadcast(head)
     optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = TrainState()
-    if (out / "checkpoint").exists():
+    if latest_checkpoint(out / "checkpoint") is not None:
         state = load_checkpoint(out / "checkpoint", head, optimizer, TrainState, strict=True)
         if main:
             log(f"resumed {out} at step {state.step}")
@@ -197,9 +197,10 @@ def train_head(cfg: HeadTrainConfig, out_dir: str | Path, stop_at_step: int | No
     parallel.barrier()
     final = out / "final"
     if main:
-        head.save_pretrained(final)
-        (final / "training.json").write_text(json.dumps(
-            {"config": _config_json(cfg), "data": data.meta, "examples": len(data), "processes": world,
-             "history": state.history}, indent=1) + "\n")
+        with writing(final):
+            head.save_pretrained(final)
+            (final / "training.json").write_text(json.dumps(
+                {"config": _config_json(cfg), "data": data.meta, "examples": len(data), "processes": world,
+                 "history": state.history}, indent=1) + "\n")
     parallel.barrier()
     return final

@@ -44,8 +44,9 @@ from transformers import DynamicCache
 
 from specdec.compat import cache_kwargs
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
+from specdec.folders import require_weights
 from specdec.loading import load_model, load_tokenizer
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config
+from specdec.train.checkpoint import load_checkpoint, save_checkpoint, saved_config, writing
 from specdec.train.drafter import block_card, measure_pair
 from specdec.train.outputs import check_records, target_fingerprint, valid_path
 from specdec.train.outputs import read_records as read_outputs
@@ -615,28 +616,30 @@ def train_block_drafter(cfg: BlockTrainConfig, out_dir: str | Path, *, stop_afte
     if not parallel.main:  # it alone exports, measures and writes the card (nobody waits in a collective)
         return final
     model.eval()
-    model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
+    with writing(final):
+        model.save_pretrained(final)
+        tokenizer.save_pretrained(final)
     figures = None
     if measure and cfg.valid:
         figures = measure_pair(target, model, read_outputs(cfg.valid), measure_prompts, measure_tokens, log)
     elif measure:
         log("not measured: no held-out greedy records (make the data with a larger --valid-share)")
-    (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
-                                                     "data": {"file": cfg.outputs, "target": print_},
-                                                     "figures": figures, "processes": parallel.world}, indent=1))
-    if measure:
-        n = sum(p.numel() for p in model.parameters())
-        c = model.config
-        (final / "README.md").write_text(block_card(
-            cfg.target, f"A {n / 1e6:.2f}M-parameter `BlockDrafterModel` ({c.num_hidden_layers} layers, width "
-            f"{c.hidden_size}, blocks of up to {c.max_block_size} tokens; `specdec` registers it with "
-            "`AutoModelForCausalLM`)",
-            f"Glancing training on the target's greedy continuations, {cfg.max_steps} steps of {cfg.batch_size} "
-            f"sequences, peak learning rate {cfg.lr}, seed {cfg.seed}"
-            + (f", started from `{cfg.init_from}`" if cfg.init_from else ", fresh layers, the target's embeddings")
-            + ".", cfg.outputs, len(records), len(read_outputs(cfg.valid)) if cfg.valid else 0, print_, figures),
-            encoding="utf-8")
+    with writing(final):
+        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                         "data": {"file": cfg.outputs, "target": print_},
+                                                         "figures": figures, "processes": parallel.world}, indent=1))
+        if measure:
+            n = sum(p.numel() for p in model.parameters())
+            c = model.config
+            (final / "README.md").write_text(block_card(
+                cfg.target, f"A {n / 1e6:.2f}M-parameter `BlockDrafterModel` ({c.num_hidden_layers} layers, width "
+                f"{c.hidden_size}, blocks of up to {c.max_block_size} tokens; `specdec` registers it with "
+                "`AutoModelForCausalLM`)",
+                f"Glancing training on the target's greedy continuations, {cfg.max_steps} steps of {cfg.batch_size} "
+                f"sequences, peak learning rate {cfg.lr}, seed {cfg.seed}"
+                + (f", started from `{cfg.init_from}`" if cfg.init_from else ", fresh layers, the target's embeddings")
+                + ".", cfg.outputs, len(records), len(read_outputs(cfg.valid)) if cfg.valid else 0, print_, figures),
+                encoding="utf-8")
     return final
 
 
@@ -729,7 +732,7 @@ def evaluate_block_drafter(block_path: str | Path, valid: str | Path, *, target:
     target's step, and the speed they imply per round in target steps."""
     block_sizes = block_sizes or BLOCK_SIZES
     gammas = gammas or GAMMAS
-    block = BlockDrafterModel.from_pretrained(str(block_path), dtype=torch.float32).eval()
+    block = BlockDrafterModel.from_pretrained(require_weights(block_path), dtype=torch.float32).eval()
     if max(block_sizes) > block.config.max_block_size:
         raise ValueError(f"block sizes up to {max(block_sizes)} asked, but the drafter was built for at most "
                          f"{block.config.max_block_size}")

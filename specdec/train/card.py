@@ -18,6 +18,7 @@ import torch
 from specdec.data.prompts import code_completion_prompts
 from specdec.data.stdlib import corpus_stats
 from specdec.loading import load_model, load_tokenizer
+from specdec.train.checkpoint import saved_run
 from specdec.train.lm import stream_loss, tokenize_split
 
 EVAL_WINDOWS = 200  # 512-token windows of the test split scored per model (about 100k tokens)
@@ -89,10 +90,12 @@ def _stages(run_dir: Path) -> list[tuple[Path, dict]]:
     """The training stages that produced ``run_dir``'s model, oldest first, as (run folder, state).
 
     A run started with ``--init-from OTHER_RUN/final`` continues OTHER_RUN, whose state is read
-    from ``OTHER_RUN/checkpoint/state.json``; the chain ends at a run without one."""
+    from its newest complete checkpoint's ``state.json``; the chain ends at a run without one."""
     stages: list[tuple[Path, dict]] = []
-    while run_dir is not None and (run_dir / "checkpoint" / "state.json").exists() and len(stages) < 16:
-        state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
+    while run_dir is not None and len(stages) < 16:
+        state = saved_run(run_dir / "checkpoint")
+        if state is None:
+            break
         stages.insert(0, (run_dir, state))
         init = state["config"].get("init_from")
         run_dir = Path(init).parent if init and Path(init).name == "final" else None

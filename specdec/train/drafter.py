@@ -42,7 +42,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, PreTrained
 
 from specdec.config import ScheduleConfig
 from specdec.loading import load_model
-from specdec.train.checkpoint import saved_config
+from specdec.train.checkpoint import saved_config, writing
 from specdec.train.outputs import (
     target_data,
     valid_path,
@@ -348,16 +348,20 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     if not parallel.main:  # it alone exports, measures and writes the card (minutes: nobody waits in a collective)
         return final
     drafter.eval()
-    drafter.save_pretrained(final, safe_serialization=True)
-    tokenizer.save_pretrained(final)
+    with writing(final):
+        drafter.save_pretrained(final, safe_serialization=True)
+        tokenizer.save_pretrained(final)
     figures = None
     if measure and valid_records:
         figures = measure_pair(target, drafter, valid_records, measure_prompts, measure_tokens, log)
-    (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
-                                                     "data": {"file": cfg.data, "target": print_},
-                                                     "figures": figures, "processes": parallel.world}, indent=1))
-    (final / "README.md").write_text(render_card(cfg, drafter, target, state.history, figures, print_, len(train_data),
-                                                 len(valid_records)), encoding="utf-8")
+    elif measure:
+        log(f"not measured: no held-out records in {valid_path(cfg.data)} (make the data with a larger --valid-share)")
+    with writing(final):
+        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                         "data": {"file": cfg.data, "target": print_},
+                                                         "figures": figures, "processes": parallel.world}, indent=1))
+        (final / "README.md").write_text(render_card(cfg, drafter, target, state.history, figures, print_,
+                                                     len(train_data), len(valid_records)), encoding="utf-8")
     return final
 
 
@@ -517,8 +521,7 @@ def render_card(cfg: DrafterTrainConfig, drafter: PreTrainedModel, target: PreTr
         (f"Last training KL: {_fmt(last.get('train_loss'))} nats/token. Held out: KL {_fmt(val.get('val_kl'))}, "
          f"top-1 agreement with the target {_fmt(val.get('val_agreement'))}."), "",
     ]
-    if figures:
-        lines += figures_lines(figures)
+    lines += figures_lines(figures) if figures else ["Not measured (`--no-measure`, or no held-out prompts).", ""]
     lines += ["## Use", "", "```", f"specdec generate --target {cfg.target} --drafter PATH_OF_THIS_FOLDER \"...\"",
               "```", ""]
     return "\n".join(lines)

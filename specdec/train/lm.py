@@ -27,7 +27,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from specdec.data.stdlib import load_split
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint
+from specdec.folders import require_weights
+from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, writing
 from specdec.train.outputs import outputs_stream
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import ModelShape, TrainConfig
@@ -149,7 +150,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
                              f"window of {cfg.seq_len + 1}: generate more with `specdec train outputs`")
     model = build_model(cfg.shape, tokenizer)
     if cfg.init_from is not None:  # continue training a saved model (fresh optimizer and schedule)
-        start = AutoModelForCausalLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+        start = AutoModelForCausalLM.from_pretrained(require_weights(cfg.init_from), dtype=torch.float32)
         if start.config.to_dict()["vocab_size"] != model.config.vocab_size:
             raise ValueError(f"--init-from {cfg.init_from} has another vocabulary than the tokenizer")
         model = start
@@ -157,7 +158,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     parallel.broadcast(model)
     teacher = None
     if cfg.teacher is not None:
-        teacher = AutoModelForCausalLM.from_pretrained(cfg.teacher, dtype=torch.float32).to(device).eval()
+        teacher = AutoModelForCausalLM.from_pretrained(require_weights(cfg.teacher), dtype=torch.float32).to(device).eval()
         if teacher.config.vocab_size != model.config.vocab_size:
             raise ValueError(f"teacher {cfg.teacher} has vocabulary {teacher.config.vocab_size}, "
                              f"the drafter's tokenizer {model.config.vocab_size}: use the teacher's tokenizer")
@@ -168,7 +169,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         lr=cfg.lr, betas=(0.9, 0.95), fused=False,
     )
     state = TrainState(history=[])
-    if (out / "checkpoint").exists():
+    if latest_checkpoint(out / "checkpoint") is not None:
         state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
         log(f"resumed {out} at step {state.step}")
     n_params = sum(p.numel() for p in model.parameters())
@@ -233,7 +234,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
             return None
     final = out / "final"
     if parallel.main:
-        _write_final(final, model, tokenizer)
+        with writing(final):
+            _write_final(final, model, tokenizer)
     parallel.barrier()
     return final
 
@@ -254,7 +256,7 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bf16", max_shard_size
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if dtype not in dtypes:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(dtypes)}")
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtypes[dtype])
+    model = AutoModelForCausalLM.from_pretrained(require_weights(src), dtype=dtypes[dtype])
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst, safe_serialization=True, max_shard_size=max_shard_size)

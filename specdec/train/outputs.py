@@ -43,6 +43,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.loading import context_limit, load_model, load_tokenizer, resolve_model_path
+from specdec.train.checkpoint import append_error, drop_unfinished_line
 
 # config keys that say how a model was saved or loaded, not what it computes
 VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "dtype", "torch_dtype", "_commit_hash",
@@ -184,11 +185,7 @@ def read_records(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-        data = path.read_bytes()
-    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    return [json.loads(line) for line in drop_unfinished_line(path).decode().splitlines() if line.strip()]
 
 
 def check_records(records: Sequence[dict], path: str | Path, target_fingerprint: str,
@@ -268,8 +265,11 @@ def continue_prompts(model: PreTrainedModel, prompts: Sequence[Prompt], out: str
                 if target_fingerprint is not None:
                     record["target"] = target_fingerprint
                 fo = valid_file if p.held_out else train_file
-                fo.write(json.dumps(record) + "\n")  # one write per record: a kill leaves at most one part line
-                fo.flush()
+                try:
+                    fo.write(json.dumps(record) + "\n")  # one write per record: a kill leaves at most one part line
+                    fo.flush()
+                except OSError as err:  # a full disk: the part line is dropped when the run resumes
+                    raise append_error(fo.name, err) from err
                 written += 1
                 if progress is not None:
                     progress(1)

@@ -41,7 +41,16 @@ from transformers import (
 )
 
 from specdec.data.gettext import load_pairs
-from specdec.train.checkpoint import load_checkpoint, save_checkpoint, untied_state
+from specdec.folders import require_weights
+from specdec.train.checkpoint import (
+    append_error,
+    drop_unfinished_line,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    untied_state,
+    writing,
+)
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import SEQ2SEQ_PRESETS as PRESETS  # noqa: F401 (this module's presets, by their old name)
 from specdec.train.presets import Seq2SeqShape, Seq2SeqTrainConfig
@@ -193,7 +202,7 @@ def save_run_checkpoint(out: Path, model, optimizer, state: TrainState, config: 
 
 def resume(out: Path, model, optimizer, log: Callable[[str], None]) -> TrainState:
     """The run's state from ``out/checkpoint`` (weights and optimizer loaded), or a fresh one."""
-    if not (out / "checkpoint").exists():
+    if latest_checkpoint(out / "checkpoint") is None:
         return TrainState()
     state = load_checkpoint(out / "checkpoint", model, optimizer, TrainState)
     log(f"resumed {out} at step {state.step}")
@@ -294,7 +303,7 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
     lengths = [len(e.src) + len(e.tgt) for e in train_examples]
     model = build_model(cfg.shape, tokenizer, cfg.dropout)
     if cfg.init_from is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(cfg.init_from, dtype=torch.float32)
+        model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(cfg.init_from), dtype=torch.float32)
         if model.config.vocab_size != len(tokenizer):
             raise ValueError(f"--init-from {cfg.init_from} has vocabulary {model.config.vocab_size}, "
                              f"the tokenizer {len(tokenizer)}: use the tokenizer it was trained with")
@@ -325,10 +334,11 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
     if parallel.main:
         model.eval()
         model.generation_config = generation_config(tokenizer, cfg.shape.max_position_embeddings)
-        model.save_pretrained(final, safe_serialization=True)
-        tokenizer.save_pretrained(final)
-        (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
-                                                         "processes": parallel.world}, indent=1))
+        with writing(final):
+            model.save_pretrained(final, safe_serialization=True)
+            tokenizer.save_pretrained(final)
+            (final / "training.json").write_text(json.dumps({"config": asdict(cfg), "state": asdict(state),
+                                                             "processes": parallel.world}, indent=1))
     parallel.barrier()
     return final
 
@@ -339,7 +349,7 @@ def export(src: str | Path, dst: str | Path, dtype: str = "bf16") -> Path:
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     if dtype not in dtypes:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(dtypes)}")
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(src), dtype=dtypes[dtype])
+    model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(src), dtype=dtypes[dtype])
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst, safe_serialization=True)
@@ -358,15 +368,13 @@ def read_translations(path: str | Path) -> dict[int, dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no translations at {path}: write them with `specdec train translations`")
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
-    records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    text = drop_unfinished_line(path).decode("utf-8")
+    records = (json.loads(line) for line in text.splitlines() if line.strip())
     return {r["i"]: r for r in records}
 
 
 def _load_for_inference(model_dir: str | Path, device: str):
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).to(device=device, dtype=torch.float32).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(model_dir)).to(device=device, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return model, tokenizer
 
@@ -425,8 +433,14 @@ def write_translations(model_dir: str | Path, data: str | Path, out: str | Path,
             for i, t in zip(part, ids):
                 record = {"i": i, "src": pairs[i].src, "tgt": tokenizer.decode(t, skip_special_tokens=True),
                           "ids": t, "catalogue": pairs[i].catalogue}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            f.flush()
+                try:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                except OSError as err:  # a full disk: the part line is dropped when the run resumes
+                    raise append_error(out, err) from err
+            try:
+                f.flush()
+            except OSError as err:
+                raise append_error(out, err) from err
             count += len(part)
             log(f"translated {count}/{len(todo)} ({count / (time.perf_counter() - started):.1f} sources/s)")
     return len(read_translations(out))

@@ -42,7 +42,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 
 from specdec.cache import causal_mask
 from specdec.drafters.block import SEQ2SEQ_BLOCK
+from specdec.folders import require_weights
 from specdec.seq2seq import decoder_start_id
+from specdec.train.checkpoint import writing
 from specdec.train.drafter import _layer_key as decoder_layers_key
 from specdec.train.drafter import block_card, measure_pair
 from specdec.train.outputs import target_data
@@ -176,7 +178,7 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     torch.manual_seed(cfg.seed)
     own = target_data(cfg.target, cfg.outputs) if cfg.outputs else None  # refuses another target's data first
     tokenizer = AutoTokenizer.from_pretrained(cfg.target)
-    target = AutoModelForSeq2SeqLM.from_pretrained(cfg.target, dtype=torch.float32)
+    target = AutoModelForSeq2SeqLM.from_pretrained(require_weights(cfg.target), dtype=torch.float32)
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else tokenizer.unk_token_id
     if mask is None:
         raise ValueError("the tokenizer has no unk token to use as the block's mask: pass --mask-token-id")
@@ -238,8 +240,9 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     model.eval()
     for name in ("dropout", "attention_dropout", "activation_dropout"):
         setattr(model.config, name, 0.0)
-    model.save_pretrained(final, safe_serialization=True)
-    tokenizer.save_pretrained(final)
+    with writing(final):
+        model.save_pretrained(final, safe_serialization=True)
+        tokenizer.save_pretrained(final)
     figures = None
     if measure and own is not None and own.valid:
         figures = measure_pair(target.to(device), model, own.valid, measure_prompts, measure_tokens, log)
@@ -248,15 +251,16 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
     record = {"config": asdict(cfg), "state": asdict(state), "processes": parallel.world}
     if own is not None:
         record.update({"data": {"file": cfg.outputs, "target": own.fingerprint}, "figures": figures})
-    (final / "training.json").write_text(json.dumps(record, indent=1))
-    if measure and own is not None:
-        n = sum(p.numel() for p in model.parameters())
-        c = model.config
-        (final / "README.md").write_text(block_card(
-            cfg.target, f"A {n / 1e6:.2f}M-parameter `{type(model).__name__}` (the target's encoder, "
-            f"{getattr(c, decoder_layers_key(c))} decoder layers, blocks of up to {cfg.max_block_size} tokens; it "
-            "loads with `AutoModelForSeq2SeqLM`)",
-            f"The target with its first {cfg.decoder_layers} decoder layers, trained on blocks of the target's greedy "
-            f"outputs, {cfg.max_steps} steps of {cfg.batch_size} rows, peak learning rate {cfg.lr}, seed {cfg.seed}.",
-            cfg.outputs, len(train), len(own.valid), own.fingerprint, figures), encoding="utf-8")
+    with writing(final):
+        (final / "training.json").write_text(json.dumps(record, indent=1))
+        if measure and own is not None:
+            n = sum(p.numel() for p in model.parameters())
+            c = model.config
+            (final / "README.md").write_text(block_card(
+                cfg.target, f"A {n / 1e6:.2f}M-parameter `{type(model).__name__}` (the target's encoder, "
+                f"{getattr(c, decoder_layers_key(c))} decoder layers, blocks of up to {cfg.max_block_size} tokens; it "
+                "loads with `AutoModelForSeq2SeqLM`)",
+                f"The target with its first {cfg.decoder_layers} decoder layers, trained on blocks of the target's greedy "
+                f"outputs, {cfg.max_steps} steps of {cfg.batch_size} rows, peak learning rate {cfg.lr}, seed {cfg.seed}.",
+                cfg.outputs, len(train), len(own.valid), own.fingerprint, figures), encoding="utf-8")
     return final
