@@ -133,7 +133,8 @@ def parse_body(cls: type[_Body], data: object) -> _Body:
         param = loc[0] if loc else None
         if first["type"] == "missing" and len(loc) == 1:
             raise APIError(400, f"'{param}' is required", param=param, code="missing_required_parameter") from None
-        where = ".".join(p for p in loc if not p.startswith(("str", "list[", "int", "dict[")))
+        # the path to the field, less the union members pydantic names (str, list[int], ...)
+        where = ".".join(p for p in loc if p not in ("str", "int", "float", "bool") and not p.startswith(("list[", "dict[")))
         if first["type"] == "extra_forbidden":
             reason = UNSUPPORTED.get(loc[-1], "this server does not support it") if len(loc) == 1 else \
                 "this server does not know it"
