@@ -28,6 +28,9 @@ Contracts:
   accepted drafts (stop strings are matched in the decoded new text, special tokens skipped,
   checked token by token); never more than ``max_new_tokens``; the sequence never exceeds the
   target's or the drafter's context (a row drafts less near it).
+- Log-probabilities, for a row that asks (``Request.logprobs``): each committed token's under the target, from the
+  verify's logits at its position after the processors (``token_logprobs``), so speculation never changes them; a
+  row that does not ask costs nothing more.
 - The loop times, counts and prints nothing itself: it emits events (``specdec.events``).
 This module knows nothing about text except through the optional tokenizer (prompts given as
 strings, stop strings).

@@ -9,7 +9,10 @@ Endpoints (FastAPI):
 - ``GET /stats``: the load as JSON, for the page (rows running and waiting, batch, tokens/s history);
 - ``GET /`` and ``/static/*``: the page (``static/``).
 
-Responses carry OpenAI's fields, plus ``usage.speculation`` (drafted, accepted, rounds, acceptance
+A request is one decoder ``Request`` per sequence (prompts x ``best_of``), each its own row of the batch; its
+log-probabilities come from the rounds (``Request.logprobs``) and, with ``echo``, from a forward over the prompt
+(``Request.prompt_logprobs``, scored by the engine before the row joins). Responses carry OpenAI's fields (the
+``logprobs`` objects of completions and chat), plus ``usage.speculation`` (drafted, accepted, rounds, acceptance
 rate α = accepted / drafted, mean accepted length τ = tokens per round including the recovered or
 bonus token, lossless) and a non-standard ``specdec`` object: on a whole response the token ids and
 each token's kind; on each streamed chunk the round's token ids, their kinds, the released text as

@@ -17,6 +17,9 @@ Contracts:
 - Every request gets a unique ``Request.index`` (its ``RoundEvent.row``), so events never mix.
 - A row's tokens do not depend on the rows beside it: greedy rows equal the target's own greedy
   decoding (up to near ties of its two best logits), seeded sampled rows draw from their own generator.
+- A request that asks for its prompt's log-probabilities (``Request.prompt_logprobs``: serving's ``echo``) is scored
+  by the worker before it joins, with the others that arrived in the same step, in one forward of the target
+  (``decode.prompt_logprobs``); one that asks for no new tokens (``max_new_tokens`` 0) finishes there.
 - If a round raises, every request in flight gets a ``Failed`` item, the caches are dropped, and
   the engine goes on serving new requests.
 The engine knows nothing about HTTP or text: ``specdec.serve.app`` does the protocol and detokenizing.

@@ -1,10 +1,14 @@
 """The OpenAI protocol's edge: request bodies, their checks, error objects, prompts from messages.
 
 Request bodies follow OpenAI's ``/v1/completions`` and ``/v1/chat/completions``: ``model``,
-``prompt`` or ``messages``, ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature``,
-``top_p``, ``stop``, ``seed``, ``n`` (1 only), ``stream``, ``stream_options.include_usage``; and, as
-vLLM accepts, ``top_k``. Unknown fields are ignored, as OpenAI-compatible servers do. A field left
-out takes the server's default (its ``specdec serve`` flags: ``--temperature``, ``--max-new-tokens``...).
+``prompt`` (one or a list) or ``messages``, ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature``,
+``top_p``, ``stop``, ``seed``, ``n``, ``stream``, ``stream_options.include_usage``, ``logit_bias``,
+``presence_penalty``, ``frequency_penalty``, ``user``; completions also ``logprobs``, ``echo``, ``best_of``; chat
+``logprobs`` and ``top_logprobs``; and, as vLLM accepts, ``top_k``. Types are strict, as OpenAI checks them (``"5"``
+is not an integer, ``true`` not a number), and a field this server does not support (``suffix``, ``tools``,
+``response_format``, any unknown one) is refused by name, never ignored: a client must not believe it was honoured.
+A field left out (or null) takes the server's default (its ``specdec serve`` flags: ``--temperature``,
+``--max-new-tokens``...).
 
 Every refusal is an ``APIError`` that the app renders as OpenAI's error object
 ``{"error": {"message", "type", "param", "code"}}`` with its HTTP status; the message names the
