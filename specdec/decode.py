@@ -517,24 +517,36 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[To
             zip(tokens, chosen, indices.tolist(), values.tolist())]
 
 
+SCORE_TOKENS = 8192  # prompt tokens (rows x the longest) scored in one forward: bounds its [B, T, V] logits
+
+
 def prompt_logprobs(target: Target, prompts: list[list[int]], tops: list[int]) -> list[list[TokenLogprob | None]]:
     """Each prompt's tokens' log-probabilities under the target (the first token has none: None), with the
-    ``tops[i]`` most probable tokens at each position: one forward over the prompts, right-padded, without a cache
-    (a causal model's real positions see no padding). The raw distribution: no processor applies to a prompt,
-    as ``generate`` applies none there. Decoder-only targets only."""
+    ``tops[i]`` most probable tokens at each position: forwards over the prompts, right-padded (up to
+    ``SCORE_TOKENS`` a forward), without a cache (a causal model's real positions see no padding). The raw
+    distribution: no processor applies to a prompt, as ``generate`` applies none there. Decoder-only targets only."""
     if target.encoder_decoder:
         raise ValueError("prompt log-probabilities need a decoder-only target (an encoder-decoder's prompt is its "
                          "source, which it does not predict)")
-    longest = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=target.device)  # [B, T]
-    mask = torch.zeros_like(ids)
-    for b, p in enumerate(prompts):
-        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-        mask[b, : len(p)] = 1
-    with torch.inference_mode():
-        logits = target.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
-    return [[None, *token_logprobs(logits[b, : len(p) - 1], p[1:], top)] for b, (p, top) in
-            enumerate(zip(prompts, tops))]
+    out: list[list[TokenLogprob | None]] = []
+    start = 0
+    while start < len(prompts):
+        end = start + 1
+        while end < len(prompts) and (end + 1 - start) * max(map(len, prompts[start:end + 1])) <= SCORE_TOKENS:
+            end += 1
+        group = prompts[start:end]
+        longest = max(len(p) for p in group)
+        ids = torch.zeros(len(group), longest, dtype=torch.long, device=target.device)  # [B, T]
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(group):
+            ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+            mask[b, : len(p)] = 1
+        with torch.inference_mode():
+            logits = target.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
+        out += [[None, *token_logprobs(logits[b, : len(p) - 1], p[1:], top)] for b, (p, top) in
+                enumerate(zip(group, tops[start:end]))]
+        start = end
+    return out
 
 
 _POOL: list[ThreadPoolExecutor] = []  # the thread that runs prefills beside decoding (``Decoder.prefill_beside``)

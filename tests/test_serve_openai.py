@@ -307,3 +307,23 @@ def test_null_fields_are_absent(server):
     status, reply = post(f"{server}/v1/completions", {"model": "target", "prompt": "x", "max_tokens": 2,
                                                      "suffix": None, "tools": None, "logprobs": None, "n": None})
     assert status == 200 and reply["choices"][0]["logprobs"] is None, reply
+
+
+def test_prompt_scores_equal_each_prompt_alone_in_chunks_or_not(monkeypatch):
+    """``decode.prompt_logprobs`` pads prompts of several lengths into one forward (or several, past
+    ``SCORE_TOKENS``): each equals the target's forward over that prompt alone."""
+    from conftest import build_tiny
+
+    from specdec import decode
+    from specdec.target import make_target
+    model = build_tiny(vocab_size=64, seed=0)
+    target = make_target(model)
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8], [3] * 11, [40, 41, 42]]
+    for budget in (decode.SCORE_TOKENS, 12):
+        monkeypatch.setattr(decode, "SCORE_TOKENS", budget)
+        for p, scored in zip(prompts, decode.prompt_logprobs(target, prompts, [3] * len(prompts))):
+            alone = own_logprobs(model, p)
+            assert scored[0] is None and len(scored) == len(p)
+            for t in range(1, len(p)):
+                assert scored[t].token == p[t] and abs(scored[t].logprob - float(alone[t - 1, p[t]])) < TOL
+                assert [i for i, _ in scored[t].top] == alone[t - 1].topk(3).indices.tolist()
