@@ -219,7 +219,7 @@ def test_penalties_follow_openais_definition(client, model, tokenizer, penalties
 
 
 def test_n_choices_seeded_and_reproducible(client):
-    kwargs = dict(model="target", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=1.0, seed=5)
+    kwargs = {"model": "target", "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 1.0, "seed": 5}
     three = client.completions.create(n=3, **kwargs)
     again = client.completions.create(n=3, **kwargs)
     one = client.completions.create(**kwargs)
@@ -234,7 +234,8 @@ def test_n_choices_seeded_and_reproducible(client):
 
 
 def test_best_of_returns_the_best_mean_logprob(client):
-    kwargs = dict(model="target", prompt=PROMPTS[2], max_tokens=MAX_TOKENS, temperature=1.5, seed=2, logprobs=0)
+    kwargs = {"model": "target", "prompt": PROMPTS[2], "max_tokens": MAX_TOKENS, "temperature": 1.5, "seed": 2,
+              "logprobs": 0}
     every = client.completions.create(n=4, **kwargs)
     means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in every.choices]
     best = client.completions.create(n=2, best_of=4, **kwargs)
@@ -307,6 +308,10 @@ def test_null_fields_are_absent(server):
     status, reply = post(f"{server}/v1/completions", {"model": "target", "prompt": "x", "max_tokens": 2,
                                                      "suffix": None, "tools": None, "logprobs": None, "n": None})
     assert status == 200 and reply["choices"][0]["logprobs"] is None, reply
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "refusal": None,
+                                                   "tool_calls": None}, {"role": "user", "content": "z"}]
+    status, reply = post(f"{server}/v1/chat/completions", {"model": "target", "messages": messages, "max_tokens": 2})
+    assert status == 200, reply
 
 
 def test_prompt_scores_equal_each_prompt_alone_in_chunks_or_not(monkeypatch):

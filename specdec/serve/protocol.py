@@ -124,11 +124,15 @@ UNSUPPORTED = {
 
 def parse_body(cls: type[_Body], data: object) -> _Body:
     """Validate a decoded JSON body as ``cls``; an ``APIError`` (400) naming the field otherwise: a value of the
-    wrong type, or a field this server does not support (a field it does not know that is null is absent)."""
+    wrong type, or a field this server does not support (a field it does not know that is null is absent, in the
+    body and in its messages)."""
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
                        code="invalid_body")
     data = {k: v for k, v in data.items() if v is not None or k in cls.model_fields}
+    if isinstance(data.get("messages"), list):  # a reply's message sent back carries null refusal, tool_calls...
+        data["messages"] = [{k: v for k, v in m.items() if v is not None or k in ChatMessage.model_fields}
+                            if isinstance(m, dict) else m for m in data["messages"]]
     try:
         return cls.model_validate(data)
     except ValidationError as err:
@@ -138,7 +142,8 @@ def parse_body(cls: type[_Body], data: object) -> _Body:
         if first["type"] == "missing" and len(loc) == 1:
             raise APIError(400, f"'{param}' is required", param=param, code="missing_required_parameter") from None
         # the path to the field, less the union members pydantic names (str, list[int], ...)
-        where = ".".join(p for p in loc if p not in ("str", "int", "float", "bool") and not p.startswith(("list[", "dict[")))
+        where = ".".join(p for p in loc
+                         if p not in ("str", "int", "float", "bool") and not p.startswith(("list[", "dict[")))
         if first["type"] == "extra_forbidden":
             reason = UNSUPPORTED.get(loc[-1], "this server does not support it") if len(loc) == 1 else \
                 "this server does not know it"
