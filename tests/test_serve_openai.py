@@ -158,6 +158,16 @@ def test_streamed_logprobs_equal_the_whole_responses(server, client):
     assert offsets == whole.choices[0].logprobs.text_offset
 
 
+def test_streamed_chat_logprobs_equal_the_whole_responses(client):
+    kwargs = {"model": "target", "messages": [{"role": "user", "content": "for i in"}], "max_tokens": MAX_TOKENS,
+              "temperature": 0, "logprobs": True, "top_logprobs": 1}
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    streamed = [x for c in client.chat.completions.create(stream=True, **kwargs)
+                if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.content]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in whole]
+    assert len(whole) == MAX_TOKENS
+
+
 def test_echo_scores_the_prompt_and_max_tokens_0_scores_only(client, model, tokenizer):
     """lm-evaluation-harness's log-likelihood request (echo, logprobs, max_tokens 0 or 1): the prompt's
     log-probabilities (the first None) equal the target's own, the text starts with the prompt."""
