@@ -342,3 +342,12 @@ def test_prompt_scores_equal_each_prompt_alone_in_chunks_or_not(monkeypatch):
             for t in range(1, len(p)):
                 assert scored[t].token == p[t] and abs(scored[t].logprob - float(alone[t - 1, p[t]])) < TOL
                 assert [i for i, _ in scored[t].top] == alone[t - 1].topk(3).indices.tolist()
+
+
+def test_a_prompt_only_scored_may_fill_the_context():
+    from specdec.serve.protocol import APIError, check_prompt_ids
+    check_prompt_ids([1] * 8, 10, 8, generates=False)  # echo with max_tokens 0: nothing to generate
+    for ids, generates in (([1] * 8, True), ([1] * 9, False)):
+        with pytest.raises(APIError) as err:
+            check_prompt_ids(ids, 10, 8, generates=generates)
+        assert err.value.param == "prompt" and err.value.code == "context_length_exceeded"

@@ -287,8 +287,10 @@ def prepare(model: ServedModel, body: _Body, prompts: list[tuple[list[int], str 
     ask = logprobs if logprobs is not None else 0 if best_of > n else None  # best_of ranks by log-probability
     requests = []
     for ids, _ in prompts:
-        check_prompt_ids(ids, model.vocab_size, model.context_limit, source=target.encoder_decoder)
-        base = prompt_request(target, ids, max_tokens, sampling, model.stop_ids, stops, processing=model.processing)
+        check_prompt_ids(ids, model.vocab_size, model.context_limit, source=target.encoder_decoder,
+                         generates=max_tokens > 0)
+        base = prompt_request(target, ids, max_tokens, sampling, model.stop_ids, stops,
+                              processing=model.processing if max_tokens > 0 else None)  # scoring: no round
         base = replace(base, penalties=penalties, logprobs=ask,
                        prompt_logprobs=(logprobs or 0) if echo and (logprobs is not None or max_tokens == 0) else None)
         for j in range(best_of):

@@ -284,9 +284,11 @@ def chat_prompt_ids(messages: list[ChatMessage], tokenizer: PreTrainedTokenizerB
     return list(tokenizer(plain_chat(plain)).input_ids)
 
 
-def check_prompt_ids(ids: list[int], vocab_size: int, context_limit: int | None, source: bool = False) -> None:
+def check_prompt_ids(ids: list[int], vocab_size: int, context_limit: int | None, source: bool = False,
+                     generates: bool = True) -> None:
     """Refuse an empty prompt, ids outside the vocabulary, and a prompt that fills the context (with
-    ``source``, the prompt is an encoder-decoder target's source: it must fit the encoder's positions)."""
+    ``source``, the prompt is an encoder-decoder target's source: it must fit the encoder's positions; without
+    ``generates``, a prompt only scored, it may fill the context)."""
     if not ids:
         raise APIError(400, "the prompt is empty (no tokens): send some text", param="prompt", code="invalid_value")
     lo, hi = min(ids), max(ids)
@@ -296,7 +298,7 @@ def check_prompt_ids(ids: list[int], vocab_size: int, context_limit: int | None,
     if source and context_limit is not None and len(ids) > context_limit:
         raise APIError(400, f"this model's encoder holds {context_limit} tokens, but the source has {len(ids)}: "
                        f"shorten it by {len(ids) - context_limit}", param="prompt", code="context_length_exceeded")
-    if not source and context_limit is not None and len(ids) >= context_limit:
+    if not source and context_limit is not None and len(ids) >= context_limit + (not generates):
         raise APIError(400, f"this model's maximum context length is {context_limit} tokens, but the prompt has "
                        f"{len(ids)} tokens, which leaves no room to generate: shorten the prompt",
                        param="prompt", code="context_length_exceeded")
