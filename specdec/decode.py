@@ -28,6 +28,9 @@ Contracts:
   accepted drafts (stop strings are matched in the decoded new text, special tokens skipped,
   checked token by token); never more than ``max_new_tokens``; the sequence never exceeds the
   target's or the drafter's context (a row drafts less near it).
+- Log-probabilities, for a row that asks (``Request.logprobs``): each committed token's under the target, from the
+  verify's logits at its position after the processors (``token_logprobs``), so speculation never changes them; a
+  row that does not ask costs nothing more.
 - The loop times, counts and prints nothing itself: it emits events (``specdec.events``).
 This module knows nothing about text except through the optional tokenizer (prompts given as
 strings, stop strings).
@@ -64,7 +67,16 @@ from specdec.events import (
     RoundSummary,
 )
 from specdec.kernels import active
-from specdec.processors import DraftSampler, GenerationSettings, Processing, apply, resolve, round_rows
+from specdec.processors import (
+    DraftSampler,
+    GenerationSettings,
+    Penalties,
+    Processing,
+    RowProcessors,
+    apply,
+    resolve,
+    round_rows,
+)
 from specdec.sampling import Sampler, make_generator
 from specdec.schedules import Crossover, DraftPlan, Schedule, make_schedule
 from specdec.stats import (
@@ -88,6 +100,15 @@ OnResultFn = Callable[[GenerationResult], None]
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability under the target, and the most probable tokens at its position."""
+
+    token: int  # the token id
+    logprob: float  # log p(token | prefix), the target's, after the logits processors in force
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability) of the most probable tokens, best first
+
+
+@dataclass(frozen=True)
 class Request:
     """One prompt and how to decode it."""
 
@@ -99,6 +120,9 @@ class Request:
     source: list[int] | None = None  # the encoder's input (encoder-decoder targets only)
     index: int = 0  # position in the caller's input order (RoundEvent.row)
     processors: LogitsProcessorList | None = None  # applied to the target's logits at every verified position
+    penalties: Penalties | None = None  # OpenAI's logit bias and presence / frequency penalties (another processor)
+    logprobs: int | None = None  # None: none; k: each new token's log-probability and the k most probable tokens
+    prompt_logprobs: int | None = None  # likewise for the prompt's tokens (``prompt_logprobs``; serving's ``echo``)
 
     @property
     def prompt_tokens(self) -> int:
@@ -116,6 +140,7 @@ class Row:
     stats: GenerationStats = field(default_factory=GenerationStats)
     stop_reason: str | None = None
     joined: float = 0.0  # perf_counter when it was submitted
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per new token, when the request asks
 
     @property
     def done(self) -> bool:
@@ -142,8 +167,10 @@ class Row:
         text = tokenizer.decode((self.tokens + new)[-window:], skip_special_tokens=True)
         return any(s in text for s in self.request.stop_strings)
 
-    def commit(self, tokens: list[int], kinds: list[str], tokenizer: PreTrainedTokenizerBase | None) -> RoundEvent:
-        """Append a round's tokens up to the first stop; the event of what was kept."""
+    def commit(self, tokens: list[int], kinds: list[str], tokenizer: PreTrainedTokenizerBase | None,
+               logprobs: list[TokenLogprob] | None = None) -> RoundEvent:
+        """Append a round's tokens (and their ``logprobs``, when asked) up to the first stop; the event of what
+        was kept."""
         for i, token in enumerate(tokens):
             if token in self.request.stop_ids:
                 self.stop_reason = STOP_TOKEN
@@ -153,6 +180,8 @@ class Row:
                 tokens, kinds = tokens[: i + 1], kinds[: i + 1]
                 break
         self.tokens.extend(tokens)
+        if logprobs is not None:
+            self.logprobs.extend(logprobs[: len(tokens)])
         return RoundEvent(tokens, kinds, self.request.index)
 
     def result(self, batch: BatchStats | None, settings: GenerationSettings | None = None) -> GenerationResult:
@@ -199,6 +228,10 @@ class Decoder:
     def submit(self, request: Request) -> Row:
         """Queue a request; it joins the batch at the next round boundary."""
         lossless = self.verifier.lossless(request.sampling)  # refuses a rule that does not fit the temperature
+        if request.penalties:  # one more processor of the row, after the generation config's
+            own = list(request.processors or [])
+            request = replace(request, processors=RowProcessors(
+                LogitsProcessorList([*own, request.penalties.processor(len(request.ids))])))
         row = Row(request, make_generator(request.sampling.seed, self.device), joined=time.perf_counter())
         row.stats = GenerationStats(prompt_tokens=len(request.ids), lossless=lossless)
         self.stats.rows += 1
@@ -387,7 +420,7 @@ class Decoder:
                 self.drafter.commit(verdict.accepted, verdict.next_token)
             self.schedule.update(proposal, verdict)
             self.last = verdict.next_token
-            drafted, committed = self._commit_rows(proposal, verdict)
+            drafted, committed = self._commit_rows(proposal, verdict, logits)
         self.events.round_ended(RoundSummary(len(self.rows), drafted, committed, self.clock.round_seconds))
 
     def _seat_drafter(self, plan: DraftPlan) -> None:
@@ -419,15 +452,20 @@ class Decoder:
             self._limits = (limits, torch.tensor(limits, dtype=torch.long, device=self.device))
         return self._limits[1]
 
-    def _commit_rows(self, proposal: Proposal, verdict: Verdict) -> tuple[int, int]:
-        """Append each row's accepted drafts and next token (up to its stops); record; tell listeners. Returns
-        the tokens drafted and committed, all rows."""
+    def _commit_rows(self, proposal: Proposal, verdict: Verdict, logits: torch.Tensor) -> tuple[int, int]:
+        """Append each row's accepted drafts and next token (up to its stops), with their log-probabilities
+        where the row asks (from ``logits`` [B, k+1, V], the verify's after the processors); record; tell
+        listeners. Returns the tokens drafted and committed, all rows."""
         drafts = proposal.drafts()
         lengths, accepted, next_tokens = torch.stack([proposal.lengths, verdict.accepted, verdict.next_token]).tolist()
         ended = proposal.ended or ("",) * len(self.rows)
         committed = 0
-        for row, draft, drafted, n, nxt, why in zip(self.rows, drafts, lengths, accepted, next_tokens, ended):
-            event = row.commit(draft[:n] + [nxt], _kinds(drafted, n), self.tokenizer)
+        for b, (row, draft, drafted, n, nxt, why) in enumerate(
+                zip(self.rows, drafts, lengths, accepted, next_tokens, ended)):
+            tokens = draft[:n] + [nxt]
+            logprobs = (None if row.request.logprobs is None else
+                        token_logprobs(logits[b, : n + 1], tokens, row.request.logprobs))
+            event = row.commit(tokens, _kinds(drafted, n), self.tokenizer, logprobs)
             row.stats.record_round(drafted, n, len(event.tokens), why)
             row.stats.target_calls += 1
             row.stats.drafter_calls += proposal.calls
@@ -462,6 +500,53 @@ class Decoder:
         if isinstance(self.schedule, Crossover):
             s.auto = self.schedule.choices()
         return s
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Each of ``tokens``' log-probability under ``logits`` [n, V] (position i scores token i), with the ``top``
+    most probable tokens of each position. In a round, position i is the target's own distribution there (after
+    the processors, before temperature, top-k and top-p), whichever way the token came (an accepted draft, the
+    recovered token at a rejection, the bonus): the figures are the target's alone, whatever the drafter proposed."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
+    ids = torch.tensor(tokens, dtype=torch.long, device=logprobs.device)
+    chosen = logprobs.gather(-1, ids[:, None])[:, 0].tolist()  # [n]
+    if top <= 0:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
+    values, indices = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # [n, top]
+    return [TokenLogprob(t, lp, tuple(zip(i, v))) for t, lp, i, v in
+            zip(tokens, chosen, indices.tolist(), values.tolist())]
+
+
+SCORE_TOKENS = 8192  # prompt tokens (rows x the longest) scored in one forward: bounds its [B, T, V] logits
+
+
+def prompt_logprobs(target: Target, prompts: list[list[int]], tops: list[int]) -> list[list[TokenLogprob | None]]:
+    """Each prompt's tokens' log-probabilities under the target (the first token has none: None), with the
+    ``tops[i]`` most probable tokens at each position: forwards over the prompts, right-padded (up to
+    ``SCORE_TOKENS`` a forward), without a cache (a causal model's real positions see no padding). The raw
+    distribution: no processor applies to a prompt, as ``generate`` applies none there. Decoder-only targets only."""
+    if target.encoder_decoder:
+        raise ValueError("prompt log-probabilities need a decoder-only target (an encoder-decoder's prompt is its "
+                         "source, which it does not predict)")
+    out: list[list[TokenLogprob | None]] = []
+    start = 0
+    while start < len(prompts):
+        end = start + 1
+        while end < len(prompts) and (end + 1 - start) * max(map(len, prompts[start:end + 1])) <= SCORE_TOKENS:
+            end += 1
+        group = prompts[start:end]
+        longest = max(len(p) for p in group)
+        ids = torch.zeros(len(group), longest, dtype=torch.long, device=target.device)  # [B, T]
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(group):
+            ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+            mask[b, : len(p)] = 1
+        with torch.inference_mode():
+            logits = target.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
+        out += [[None, *token_logprobs(logits[b, : len(p) - 1], p[1:], top)] for b, (p, top) in
+                enumerate(zip(group, tops[start:end]))]
+        start = end
+    return out
 
 
 _POOL: list[ThreadPoolExecutor] = []  # the thread that runs prefills beside decoding (``Decoder.prefill_beside``)

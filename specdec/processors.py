@@ -350,3 +350,53 @@ class DraftSampler(Sampler):
         token, q = super().draft(out, rows)
         self.last = token
         return token, q
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """OpenAI's per-request logits adjustments (``logit_bias``, ``presence_penalty``, ``frequency_penalty``), as data
+    (a request crosses a process boundary to its engine); ``processor`` makes the row's processor of them."""
+
+    bias: tuple[tuple[int, float], ...] = ()  # (token id, value added to its logit), values in [-100, 100]
+    presence: float = 0.0  # subtracted once from the logit of every token the output holds so far
+    frequency: float = 0.0  # subtracted from a token's logit once per time the output holds it
+
+    def __bool__(self) -> bool:
+        return bool(self.bias) or self.presence != 0.0 or self.frequency != 0.0
+
+    def processor(self, prompt_length: int) -> PenaltyProcessor:
+        """The processor of a row whose committed sequence starts with ``prompt_length`` prompt tokens."""
+        return PenaltyProcessor(self, prompt_length)
+
+
+class PenaltyProcessor(LogitsProcessor):
+    """OpenAI's adjustments, per position, as its API reference defines them: ``logits[j] += bias[j] -
+    frequency * c[j] - presence * (c[j] > 0)``, where ``c[j]`` counts token ``j`` in the output so far (the prefix
+    past the prompt: OpenAI and vLLM penalise generated tokens only). A function of (prefix, scores) alone, so the
+    round loop applies it at every verified position and to the drafter's q alike (``apply``, ``DraftSampler``),
+    and speculative sampling stays exact."""
+
+    def __init__(self, penalties: Penalties, prompt_length: int) -> None:
+        self.penalties = penalties
+        self.prompt_length = prompt_length
+        self._bias: torch.Tensor | None = None  # [V] built at the first call, on the scores' device
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out = scores.clone()  # [N, V]
+        vocab = out.shape[-1]
+        p = self.penalties
+        if p.bias:
+            if self._bias is None or self._bias.shape[0] != vocab or self._bias.device != out.device:
+                bias = torch.zeros(vocab, dtype=out.dtype, device=out.device)
+                ids = torch.tensor([t for t, _ in p.bias], dtype=torch.long, device=out.device)
+                keep = ids < vocab  # a drafter with a smaller vocabulary: its ids only
+                bias[ids[keep]] = torch.tensor([v for _, v in p.bias], dtype=out.dtype, device=out.device)[keep]
+                self._bias = bias
+            out += self._bias
+        if p.presence or p.frequency:
+            output = input_ids[:, self.prompt_length:]  # [N, L - prompt]
+            counts = torch.zeros(out.shape, dtype=out.dtype, device=out.device)  # [N, V]
+            real = output < vocab  # ids >= V: padding (``apply``'s set-only rows), never counted
+            counts.scatter_add_(1, output.clamp_max(vocab - 1), real.to(out.dtype))
+            out -= p.frequency * counts + p.presence * (counts > 0).to(out.dtype)
+        return out

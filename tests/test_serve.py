@@ -439,6 +439,21 @@ def test_disconnect_mid_stream_frees_the_row(server, client, session):
     assert reply.specdec["token_ids"] == tokens and reply.choices[0].text == text
 
 
+def test_logprobs_echo_and_bias_cross_the_front_process(client, session):
+    """The module's server runs its HTTP front in a process apart: log-probabilities, echo's prompt scores, a logit
+    bias and n choices travel through its pipe (tests/test_serve_openai.py checks their values in one process)."""
+    ids = encode(session, PROMPTS[0])
+    tokens, text = reference(session, ids, max_tokens=8)
+    reply = client.completions.create(model="target", prompt=ids, max_tokens=8, temperature=0, logprobs=2, echo=True)
+    lp = reply.choices[0].logprobs
+    assert reply.specdec["token_ids"] == tokens and reply.choices[0].text.endswith(text)
+    assert len(lp.token_logprobs) == len(ids) + 8 and lp.token_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) >= 1 for t in lp.top_logprobs[1:])
+    forced = client.completions.create(model="target", prompt=ids, max_tokens=4, temperature=0, n=2,
+                                       logit_bias={str(tokens[0] + 1): 100})
+    assert [c["token_ids"] for c in forced.specdec["choices"]] == [[tokens[0] + 1] * 4] * 2
+
+
 # ------------------------------------------------------------------------------ bad input and keys
 
 
@@ -460,9 +475,10 @@ BAD = [  # (path, body, status, param, code)
      "invalid_value"),
     ("/v1/completions", b'{"model": "target", "prompt": "x", "top_p": 0}', 400, "top_p", "invalid_value"),
     ("/v1/completions", b'{"model": "target", "prompt": "x", "top_p": 1.5}', 400, "top_p", "invalid_value"),
-    ("/v1/completions", b'{"model": "target", "prompt": "x", "n": 2}', 400, "n", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "n": 0}', 400, "n", "invalid_value"),
     ("/v1/completions", b'{"model": "target", "prompt": ""}', 400, "prompt", "invalid_value"),
-    ("/v1/completions", b'{"model": "target", "prompt": ["a", "b"]}', 400, "prompt", "invalid_value"),
+    ("/v1/completions", json.dumps({"model": "target", "prompt": ["a"] * 65}).encode(), 400, "prompt",
+     "invalid_value"),
     ("/v1/completions", b'{"model": "target", "prompt": [1, 99999]}', 400, "prompt", "invalid_value"),
     ("/v1/completions", b'{"model": "target", "prompt": "x", "stop": [""]}', 400, "stop", "invalid_value"),
     ("/v1/completions", b'{"model": "target", "prompt": "x", "temperature": "hot"}', 400, "temperature",

@@ -9,7 +9,10 @@ Endpoints (FastAPI):
 - ``GET /stats``: the load as JSON, for the page (rows running and waiting, batch, tokens/s history);
 - ``GET /`` and ``/static/*``: the page (``static/``).
 
-Responses carry OpenAI's fields, plus ``usage.speculation`` (drafted, accepted, rounds, acceptance
+A request is one decoder ``Request`` per sequence (prompts x ``best_of``), each its own row of the batch; its
+log-probabilities come from the rounds (``Request.logprobs``) and, with ``echo``, from a forward over the prompt
+(``Request.prompt_logprobs``, scored by the engine before the row joins). Responses carry OpenAI's fields (the
+``logprobs`` objects of completions and chat), plus ``usage.speculation`` (drafted, accepted, rounds, acceptance
 rate α = accepted / drafted, mean accepted length τ = tokens per round including the recovered or
 bonus token, lossless) and a non-standard ``specdec`` object: on a whole response the token ids and
 each token's kind; on each streamed chunk the round's token ids, their kinds, the released text as
@@ -34,7 +37,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +51,7 @@ from transformers import PreTrainedTokenizerBase
 from specdec.acceptance import rule_for
 from specdec.config import SamplingConfig, VerifyConfig
 from specdec.decode import Request as DecodeRequest
-from specdec.decode import prompt_request
+from specdec.decode import TokenLogprob, prompt_request
 from specdec.processors import Processing
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine, Failed, Finished, Job, Round
@@ -59,11 +62,13 @@ from specdec.serve.protocol import (
     CompletionBody,
     _Body,
     chat_prompt_ids,
-    check_n,
     check_prompt_ids,
-    completion_prompt_ids,
+    choices_of,
+    completion_prompts,
+    logprobs_of,
     max_tokens_of,
     parse_body,
+    penalties_of,
     sampling_of,
     stop_strings_of,
 )
@@ -99,13 +104,23 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A checked request, ready for its engine."""
+    """A checked request, ready for its engine: one decoder ``Request`` per sequence to generate."""
 
     model: ServedModel
-    request: DecodeRequest
+    requests: list[DecodeRequest]  # prompt p's sequence j at p * best_of + j
+    prompts: list[tuple[list[int], str | None]]  # each prompt's token ids, and its text as given (None: ids)
     stream: bool
     include_usage: bool
     chat: bool
+    n: int = 1  # choices returned per prompt
+    best_of: int = 1  # sequences generated per prompt (the n of them with the best mean log-probability return)
+    logprobs: int | None = None  # most probable tokens reported per position; None: no log-probabilities
+    echo: bool = False  # the prompt (and its log-probabilities) before each completion
+
+    @property
+    def request(self) -> DecodeRequest:
+        """The first (a streamed request's only) sequence."""
+        return self.requests[0]
 
 
 # ------------------------------------------------------------------------------------- the app
@@ -190,8 +205,8 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
     async def completions(request: Request) -> Response:
         body = await body_of(request, CompletionBody)
         model = model_for(body.model)
-        ids = completion_prompt_ids(body.prompt, model.tokenizer)
-        return await respond(request, prepare(model, body, ids, chat=False))
+        prompts = completion_prompts(body.prompt, model.tokenizer)
+        return await respond(request, prepare(model, body, prompts, chat=False))
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -202,7 +217,7 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
                            "model): send the source text to /v1/completions as the prompt", param="messages",
                            code="invalid_value")
         ids = chat_prompt_ids(body.messages, model.tokenizer)
-        return await respond(request, prepare(model, body, ids, chat=True))
+        return await respond(request, prepare(model, body, [(ids, None)], chat=True))
 
     @api.get("/metrics")
     async def prometheus() -> Response:
@@ -243,43 +258,84 @@ async def read_json(request: Request, limit: int) -> object:
                        code="invalid_json") from None
 
 
-def prepare(model: ServedModel, body: _Body, ids: list[int], *, chat: bool) -> Prepared:
-    """Check every field of a request and build its decoder ``Request``."""
-    check_n(body)
+def prepare(model: ServedModel, body: _Body, prompts: list[tuple[list[int], str | None]], *, chat: bool) -> Prepared:
+    """Check every field of a request and build its decoder ``Request``s (``best_of`` per prompt; with a seed,
+    sequence j draws from seed + j, so choice 0 is the request's n = 1 answer)."""
+    n, best_of = choices_of(body)
+    stream = bool(body.stream)
+    echo = isinstance(body, CompletionBody) and bool(body.echo)
+    if stream:
+        for name, many, what in (("n", n > 1, "n > 1"), ("best_of", best_of > 1, "best_of > 1"),
+                                 ("prompt", len(prompts) > 1, "several prompts"), ("echo", echo, "echo")):
+            if many:
+                raise APIError(400, f"streaming with {what} is not supported: send stream false, or one request "
+                               "per choice (they are batched together)", param=name, code="unsupported_parameter")
+    logprobs = logprobs_of(body)
     target = model.engine.target
-    check_prompt_ids(ids, model.vocab_size, model.context_limit, source=target.encoder_decoder)
+    if echo and target.encoder_decoder:
+        raise APIError(400, f"{model.id} is an encoder-decoder model: its prompt is the encoder's source, which it "
+                       "does not predict, so it cannot be echoed with log-probabilities", param="echo",
+                       code="unsupported_parameter")
     sampling = sampling_of(body, model.sampling)
     try:
         rule_for(model.verify, sampling.greedy)
     except ValueError as err:
         raise APIError(400, str(err), param="temperature", code="invalid_value") from None
-    request = prompt_request(target, ids, max_tokens_of(body, model.max_new_tokens), sampling, model.stop_ids,
-                             stop_strings_of(body), processing=model.processing)
+    max_tokens = max_tokens_of(body, model.max_new_tokens)
+    stops = stop_strings_of(body)
+    penalties = penalties_of(body, model.vocab_size)
+    ask = logprobs if logprobs is not None else 0 if best_of > n else None  # best_of ranks by log-probability
+    requests = []
+    for ids, _ in prompts:
+        check_prompt_ids(ids, model.vocab_size, model.context_limit, source=target.encoder_decoder,
+                         generates=max_tokens > 0)
+        base = prompt_request(target, ids, max_tokens, sampling, model.stop_ids, stops,
+                              processing=model.processing if max_tokens > 0 else None)  # scoring: no round
+        base = replace(base, penalties=penalties, logprobs=ask,
+                       prompt_logprobs=(logprobs or 0) if echo and (logprobs is not None or max_tokens == 0) else None)
+        for j in range(best_of):
+            seed = None if sampling.seed is None else sampling.seed + j
+            requests.append(replace(base, sampling=replace(sampling, seed=seed)))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Prepared(model, request, bool(body.stream), include_usage, chat)
+    return Prepared(model, requests, prompts, stream, include_usage, chat, n, best_of, logprobs, echo)
 
 
 async def respond(request: Request, prepared: Prepared) -> Response:
-    """Submit the request to its engine; stream its rounds or wait for its result."""
-    job = prepared.model.engine.submit(prepared.request, asyncio.get_running_loop())
+    """Submit the request's sequences to its engine; stream its rounds or wait for its results."""
+    loop = asyncio.get_running_loop()
+    jobs = [prepared.model.engine.submit(r, loop) for r in prepared.requests]
     if prepared.stream:
-        return StreamingResponse(stream(job, prepared), media_type="text/event-stream",
+        return StreamingResponse(stream(jobs[0], prepared), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return JSONResponse(await complete(request, job, prepared))
+    tasks = [asyncio.ensure_future(complete(request, job, prepared, r)) for job, r in zip(jobs, prepared.requests)]
+    try:
+        outcomes = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:  # one failed, or the client went away: the others' rows leave too
+            task.cancel()
+        raise
+    return JSONResponse(_whole(prepared, outcomes))
 
 
 # ---------------------------------------------------------------------------------- responses
 
 
-class Progress:
-    """A request's figures as its rounds arrive (for each chunk) and its text."""
+def token_text(tokenizer: PreTrainedTokenizerBase, token: int) -> str:
+    """One token's text, as the log-probability objects name it."""
+    return tokenizer.decode([token])
 
-    def __init__(self, prepared: Prepared) -> None:
-        r = prepared.request
+
+class Progress:
+    """A sequence's figures as its rounds arrive (for each chunk), its text and its log-probabilities."""
+
+    def __init__(self, prepared: Prepared, request: DecodeRequest | None = None) -> None:
+        r = request or prepared.request
+        self.prepared = prepared
         self.text = TextStream(prepared.model.tokenizer, r.ids, r.stop_strings)
         self.tokens: list[int] = []
         self.kinds: list[str] = []
         self.drafted = self.accepted = self.rounds = 0
+        self.offset = 0  # text_offset of the next token (completions' log-probabilities)
         self.started = time.perf_counter()
 
     def add(self, item: Round) -> list[tuple[str, str]]:
@@ -292,6 +348,34 @@ class Progress:
         self.text.add(item)  # a Round has the tokens and kinds of a RoundEvent
         return self.text.release()
 
+    def logprobs(self, items: Sequence[tuple[int, TokenLogprob | None]]) -> dict[str, Any]:
+        """OpenAI's log-probability object of ``items`` (token id, its figures), continuing this sequence's
+        offsets: completions' four parallel lists (each position's top dict holds the chosen token too, as
+        OpenAI's "up to logprobs + 1" entries), or chat's ``content`` list."""
+        tokenizer = self.prepared.model.tokenizer
+        if self.prepared.chat:
+            def entry(token: int, logprob: float) -> dict[str, Any]:
+                text = token_text(tokenizer, token)
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+            return {"content": [{**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
+                                for t, lp in items if lp is not None]}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, lp in items:
+            text = token_text(tokenizer, token)
+            out["tokens"].append(text)
+            out["text_offset"].append(self.offset)
+            self.offset += len(text)
+            if lp is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+                continue
+            top: dict[str, float] = {}
+            for i, v in (*lp.top, (token, lp.logprob)):
+                top.setdefault(token_text(tokenizer, i), v)
+            out["token_logprobs"].append(lp.logprob)
+            out["top_logprobs"].append(top)
+        return out
+
     def figures(self) -> dict[str, Any]:
         return {"completion_tokens": len(self.tokens), "rounds": self.rounds, "drafted": self.drafted,
                 "accepted": self.accepted,
@@ -300,13 +384,19 @@ class Progress:
                 "elapsed_s": time.perf_counter() - self.started}
 
 
-def usage(prompt_tokens: int, stats: GenerationStats) -> dict[str, Any]:
-    """OpenAI's usage, plus the speculation figures of the request."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": stats.new_tokens,
-            "total_tokens": prompt_tokens + stats.new_tokens,
-            "speculation": {"drafted": stats.drafted, "accepted": stats.accepted, "rounds": stats.rounds,
-                            "acceptance_rate": stats.acceptance_rate,
-                            "mean_accepted_length": stats.mean_accepted_length, "lossless": stats.lossless}}
+def usage(prompt_tokens: int, stats: GenerationStats | Sequence[GenerationStats]) -> dict[str, Any]:
+    """OpenAI's usage (every sequence generated counts, best_of's dropped ones too, as OpenAI bills them), plus
+    the speculation figures of the request: drafted, accepted, rounds, α = accepted / drafted, τ = tokens per
+    round (vLLM reports the same per request)."""
+    every = [stats] if isinstance(stats, GenerationStats) else list(stats)
+    new = sum(s.new_tokens for s in every)
+    drafted, accepted, rounds = (sum(s.drafted for s in every), sum(s.accepted for s in every),
+                                 sum(s.rounds for s in every))
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": new, "total_tokens": prompt_tokens + new,
+            "speculation": {"drafted": drafted, "accepted": accepted, "rounds": rounds,
+                            "acceptance_rate": accepted / drafted if drafted else 0.0,
+                            "mean_accepted_length": new / rounds if rounds else 0.0,
+                            "lossless": all(s.lossless for s in every)}}
 
 
 def finish_reason(stop_reason: str) -> str:
@@ -325,9 +415,22 @@ def _raise_failed(item: Failed) -> None:
     raise APIError(500, item.message, code="decoding_failed")
 
 
-async def complete(request: Request, job: Job, prepared: Prepared) -> dict[str, Any]:
-    """Wait for the whole result (cancelling the job if the client goes away): the response body."""
-    progress = Progress(prepared)
+@dataclass
+class Outcome:
+    """One sequence's end: its progress (text, kinds, offsets) and its ``Finished`` item."""
+
+    progress: Progress
+    finished: Finished
+
+    def mean_logprob(self) -> float:
+        """Mean log-probability of its tokens (best_of's ranking, as OpenAI defines it; 0 for none)."""
+        lps = self.finished.logprobs or []
+        return sum(lp.logprob for lp in lps) / len(lps) if lps else 0.0
+
+
+async def complete(request: Request, job: Job, prepared: Prepared, decode: DecodeRequest) -> Outcome:
+    """Wait for a sequence's whole result (cancelling the job if the client goes away)."""
+    progress = Progress(prepared, decode)
     pending: asyncio.Task | None = None
     try:
         while True:
@@ -343,7 +446,8 @@ async def complete(request: Request, job: Job, prepared: Prepared) -> dict[str, 
             elif isinstance(item, Failed):
                 _raise_failed(item)
             else:
-                return _whole(prepared, progress, item)
+                progress.text.release_final(item.result.stop_reason)
+                return Outcome(progress, item)
     finally:
         if pending is not None:
             pending.cancel()
@@ -351,19 +455,41 @@ async def complete(request: Request, job: Job, prepared: Prepared) -> dict[str, 
             prepared.model.engine.cancel(job)
 
 
-def _whole(prepared: Prepared, progress: Progress, item: Finished) -> dict[str, Any]:
-    result = item.result
-    progress.text.release_final(result.stop_reason)
-    text = progress.text.released
+def _whole(prepared: Prepared, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """The response body: per prompt, its n choices (the best n of its best_of sequences)."""
     rid, obj, _ = _ids(prepared.chat)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(result.stop_reason), "logprobs": None}
-    if prepared.chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": prepared.model.id, "choices": [choice],
-            "usage": usage(prepared.request.prompt_tokens, result.stats),
-            "specdec": {"token_ids": result.tokens, "kinds": progress.kinds, "stop_reason": result.stop_reason}}
+    tokenizer = prepared.model.tokenizer
+    choices, extras = [], []
+    for p, (ids, given) in enumerate(prepared.prompts):
+        mine = outcomes[p * prepared.best_of:(p + 1) * prepared.best_of]
+        if prepared.best_of > prepared.n:
+            mine = sorted(mine, key=Outcome.mean_logprob, reverse=True)[:prepared.n]
+        for j, outcome in enumerate(mine):
+            result, progress = outcome.finished.result, outcome.progress
+            text = progress.text.released
+            choice: dict[str, Any] = {"index": p * prepared.n + j, "finish_reason": finish_reason(result.stop_reason),
+                                      "logprobs": None}
+            items: list[tuple[int, TokenLogprob | None]] = []
+            if prepared.echo:
+                prompt = given if given is not None else tokenizer.decode(ids)
+                text = prompt + text
+                if outcome.finished.prompt_logprobs is not None:
+                    items += list(zip(ids, outcome.finished.prompt_logprobs))
+            else:
+                progress.offset = len(given if given is not None else tokenizer.decode(ids))
+            if prepared.logprobs is not None:
+                items += list(zip(result.tokens, outcome.finished.logprobs or []))
+                choice["logprobs"] = progress.logprobs(items)
+            if prepared.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
+            extras.append({"token_ids": result.tokens, "kinds": progress.kinds, "stop_reason": result.stop_reason})
+    prompt_tokens = sum(r.prompt_tokens for r in prepared.requests[::prepared.best_of])
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": prepared.model.id, "choices": choices,
+            "usage": usage(prompt_tokens, [o.finished.result.stats for o in outcomes]),
+            "specdec": {**extras[0], "choices": extras}}
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -376,13 +502,16 @@ async def stream(job: Job, prepared: Prepared) -> AsyncIterator[str]:
     A client that disconnects cancels this generator at its next ``await``: the job is cancelled
     and its row leaves the batch before its next round."""
     progress = Progress(prepared)
+    ids, given = prepared.prompts[0]
+    progress.offset = len(given if given is not None else prepared.model.tokenizer.decode(ids))
     rid, _, obj = _ids(prepared.chat)
     created = int(time.time())
     model_id = prepared.model.id
 
-    def chunk(segments: list[tuple[str, str]], finish: str | None, extra: dict[str, Any]) -> str:
+    def chunk(segments: list[tuple[str, str]], finish: str | None, extra: dict[str, Any],
+              logprobs: dict[str, Any] | None = None) -> str:
         text = "".join(t for t, _ in segments)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
         if prepared.chat:
             choice["delta"] = {"content": text} if text or finish is None else {}
         else:
@@ -399,7 +528,9 @@ async def stream(job: Job, prepared: Prepared) -> AsyncIterator[str]:
         while True:
             item = await job.next()
             if isinstance(item, Round):
-                yield chunk(progress.add(item), None, {"tokens": item.tokens, "kinds": item.kinds})
+                logprobs = (None if prepared.logprobs is None else
+                            progress.logprobs(list(zip(item.tokens, item.logprobs or []))))
+                yield chunk(progress.add(item), None, {"tokens": item.tokens, "kinds": item.kinds}, logprobs)
             elif isinstance(item, Failed):
                 yield _sse(APIError(500, item.message, code="decoding_failed").body())
                 break

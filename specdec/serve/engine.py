@@ -17,6 +17,9 @@ Contracts:
 - Every request gets a unique ``Request.index`` (its ``RoundEvent.row``), so events never mix.
 - A row's tokens do not depend on the rows beside it: greedy rows equal the target's own greedy
   decoding (up to near ties of its two best logits), seeded sampled rows draw from their own generator.
+- A request that asks for its prompt's log-probabilities (``Request.prompt_logprobs``: serving's ``echo``) is scored
+  by the worker before it joins, with the others that arrived in the same step, in one forward of the target
+  (``decode.prompt_logprobs``); one that asks for no new tokens (``max_new_tokens`` 0) finishes there.
 - If a round raises, every request in flight gets a ``Failed`` item, the caches are dropped, and
   the engine goes on serving new requests.
 The engine knows nothing about HTTP or text: ``specdec.serve.app`` does the protocol and detokenizing.
@@ -39,13 +42,13 @@ from transformers import PreTrainedTokenizerBase
 
 from specdec import kernels
 from specdec.config import VerifyConfig
-from specdec.decode import Decoder, Request, Row
+from specdec.decode import Decoder, Request, Row, TokenLogprob, prompt_logprobs
 from specdec.drafters import Drafter
 from specdec.events import Listener, RoundSummary
 from specdec.schedules import Schedule
 from specdec.serve.background import Beside
 from specdec.serve.metrics import ModelMetrics
-from specdec.stats import GenerationResult, RoundEvent
+from specdec.stats import MAX_NEW_TOKENS, GenerationResult, GenerationStats, RoundEvent
 from specdec.target import Target
 from specdec.threads import room_beside
 
@@ -64,6 +67,7 @@ class Round:
     kinds: list[str]  # one label per token: accepted / recovered / bonus / target
     drafted: int  # draft tokens verified for this request this round
     accepted: int  # of those, accepted
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asks (``Request.logprobs``)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class Finished:
     """The last item of a request's stream: its result (tokens, figures, why it stopped)."""
 
     result: GenerationResult
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asks
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token (the first None), when asked
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,7 @@ class Job:
         self.accepted = 0  # drafts accepted so far
         self.cancelled = False  # the client went away
         self.finished = False  # a Finished or Failed item was sent
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None  # scored before it joins, when it asks
 
     def push(self, item: Item) -> None:
         """Hand ``item`` to the request's handler (from the worker thread)."""
@@ -274,16 +281,44 @@ class Engine(Listener):
             command, job = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
+        submitted = []
         while True:
             if command == "submit" and job is not None:
-                self._submit(job)
+                submitted.append(job)
             elif command == "cancel" and job is not None and job.row is not None and not job.row.done:
                 self.decoder.cancel(job.row)
             try:
                 command, job = self._inbox.get_nowait()
             except queue.Empty:
                 break
+        self._score_prompts([j for j in submitted if j.request.prompt_logprobs is not None and not j.cancelled])
+        for job in submitted:
+            if job.finished:  # scored, and nothing to generate
+                continue
+            self._submit(job)
         self._update_gauges()
+
+    def _score_prompts(self, jobs: list[Job]) -> None:
+        """The prompt log-probabilities of ``jobs`` (taken together), in one forward of the target; a job that asks
+        for no new tokens (``max_new_tokens`` 0: log-likelihood scoring) finishes here."""
+        if not jobs:
+            return
+        try:
+            scored = prompt_logprobs(self.target, [j.request.ids for j in jobs],
+                                     [j.request.prompt_logprobs or 0 for j in jobs])
+        except Exception as err:  # the prompts could not be scored: these requests fail, serving goes on
+            log.exception("scoring prompts failed")
+            for job in jobs:
+                job.push(Failed(f"scoring the prompt failed: {type(err).__name__}: {err}"))
+                self._count_finished(job, "abort")
+            return
+        for job, logprobs in zip(jobs, scored):
+            job.prompt_logprobs = logprobs
+            if job.request.max_new_tokens == 0:
+                stats = GenerationStats(prompt_tokens=job.request.prompt_tokens, lossless=True)
+                job.push(Finished(GenerationResult([], stats, MAX_NEW_TOKENS, index=job.request.index),
+                                  [], logprobs))
+                self._count_finished(job, MAX_NEW_TOKENS)
 
     def _switching(self) -> bool:
         """Whether the compile beside serving has ended: new requests are held until the rows in flight finish and
@@ -344,7 +379,7 @@ class Engine(Listener):
             self._count_finished(job, "abort")
             return
         result = row.result(None)
-        job.push(Finished(result))
+        job.push(Finished(result, row.logprobs if row.request.logprobs is not None else None, job.prompt_logprobs))
         self._count_finished(job, result.stop_reason)
 
     def _count_finished(self, job: Job, reason: str) -> None:
@@ -422,7 +457,10 @@ class Engine(Listener):
             job.first_token_at = now
         job.last_round_at = now
         if not job.cancelled:
-            job.push(Round(event.tokens, event.kinds, drafted, accepted))
+            row = job.row
+            logprobs = (row.logprobs[len(row.logprobs) - len(event.tokens):] if row.request.logprobs is not None
+                        else None)
+            job.push(Round(event.tokens, event.kinds, drafted, accepted, logprobs))
 
     def round_ended(self, summary: RoundSummary) -> None:
         self._interval.tokens += summary.tokens

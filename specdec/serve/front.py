@@ -266,7 +266,7 @@ class Bridge:
 def with_processors(model: ServedModel, request: Request) -> Request:
     """``request`` with its row's logits processors (the target's generation config's), built here, on the model's
     device (the front sends none)."""
-    if model.processing is None:
+    if model.processing is None or request.max_new_tokens == 0:  # a prompt only scored decodes no round
         return request
     target = model.engine.target
     processors = model.processing.for_row(request.ids, request.max_new_tokens, request.source, target.device)
