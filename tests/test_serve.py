@@ -471,6 +471,21 @@ BAD = [  # (path, body, status, param, code)
      "context_length_exceeded"),
     ("/v1/completions", json.dumps({"model": "target", "prompt": "x" * (1 << 20)}).encode(), 413, None,
      "request_too_large"),
+    # bad bytes (issue 67): JSON that decodes, but that nothing downstream took (each was a 500)
+    ("/v1/completions", b'{"model": "target", "prompt": "abc\\ud800"}', 400, "prompt", "invalid_value"),
+    ("/v1/chat/completions", b'{"model": "target", "messages": [{"role": "user", "content": "abc\\ud800"}]}', 400,
+     "messages", "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "\\udc00": 1, "prompt": "x"}', 400, None, "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "stop": ' + b"[" * 2000 + b"]" * 2000 + b"}", 400, None,
+     "invalid_json"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "stop": ' + b"[" * 100 + b"]" * 100 + b"}", 400, "stop",
+     "invalid_value"),
+    ("/v1/completions", b'{"model": "target", "prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", 400, None,
+     "invalid_json"),
+    ("/v1/completions", json.dumps({"model": "target", "prompt": "x", "seed": 1 << 64}).encode(), 400, "seed",
+     "invalid_value"),
+    ("/v1/completions", json.dumps({"model": "target", "prompt": "x", "seed": -(1 << 63) - 1, "stream": True}).encode(),
+     400, "seed", "invalid_value"),
 ]
 
 

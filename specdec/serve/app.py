@@ -30,6 +30,7 @@ import hmac
 import inspect
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("specdec.serve")
 STATIC = resources.files("specdec.serve") / "static"
 DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is still there
+MAX_DEPTH = 32  # JSON nesting a body may have (OpenAI's bodies nest 4 levels: messages[i].content[j].text)
 DRAIN_BYTES = 8 << 20  # an oversize body up to this much past the limit is read (and dropped) before its 413
 
 
@@ -237,10 +239,46 @@ async def read_json(request: Request, limit: int) -> object:
     if size > limit:
         raise too_large
     try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(b"".join(chunks))
+    except RecursionError:
+        raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels: send OpenAI's flat body",
+                       code="invalid_json") from None
+    except ValueError as err:  # not JSON, not UTF-8, or an integer past Python's 4300 digits
+        if "integer string conversion" in str(err):
+            raise APIError(400, f"the request body holds a number of more than {sys.get_int_max_str_digits()} digits: "
+                           "send numbers in range", code="invalid_json") from None
         raise APIError(400, f"the request body is not valid JSON ({err}): send a JSON object",
                        code="invalid_json") from None
+    check_json(data)
+    return data
+
+
+def check_json(data: object) -> None:
+    """Refuse what JSON decodes but nothing downstream takes: nesting past ``MAX_DEPTH`` (a recursion in the
+    checks), and a lone UTF-16 surrogate (``"\\ud800"``: not Unicode text; the tokenizer cannot encode it), in a
+    key or a value. An ``APIError`` (400) naming the top-level field."""
+    stack: list[tuple[object, int, str | None]] = [(data, 0, None)]
+    while stack:
+        value, depth, field = stack.pop()
+        if depth > MAX_DEPTH:
+            raise APIError(400, f"'{field}' nests deeper than {MAX_DEPTH} levels", param=field, code="invalid_value")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, field)  # a bad top-level key is named by no field (it cannot be echoed)
+                stack.append((item, depth + 1, field or key))
+        elif isinstance(value, list):
+            stack += [(item, depth + 1, field) for item in value]
+        elif isinstance(value, str):
+            _check_text(value, field)
+
+
+def _check_text(text: str, field: str | None) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        where = f"'{field}'" if field else "the request body"
+        raise APIError(400, f"{where} holds a lone UTF-16 surrogate ({ascii(text[err.start])[1:-1]}), which is not "
+                       "a character: send valid Unicode text", param=field, code="invalid_value") from None
 
 
 def prepare(model: ServedModel, body: _Body, ids: list[int], *, chat: bool) -> Prepared:
