@@ -525,6 +525,27 @@ def test_the_server_keeps_serving_after_bad_input(server, client, session):
     assert get(server.url + "/health", key=None)[0] == 200
 
 
+def test_browser_shapes_of_a_foreign_page_are_refused(server):
+    """The Host, Origin and Content-Type policy (specdec.serve.policy; its cases: tests/test_serve_policy.py) on the
+    real server: a cross-origin simple POST, a foreign Origin, a rebound Host are refused with OpenAI errors, while
+    the same origin, the page and /health pass."""
+    body = b'{"model": "target", "prompt": "x", "max_tokens": 1}'
+    own = f"http://127.0.0.1:{server.port}"
+    for headers, status, code in [({"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+                                  ({"Origin": "http://evil.example"}, 403, "origin_not_allowed"),
+                                  ({"Host": f"rebind.evil.example:{server.port}"}, 403, "host_not_allowed"),
+                                  ({"Origin": own}, 200, None), ({"Host": f"localhost:{server.port}"}, 200, None)]:
+        got, reply = post(server.url + "/v1/completions", body, headers=headers)
+        assert got == status and (code is None or reply["error"]["code"] == code), (headers, reply)
+    request = urllib.request.Request(server.url + "/health", headers={"Host": "rebind.evil.example"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=HTTP_TIMEOUT)
+    assert refused.value.code == 403
+    page = urllib.request.Request(server.url + "/", headers={"Host": f"localhost:{server.port}", "Origin": own})
+    with urllib.request.urlopen(page, timeout=HTTP_TIMEOUT) as response:
+        assert response.status == 200 and b"<html" in response.read().lower()
+
+
 def test_a_pooled_connection_gets_its_replies_at_once(server):
     """A kept-alive connection (the openai client's, Prometheus's): each reply comes without waiting for the client's
     delayed ACK (~40 ms a reply while the server's sockets lacked TCP_NODELAY; well under 1 ms on loopback now)."""

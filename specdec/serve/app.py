@@ -54,6 +54,7 @@ from specdec.processors import Processing
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine, Failed, Finished, Job, Round
 from specdec.serve.metrics import CONTENT_TYPE, FINISH_REASONS, ServerMetrics
+from specdec.serve.policy import Policy
 from specdec.serve.protocol import (
     APIError,
     ChatBody,
@@ -131,6 +132,7 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
                 m.engine.stop()
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Policy, config=config)  # Host, Origin and Content-Type, before anything else
     app.state.models = by_id
     app.state.metrics = metrics
 

@@ -30,6 +30,8 @@ class ServeConfig:
     model_name: str | None = None  # the model id clients name; None = the target's shipped name or folder name
     max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
     log_level: str = "warning"  # uvicorn's log level: critical, error, warning, info, debug, trace
+    allowed_origins: str | None = None  # comma-separated origins (http://host:port) whose pages may call the API from a browser, "*" any; None = the server's own page only
+    allowed_hosts: str | None = None  # comma-separated Host names answered besides loopback's when bound to loopback (a proxy's); None = localhost and loopback addresses only
     front: str = "process"  # where the HTTP app runs: process (one of its own, beside the engine's) or thread (in the engine's process)
 
     def __post_init__(self) -> None:
