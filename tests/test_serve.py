@@ -65,6 +65,7 @@ PROMPTS = ["def add(a, b):", "class Point:\n    def __init__(self, x, y):", "for
            "import os\nimport sys\n", "def parse_args(argv):\n    parser = ", "if __name__ == '__main__':"]
 START_TIMEOUT = 180  # seconds for the server to come up on a loaded machine
 HTTP_TIMEOUT = 60  # seconds for one request
+FUZZ_TIMEOUT = 30  # seconds for one fuzz case's answer (past it: a hang)
 
 
 def free_port() -> int:
@@ -544,6 +545,60 @@ def test_browser_shapes_of_a_foreign_page_are_refused(server):
     page = urllib.request.Request(server.url + "/", headers={"Host": f"localhost:{server.port}", "Origin": own})
     with urllib.request.urlopen(page, timeout=HTTP_TIMEOUT) as response:
         assert response.status == 200 and b"<html" in response.read().lower()
+
+
+def send_case(port: int, case) -> str | None:
+    """One fuzz case (tests/serve_fuzz.py) on a connection of its own: what is wrong with the answer, None if right."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}", **case.headers}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=FUZZ_TIMEOUT)
+    try:
+        connection.putrequest(case.method, case.path, skip_host="Host" in headers, skip_accept_encoding=True)
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        if case.body is not None:
+            connection.putheader("Content-Length", str(len(case.body)))
+        connection.endheaders(case.body)
+        response = connection.getresponse()
+        status, data = response.status, response.read()
+        kind = response.getheader("content-type", "")
+    except TimeoutError:
+        return f"no answer in {FUZZ_TIMEOUT} s"
+    finally:
+        connection.close()
+    if status >= 500 or (case.bad and not 400 <= status < 500):
+        return f"{status}: {data[:200]!r}"
+    if status >= 400:
+        try:
+            error = json.loads(data)["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        except (ValueError, KeyError, TypeError, AssertionError):
+            return f"{status} without an OpenAI error object: {data[:200]!r}"
+    elif kind.startswith("text/event-stream"):
+        events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+        if events[-1:] != ["[DONE]"] or any('"error"' in e for e in events):
+            return f"a stream that failed: {data[-300:]!r}"
+    elif case.method == "POST" and "choices" not in json.loads(data):
+        return f"200 without choices: {data[:200]!r}"
+    return None
+
+
+def test_the_fuzz_corpus(server):
+    """Every case of the fuzz corpus (tests/serve_fuzz.py: every field of every endpoint, every JSON type, sizes,
+    encodings, nesting, bad bytes, headers, methods; over 1,000 cases) against the running server, 4 at a time: no
+    5xx, no hang, every refusal a 4xx with an OpenAI error object, every case tagged bad refused; then the server
+    still answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from serve_fuzz import cases
+
+    corpus = cases()
+    assert len(corpus) >= 300
+    with ThreadPoolExecutor(4) as pool:
+        wrong = [f"{case.name}: {problem}" for case, problem in zip(corpus, pool.map(
+            lambda case: send_case(server.port, case), corpus)) if problem]
+    errors = [line for line in server.log.read_text(errors="replace").splitlines() if "Error" in line]
+    assert not wrong, f"{len(wrong)} of {len(corpus)} cases:\n" + "\n".join(wrong[:40] + errors[-20:])
+    assert get(server.url + "/health", key=None)[0] == 200
 
 
 def test_a_pooled_connection_gets_its_replies_at_once(server):
