@@ -690,6 +690,53 @@ def test_the_engines_process_ends_when_its_front_dies(pair, tmp_path):
         stop(proc)
 
 
+def test_a_stop_past_its_drain_answers_503_and_exits_1(pair, tmp_path):
+    """SIGTERM while two long requests run (a stream and a whole one), with --drain-s 1: each is answered 503 (the
+    stream: an error event) rather than cut off with no bytes, and the exit status is 1, said in the log (issue 67)."""
+    log = tmp_path / "server.log"
+    proc, url, _ = launch(pair, log, "--drain-s", "1", "--speculate", "on")
+    long = {"model": "target", "prompt": "def f(x):", "max_tokens": 1 << 20, "temperature": 0}
+    got: dict[str, object] = {}
+
+    def whole() -> None:
+        got["whole"] = post(url + "/v1/completions", json.dumps(long).encode())
+
+    def streamed() -> None:
+        request = urllib.request.Request(url + "/v1/completions", json.dumps({**long, "stream": True}).encode(),
+                                         {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+            got["stream"] = [line[6:] for line in response.read().decode().splitlines() if line.startswith("data: ")]
+
+    try:
+        clients = [threading.Thread(target=whole), threading.Thread(target=streamed)]
+        for client in clients:
+            client.start()
+        assert wait_until(lambda: json.loads(get(url + "/stats")[1])["models"][0]["running"] == 2, 60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 1
+        for client in clients:
+            client.join(30)
+    finally:
+        stop(proc)
+    status, body = got["whole"]
+    assert status == 503 and body["error"]["code"] == "server_shutting_down", body
+    assert got["stream"][-1] == "[DONE]"
+    assert json.loads(got["stream"][-2])["error"]["code"] == "server_shutting_down"
+    assert "the requests still running after 1 s of draining were answered 503" in log.read_text()
+
+
+def test_the_thread_front_exits_0_on_sigterm(pair, tmp_path):
+    """uvicorn raises SIGTERM again after its graceful stop: the one-process server died of it (143)."""
+    log = tmp_path / "server.log"
+    proc, _, _ = launch(pair, log, "--front", "thread")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        stop(proc)
+    assert "Traceback" not in log.read_text()
+
+
 def test_the_app_can_stay_on_a_thread_of_the_engines_process(pair, session, tmp_path):
     """``--front thread``: one process, as before the front had its own; the same greedy completion."""
     log = tmp_path / "server.log"

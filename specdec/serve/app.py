@@ -361,8 +361,13 @@ def _ids(chat: bool) -> tuple[str, str, str]:
     return f"cmpl-{uuid.uuid4().hex}", "text_completion", "text_completion"
 
 
+def failure(item: Failed) -> APIError:
+    """The error a failed request is answered with: 503 where the server is stopping (or its engines have), else 500."""
+    return APIError(item.status, item.message, code="server_shutting_down" if item.status == 503 else "decoding_failed")
+
+
 def _raise_failed(item: Failed) -> None:
-    raise APIError(500, item.message, code="decoding_failed")
+    raise failure(item)
 
 
 async def complete(request: Request, job: Job, prepared: Prepared) -> dict[str, Any]:
@@ -441,7 +446,7 @@ async def stream(job: Job, prepared: Prepared) -> AsyncIterator[str]:
             if isinstance(item, Round):
                 yield chunk(progress.add(item), None, {"tokens": item.tokens, "kinds": item.kinds})
             elif isinstance(item, Failed):
-                yield _sse(APIError(500, item.message, code="decoding_failed").body())
+                yield _sse(failure(item).body())
                 break
             else:
                 result = item.result

@@ -74,7 +74,7 @@ def _run_serve(args: argparse.Namespace) -> int:
           f"{url_of(sock)}: the page at /, the API at /v1",
           file=sys.stderr, flush=True)
     if front is not None:
-        return front.serve(served, metrics)
+        return front.serve(served, metrics, config.drain_s)
     make_server(create_app(served, config, metrics), config.log_level).run(sockets=[sock])
     return 0
 

@@ -31,7 +31,7 @@ MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM any number
 class APIError(Exception):
     """A refused request: HTTP ``status`` and OpenAI's error fields."""
 
-    TYPES: ClassVar[dict[int, str]] = {401: "authentication_error", 500: "server_error"}  # else invalid_request_error
+    TYPES: ClassVar[dict[int, str]] = {401: "authentication_error", 500: "server_error", 503: "server_error"}  # else invalid_request_error
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  type: str | None = None) -> None:

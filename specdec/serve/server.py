@@ -9,9 +9,11 @@ starts), in the foreground (``specdec serve``, which ``specdec bench --serve`` l
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Generator
 from pathlib import Path
 
 import uvicorn
@@ -123,9 +125,23 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server, less its signal's comeback: after a graceful stop on SIGTERM or Ctrl-C uvicorn raises the
+    signal again, so the process died of it (exit status 143, a traceback's KeyboardInterrupt) when it had stopped as
+    asked; here ``run`` returns, and the command exits with its own status."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()  # what uvicorn's block raises again as it ends: nothing
+
+
 def make_server(app: FastAPI, log_level: str = "warning") -> uvicorn.Server:
     """The uvicorn server of ``app`` (its engines start and stop with the app's lifespan)."""
-    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+    return Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
 
 
 class ServerThread:
