@@ -251,7 +251,7 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
     """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)`` are
     run in order in a temporary folder (each with its timeout, s), the last writing ``built``, which is then renamed
     into place (atomic: another process building the same file is harmless). KEY hashes ``parts`` (the sources, ...),
-    each compiler's name and version and the CPU's flags; a build is said on stderr, once a process. Raises OSError or
+    each compiler's name and version and the CPU's flags; a build is said on a terminal's stderr, once a process. Raises OSError or
     SubprocessError where it cannot be built."""
     named = []
     for compiler in compilers:
@@ -262,7 +262,7 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
     path = root / f"{stem}-{key.hexdigest()[:16]}.so"
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
-        if not _SAID:  # a first run on a machine pauses here (10-30 s): said, so it is not taken for a hang
+        if not _SAID and sys.stderr.isatty():  # a first run at a terminal pauses here (10-30 s): said, not a hang
             print(f"specdec: building the C kernels for this machine's CPU into {root} (once; 10-30 s)",
                   file=sys.stderr, flush=True)
             _SAID.append(True)

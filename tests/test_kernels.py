@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import pytest
 import torch
@@ -72,6 +73,7 @@ def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compi
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels, "_BUILT", {})
     monkeypatch.setattr(kernels, "_SAID", [])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # said at a terminal (not into a pipe or a log)
     kernel = kernels.blocked()
     _needs("blocked")
     said = capsys.readouterr().err.splitlines()

@@ -725,6 +725,25 @@ def test_a_stop_past_its_drain_answers_503_and_exits_1(pair, tmp_path):
     assert "the requests still running after 1 s of draining were answered 503" in log.read_text()
 
 
+def test_ctrl_c_while_the_front_imports_prints_no_traceback(pair, tmp_path):
+    """Ctrl-C reaches both processes (the terminal signals its foreground group): one while the front still imports
+    printed ~60 lines of its imports' traceback. The front now starts with Ctrl-C ignored; the engines' process ends
+    it, and the command ends in a line."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECDEC_API_KEY": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--port", str(free_port()), "--target",
+                             str(pair.target), "--drafter", f"lookup+{pair.drafter}", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        assert wait_until(lambda: children(proc.pid), 30), "the front starts at once"
+        time.sleep(1.0)  # the front imports torch, transformers, fastapi... for seconds
+        os.killpg(proc.pid, signal.SIGINT)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        stop(proc)
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert proc.returncode != 0 and len(output.strip().splitlines()) <= 2, output
+
+
 def test_the_thread_front_exits_0_on_sigterm(pair, tmp_path):
     """uvicorn raises SIGTERM again after its graceful stop: the one-process server died of it (143)."""
     log = tmp_path / "server.log"

@@ -280,7 +280,15 @@ class Front:
         context = multiprocessing.get_context("spawn")
         self.conn, theirs = context.Pipe()
         self.process = context.Process(target=_front, args=(theirs, sock, config), name="specdec-front", daemon=True)
-        self.process.start()
+        # started with Ctrl-C ignored, which it keeps from its first line: a Ctrl-C while it imports (the terminal
+        # sends it to both processes) printed ~60 lines of its imports' traceback; the engines' process ends it
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self.process.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
         theirs.close()
 
     def serve(self, models: Sequence[ServedModel], metrics: ServerMetrics, drain_s: float = 30.0) -> int:
@@ -337,7 +345,6 @@ def _interrupt(*_: object) -> None:
 
 def _front(conn: Connection, sock: socket.socket, config: ServeConfig) -> None:
     """The front's process: the app over ``RemoteEngine``s, served by uvicorn on ``sock``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C while the models load: the engines' process ends this one
     import torch
 
     torch.set_num_threads(1)  # the front computes nothing with torch
