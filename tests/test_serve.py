@@ -887,6 +887,8 @@ def check_page(page: DevTools, server: Server, prompt: str, tokens: list[int], t
     page.call("Page.navigate", url=server.url + "/")
     page.wait_for("document.readyState === 'complete' && !!document.getElementById('generate')")
     page.wait_for("document.getElementById('key-label').classList.contains('needed')")  # 401 without the key
+    # the page points to its own key box, not to a header the person at it cannot send
+    assert "type it in the API key box above" in page.wait_for("document.getElementById('status').textContent")
     page.evaluate(f"""(() => {{
         const key = document.getElementById('api-key');
         key.value = {json.dumps(KEY)};
