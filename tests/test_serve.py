@@ -690,11 +690,12 @@ def test_the_engines_process_ends_when_its_front_dies(pair, tmp_path):
         stop(proc)
 
 
-def test_a_stop_past_its_drain_answers_503_and_exits_1(pair, tmp_path):
+@pytest.mark.parametrize("front", ["process", "thread"])
+def test_a_stop_past_its_drain_answers_503_and_exits_1(pair, tmp_path, front):
     """SIGTERM while two long requests run (a stream and a whole one), with --drain-s 1: each is answered 503 (the
     stream: an error event) rather than cut off with no bytes, and the exit status is 1, said in the log (issue 67)."""
     log = tmp_path / "server.log"
-    proc, url, _ = launch(pair, log, "--drain-s", "1", "--speculate", "on")
+    proc, url, _ = launch(pair, log, "--drain-s", "1", "--speculate", "on", "--front", front)
     long = {"model": "target", "prompt": "def f(x):", "max_tokens": 1 << 20, "temperature": 0}
     got: dict[str, object] = {}
 

@@ -9,11 +9,12 @@ starts), in the foreground (``specdec serve``, which ``specdec bench --serve`` l
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 
 import uvicorn
@@ -128,7 +129,28 @@ def url_of(sock: socket.socket) -> str:
 class Server(uvicorn.Server):
     """uvicorn's server, less its signal's comeback: after a graceful stop on SIGTERM or Ctrl-C uvicorn raises the
     signal again, so the process died of it (exit status 143, a traceback's KeyboardInterrupt) when it had stopped as
-    asked; here ``run`` returns, and the command exits with its own status."""
+    asked; here ``run`` returns, and the command exits with its own status.
+
+    With ``cut`` (the app's engines' stop) a stop drains for ``drain_s`` seconds at most: then ``cut`` runs, so the
+    requests still in flight are answered (503) and the stop goes on; ``was_cut`` says whether it came to that."""
+
+    def __init__(self, config: uvicorn.Config, cut: Callable[[], None] | None = None, drain_s: float = 30.0) -> None:
+        super().__init__(config)
+        self.cut, self.drain_s, self.was_cut = cut, drain_s, False
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+
+        def cut() -> None:
+            self.was_cut = True
+            loop.run_in_executor(None, self.cut)  # the engines' stop waits for their rounds: not on the loop
+
+        timer = loop.call_later(self.drain_s, cut) if self.cut is not None else None
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -139,9 +161,15 @@ class Server(uvicorn.Server):
                 self._captured_signals.clear()  # what uvicorn's block raises again as it ends: nothing
 
 
-def make_server(app: FastAPI, log_level: str = "warning") -> uvicorn.Server:
-    """The uvicorn server of ``app`` (its engines start and stop with the app's lifespan)."""
-    return Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+def make_server(app: FastAPI, log_level: str = "warning", drain_s: float | None = None) -> Server:
+    """The uvicorn server of ``app`` (its engines start and stop with the app's lifespan); with ``drain_s``, a stop
+    answers the requests still running after that many seconds 503 (``Server``)."""
+    cut = None
+    if drain_s is not None:
+        def cut() -> None:
+            for model in app.state.models.values():
+                model.engine.stop()
+    return Server(uvicorn.Config(app, log_level=log_level, lifespan="on"), cut, drain_s or 30.0)
 
 
 class ServerThread:
