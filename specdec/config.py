@@ -33,6 +33,8 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1] (1.0 = off), got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and not -(1 << 63) <= self.seed < 1 << 64:  # what torch.Generator.manual_seed takes
+            raise ValueError(f"seed must lie in [-2**63, 2**64) (a torch generator's seed), got {self.seed}")
         if self.ignore_generation_config is not True and self.ignore_generation_config is not False:
             raise ValueError(f"ignore_generation_config must be True or False, got {self.ignore_generation_config!r}")
 

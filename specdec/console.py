@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -30,7 +31,7 @@ from rich.text import Text
 
 import specdec
 from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
-from specdec.config import BLOCK, LOOKUP, ModelConfig, ScheduleConfig, SpecConfig
+from specdec.config import BLOCK, LOOKUP, DrafterConfig, ModelConfig, ScheduleConfig, SpecConfig
 from specdec.stats import (
     ACCEPTED,
     BONUS,
@@ -147,7 +148,16 @@ class Session:
         from specdec.target import make_target
 
         target = make_target(self.model(self.models.target))
-        return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
+        try:
+            return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
+        except ValueError as err:
+            default = DrafterConfig.name
+            if self.models.drafter != default or not re.search("vocabulary|tokenizer", str(err)):
+                raise
+            # the drafter nobody named: say it was the default, and what drafts for any target
+            raise ValueError(f"{err} (the drafter was the default, {default}, drafting for code-target: give "
+                             f"--drafter ngram, prompt lookup, which drafts for any target, or --drafter FOLDER of a "
+                             "drafter trained with the target's tokenizer)") from None
 
     def set_drafter(self, name: str) -> None:
         """Switch the drafter (a model name/folder or "ngram"), loading a new model now."""

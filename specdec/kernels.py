@@ -122,6 +122,7 @@ EVICT_MAX_BYTES = 256 << 20  # and at most this (a VM reports its host's cache, 
 _CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
 _SOURCE = Path(__file__).with_name("csrc") / "blocked_linear.c"  # the blocked kernel (``blocked``)
 _BUILT: dict[str, object] = {}  # "kernel" -> the loaded blocked kernel or None: built or loaded once per process
+_SAID: list[bool] = []  # whether this process has said that it builds the kernels (one line, the first time)
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
@@ -250,7 +251,8 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
     """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)`` are
     run in order in a temporary folder (each with its timeout, s), the last writing ``built``, which is then renamed
     into place (atomic: another process building the same file is harmless). KEY hashes ``parts`` (the sources, ...),
-    each compiler's name and version and the CPU's flags. Raises OSError or SubprocessError where it cannot be built."""
+    each compiler's name and version and the CPU's flags; a build is said on a terminal's stderr, once a process. Raises OSError or
+    SubprocessError where it cannot be built."""
     named = []
     for compiler in compilers:
         named += [compiler, subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
@@ -260,6 +262,10 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
     path = root / f"{stem}-{key.hexdigest()[:16]}.so"
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
+        if not _SAID and sys.stderr.isatty():  # a first run at a terminal pauses here (10-30 s): said, not a hang
+            print(f"specdec: building the C kernels for this machine's CPU into {root} (once; 10-30 s)",
+                  file=sys.stderr, flush=True)
+            _SAID.append(True)
         with tempfile.TemporaryDirectory(dir=root) as folder:
             built = Path(folder) / path.name
             for command, timeout in commands(Path(folder), built):

@@ -259,3 +259,18 @@ def test_stopping_the_engine_ends_the_child(pair, tmp_path):
     engine.start()
     engine.stop()
     assert beside.process.poll() is not None and not beside.log.exists()
+
+
+def test_the_child_imports_this_specdec_whatever_the_current_folder(tmp_path):
+    """Started from a folder that holds a ``specdec/`` of its own (a clone's parent holds the clone), the compile child
+    still imports the ``specdec`` the server runs: ``python -m`` would import the folder's (issue 67)."""
+    decoy = tmp_path / "specdec"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("import sys\nprint('DECOY')\nsys.exit(3)\n")
+    payload = json.dumps({"parent": 1})  # not this test's pid: the real child's guard exits 1 at once
+    shadowed = subprocess.run([sys.executable, "-m", "specdec.serve.background", payload], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, check=False)
+    assert (shadowed.returncode, shadowed.stdout.strip()) == (3, "DECOY")  # the shape of the fault
+    child = subprocess.run(background.child_command(payload), cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert child.returncode == 1 and "DECOY" not in child.stdout, child.stdout + child.stderr

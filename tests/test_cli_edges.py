@@ -158,6 +158,16 @@ def test_generate_says_its_time_to_first_token(pair: TinyPair) -> None:
 # ---------------------------------------------------------------------------------------- bad input
 
 
+def test_another_target_without_a_drafter_is_told_the_default_drafter_and_ngram(pair: TinyPair, capsys) -> None:
+    """--target of another vocabulary and no --drafter: the default code-drafter cannot draft for it; the one line
+    says the drafter was the default and names --drafter ngram (issue 67)."""
+    assert cli.main(["generate", PROMPT, "--target", str(pair.target), "--max-new-tokens", "2"]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "vocabulary" in err and "the drafter was the default, lookup+code-drafter" in err and "--drafter ngram" in err
+    assert cli.main(["generate", PROMPT, "--target", str(pair.target), "--drafter", "ngram", "--max-new-tokens",
+                     "2"]) == 0
+
+
 def test_a_model_folder_without_a_tokenizer_is_named(pair: TinyPair, tmp_path: Path, capsys) -> None:
     bare = tmp_path / "bare"
     bare.mkdir()

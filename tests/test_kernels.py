@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 
 import pytest
 import torch
@@ -65,18 +66,26 @@ def test_fast_linear_computes_the_product(rows, bias, many, shape):
     torch.testing.assert_close(strided, out, rtol=0, atol=0)
 
 
-def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compiler(tmp_path, monkeypatch):
-    """Built into ``$XDG_CACHE_HOME/specdec/kernels`` keyed by its source, compiler and CPU, loaded from there by the
-    next process; without a C compiler there is no blocked kernel, and oneDNN's serves many rows."""
+def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compiler(tmp_path, monkeypatch, capsys):
+    """Built into ``$XDG_CACHE_HOME/specdec/kernels`` keyed by its source, compiler and CPU (saying so in one line on
+    stderr: a first run's pause), loaded from there by the next process; without a C compiler there is no blocked
+    kernel, and oneDNN's serves many rows."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setattr(kernels, "_SAID", [])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # said at a terminal (not into a pipe or a log)
     kernel = kernels.blocked()
     _needs("blocked")
+    said = capsys.readouterr().err.splitlines()
+    folder = tmp_path / "specdec" / "kernels"
+    assert said == [f"specdec: building the C kernels for this machine's CPU into {folder} (once; 10-30 s)"]
     assert kernel.path.parent == tmp_path / "specdec" / "kernels" and list(kernel.path.parent.iterdir()) == [kernel.path]
     assert kernel.lanes in (8, 16)
     built = kernel.path.stat().st_mtime_ns
     monkeypatch.setattr(kernels, "_BUILT", {})
+    monkeypatch.setattr(kernels, "_SAID", [])
     assert kernels.blocked().path == kernel.path and kernel.path.stat().st_mtime_ns == built  # loaded, not rebuilt
+    assert capsys.readouterr().err == ""  # nothing built, nothing said
     monkeypatch.setattr(kernels, "_BUILT", {})
     monkeypatch.setattr(kernels, "_compiler", lambda: None)
     assert kernels.blocked() is None and kernels.many_kernels() == ("onednn",)

@@ -6,6 +6,7 @@
 - ``text``: incremental detokenizing with OpenAI's stop-string rule;
 - ``metrics``: Prometheus metrics named as vLLM's;
 - ``app``: the FastAPI app (endpoints, streaming, the API key, the page in ``static/``);
+- ``policy``: the Host, Origin and Content-Type checks a browser's foreign page meets;
 - ``server``: building the app from the configs, running it on a thread;
 - ``cli``: the ``specdec serve`` subcommand.
 

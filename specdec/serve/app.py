@@ -33,6 +33,7 @@ import hmac
 import inspect
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -56,6 +57,7 @@ from specdec.processors import Processing
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine, Failed, Finished, Job, Round
 from specdec.serve.metrics import CONTENT_TYPE, FINISH_REASONS, ServerMetrics
+from specdec.serve.policy import Policy
 from specdec.serve.protocol import (
     APIError,
     ChatBody,
@@ -81,6 +83,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("specdec.serve")
 STATIC = resources.files("specdec.serve") / "static"
 DISCONNECT_POLL_S = 1.0  # how often a non-streaming request checks that its client is still there
+MAX_DEPTH = 32  # JSON nesting a body may have (OpenAI's bodies nest 4 levels: messages[i].content[j].text)
 DRAIN_BYTES = 8 << 20  # an oversize body up to this much past the limit is read (and dropped) before its 413
 
 
@@ -144,6 +147,7 @@ def create_app(models: Sequence[ServedModel], config: ServeConfig, metrics: Serv
                 m.engine.stop()
 
     app = FastAPI(title="specdec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Policy, config=config)  # Host, Origin and Content-Type, before anything else
     app.state.models = by_id
     app.state.metrics = metrics
 
@@ -252,10 +256,46 @@ async def read_json(request: Request, limit: int) -> object:
     if size > limit:
         raise too_large
     try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(b"".join(chunks))
+    except RecursionError:
+        raise APIError(400, f"the request body nests deeper than {MAX_DEPTH} levels: send OpenAI's flat body",
+                       code="invalid_json") from None
+    except ValueError as err:  # not JSON, not UTF-8, or an integer past Python's 4300 digits
+        if "integer string conversion" in str(err):
+            raise APIError(400, f"the request body holds a number of more than {sys.get_int_max_str_digits()} digits: "
+                           "send numbers in range", code="invalid_json") from None
         raise APIError(400, f"the request body is not valid JSON ({err}): send a JSON object",
                        code="invalid_json") from None
+    check_json(data)
+    return data
+
+
+def check_json(data: object) -> None:
+    """Refuse what JSON decodes but nothing downstream takes: nesting past ``MAX_DEPTH`` (a recursion in the
+    checks), and a lone UTF-16 surrogate (``"\\ud800"``: not Unicode text; the tokenizer cannot encode it), in a
+    key or a value. An ``APIError`` (400) naming the top-level field."""
+    stack: list[tuple[object, int, str | None]] = [(data, 0, None)]
+    while stack:
+        value, depth, field = stack.pop()
+        if depth > MAX_DEPTH:
+            raise APIError(400, f"'{field}' nests deeper than {MAX_DEPTH} levels", param=field, code="invalid_value")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, field)  # a bad top-level key is named by no field (it cannot be echoed)
+                stack.append((item, depth + 1, field or key))
+        elif isinstance(value, list):
+            stack += [(item, depth + 1, field) for item in value]
+        elif isinstance(value, str):
+            _check_text(value, field)
+
+
+def _check_text(text: str, field: str | None) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        where = f"'{field}'" if field else "the request body"
+        raise APIError(400, f"{where} holds a lone UTF-16 surrogate ({ascii(text[err.start])[1:-1]}), which is not "
+                       "a character: send valid Unicode text", param=field, code="invalid_value") from None
 
 
 def prepare(model: ServedModel, body: _Body, prompts: list[tuple[list[int], str | None]], *, chat: bool) -> Prepared:
@@ -411,8 +451,13 @@ def _ids(chat: bool) -> tuple[str, str, str]:
     return f"cmpl-{uuid.uuid4().hex}", "text_completion", "text_completion"
 
 
+def failure(item: Failed) -> APIError:
+    """The error a failed request is answered with: 503 where the server is stopping (or its engines have), else 500."""
+    return APIError(item.status, item.message, code="server_shutting_down" if item.status == 503 else "decoding_failed")
+
+
 def _raise_failed(item: Failed) -> None:
-    raise APIError(500, item.message, code="decoding_failed")
+    raise failure(item)
 
 
 @dataclass
@@ -532,7 +577,7 @@ async def stream(job: Job, prepared: Prepared) -> AsyncIterator[str]:
                             progress.logprobs(list(zip(item.tokens, item.logprobs or []))))
                 yield chunk(progress.add(item), None, {"tokens": item.tokens, "kinds": item.kinds}, logprobs)
             elif isinstance(item, Failed):
-                yield _sse(APIError(500, item.message, code="decoding_failed").body())
+                yield _sse(failure(item).body())
                 break
             else:
                 result = item.result

@@ -7,7 +7,7 @@ every bucket afresh took 150 s, where loading them all from the compile cache to
 auto`` (the default) on a CPU that compiles (a C++ compiler, a torch that saves its graphs):
 
 - every bucket found in the compile cache (``compiled.prepare``'s ``cached_only``): the server starts compiled;
-- else it starts eager at once, and a child process (``python -m specdec.serve.background``, at the lowest CPU
+- else it starts eager at once, and a child process (``specdec.serve.background``'s ``main``, at the lowest CPU
   priority, ended with the server) compiles the same buckets with the same threads into the compile cache. Once
   it has ended, the engine holds new requests, lets the rows it is decoding finish, loads the graphs (seconds),
   and from then on serves compiled (``Engine``'s switch; said on stderr and in ``/stats``'s ``compile``).
@@ -73,6 +73,19 @@ def _plan(session, spec: SpecConfig, schedule: ScheduleConfig):
             if compile_refusal(session.model(entry[0])) is None]
 
 
+def child_command(payload: str) -> list[str]:
+    """The child's command line: this Python, importing the ``specdec`` this process runs, whatever the current folder.
+
+    ``python -m specdec.serve.background`` would put the current folder first on the child's ``sys.path``, and a
+    folder holding a ``specdec/`` (a clone's parent: the clone) would be imported as ``specdec`` in its stead
+    (``module 'specdec' has no attribute 'load_model'``). So the child starts with ``-P`` (no such folder first) and
+    puts the folder this ``specdec`` came from first."""
+    root = str(Path(__file__).resolve().parents[2])
+    boot = ("import sys; sys.path.insert(0, sys.argv[1]); from specdec.serve.background import main; "
+            "sys.exit(main(sys.argv[2:]))")
+    return [sys.executable, "-P", "-c", boot, root, payload]
+
+
 class Beside:
     """The compile of a server's models in a child process, and the graphs loaded here once it has ended."""
 
@@ -84,8 +97,8 @@ class Beside:
                    "schedule": dataclasses.asdict(schedule), "parent": os.getpid()}
         self.log = Path(tempfile.mkstemp(prefix="specdec-compile-", suffix=".log")[1])
         with self.log.open("wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "specdec.serve.background", json.dumps(payload)],
-                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(child_command(json.dumps(payload)), stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT)
         self.started = time.perf_counter()
 
     @classmethod

@@ -74,8 +74,13 @@ def _run_serve(args: argparse.Namespace) -> int:
           f"{url_of(sock)}: the page at /, the API at /v1",
           file=sys.stderr, flush=True)
     if front is not None:
-        return front.serve(served, metrics)
-    make_server(create_app(served, config, metrics), config.log_level).run(sockets=[sock])
+        return front.serve(served, metrics, config.drain_s)
+    server = make_server(create_app(served, config, metrics), config.log_level, config.drain_s)
+    server.run(sockets=[sock])
+    if server.was_cut:
+        print(f"specdec serve: the requests still running after {config.drain_s:g} s of draining were answered 503",
+              file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

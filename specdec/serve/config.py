@@ -30,6 +30,9 @@ class ServeConfig:
     model_name: str | None = None  # the model id clients name; None = the target's shipped name or folder name
     max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
     log_level: str = "warning"  # uvicorn's log level: critical, error, warning, info, debug, trace
+    allowed_origins: str | None = None  # comma-separated origins (http://host:port) whose pages may call the API from a browser, "*" any; None = the server's own page only
+    allowed_hosts: str | None = None  # comma-separated Host names answered besides loopback's when bound to loopback (a proxy's); None = localhost and loopback addresses only
+    drain_s: float = 30.0  # on Ctrl-C or SIGTERM: seconds the requests in flight have to finish; those still running then get 503 (and the exit status is 1)
     front: str = "process"  # where the HTTP app runs: process (one of its own, beside the engine's) or thread (in the engine's process)
 
     def __post_init__(self) -> None:
@@ -42,6 +45,8 @@ class ServeConfig:
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ValueError(f"log_level must be one of critical, error, warning, info, debug, trace, "
                              f"got {self.log_level!r}")
+        if not isinstance(self.drain_s, (int, float)) or not 0 < self.drain_s < float("inf"):
+            raise ValueError(f"drain_s must be a number of seconds > 0, got {self.drain_s!r}")
         if self.front not in FRONTS:
             raise ValueError(f"front must be one of {', '.join(FRONTS)}, got {self.front!r}")
 

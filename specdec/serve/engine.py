@@ -57,6 +57,7 @@ log = logging.getLogger("specdec.serve")
 LOAD_INTERVAL_S = 0.5  # seconds between two samples of the load history
 LOAD_SAMPLES = 240  # samples kept (two minutes)
 IDLE_WAIT_S = 0.5  # the idle worker wakes this often (to sample the load and to see a stop)
+STOPPING = "the server is shutting down: send the request again once it is back"  # what a request cut short gets (503)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Failed:
     """The last item of a request's stream when the engine could not decode it."""
 
     message: str
+    status: int = 500  # the HTTP status it is answered with: 503 where the server is stopping (try again later)
 
 
 Item = Round | Finished | Failed
@@ -273,7 +275,7 @@ class Engine(Listener):
                 elif self._switching():
                     self._switch()
                 self._sample_load()
-            self._fail_all("the server is shutting down")
+            self._fail_all(STOPPING, status=503)
 
     def _take_inbox(self, block: bool) -> None:
         """Submit new requests and apply cancellations (at a round boundary)."""
@@ -388,14 +390,14 @@ class Engine(Listener):
         if self.metrics is not None:
             self.metrics.finished(reason, time.perf_counter() - job.submitted)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, status: int = 500) -> None:
         """Every request in flight fails; the caches are dropped and a fresh decoder takes over."""
         for job in self._jobs.values():
-            job.push(Failed(message))
+            job.push(Failed(message, status))
             self._count_finished(job, "abort")
         self._jobs.clear()
         for job in self._held:
-            job.push(Failed(message))
+            job.push(Failed(message, status))
             self._count_finished(job, "abort")
         self._held.clear()
         while True:
@@ -404,7 +406,7 @@ class Engine(Listener):
             except queue.Empty:
                 break
             if command == "submit" and job is not None:
-                job.push(Failed(message))
+                job.push(Failed(message, status))
         self.target.reset()
         self.drafter.reset()
         self.schedule.select(torch.zeros(0, dtype=torch.long, device=self.target.device))

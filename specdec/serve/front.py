@@ -86,7 +86,7 @@ class Link:
             self.send(("submit", key, model_id, request))
         except (ConnectionError, OSError):
             self._jobs.pop(key, None)
-            job.push(Failed(GONE))
+            job.push(Failed(GONE, 503))
         return job
 
     def cancel(self, job: Job) -> None:
@@ -130,7 +130,7 @@ class Link:
                 loop.call_soon_threadsafe(_settle, future, value)
         self.closed = True
         for job in list(self._jobs.values()):
-            job.push(Failed(GONE))
+            job.push(Failed(GONE, 503))
         self._jobs.clear()
         for loop, future in self._asks.values():
             loop.call_soon_threadsafe(_fail, future)
@@ -280,18 +280,29 @@ class Front:
         context = multiprocessing.get_context("spawn")
         self.conn, theirs = context.Pipe()
         self.process = context.Process(target=_front, args=(theirs, sock, config), name="specdec-front", daemon=True)
-        self.process.start()
+        # started with Ctrl-C ignored, which it keeps from its first line: a Ctrl-C while it imports (the terminal
+        # sends it to both processes) printed ~60 lines of its imports' traceback; the engines' process ends it
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self.process.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
         theirs.close()
 
-    def serve(self, models: Sequence[ServedModel], metrics: ServerMetrics) -> int:
-        """Start the engines, hand the front its models, and serve until the front ends; the exit code (0 after
-        Ctrl-C or SIGTERM, which end the front as uvicorn does: requests in flight finish first)."""
+    def serve(self, models: Sequence[ServedModel], metrics: ServerMetrics, drain_s: float = 30.0) -> int:
+        """Start the engines, hand the front its models, and serve until the front ends; the exit code.
+
+        Ctrl-C or SIGTERM end the front as uvicorn does: it takes no new connection and the requests in flight
+        finish, for ``drain_s`` seconds at most; then the engines stop, so those still running are answered 503 (a
+        streamed one: an error event) before the front ends. 0 where every request finished, else 1."""
         bridge = Bridge(models, metrics, self.conn)
         signal.signal(signal.SIGTERM, _interrupt)  # on the main thread: as Ctrl-C
         for m in models:
             m.description["front"] = "process"  # shown by /stats
             m.engine.start()
-        interrupted = False
+        interrupted = cut = False
         try:
             self.conn.send([front_model(m) for m in models])
             threading.Thread(target=bridge.serve, name="specdec-bridge", daemon=True).start()
@@ -299,7 +310,12 @@ class Front:
         except KeyboardInterrupt:
             interrupted = True
             self.process.terminate()
-            self.process.join(30)
+            self.process.join(drain_s)
+            cut = self.process.is_alive()
+            if cut:  # the requests still running get 503 from their engines, which the front sends before it ends
+                for m in models:
+                    m.engine.stop()
+                self.process.join(10)
         finally:
             if self.process.is_alive():
                 self.process.kill()
@@ -307,9 +323,13 @@ class Front:
             for m in models:
                 m.engine.stop()
         code = self.process.exitcode
+        if cut:
+            log.error("the requests still running after %g s of draining were answered 503", drain_s)
         if not interrupted and code:
-            log.error("the HTTP front's process ended with %s", code)
-        return 0 if interrupted or not code else 1
+            log.error("the HTTP front's process ended with %s, so the server stops (its engines cannot be reached "
+                      "without it): start specdec serve again (a supervisor such as systemd's Restart=on-failure "
+                      "does it for you), or with --front thread to keep HTTP in this process", code)
+        return 1 if cut or (not interrupted and code) else 0
 
     def stop(self) -> None:
         """End the front without serving (the models failed to load)."""
@@ -325,7 +345,6 @@ def _interrupt(*_: object) -> None:
 
 def _front(conn: Connection, sock: socket.socket, config: ServeConfig) -> None:
     """The front's process: the app over ``RemoteEngine``s, served by uvicorn on ``sock``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C while the models load: the engines' process ends this one
     import torch
 
     torch.set_num_threads(1)  # the front computes nothing with torch

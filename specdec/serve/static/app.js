@@ -22,6 +22,16 @@ function setStatus(id, text, error = false) {
   el.classList.toggle("error", error);
 }
 
+// what to show of a refused request: a 401 points to the page's own key box (the server's message speaks of headers)
+function failure(res, body, what) {
+  if (res.status === 401) {
+    return $("api-key").value.trim()
+      ? "the key in the API key box is not this server's: type the key it was started with (--api-key or $SPECDEC_API_KEY)"
+      : "this server needs its API key: type it in the API key box above";
+  }
+  return (body.error && body.error.message) || `${what}: HTTP ${res.status}`;
+}
+
 function needKey(status) {
   $("key-label").classList.toggle("needed", status === 401);
 }
@@ -36,7 +46,7 @@ async function loadModels() {
     needKey(res.status);
     if (!res.ok) {
       const body = await res.json().catch(() => ({}));
-      setStatus("status", (body.error && body.error.message) || `/v1/models: HTTP ${res.status}`, true);
+      setStatus("status", failure(res, body, "/v1/models"), true);
       return;
     }
     const body = await res.json();
@@ -128,7 +138,7 @@ async function generate(event) {
     needKey(res.status);
     if (!res.ok) {
       const err = await res.json().catch(() => ({}));
-      setStatus("status", (err.error && err.error.message) || `HTTP ${res.status}`, true);
+      setStatus("status", failure(res, err, "generation"), true);
       return;
     }
     if (!$("model").value) loadModels();
@@ -202,7 +212,7 @@ async function pollLoad() {
     needKey(res.status);
     if (!res.ok) {
       const body = await res.json().catch(() => ({}));
-      setStatus("load-status", (body.error && body.error.message) || `/stats: HTTP ${res.status}`, true);
+      setStatus("load-status", failure(res, body, "/stats"), true);
       return;
     }
     const m = (await res.json()).models[0];
