@@ -96,7 +96,9 @@ class NgramDrafter(FollowingDrafter):
         self.device = prompts.ids.device
         sources = prompts.source_rows() if prompts.source is not None else [None] * prompts.size
         self.rows += [Lookup(self.config, row, source) for row, source in zip(prompts.rows(), sources)]
-        self._drafts += [[] for _ in range(prompts.size)]  # one entry per row, whatever joins and leaves next
+        # one entry per row, whatever joins and leaves next; a new list, as the last one is also a proposal's (and may
+        # be a composing drafter's: extended in place, it grew by the rows of each)
+        self._drafts = self._drafts + [[] for _ in range(prompts.size)]
         return 0
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
