@@ -47,8 +47,8 @@ V = 12  # the toy vocabulary
 CONTEXT = 64  # the toy target's positions (ToyConfig.max_position_embeddings)
 TIE = 1e-4  # a greedy divergence is allowed only where the target's two best logits are this close
 CANCELLED = "cancelled"
-# random schedules per drafter kind: about a minute for the six kinds on one core (docs/benchmarks.md); SPECDEC_SCHEDULES
-# overrides (2000 for the full hunt)
+# random schedules per drafter kind: 82 s of CPU for the six kinds (docs/benchmarks.md); SPECDEC_SCHEDULES overrides
+# (2000 for the full hunt)
 EXAMPLES = int(os.environ.get("SPECDEC_SCHEDULES", "800"))
 
 
