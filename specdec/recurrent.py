@@ -26,6 +26,10 @@ attention layers, in a hybrid, roll back as usual) checkpoints the state instead
   scan restarts from zero). ``multi_token_exact`` checks this once per model (a few tokens of
   cached forward against single steps); a model that fails is fed one token at a time whenever
   it has state, with a checkpoint after each, so its rollbacks never replay.
+- **Token counts.** transformers >= 5.24 counts a state layer's tokens (``cumulative_length_linear``,
+  one scalar for the batch, only ever added to) and reads it as the cache's length where the first
+  layer is a state layer: the query offset of a hybrid's masks (LFM2, RecurrentGemma, LFM3). Every
+  forward, rollback, row selection and join sets it to the attention layers' slot count (``_count``).
 - **Rows.** ``select`` and ``merge`` carry the states along the batch (transformers has no
   ``batch_select_indices`` for these layers); a new row's state is zeros, which every supported
   model treats as no state.
@@ -248,6 +252,7 @@ class RecurrentCache(RaggedCache):
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        self._count(self.slots)  # what the model reads as the tokens before these (5.24+: its masks' query offset)
         handed = {}  # this cache's state onto the modules (every attribute set: nothing stale is read), or as the
         if self.held is not None:  # forward argument that takes it
             handed = self.held.install(read_states(self.cache), self.rows)
@@ -265,7 +270,20 @@ class RecurrentCache(RaggedCache):
                             f"{state} layers stay empty after a forward: the state lives on its modules), so specdec "
                             "cannot checkpoint it or roll it back after a rejected draft (specdec.module_state "
                             f"carries it only for the families it names). {INSTEAD}")
+        self._count(self.slots + input_ids.shape[1])
         return out
+
+    def _count(self, tokens: int) -> None:
+        """Set every state layer's token count (transformers >= 5.24: ``cumulative_length_linear``, one scalar for the
+        batch) to ``tokens``, the slots of the attention layers. A pure state layer's count is what
+        ``Cache.get_seq_length()`` and ``get_query_offset()`` return for it, and a hybrid model's masks take their
+        query offset from the cache's first layer, a state layer in most (LFM2, RecurrentGemma): it must count the
+        slots the queries follow, whatever rollbacks, replays, row selections and joins did (transformers only adds
+        to it, and RecurrentGemma's, its state on its modules, never moves)."""
+        for layer in _state_layers(self.cache):
+            count = getattr(layer, "cumulative_length_linear", None)
+            if count is not None:
+                count.fill_(tokens)
 
     def _plain(self, input_ids: torch.Tensor, handed: dict, logits_to_keep: int, kwargs: dict) -> ModelOutput:
         """The forward of a model without attention layers: the cache, or the state as its argument (``handed``)."""
@@ -338,6 +356,7 @@ class RecurrentCache(RaggedCache):
                 raise RuntimeError("recurrent state cannot be rolled back: no checkpoint since the last keep")
             super().keep(n)
             self._forget()
+            self._count(self.slots)
             return
         start = n.clone()  # [B] the live count each row restarts from
         chosen: dict[int, list[int]] = {}  # checkpoint number -> rows restored from it
@@ -358,6 +377,7 @@ class RecurrentCache(RaggedCache):
         tokens, base = self.fed, self.base
         self._forget()
         self._replay(tokens, base, start, n)
+        self._count(self.slots)
 
     def _replay(self, fed: list[list[int]], base: torch.Tensor, start: torch.Tensor, n: torch.Tensor) -> None:
         """Feed again each row's tokens ``start[b]..n[b]``, rows grouped by count (one forward per count)."""
@@ -387,6 +407,7 @@ class RecurrentCache(RaggedCache):
         self.points = [point.select(rows) for point in self.points]
         self.fed = [self.fed[i] for i in index]
         self.base = None if self.base is None else self.base[rows]
+        self._count(self.slots)
 
     def merge(self, other: RaggedCache) -> None:
         assert isinstance(other, RecurrentCache)
@@ -407,6 +428,7 @@ class RecurrentCache(RaggedCache):
         self.clean = torch.cat([self.clean, other.clean])
         super().merge(other)
         write_states(self.cache, states)
+        self._count(self.slots)
 
 
 def _stacked(first: States, rows: int, second: States, other_rows: int, blank=zeros_state) -> States:
