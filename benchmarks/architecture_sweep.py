@@ -125,6 +125,13 @@ OVERRIDES: dict[str, dict] = {  # hybrids: one recurrent and one attention layer
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},  # read by its attention, None by default
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # transformers 5.25's new types whose config validates its layer layout: Dory (a looped middle; its config dict
+    # lists attention and mlp blocks, counts doubled) and Kolibri 1.1 (indexed layers that read an earlier one's keys)
+    "dory": {"num_hidden_layers": 6, "n_input_layers": 2, "n_recurrent_layers": 2, "n_output_layers": 2,
+             "layer_types": ["sliding_attention", "mlp", "full_attention", "mlp", "sliding_attention", "mlp"]},
+    "kolibri1_1": {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "indexed_attention"],
+                   "index_layers": [1], "kv_source_layers": [0, 1], "mlp_only_layers": [0], "index_num_heads": 2,
+                   "index_topk": 8, "index_pool_size": 64, "index_compression": 4},
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                        "indexer_compress_ratio": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16},
 }

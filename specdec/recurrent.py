@@ -23,9 +23,15 @@ attention layers, in a hybrid, roll back as usual) checkpoints the state instead
   merged.
 - **Multi-token forwards.** ``generate`` feeds a cached recurrent model one token at a time; some
   implementations are wrong on several tokens after a cached state (Mamba's and Jamba's reference
-  scan restarts from zero). ``multi_token_exact`` checks this once per model (a few tokens of
-  cached forward against single steps); a model that fails is fed one token at a time whenever
-  it has state, with a checkpoint after each, so its rollbacks never replay.
+  scan restarts from zero), and some differ from single steps by more than rounding (Nemotron-H's and
+  Zamba2's chunked scans), which flips near-tied greedy choices. ``multi_token_exact`` checks this once
+  per model (a few tokens of cached forward against single steps, equal to rounding); a model that
+  fails is fed one token at a time whenever it has state, with a checkpoint after each, so its
+  rollbacks never replay, and its output is ``generate``'s (a prefill, then single steps).
+- **Token counts.** transformers >= 5.24 counts a state layer's tokens (``cumulative_length_linear``,
+  one scalar for the batch, only ever added to) and reads it as the cache's length where the first
+  layer is a state layer: the query offset of a hybrid's masks (LFM2, RecurrentGemma, LFM3). Every
+  forward, rollback, row selection and join sets it to the attention layers' slot count (``_count``).
 - **Rows.** ``select`` and ``merge`` carry the states along the batch (transformers has no
   ``batch_select_indices`` for these layers); a new row's state is zeros, which every supported
   model treats as no state.
@@ -63,7 +69,10 @@ from specdec.module_state import ARGUMENT_STATES, LISTED, module_state, zeros_st
 KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-attention cache layer
 # LISTED: a cache's own list of per-layer states (MiniMax's: [B, heads, d, d] each, None: none yet; an argument-state
 # family's flattened state, specdec.module_state.held_cache)
-EXACT_TOL = 1e-3  # multi-token vs single-step logits, relative to the logits' scale
+# multi-token vs single-step logits, relative to the logits' scale, by dtype: rounding (the gaps measured per family:
+# docs/benchmarks.md, "Every architecture against its own generate")
+EXACT_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+EXACT_TOL_HALF = 1e-3  # float16, bfloat16
 
 
 def is_recurrent(model: PreTrainedModel) -> bool:
@@ -81,8 +90,29 @@ def is_recurrent(model: PreTrainedModel) -> bool:
 
 
 @torch.no_grad()
+def cached_steps(model: PreTrainedModel, ids: torch.Tensor, first: int, step: int = 1) -> torch.Tensor:
+    """The logits [1, L, V] of ``ids`` [1, L] as ``generate`` computes them for a recurrent model (``step`` 1): one
+    forward of the first ``first`` tokens into a fresh cache, then cached forwards of ``step`` tokens (positions
+    from 0; a module- or argument-held state moved as ``RecurrentCache`` moves it)."""
+    name = cache_keyword(model)
+    positioned = "position_ids" in inspect.signature(model.forward).parameters
+    held = module_state(model)
+    cache = new_cache(model)
+    logits = []
+    for start in [0, *range(first, ids.shape[1], step)]:
+        stop = first if start == 0 else min(start + step, ids.shape[1])
+        where = {"position_ids": torch.arange(start, stop, device=ids.device)[None]} if positioned else {}
+        handed = held.install(read_states(cache), 1) if held is not None else {}
+        out = model(input_ids=ids[:, start:stop], **(handed or {name: cache}), use_cache=True, **where)
+        if held is not None:
+            write_states(cache, held.collect(out))
+        logits.append(out.logits[:, -(stop - start):])
+    return torch.cat(logits, dim=1)
+
+
+@torch.no_grad()
 def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
-    """Whether one forward of ``tokens`` tokens after a cached state gives the logits of single steps
+    """Whether one forward of ``tokens`` tokens after a cached state gives the logits of single steps to rounding
     (checked once per model on a few seeded random tokens; cached)."""
     known = getattr(model, "_specdec_multi_token_exact", None)
     if known is not None:
@@ -91,26 +121,10 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, max(4, vocab), (1, 5 + tokens), generator=generator).to(device)
-    name = cache_keyword(model)
-    positioned = "position_ids" in inspect.signature(model.forward).parameters
-    held = module_state(model)
-
-    def forward(start: int, stop: int, cache: Cache) -> torch.Tensor:  # as generate calls it
-        where = {"position_ids": torch.arange(start, stop, device=device)[None]} if positioned else {}
-        handed = held.install(read_states(cache), 1) if held is not None else {}
-        out = model(input_ids=ids[:, start:stop], **(handed or {name: cache}), use_cache=True, **where)
-        if held is not None:
-            write_states(cache, held.collect(out))
-        return out.logits
-
-    outputs = []
-    for step in (tokens, 1):
-        cache = new_cache(model)
-        forward(0, 5, cache)
-        logits = [forward(i, i + step, cache)[:, -step:] for i in range(5, 5 + tokens, step)]
-        outputs.append(torch.cat(logits, dim=1).float())  # [1, tokens, V]
-    scale = max(1.0, float(outputs[1].abs().max()))
-    exact = float((outputs[0] - outputs[1]).abs().max()) <= EXACT_TOL * scale
+    multi, single = (cached_steps(model, ids, 5, step)[:, 5:].float() for step in (tokens, 1))  # [1, tokens, V]
+    scale = max(1.0, float(single.abs().max()))
+    tolerance = EXACT_TOL.get(next(model.parameters()).dtype, EXACT_TOL_HALF)
+    exact = float((multi - single).abs().max()) <= tolerance * scale
     model._specdec_multi_token_exact = exact
     return exact
 
@@ -248,6 +262,7 @@ class RecurrentCache(RaggedCache):
 
     def _call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
+        self._count(self.slots)  # what the model reads as the tokens before these (5.24+: its masks' query offset)
         handed = {}  # this cache's state onto the modules (every attribute set: nothing stale is read), or as the
         if self.held is not None:  # forward argument that takes it
             handed = self.held.install(read_states(self.cache), self.rows)
@@ -265,7 +280,20 @@ class RecurrentCache(RaggedCache):
                             f"{state} layers stay empty after a forward: the state lives on its modules), so specdec "
                             "cannot checkpoint it or roll it back after a rejected draft (specdec.module_state "
                             f"carries it only for the families it names). {INSTEAD}")
+        self._count(self.slots + input_ids.shape[1])
         return out
+
+    def _count(self, tokens: int) -> None:
+        """Set every state layer's token count (transformers >= 5.24: ``cumulative_length_linear``, one scalar for the
+        batch) to ``tokens``, the slots of the attention layers. A pure state layer's count is what
+        ``Cache.get_seq_length()`` and ``get_query_offset()`` return for it, and a hybrid model's masks take their
+        query offset from the cache's first layer, a state layer in most (LFM2, RecurrentGemma): it must count the
+        slots the queries follow, whatever rollbacks, replays, row selections and joins did (transformers only adds
+        to it, and RecurrentGemma's, its state on its modules, never moves)."""
+        for layer in _state_layers(self.cache):
+            count = getattr(layer, "cumulative_length_linear", None)
+            if count is not None:
+                count.fill_(tokens)
 
     def _plain(self, input_ids: torch.Tensor, handed: dict, logits_to_keep: int, kwargs: dict) -> ModelOutput:
         """The forward of a model without attention layers: the cache, or the state as its argument (``handed``)."""
@@ -338,6 +366,7 @@ class RecurrentCache(RaggedCache):
                 raise RuntimeError("recurrent state cannot be rolled back: no checkpoint since the last keep")
             super().keep(n)
             self._forget()
+            self._count(self.slots)
             return
         start = n.clone()  # [B] the live count each row restarts from
         chosen: dict[int, list[int]] = {}  # checkpoint number -> rows restored from it
@@ -358,6 +387,7 @@ class RecurrentCache(RaggedCache):
         tokens, base = self.fed, self.base
         self._forget()
         self._replay(tokens, base, start, n)
+        self._count(self.slots)
 
     def _replay(self, fed: list[list[int]], base: torch.Tensor, start: torch.Tensor, n: torch.Tensor) -> None:
         """Feed again each row's tokens ``start[b]..n[b]``, rows grouped by count (one forward per count)."""
@@ -387,6 +417,7 @@ class RecurrentCache(RaggedCache):
         self.points = [point.select(rows) for point in self.points]
         self.fed = [self.fed[i] for i in index]
         self.base = None if self.base is None else self.base[rows]
+        self._count(self.slots)
 
     def merge(self, other: RaggedCache) -> None:
         assert isinstance(other, RecurrentCache)
@@ -407,6 +438,7 @@ class RecurrentCache(RaggedCache):
         self.clean = torch.cat([self.clean, other.clean])
         super().merge(other)
         write_states(self.cache, states)
+        self._count(self.slots)
 
 
 def _stacked(first: States, rows: int, second: States, other_rows: int, blank=zeros_state) -> States:

@@ -7,7 +7,9 @@ numbers positions its own way shifts them behind a batch's left padding). So, on
 object, at its first prefill, on the first row's prompt (cycled to at least 9 tokens, at most 512;
 an encoder-decoder's decoder reads its source tokens), the cache handle is run as decoding runs it
 and compared with the model's one-pass forward (``use_cache=False``, positions as ``generate``
-gives them):
+gives them); a recurrent model's with what its ``generate`` computes, a prefill then single cached
+steps (``recurrent.cached_steps``: a chunked scan's one pass and its single steps may differ by more
+than rounding, and specdec feeds such a model as ``generate`` does):
 
 - alone: one pass over all but the last 7 tokens (the prefill), one 5-token forward (a verify at
   gamma 4), two single steps. A disagreement refuses the model, naming it and where it disagreed.
@@ -102,15 +104,19 @@ def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | 
         behind.encode(source, valid)
     length = min(max(len(row), CHUNK + STEPS + 2), LONGEST)
     seq = ids(torch.tensor([(row * length)[:length]], device=device))  # [1, L]
+    first = length - CHUNK - STEPS
     if encoder_decoder:
         reference = model(input_ids=source, attention_mask=valid.long(), decoder_input_ids=seq, use_cache=False).logits
+    elif alone.recurrent:  # generate's own path: the prefill, then single cached steps
+        from specdec.recurrent import cached_steps  # here: specdec.recurrent imports this module (via cache)
+
+        reference = cached_steps(model, seq, first)  # [1, L, V]
     else:  # positions as generate gives them
         positions = {"position_ids": torch.arange(length, device=seq.device)[None]} if takes_position_ids(model) else {}
         reference = model(input_ids=seq, use_cache=False, **positions).logits  # [1, L, V]
     scale = max(1.0, float(reference.float().abs().max()))  # rounding grows with the logits' size
     tolerance = TOLERANCE.get(reference.dtype, TOLERANCE[torch.bfloat16]) * scale
     reference = reference.float().log_softmax(-1)  # [1, L, V]
-    first = length - CHUNK - STEPS
     pieces = [(first, first + CHUNK)] + [(t, t + 1) for t in range(first + CHUNK, length)]
     name = type(model).__name__
 
