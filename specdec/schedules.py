@@ -455,14 +455,15 @@ class Crossover(Schedule, Listener):
 
     def choices(self) -> list[AutoChoice]:
         """Per batch-size bucket met so far, smallest first: the mode and width kept and the measured speeds
-        (drafting's: of the width kept, else of the fastest drafting width)."""
+        (drafting's: of the width kept, else of the fastest drafting width of those ``_pick`` compared with plain:
+        a recheck measures a few widths afresh, and the others' figures are an older trial's, of other contexts)."""
         out = []
         for bucket in sorted(self._trials.keys() | self.width.keys()):
             speed = _speeds(self._trials.get(bucket, {}))
             drafting = self.choice.get(bucket)
             kept = "measuring" if drafting is None else ("on" if drafting else "off")
-            width = self.width.get(bucket) if drafting else max((w for w in speed if w != 0), key=speed.get,
-                                                                default=None)
+            compared = [w for w in self._racing.get(bucket, ()) if w != 0] or [w for w in speed if w != 0]
+            width = self.width.get(bucket) if drafting else max(compared, key=speed.get, default=None)
             like = self._like.get(bucket)
             out.append(AutoChoice(_rows(bucket), kept, speed.get(width, 0.0), speed.get(0, 0.0), width,
                                   None if like is None else _rows(like)))

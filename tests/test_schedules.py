@@ -493,3 +493,18 @@ def test_ada_needs_hidden_states_and_a_head(pair, tmp_path):
         specdec.speculative_generate(target, drafter, [1, 2], max_new_tokens=3, schedule="ada")
     with pytest.raises(ValueError, match="needs the drafter"):
         make_schedule(SpecConfig(), ScheduleConfig("ada"))
+
+
+def test_crossover_reports_the_drafting_speed_it_compared_with_plain():
+    """After a recheck the widths outside it keep their old trial's figures; the choice reported is the comparison
+    the recheck made (issue 67: /stats showed ``auto`` keeping plain at 105 tokens/s beside a drafting 388 that an
+    earlier trial, of other contexts, had measured)."""
+    clock = FakeClock()
+    auto = Crossover(Constant(4), widths=(None, 2, 0), trial_rounds=2, recheck_rounds=3, clock=clock, block=1,
+                     drop=0.0)
+    drive(auto, clock, 1, 6, draft=(0.01, 4), plain=(0.0027, 1))  # drafting 400 tokens/s, plain 370: inside the margin
+    drive(auto, clock, 1, 8, draft=(0.01, 1), plain=(0.0095, 1))  # then kept plain 3 rounds, rechecked: 100 against 105
+    assert auto.choice == {1: False} and auto._racing[1] == [2, 0]
+    [choice] = auto.choices()
+    assert choice.speculate == "off" and choice.width == 2
+    assert choice.draft_tokens_per_s == pytest.approx(100) and choice.plain_tokens_per_s == pytest.approx(1 / 0.0095)
