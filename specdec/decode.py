@@ -239,6 +239,18 @@ class Decoder:
         self.waiting.append(row)
         return row
 
+    def resume(self, row: Row) -> None:
+        """Queue a row that another decoder started (a server's engine moves its rows to a fresh decoder after a
+        failed round): it keeps its tokens, generator and figures, and joins with its committed sequence, prompt
+        and new tokens, as its prompt."""
+        self.stats.rows += 1
+        self.stats.lossless = self.stats.lossless and row.stats.lossless
+        self.waiting.append(row)
+
+    def in_flight(self) -> list[Row]:
+        """Every row submitted and not yet returned by ``step``: in the batch, prefilled beside it, waiting."""
+        return self.rows + (self._beside[0] if self._beside else []) + list(self.waiting)
+
     def cancel(self, row: Row, reason: str = "cancelled") -> None:
         """Stop a row (a client that went away); it leaves the batch at the next step, before its round."""
         row.stop_reason = row.stop_reason or reason
@@ -289,7 +301,7 @@ class Decoder:
             row = self.waiting.popleft()
             (finished if row.done or row.room(self.target.context_limit) == 0 else joining).append(row)
         if joining:
-            prompts = self._prompts(joining)
+            prompts = self._prompts(joining, committed=True)  # a resumed row joins with its new tokens
             run = self.target.prefill_beside(prompts) if self.rows and self.prefill_beside else None
             if run is not None:
                 self._beside = (joining, prompts, _pool().submit(_beside, run))
@@ -310,9 +322,11 @@ class Decoder:
             with self.events.phase(DRAFT_PREFILL):
                 draft_calls = self.drafter.prefill(prompts)
         self.schedule.add(len(joining))
-        for row in joining:
-            row.stats.target_calls, row.stats.drafter_calls = calls, draft_calls
-            row.stats.target_time_s, row.stats.drafter_time_s = seconds, self.clock.round[DRAFT_PREFILL]
+        for row in joining:  # added: a resumed row keeps its counts
+            row.stats.target_calls += calls
+            row.stats.drafter_calls += draft_calls
+            row.stats.target_time_s += seconds
+            row.stats.drafter_time_s += self.clock.round[DRAFT_PREFILL]
         self.stats.target_calls += calls
         self.stats.drafter_calls += draft_calls
         self.rows += joining

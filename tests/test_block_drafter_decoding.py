@@ -177,3 +177,26 @@ def test_the_shipped_block_drafter_decodes_the_shipped_target_exactly():
                                                tokenizer=tokenizer, batch_size=2)
         assert [r.tokens for r in results] == [r.tokens for r in plain]
         assert sum(r.stats.accepted for r in results) > 0  # a trained drafter: drafts are accepted
+
+
+def test_a_row_drafting_fewer_than_the_block_drafts_as_it_would_alone(target):
+    """The block attends within itself: a row asked for 1 draft beside a row asked for 3 must see a block of 1, as
+    alone (its mask positions past its limit dead); its logits there used to change with the rows beside it, and a
+    seeded sampled row's output with them (found by tests/test_decoder_schedules.py)."""
+    seen = []
+
+    def first_logits(limits: list[int]) -> torch.Tensor:
+        drafter = BlockDrafter(block_model()).align(make_target(target))
+        drafter.prefill(PromptBatch.from_lists([[3, 4, 5]] * len(limits), "cpu"))
+        sampler = Sampler.create(SamplingConfig(temperature=1.0, seed=3), "cpu", rows=len(limits))
+        draft = sampler.draft
+        sampler.draft = lambda logits, rows=None: seen.append(logits[0].clone()) or draft(logits, rows)
+        with torch.inference_mode():
+            drafter.propose(torch.tensor(limits), sampler)
+        return seen[-len(seen)]
+
+    seen.clear()
+    alone = first_logits([1])
+    seen.clear()
+    beside = first_logits([1, 3])
+    torch.testing.assert_close(beside, alone)

@@ -11,8 +11,8 @@ decoded alone, and once from the `specdec generate --json` command itself:
 - 32 requests from 4 concurrent clients (more than the batch holds, so rows wait and join at round
   boundaries) with mixed settings: each equals its own reference (nothing lost, nothing mixed), and
   the Prometheus counters add up to the responses' usage;
-- a client that disconnects mid-stream: its row leaves (running back to 0, an abort counted) and
-  the next request is served normally;
+- a client that disconnects mid-stream, or gives up on a non-streaming request while its row produces tokens:
+  its row leaves (running back to 0, an abort counted) and the next request is served normally;
 - every bad input answers an OpenAI error object with the right status, and the server keeps serving;
   the API key: 401 on every endpoint but /health;
 - the page in headless Chromium (driven over the DevTools protocol): a prompt streams into coloured
@@ -453,6 +453,37 @@ def test_logprobs_echo_and_bias_cross_the_front_process(client, session):
     forced = client.completions.create(model="target", prompt=ids, max_tokens=4, temperature=0, n=2,
                                        logit_bias={str(tokens[0] + 1): 100})
     assert [c["token_ids"] for c in forced.specdec["choices"]] == [[tokens[0] + 1] * 4] * 2
+
+
+def test_a_non_streaming_client_that_gives_up_is_cancelled_while_its_row_produces_tokens(server, client, session):
+    """Issue 67: a non-streaming client that closes its connection while its row commits round after round is
+    cancelled within a few seconds (``app.complete`` checks the client every ``DISCONNECT_POLL_S`` whether or not
+    rounds arrive); its row does not hold its batch slot to ``max_tokens``."""
+    before = metric(get(server.url + "/metrics")[1].decode(), "vllm:request_success_total", finished_reason="abort")
+    produced = stats(server)["totals"]["new_tokens"]
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT)
+    body = json.dumps({"model": "target", "prompt": PROMPTS[3], "max_tokens": 4000, "temperature": 0})
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer {KEY}"})
+    deadline = time.monotonic() + 30
+    while stats(server)["totals"]["new_tokens"] < produced + 16:  # its row is decoding
+        assert time.monotonic() < deadline, "the request did not start decoding"
+        time.sleep(0.05)
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    gone = time.monotonic()
+    while True:
+        metrics = get(server.url + "/metrics")[1].decode()
+        if metric(metrics, "vllm:request_success_total", finished_reason="abort") == before + 1:
+            break
+        assert time.monotonic() < gone + 10, "the client that gave up was not cancelled within 10 s"
+        time.sleep(0.05)
+    s = stats(server)
+    assert s["running"] == 0 and s["waiting"] == 0
+    assert s["totals"]["new_tokens"] - produced < 4000  # cancelled, not run to max_tokens
+    tokens, text = reference(session, encode(session, PROMPTS[4]))
+    reply = client.completions.create(model="target", prompt=PROMPTS[4], max_tokens=MAX_TOKENS, temperature=0)
+    assert reply.specdec["token_ids"] == tokens and reply.choices[0].text == text
 
 
 # ------------------------------------------------------------------------------ bad input and keys

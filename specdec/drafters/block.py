@@ -151,10 +151,15 @@ class BlockDrafter(CachedDrafter):
         width = ids.shape[1]
         block = torch.full((rows, k), self.mask_token_id, dtype=torch.long, device=self.device)  # [B, k]
         valid = None
-        fits = self._fits(0, k)  # [B, k] | None: a row drafting less than k: mask positions past its context go dead
-        if len(set(counts.tolist())) > 1 or fits is not None:
-            block = torch.ones(rows, k, dtype=torch.bool, device=self.device) if fits is None else fits  # [B, k]
-            valid = torch.cat([left_mask(counts, width), block], dim=1)
+        # [B, k] | None: the mask positions each row drafts at, live; those past its limit (a row drafting fewer than
+        # k: the block attends within itself, so they would change its drafts, and a seeded row's output would
+        # depend on the rows beside it) or past its context, dead
+        fits = self._fits(0, k)
+        short = None if min(limits) == k else torch.arange(k, device=self.device)[None, :] < limit[:, None]
+        live = short if fits is None else fits if short is None else fits & short
+        if len(set(counts.tolist())) > 1 or live is not None:
+            live = torch.ones(rows, k, dtype=torch.bool, device=self.device) if live is None else live  # [B, k]
+            valid = torch.cat([left_mask(counts, width), live], dim=1)
         before = self.cache.live.clone()  # [B]
         with torch.no_grad():
             out = self.cache.forward(self._ids(torch.cat([ids, block], dim=1)), valid, logits_to_keep=k, block_size=k)

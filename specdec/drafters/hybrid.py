@@ -91,7 +91,7 @@ class LookupDrafter(FollowingDrafter):
     def prefill(self, prompts: PromptBatch) -> int:
         """Index the new rows for lookup and prefill them in the fallback drafter."""
         self.lookup.prefill(prompts)
-        self._drafts += [[] for _ in range(prompts.size)]
+        self._drafts = self._drafts + [[] for _ in range(prompts.size)]  # a new list: the last one is a proposal's
         return self.fallback.prefill(prompts)
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:

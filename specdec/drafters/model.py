@@ -323,7 +323,7 @@ class CachedDrafter(FollowingDrafter):
         calls = prefill_into(self.cache, self.model, prompts, self.device, self._ids)
         self.pending += [[row[-1]] if ok else [] for row, ok in zip(rows, reach)]
         self.lengths += [len(row) for row in rows]
-        self._drafts += [[] for _ in range(prompts.size)]
+        self._drafts = self._drafts + [[] for _ in range(prompts.size)]  # a new list: the last one is a proposal's
         return calls
 
     def _within(self, length: int) -> bool:

@@ -82,8 +82,8 @@ class NgramDrafter(FollowingDrafter):
 
     def __init__(self, config: NgramConfig | None = None) -> None:
         self.config = config or NgramConfig()
-        self.rows: list[Lookup] = []
-        self._drafts: list[list[int]] = []
+        self.rows: list[Lookup] = []  # per row: its committed sequence and n-gram index
+        self._drafts: list[list[int]] = []  # per row, as ``rows``: the last proposal's drafts ([] once committed)
         self.device = torch.device("cpu")
 
     @property
@@ -96,6 +96,9 @@ class NgramDrafter(FollowingDrafter):
         self.device = prompts.ids.device
         sources = prompts.source_rows() if prompts.source is not None else [None] * prompts.size
         self.rows += [Lookup(self.config, row, source) for row, source in zip(prompts.rows(), sources)]
+        # one entry per row, whatever joins and leaves next; a new list, as the last one is also a proposal's (and may
+        # be a composing drafter's: extended in place, it grew by the rows of each)
+        self._drafts = self._drafts + [[] for _ in range(prompts.size)]
         return 0
 
     def propose(self, limit: torch.Tensor, sampler: Sampler, stop: StopRule | None = None) -> Proposal:
@@ -116,7 +119,7 @@ class NgramDrafter(FollowingDrafter):
     def select(self, rows: torch.Tensor) -> None:
         index = rows.tolist()
         self.rows = [self.rows[i] for i in index]
-        self._drafts = [self._drafts[i] for i in index] if self._drafts else []
+        self._drafts = [self._drafts[i] for i in index]
 
     def reset(self) -> None:
         self.rows, self._drafts = [], []

@@ -474,16 +474,23 @@ class Outcome:
 
 
 async def complete(request: Request, job: Job, prepared: Prepared, decode: DecodeRequest) -> Outcome:
-    """Wait for a sequence's whole result (cancelling the job if the client goes away)."""
+    """Wait for a sequence's whole result (cancelling the job if the client goes away).
+
+    The client is checked every ``DISCONNECT_POLL_S`` whether rounds arrive or not: a client that gives up while its
+    row commits round after round must free its batch slot then, not hold it to ``max_tokens`` (issue 67)."""
     progress = Progress(prepared, decode)
     pending: asyncio.Task | None = None
+    loop = asyncio.get_running_loop()
+    check_at = loop.time() + DISCONNECT_POLL_S
     try:
         while True:
             pending = pending or asyncio.ensure_future(job.next())
-            done, _ = await asyncio.wait({pending}, timeout=DISCONNECT_POLL_S)
-            if not done:
+            done, _ = await asyncio.wait({pending}, timeout=max(0.0, check_at - loop.time()))
+            if loop.time() >= check_at:
                 if await request.is_disconnected():
                     raise APIError(499, "the client closed the request", code="client_closed")
+                check_at = loop.time() + DISCONNECT_POLL_S
+            if not done:
                 continue
             item, pending = pending.result(), None
             if isinstance(item, Round):

@@ -20,8 +20,9 @@ Contracts:
 - A request that asks for its prompt's log-probabilities (``Request.prompt_logprobs``: serving's ``echo``) is scored
   by the worker before it joins, with the others that arrived in the same step, in one forward of the target
   (``decode.prompt_logprobs``); one that asks for no new tokens (``max_new_tokens`` 0) finishes there.
-- If a round raises, every request in flight gets a ``Failed`` item, the caches are dropped, and
-  the engine goes on serving new requests.
+- If a step raises, the caches are dropped and each row in flight is tried alone for one step, in a fresh decoder
+  with its committed sequence prefilled anew: a row that raises again gets a ``Failed`` item, the others go on
+  together in a fresh decoder (``_isolate``). A failure that only rows together raise fails nobody.
 The engine knows nothing about HTTP or text: ``specdec.serve.app`` does the protocol and detokenizing.
 """
 
@@ -365,13 +366,57 @@ class Engine(Listener):
     def _step(self) -> None:
         try:
             finished = self.decoder.step()
-        except Exception as err:  # a round failed: drop this batch, keep serving
+        except Exception:  # a step failed: fail only the rows that fail alone, keep serving
             log.exception("a decoding round failed")
-            self._fail_all(f"decoding failed: {type(err).__name__}: {err}")
+            self._isolate()
             return
         for row in finished:
             self._finish(row)
         self._update_gauges()
+
+    def _isolate(self) -> None:
+        """After a failed step: drop the caches, then try each row in flight alone for one step (a decoder of one row,
+        its committed sequence prefilled anew, ``Decoder.resume``); a row whose step raises again fails (``Failed``
+        to its request), the others resume together in a fresh decoder, with their tokens, generators and figures.
+        One row's failure (its logits processors, its stop strings, a prompt its model cannot take) then fails only
+        its request, and a failure that only the rows together raise fails none. A seeded sampled row stays a sample
+        of the target's distribution but may no longer equal its seeded output (the failed round drew from its
+        generator). Costs a prefill per row and a round of one row per row, once per failure."""
+        rows = self.decoder.in_flight()
+        self._drop_rows()
+        survivors = []
+        for row in rows:
+            if row.request.index not in self._jobs:
+                continue
+            if row.done:  # cancelled before the failed step
+                self._finish(row)
+                continue
+            alone = Decoder(self.target, self.drafter, self.schedule, verify=self.verify, batch_size=1,
+                            tokenizer=self.tokenizer, listeners=[self])
+            alone.resume(row)
+            try:
+                finished = alone.step()
+            except Exception as err:
+                log.exception("a row failed alone: its request fails")
+                job = self._jobs.pop(row.request.index)
+                job.push(Failed(f"decoding failed: {type(err).__name__}: {err}"))
+                self._count_finished(job, "abort")
+            else:
+                for done in finished:
+                    self._finish(done)
+                if not row.done:
+                    survivors.append(row)
+            self._drop_rows()
+        self.decoder = self._new_decoder()
+        for row in survivors:
+            self.decoder.resume(row)
+        self._update_gauges()
+
+    def _drop_rows(self) -> None:
+        """Drop every row from both models and the schedule (their caches start afresh)."""
+        self.target.reset()
+        self.drafter.reset()
+        self.schedule.select(torch.zeros(0, dtype=torch.long, device=self.target.device))
 
     def _finish(self, row: Row) -> None:
         job = self._jobs.pop(row.request.index, None)
@@ -407,9 +452,7 @@ class Engine(Listener):
                 break
             if command == "submit" and job is not None:
                 job.push(Failed(message, status))
-        self.target.reset()
-        self.drafter.reset()
-        self.schedule.select(torch.zeros(0, dtype=torch.long, device=self.target.device))
+        self._drop_rows()
         self.decoder = self._new_decoder()
         self._update_gauges()
 
