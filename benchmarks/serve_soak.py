@@ -48,9 +48,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the fuzz corpus
-from serve_fuzz import Case, cases  # noqa: E402
+from serve_fuzz import Case, cases
 
-from specdec.bench.vllm_server import ServerProcess, free_port, stop_process  # noqa: E402
+from specdec.bench.vllm_server import ServerProcess, free_port, stop_process
 
 KEY = "soak-key"
 MODEL = "target"  # the served model's name (the fuzz corpus names it so)
