@@ -4,8 +4,8 @@
 malloc's heap hands out now (``in_use``: live objects, tensors on the CPU included), the bytes it holds free inside
 its arenas (``free``: what a ``malloc_trim`` may give back) and those in separate mmaps. Resident memory that grows
 while ``in_use`` stays flat is the allocator keeping freed pages, not a leak. ``trim()`` gives the heap's free pages
-back to the system (glibc's ``malloc_trim(0)``); the engine calls it when its batch empties, at most every
-``TRIM_EVERY_S`` (it walks every arena: ~1 ms a call on the shipped models' heap).
+back to the system (glibc's ``malloc_trim(0)``); the engine's worker calls it between steps, at most every
+``TRIM_EVERY_S`` (it walks every arena; figures: docs/benchmarks.md, "Soak and faults").
 
 Both answer None where the platform does not say (not Linux, not glibc): they never raise.
 """
@@ -19,7 +19,7 @@ import time
 import tracemalloc
 
 MB = 1 << 20
-TRIM_EVERY_S = 5.0  # the engine's trims when idle are at least this far apart
+TRIM_EVERY_S = 10.0  # the engine trims between steps at most this often
 
 
 class _Mallinfo2(ctypes.Structure):
