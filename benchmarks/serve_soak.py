@@ -409,11 +409,19 @@ def fault(sig: signal.Signals, target: str, clients: int, flags: list[str], log=
         engine_exit = None
         with contextlib.suppress(Exception):
             engine_exit = server.process.wait(timeout=max(1.0, signalled + 120 - time.monotonic()))
-        front_alive = front is not None and Path(f"/proc/{front}").exists() and \
-            b"multiprocessing" in Path(f"/proc/{front}/cmdline").read_bytes()
+        front_gone_s = None  # seconds from the signal to the front's exit, within 15 s of the engine's
+        until = time.monotonic() + 15
+        while front is not None and time.monotonic() < until:
+            with contextlib.suppress(OSError):
+                if b"multiprocessing" in Path(f"/proc/{front}/cmdline").read_bytes() and \
+                        Path(f"/proc/{front}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    time.sleep(0.1)
+                    continue
+            front_gone_s = round(time.monotonic() - signalled, 1)
+            break
         result = {"signal": sig.name, "to": target, "clients": dict(collections.Counter(seen)),
                   "engine_exit": engine_exit, "engine_exit_after_s": round(time.monotonic() - signalled, 1)
-                  if engine_exit is not None else None, "front_left_running": front_alive,
+                  if engine_exit is not None else None, "front_exit_after_s": front_gone_s,
                   "log_tail": server.log_tail()[-300:]}
     finally:
         stop_process(server.process)
