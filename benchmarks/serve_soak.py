@@ -98,14 +98,15 @@ def call(port: int, method: str, path: str, body: dict | None, timeout: float = 
 
 
 def front_pid(engine_pid: int) -> int | None:
-    """The HTTP front: the engine process's child started by multiprocessing's spawn."""
+    """The HTTP front: the engine process's child started by multiprocessing's spawn (``spawn_main``; not its
+    resource tracker, also a child whose command line names multiprocessing)."""
     try:
         children = Path(f"/proc/{engine_pid}/task/{engine_pid}/children").read_text().split()
     except OSError:
         return None
     for child in children:
         with contextlib.suppress(OSError):
-            if b"multiprocessing" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
                 return int(child)
     return None
 
@@ -413,7 +414,7 @@ def fault(sig: signal.Signals, target: str, clients: int, flags: list[str], log=
         until = time.monotonic() + 15
         while front is not None and time.monotonic() < until:
             with contextlib.suppress(OSError):
-                if b"multiprocessing" in Path(f"/proc/{front}/cmdline").read_bytes() and \
+                if b"spawn_main" in Path(f"/proc/{front}/cmdline").read_bytes() and \
                         Path(f"/proc/{front}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     time.sleep(0.1)
                     continue
@@ -442,6 +443,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in the server's environment (MALLOC_ARENA_MAX=2, PYTHONTRACEMALLOC=1); repeatable")
+    parser.add_argument("--to", nargs="+", choices=("engine", "front"), default=["engine", "front"],
+                        help="faults: the processes signalled")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("serve_flags", nargs="*", help="more flags for specdec serve (after --)")
     args = parser.parse_args()
@@ -455,7 +458,7 @@ def main() -> None:
         print(json.dumps({k: v for k, v in out.items() if k != "memory"}, indent=1))
     else:
         out = {"faults": [fault(sig, target, args.clients, flags)
-                          for target in ("engine", "front") for sig in (signal.SIGTERM, signal.SIGINT,
+                          for target in args.to for sig in (signal.SIGTERM, signal.SIGINT,
                                                                         signal.SIGKILL)]}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
