@@ -54,6 +54,7 @@ from specdec.config import SamplingConfig, VerifyConfig
 from specdec.decode import Request as DecodeRequest
 from specdec.decode import TokenLogprob, prompt_request
 from specdec.processors import Processing
+from specdec.serve import memory
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine, Failed, Finished, Job, Round
 from specdec.serve.metrics import CONTENT_TYPE, FINISH_REASONS, ServerMetrics
@@ -619,5 +620,5 @@ def load_of(model: ServedModel) -> dict[str, Any] | Awaitable[dict[str, Any]]:
             "batch": engine.batch, "totals": asdict(t),
             "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
             "mean_accepted_length": t.new_tokens / t.rounds if t.rounds else 0.0,
-            "history": [asdict(s) for s in engine.load_history()],
+            "history": [asdict(s) for s in engine.load_history()], "memory": memory.usage(),
             "auto": [asdict(c) for c in choices()] if (choices := getattr(engine.schedule, "choices", None)) else []}

@@ -48,6 +48,7 @@ from specdec.drafters import Drafter
 from specdec.events import Listener, RoundSummary
 from specdec.schedules import Schedule
 from specdec.serve.background import Beside
+from specdec.serve import memory
 from specdec.serve.metrics import ModelMetrics
 from specdec.stats import MAX_NEW_TOKENS, GenerationResult, GenerationStats, RoundEvent
 from specdec.target import Target
@@ -276,6 +277,7 @@ class Engine(Listener):
                 elif self._switching():
                     self._switch()
                 self._sample_load()
+                memory.trim()  # at most every TRIM_EVERY_S: the freed pages of past batches go back (issue 67)
             self._fail_all(STOPPING, status=503)
 
     def _take_inbox(self, block: bool) -> None:
