@@ -47,8 +47,8 @@ from specdec.decode import Decoder, Request, Row, TokenLogprob, prompt_logprobs
 from specdec.drafters import Drafter
 from specdec.events import Listener, RoundSummary
 from specdec.schedules import Schedule
-from specdec.serve.background import Beside
 from specdec.serve import memory
+from specdec.serve.background import Beside
 from specdec.serve.metrics import ModelMetrics
 from specdec.stats import MAX_NEW_TOKENS, GenerationResult, GenerationStats, RoundEvent
 from specdec.target import Target
