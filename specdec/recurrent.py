@@ -283,6 +283,11 @@ class RecurrentCache(RaggedCache):
         self._count(self.slots + input_ids.shape[1])
         return out
 
+    def generate_logits(self, ids: torch.Tensor, first: int) -> torch.Tensor:
+        """The logits [1, L, V] of ``ids`` [1, L] as ``generate`` computes them for this cache's model
+        (``cached_steps``: a prefill of ``first`` tokens, then single cached steps): the self-check's reference."""
+        return cached_steps(self.model, ids, first)
+
     def _count(self, tokens: int) -> None:
         """Set every state layer's token count (transformers >= 5.24: ``cumulative_length_linear``, one scalar for the
         batch) to ``tokens``, the slots of the attention layers. A pure state layer's count is what

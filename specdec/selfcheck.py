@@ -107,10 +107,8 @@ def _check(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | 
     first = length - CHUNK - STEPS
     if encoder_decoder:
         reference = model(input_ids=source, attention_mask=valid.long(), decoder_input_ids=seq, use_cache=False).logits
-    elif alone.recurrent:  # generate's own path: the prefill, then single cached steps
-        from specdec.recurrent import cached_steps  # here: specdec.recurrent imports this module (via cache)
-
-        reference = cached_steps(model, seq, first)  # [1, L, V]
+    elif alone.recurrent:  # generate's own path: the prefill, then single cached steps (RecurrentCache's)
+        reference = alone.generate_logits(seq, first)  # [1, L, V]
     else:  # positions as generate gives them
         positions = {"position_ids": torch.arange(length, device=seq.device)[None]} if takes_position_ids(model) else {}
         reference = model(input_ids=seq, use_cache=False, **positions).logits  # [1, L, V]
