@@ -1,22 +1,23 @@
 """The KV-cache handle of a batch: one model's ``DynamicCache`` whose rows hold ragged sequences.
 
 The rows of a batch commit different numbers of tokens each round (ragged acceptance), but a ``DynamicCache``
-stores one tensor ``[B, heads, slots, dim]`` per layer. ``RaggedCache`` keeps every row in the same slots and marks
-each slot live or dead: ``mask [B, S]`` (the model's 2D attention mask, so dead slots are never attended to) and
-``live [B]``. A token's position is its number of live tokens before it (``positions.Positions``), so holes never
-shift positions: every row sees exactly what it would see decoded alone. The mask is passed only once a slot is
-dead, so a batch whose rows never differ (one prompt) runs as ``generate`` runs it.
+stores one tensor ``[B, heads, slots, dim]`` per layer. ``RaggedCache`` keeps every row in the same slots and
+marks each slot live or dead: ``mask [B, S]`` (the model's 2D attention mask, so dead slots are never attended
+to) and ``live [B]``. A token's position is its number of live tokens before it (``positions.Positions``), so
+holes never shift positions: every row sees exactly what it would see decoded alone. The mask is passed only
+once a slot is dead, so a batch whose rows never differ (one prompt) runs as ``generate`` runs it.
 
-Operations: ``forward(ids [B, n], valid [B, n] | None)`` feeds only uncached tokens; ``keep(n [B])`` rolls each
-row back to its first ``n`` live tokens; ``select(rows [B'])`` keeps some rows; ``merge(other)`` appends another
-cache's rows; ``compact()`` re-packs the rows once dead slots outnumber live ones, so holes cost at most a constant
-factor of attention work and memory.
+Operations: ``forward(ids [B, n], valid [B, n] | None)`` feeds only uncached tokens; ``keep(n [B])`` rolls
+each row back to its first ``n`` live tokens; ``select(rows [B'])`` keeps some rows; ``merge(other)`` appends
+another cache's rows; ``compact()`` re-packs the rows once dead slots outnumber live ones, so holes cost at
+most a constant factor of attention work and memory.
 
 Where a dead slot would change what a row attends to, the cache avoids it: local windows and chunks re-pack
-(``compact``) before a forward, sparse attention is fed one token at a time after the prefill, a maskless one-token
-forward gets a dead copy first, and rows that cannot share a forward (``apart``) are given one at a time. State kept
-outside the cache is refused up front, naming the model; recurrent layers are ``specdec.recurrent.RecurrentCache``'s,
-which checkpoints and replays their state. The rules per family, and why each: docs/journal/cache.md.
+(``compact``) before a forward, sparse attention is fed one token at a time after the prefill, a maskless
+one-token forward gets a dead copy first, and rows that cannot share a forward (``apart``) are given one at a
+time. State kept outside the cache is refused up front, naming the model; recurrent layers are
+``specdec.recurrent.RecurrentCache``'s, which checkpoints and replays their state. The rules per family, and
+why each: docs/journal/cache.md.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ def repack_pays(slots: int, longest: int) -> bool:
 
 def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The slots ``index`` [B, S'] of each row of keys or values ``t`` [B, H, S, D] -> [B, H, S', D] (values
-    may be narrower than keys, latent attention: each gathered with its own shape). Row by row, whole slots at a
-    time: ``gather`` over an expanded index reads an index per number, several times slower (docs/journal/cache.md)."""
+    may be narrower than keys, latent attention: each gathered with its own shape). Row by row, whole slots at
+    a time: ``gather`` over an expanded index reads an index per number, several times slower
+    (docs/journal/cache.md)."""
     if t.requires_grad and t.shape[0]:  # ``out=`` does not differentiate
         return torch.stack([t[row].index_select(1, index[row]) for row in range(t.shape[0])])
     out = t.new_empty(t.shape[0], t.shape[1], index.shape[1], t.shape[3])

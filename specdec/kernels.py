@@ -1,23 +1,25 @@
 """Faster float32 linear kernels for decoding on the CPU (``SPECDEC_LINEAR=auto|on|off``).
 
-A decode step multiplies a few rows (1 for plain decoding, gamma + 1 to verify a draft) by every weight matrix, so
-its time is reading the weights. ``F.linear(x, W)`` hands that to the BLAS as ``x @ W.T``, for which torch's CPU
-wheel takes a slow kernel on some CPUs. Per range of the number of rows n, another way: for n <= ``FEW``,
-``W @ x.T`` (one row padded to two); for more, on a copy of the weight in its own layout (``_Packed.many``),
-``blocked`` (specdec's ``csrc/blocked_linear.c``: the weight in blocks of 16 output columns, streamed once for up
-to 14 rows, a bfloat16-exact weight read as bfloat16; offered to models of ``STREAMED_BYTES`` or more) or
-``onednn`` (oneDNN's prepacked linear). Which pays is the CPU's, so each range is decided apart (``pays``).
+A decode step multiplies a few rows (1 for plain decoding, gamma + 1 to verify a draft) by every weight
+matrix, so its time is reading the weights. ``F.linear(x, W)`` hands that to the BLAS as ``x @ W.T``, for
+which torch's CPU wheel takes a slow kernel on some CPUs. Per range of the number of rows n, another way: for
+n <= ``FEW``, ``W @ x.T`` (one row padded to two); for more, on a copy of the weight in its own layout
+(``_Packed.many``), ``blocked`` (specdec's ``csrc/blocked_linear.c``: the weight in blocks of 16 output
+columns, streamed once for up to 14 rows, a bfloat16-exact weight read as bfloat16; offered to models of
+``STREAMED_BYTES`` or more) or ``onednn`` (oneDNN's prepacked linear). Which pays is the CPU's, so each range
+is decided apart (``pays``).
 
-Contract: the same numbers up to float summation order (as another batch size gives), so greedy decoding matches
-``generate`` up to near ties and sampling stays lossless; the tests compare against the stock kernel.
-``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model a forward that takes these kernels only
-inside ``active()`` (``Decoder.step``) and the stock ``F.linear`` everywhere else (``generate``, training, a
-trace, gradients). ``off`` never installs, ``on`` always does, ``auto`` takes a range's kernel where a probe at
-install, reading the weights from memory as decoding does (``evictor``), finds it at most ``PAYS`` of the stock
-time; the answer is kept in ``plans.json``, so a probe timed beside other work cannot flip a compiled model's
-kernels, and with them its graphs, from one process to the next. The helper (``SPECDEC_HELPER=auto|on|off``)
-shares the blocked operator's large products with one idle-priority thread: the same floats whichever thread
-computes them, and no share ever waited for. The measurements: docs/journal/kernels.md.
+Contract: the same numbers up to float summation order (as another batch size gives), so greedy decoding
+matches ``generate`` up to near ties and sampling stays lossless; the tests compare against the stock kernel.
+``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model a forward that takes these kernels
+only inside ``active()`` (``Decoder.step``) and the stock ``F.linear`` everywhere else (``generate``,
+training, a trace, gradients). ``off`` never installs, ``on`` always does, ``auto`` takes a range's kernel
+where a probe at install, reading the weights from memory as decoding does (``evictor``), finds it at most
+``PAYS`` of the stock time; the answer is kept in ``plans.json``, so a probe timed beside other work cannot
+flip a compiled model's kernels, and with them its graphs, from one process to the next. The helper
+(``SPECDEC_HELPER=auto|on|off``) shares the blocked operator's large products with one idle-priority thread:
+the same floats whichever thread computes them, and no share ever waited for. The measurements:
+docs/journal/kernels.md.
 """
 
 from __future__ import annotations
@@ -251,13 +253,13 @@ def _cxx() -> str | None:
 
 
 def blocked_op() -> bool:
-    """Whether specdec's operators are loaded (``csrc/blocked_op.cpp``, which inductor's C++ wrapper calls through the
-    dispatcher): ``torch.ops.specdec.blocked_linear`` (the blocked kernel) and ``torch.ops.specdec.decode_attention``
-    (``csrc/attention.c``: ``specdec.compiled.specdec_attention``). Built at first use with the machine's C and C++
-    compilers against this torch's headers into ``~/.cache/specdec/kernels`` (keyed by the sources, the compilers, the
-    CPU's flags and torch's version), loaded once per process; False where they cannot be built or loaded (no C++
-    compiler, torch without its headers, another OS), and the compiled step traces the kernels and the attention it
-    traced before."""
+    """Whether specdec's operators are loaded (``csrc/blocked_op.cpp``, which inductor's C++ wrapper calls
+    through the dispatcher): ``torch.ops.specdec.blocked_linear`` (the blocked kernel) and
+    ``torch.ops.specdec.decode_attention`` (``csrc/attention.c``: ``specdec.compiled.specdec_attention``).
+    Built at first use with the machine's C and C++ compilers against this torch's headers into
+    ``~/.cache/specdec/kernels`` (keyed by the sources, the compilers, the CPU's flags and torch's version),
+    loaded once per process; False where they cannot be built or loaded (no C++ compiler, torch without its
+    headers, another OS), and the compiled step traces the kernels and the attention it traced before."""
     if "op" not in _BUILT:
         _BUILT["op"] = _build_op()
     return bool(_BUILT["op"])
@@ -329,10 +331,10 @@ def pair_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
 
 
 def blocked_copy(weight: torch.Tensor, lanes: int) -> torch.Tensor:
-    """The copy of ``weight`` the blocked kernel reads: in bfloat16 pairs (``pair_weight``) where every weight is a
-    bfloat16 number, which the kernel widens back to exactly those float32 numbers as it reads them (the results are
-    the float32 copy's, from half the bytes, and a decode step's time is reading its weights; the times:
-    docs/journal/kernels.md); else ``block_weight``."""
+    """The copy of ``weight`` the blocked kernel reads: in bfloat16 pairs (``pair_weight``) where every weight
+    is a bfloat16 number, which the kernel widens back to exactly those float32 numbers as it reads them (the
+    results are the float32 copy's, from half the bytes, and a decode step's time is reading its weights; the
+    times: docs/journal/kernels.md); else ``block_weight``."""
     if sys.byteorder == "little" and bf16_exact(weight):
         return pair_weight(weight, lanes)
     return block_weight(weight, lanes)
@@ -523,10 +525,11 @@ def last_level_cache_bytes() -> int:
 
 
 def evictor() -> Callable[[], None]:
-    """A function that reads a buffer larger than the last-level cache (``EVICT_MIN_BYTES`` at least, ``EVICT_MAX_BYTES``
-    at most): after it, a model's weights come from memory, as in decoding (see the module doc). The cap: in a
-    virtual machine the cache read from sysfs is the host's, shared by its tenants, and reading twice that before
-    each pass makes the probe slow without timing anything differently (docs/journal/kernels.md)."""
+    """A function that reads a buffer larger than the last-level cache (``EVICT_MIN_BYTES`` at least,
+    ``EVICT_MAX_BYTES`` at most): after it, a model's weights come from memory, as in decoding (see the module
+    doc). The cap: in a virtual machine the cache read from sysfs is the host's, shared by its tenants, and
+    reading twice that before each pass makes the probe slow without timing anything differently
+    (docs/journal/kernels.md)."""
     buffer = torch.ones(min(EVICT_MAX_BYTES, max(EVICT_MIN_BYTES, 2 * last_level_cache_bytes())) // 4)
     return lambda: buffer.sum()
 

@@ -1,9 +1,9 @@
 """Recurrent and hybrid models behind the same cache handle: their state checkpointed, never cropped.
 
 Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next, Inkling, MiniMax... keep, per layer, a convolution window and/or a
-recurrent (SSM, linear-attention) state (``read_states`` / ``write_states`` read and write every kind alike). A
-token fed into a state cannot be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose attention layers, in
-a hybrid, roll back as usual) checkpoints it instead:
+recurrent (SSM, linear-attention) state (``read_states`` / ``write_states`` read and write every kind alike).
+A token fed into a state cannot be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose attention
+layers, in a hybrid, roll back as usual) checkpoints it instead:
 
 - **Checkpoints**: the states are cloned before every forward; ``keep(n)`` gives a row the state of its latest
   exact checkpoint at or before ``n`` and replays the tokens between (in groups of equal counts). A drafter,
@@ -11,9 +11,10 @@ a hybrid, roll back as usual) checkpoints it instead:
 - **Padding**: no state may run over a padded token (it would decay). Right padding marks the row dirty for
   ``keep`` to replay; other padding is fed one column at a time, each padded row's state put back after it.
 - **Multi-token forwards**: where a model's cached forward of several tokens is not its single steps up to
-  rounding (``multi_token_exact``, checked once per model), it is fed one token at a time with a checkpoint after
-  each, so its output is ``generate``'s.
-- **Rows**: ``select`` and ``merge`` carry the states along the batch; a new row gets the family's empty state.
+  rounding (``multi_token_exact``, checked once per model), it is fed one token at a time with a checkpoint
+  after each, so its output is ``generate``'s.
+- **Rows**: ``select`` and ``merge`` carry the states along the batch; a new row gets the family's empty
+  state.
 
 State a model keeps on its modules (``specdec.module_state.MODULE_STATES``) or takes as a forward argument
 (``ARGUMENT_STATES``) is moved into the cache around every forward, so each cache owns its state; any other

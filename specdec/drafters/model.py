@@ -1,22 +1,24 @@
 """A small causal LM as drafter (Leviathan et al. 2023; Chen et al. 2023), for a batch of rows.
 
-Contract: the drafter keeps its own KV cache across rounds (a ``RaggedCache``) and feeds the model only tokens it
-has not seen. Between rounds each row holds ``pending`` tokens, committed but not yet in its cache (the newest
-committed token, the last draft of an all-accepted round, or everything another drafter proposed). ``propose``
-forwards them (left-padded) in the call that yields the first draft, so the catch-up costs no extra forward, then
-drafts ``max(limit)`` positions; a row's proposal ends at its own limit or its stop rule. Invariant after every
-commit, per row: cache live tokens + pending == committed. Rollback (``follow``) keeps the longest prefix of this
-round's forwarded drafts that agrees with what the row committed: one rule for a rejection, a full acceptance, a
-shorter limit and rows another drafter proposed.
+Contract: the drafter keeps its own KV cache across rounds (a ``RaggedCache``) and feeds the model only tokens
+it has not seen. Between rounds each row holds ``pending`` tokens, committed but not yet in its cache (the
+newest committed token, the last draft of an all-accepted round, or everything another drafter proposed).
+``propose`` forwards them (left-padded) in the call that yields the first draft, so the catch-up costs no
+extra forward, then drafts ``max(limit)`` positions; a row's proposal ends at its own limit or its stop rule.
+Invariant after every commit, per row: cache live tokens + pending == committed. Rollback (``follow``) keeps
+the longest prefix of this round's forwarded drafts that agrees with what the row committed: one rule for a
+rejection, a full acceptance, a shorter limit and rows another drafter proposed.
 
-Logits are aligned to the target's vocabulary (sliced or padded with -inf) before the sampler's warpers, so q and p
-share one index space. ``check_vocabularies`` refuses a drafter whose vocabulary is not the target's (sizes may
-differ by at most ``PADDING_FRACTION`` of padding; where both tokenizers are known they must agree on every id).
+Logits are aligned to the target's vocabulary (sliced or padded with -inf) before the sampler's warpers, so q
+and p share one index space. ``check_vocabularies`` refuses a drafter whose vocabulary is not the target's
+(sizes may differ by at most ``PADDING_FRACTION`` of padding; where both tokenizers are known they must agree
+on every id).
 
-Forms (``drafter_in``): since the target verifies every draft, the drafter may run cheaper than the target without
-changing the output: "int8" (CPU only), "bf16", "float32", or "auto": int8 for a float32 model that drafts every
-round on a CPU with quantised kernels, not behind prompt lookup, where the gain was within the noise. A converted
-model is a copy, kept while its source lives. The measurements: docs/journal/drafter-form.md.
+Forms (``drafter_in``): since the target verifies every draft, the drafter may run cheaper than the target
+without changing the output: "int8" (CPU only), "bf16", "float32", or "auto": int8 for a float32 model that
+drafts every round on a CPU with quantised kernels, not behind prompt lookup, where the gain was within the
+noise. A converted model is a copy, kept while its source lives. The measurements:
+docs/journal/drafter-form.md.
 """
 
 from __future__ import annotations
@@ -162,11 +164,11 @@ def int8_available() -> bool:
 
 
 def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = False) -> str:
-    """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model drafting every round, not
-    behind prompt lookup (``lookup``), on a CPU with int8 kernels, not compiled) or the model's own form ("int8",
-    "bf16", "float32", or its dtype's name). A model compiled by ``--compile on`` (``specdec.compiled.prepare``)
-    keeps its float32 form: an int8 copy cannot be compiled and runs eagerly, slower than the compiled step
-    (docs/journal/drafter-form.md)."""
+    """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model drafting every round,
+    not behind prompt lookup (``lookup``), on a CPU with int8 kernels, not compiled) or the model's own form
+    ("int8", "bf16", "float32", or its dtype's name). A model compiled by ``--compile on``
+    (``specdec.compiled.prepare``) keeps its float32 form: an int8 copy cannot be compiled and runs eagerly,
+    slower than the compiled step (docs/journal/drafter-form.md)."""
     from specdec.compiled import compiled_for
 
     if dtype != "auto":
