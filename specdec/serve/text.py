@@ -1,7 +1,8 @@
 """A request's text as its rounds commit: incremental detokenizing and OpenAI's stop-string rule.
 
-``TextStream`` is ``specdec.detokenize``'s ``TokenStream`` (a window of earlier tokens gives context; text
-that ends in an incomplete character waits for the next token) collecting its pieces, each piece labelled with the kind of the token that completed it (accepted, recovered, bonus).
+``TextStream`` is ``specdec.detokenize``'s ``TokenStream`` (a window of earlier tokens gives context;
+text that ends in an incomplete character waits for the next token) collecting its pieces, each
+labelled with the kind of the token that completed it (accepted, recovered, bonus).
 
 OpenAI returns text *without* the stop sequence (the core keeps it in the tokens, as ``generate``
 does). So, while a request has stop strings, the last ``len(longest stop) - 1`` characters are held
