@@ -27,7 +27,7 @@ if typing.TYPE_CHECKING:
         SpecConfig,
         VerifyConfig,
     )
-    from specdec.decode import Decoder, Request, autoregressive_generate, speculative_generate
+    from specdec.decode import Decoder, Request
     from specdec.drafters import (
         DRAFTERS,
         Drafter,
@@ -45,6 +45,7 @@ if typing.TYPE_CHECKING:
     from specdec.loading import default_model_path, load_model, load_tokenizer
     from specdec.processors import GenerationSettings
     from specdec.schedules import SCHEDULES, Schedule, register_schedule
+    from specdec.session import autoregressive_generate, speculative_generate
     from specdec.stats import BatchStats, GenerationResult, GenerationStats, RoundEvent, RoundRecord
     from specdec.target import Target, make_target, register_target
     from specdec.threads import ThreadChoice, use_threads
@@ -65,8 +66,8 @@ _EXPORTS: dict[str, str] = {
     "VerifyConfig": "specdec.config",
     "Decoder": "specdec.decode",
     "Request": "specdec.decode",
-    "autoregressive_generate": "specdec.decode",
-    "speculative_generate": "specdec.decode",
+    "autoregressive_generate": "specdec.session",
+    "speculative_generate": "specdec.session",
     "DRAFTERS": "specdec.drafters",
     "Drafter": "specdec.drafters",
     "LookupDrafter": "specdec.drafters",

@@ -50,6 +50,7 @@ ALIASES: Mapping[str, Sequence[str]] = {
 }
 FROM_MODEL = ("temperature", "top_k", "top_p")  # sampling flags that default to the target's generation config
 MODES = ("speculative", "target", "drafter")  # what decodes: draft + verify, the target or the drafter alone
+COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
 # Help appended to a field's comment: the names a flag accepts, from the constants that define them.
 NAMES_HELP: Mapping[str, str] = {
     "target": f"shipped: {', '.join(SHIPPED_TARGETS)}",
@@ -71,7 +72,7 @@ class Settings:
 
     sampling: SamplingConfig  # temperature, top-k, top-p, seed
     spec: SpecConfig  # gamma, max_new_tokens, batch_size, speculate
-    mode: str  # one of MODES (or console.COMPARE in chat)
+    mode: str  # one of MODES (or COMPARE in chat)
     verify: VerifyConfig = DEFAULT_VERIFY  # the verification rule
     schedule: ScheduleConfig = DEFAULT_SCHEDULE  # how far each row drafts
     stop_strings: tuple[str, ...] = ()  # stop once the decoded text ends with one of these

@@ -204,13 +204,15 @@ def _run_generate(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     models, settings = settings_from(args)
     _check_target_kind(args.command, models.target)
-    from specdec.console import Session, TokenStream, print_legend, summary_line  # rich: after the checks
+    from specdec.report import summary_line  # torch and rich: after the checks
+    from specdec.session import Session
+    from specdec.terminal import ShownStream, print_legend
 
     loading = time.perf_counter()
     session = Session(models)
     prompt_ids = session.encode(prompt, settings)
     session.load(settings.mode)
-    stream = TokenStream(session.tokenizer(settings.mode), prompt_ids,
+    stream = ShownStream(session.tokenizer(settings.mode), prompt_ids,
                          show_acceptance=settings.show_acceptance, echo=not args.json)
     if settings.show_acceptance and not args.json:
         print_legend(settings.mode)
@@ -249,7 +251,9 @@ def _run_generate(args: argparse.Namespace) -> int:
 def _run_batch(args: argparse.Namespace, prompts: list[str], models: ModelConfig, settings: Settings) -> int:
     """Decode a prompts file in batches of --batch-size; print each result in input order as soon as
     the ones before it are done (JSON lines with --json)."""
-    from specdec.console import Session, batch_line, result_block, summary_line
+    from specdec.report import batch_line, summary_line
+    from specdec.session import Session
+    from specdec.terminal import result_block
 
     session = Session(models)
     encoded = [session.encode(p, settings) for p in prompts]

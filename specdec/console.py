@@ -1,356 +1,31 @@
-"""What the terminal shows, and the interactive ``specdec chat`` console.
+"""The interactive ``specdec chat`` console.
 
-- ``Session`` loads the models once (target, drafter model or "ngram", tokenizers) and runs one
-  decoding mode on a prompt; switching the drafter loads the new one once and keeps it.
-- ``TokenStream`` turns the ``RoundEvent``s of ``on_round`` into text as each round commits, with
-  incremental detokenisation (a window of earlier tokens gives context, and text that ends in an
-  incomplete character waits for the next token), coloured by kind with rich when asked.
-- ``Chat`` is the console, in the spirit of the Speculative-Decoding reference project's
-  ``infer.py``: a prompt streams its output, then its figures; ``/commands`` change the settings.
-  In a terminal it reads lines with prompt_toolkit (editing, history); from a pipe, one prompt
-  per line.
-
-Figures use the docs/design.md vocabulary: acceptance rate alpha = accepted / drafted, mean accepted
-length tau = tokens per round including the recovered or bonus token; tokens/s counts tokens.
+``Chat`` is the console, in the spirit of the Speculative-Decoding reference project's ``infer.py``: a prompt streams
+its output (``specdec.terminal``), then its figures (``specdec.report``); ``/commands`` change the settings. In a
+terminal it reads lines with prompt_toolkit (editing, history); from a pipe, one prompt per line. The models, their
+compilation and threads are the ``specdec.session.Session``'s, as for every front end; no other front end imports
+this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-import specdec
-from specdec.arguments import MODES, Settings, UsageError, add_decoding_arguments, settings_from
-from specdec.config import BLOCK, LOOKUP, DrafterConfig, ModelConfig, ScheduleConfig, SpecConfig
-from specdec.stats import (
-    ACCEPTED,
-    BONUS,
-    RECOVERED,
-    TARGET,
-    AutoChoice,
-    BatchStats,
-    GenerationResult,
-    RoundEvent,
-)
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    from specdec.drafters import Drafter
-from specdec.threads import current as current_threads
-from specdec.threads import helper_note, use_threads
-
-COMPARE = "compare"  # the chat mode that runs the target alone, then speculative decoding
-STYLES = {ACCEPTED: "green", RECOVERED: "bold red", BONUS: "bold cyan", TARGET: ""}  # kind -> rich style
-LEGEND = ((ACCEPTED, "accepted draft token"), (RECOVERED, "recovered: the target's token at a rejection"),
-          (BONUS, "bonus: the target's extra token after a full acceptance"))
-DETOKENIZE_CONTEXT = 5  # prompt tokens decoded before the first new one (as vLLM's incremental detokenizer)
-
-
-# ------------------------------------------------------------------------------------------ models
-
-
-class Session:
-    """The models of one process, loaded on first use and kept: the console never reloads them."""
-
-    def __init__(self, models: ModelConfig) -> None:
-        from transformers.utils import logging
-
-        logging.disable_progress_bar()
-        logging.set_verbosity_error()
-        self.threads = use_threads(models.threads, model=models.target, flag="--threads")  # before any model runs
-        self.models = models
-        self._models: dict[str, PreTrainedModel] = {}
-        self._tokenizers: dict[str, PreTrainedTokenizerBase] = {}
-
-    def _name(self, mode: str) -> str:
-        """The model whose tokenizer and vocabulary a mode uses."""
-        if mode == "drafter":
-            if self.models.drafter_model is None:
-                raise UsageError("mode 'drafter' decodes with a drafter model; the ngram drafter has none")
-            return self.models.drafter_model
-        return self.models.target
-
-    def model(self, name: str) -> PreTrainedModel:
-        """The causal LM at ``name`` (a shipped name or a folder), loaded once and warmed up."""
-        if name not in self._models:
-            model = specdec.load_model(name, device=self.models.device, dtype=self.models.dtype)
-            specdec.autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[])  # warm-up
-            self._models[name] = model
-        return self._models[name]
-
-    def compile(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig, prompts: int | None = None, *,
-                how: str | None = None, cached_only: bool = False) -> list[str]:
-        """Compile the decode forwards of the models ``mode`` decodes with, for its shapes, as ``--compile``
-        says (``specdec.compiled``; nothing when off or auto, as measured; shapes already compiled are kept):
-        the target verifies gamma + 1 tokens (and a prompt-lookup copy, and steps 1 when it may decode alone), a
-        drafter model steps 1 token and catches up (``compiled.token_buckets``), in rows of 1, 4, 16, ... below the
-        batch size and the batch size (``compiled.row_buckets``; at most ``prompts``, where the caller knows how
-        many it decodes: one prompt compiles rows of 1 only). ``how`` overrides ``--compile``; ``cached_only``
-        takes each model's buckets from the compile cache only, all or none (``compiled.prepare``), saying nothing.
-        Returns what was decided, per model."""
-        from specdec.compiled import compiled_for, compiles, prepare
-        from specdec.loading import resolve_device
-
-        how = how or self.models.compile
-        if not compiles(how, resolve_device(self.models.device)):
-            return []
-        decided = []
-        for name, tokens, rows, hidden, last in self.compile_plan(mode, spec, schedule, prompts):
-            model = self.model(name)
-            known = compiled_for(model)
-            before = set(known.shapes) if known is not None else set()
-            choice = prepare(model, how, tokens=tokens, rows=rows, hidden=hidden, last=last, cached_only=cached_only)
-            decided.append(f"{name}: {choice.describe()}")
-            new = choice.compiled and bool(compiled_for(model).shapes - before)
-            if not cached_only and (not choice.compiled or new):  # said when something new was done
-                stderr_console().print(f"specdec: {decided[-1]}")
-        return decided
-
-    def compile_plan(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig,
-                     prompts: int | None = None) -> list[tuple[str, tuple[int, ...], tuple[int, ...], bool, bool]]:
-        """What ``compile`` compiles: (model name, tokens buckets, rows buckets, hidden states, the last logits only)
-        per model: a drafter model's catch-ups read their last token's logits only (``compiled.prepare``'s ``last``)."""
-        from specdec.compiled import row_buckets, token_buckets
-        from specdec.drafters.hybrid import LOOKUP_NGRAM
-
-        rows = row_buckets(min(spec.batch_size, prompts or spec.batch_size))
-        speculating = mode in ("speculative", COMPARE) and spec.speculate != "off"
-        plain = mode != "speculative" or spec.speculate != "on"
-        verify, steps = token_buckets(spec.gamma, self.models.drafter, speculating, plain,
-                                      LOOKUP_NGRAM.copy_length(spec.gamma))
-        plan = [(self._name(mode) if mode == "drafter" else self.models.target, verify, rows, False, False)]
-        drafter = self.models.drafter_model
-        if speculating and drafter is not None and drafter != BLOCK and not drafter.startswith(BLOCK + ":"):
-            plan.append((drafter, steps, rows, schedule.schedule == "ada", True))
-        return plan
-
-    def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
-        """The tokenizer of the model that decodes in ``mode``."""
-        name = self._name(mode)
-        if name not in self._tokenizers:
-            self._tokenizers[name] = specdec.load_tokenizer(name)
-        return self._tokenizers[name]
-
-    def drafter(self) -> Drafter:
-        """The drafter, built by the one drafter factory from the loaded models (loaded once)."""
-        from specdec.drafters import make_drafter
-        from specdec.target import make_target
-
-        target = make_target(self.model(self.models.target))
-        try:
-            return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
-        except ValueError as err:
-            default = DrafterConfig.name
-            if self.models.drafter != default or not re.search("vocabulary|tokenizer", str(err)):
-                raise
-            # the drafter nobody named: say it was the default, and what drafts for any target
-            raise ValueError(f"{err} (the drafter was the default, {default}, drafting for code-target: give "
-                             f"--drafter ngram, prompt lookup, which drafts for any target, or --drafter FOLDER of a "
-                             "drafter trained with the target's tokenizer)") from None
-
-    def set_drafter(self, name: str) -> None:
-        """Switch the drafter (a model name/folder or "ngram"), loading a new model now."""
-        previous = self.models
-        self.models = dataclasses.replace(self.models, drafter=name)
-        try:
-            self.drafter()
-        except Exception:
-            self.models = previous
-            raise
-
-    def load(self, mode: str) -> None:
-        """Load what ``mode`` needs now rather than at the first prompt."""
-        self.tokenizer(mode)
-        if mode in ("target", "speculative", COMPARE):
-            self.model(self.models.target)
-        if mode in ("drafter", "speculative", COMPARE):
-            self.drafter()
-
-    def encode(self, prompt: str, settings: Settings) -> list[int]:
-        """Prompt text -> token ids, through the chat template when asked."""
-        tokenizer = self.tokenizer(settings.mode)
-        if not settings.chat_template:
-            return list(tokenizer(prompt).input_ids)
-        if not getattr(tokenizer, "chat_template", None):
-            raise UsageError(f"the tokenizer of {self._name(settings.mode)!r} has no chat template")
-        messages = [{"role": "user", "content": prompt}]
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-                    ["input_ids"])
-
-    def generate(self, prompt_ids: list[int] | list[list[int]], settings: Settings,
-                 on_round: Callable[[RoundEvent], None] | None = None,
-                 on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
-        """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
-        batch = bool(prompt_ids) and isinstance(prompt_ids[0], list)
-        self.compile(settings.mode, settings.spec, settings.schedule, prompts=len(prompt_ids) if batch else 1)
-        sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
-        kwargs = dict(
-            max_new_tokens=settings.spec.max_new_tokens,
-            **sampling,
-            stop_strings=list(settings.stop_strings) or None,
-            tokenizer=self.tokenizer(settings.mode),
-            on_round=on_round,
-            on_result=on_result,
-            batch_size=settings.spec.batch_size,
-        )
-        if settings.mode == "speculative":
-            return specdec.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
-                                                gamma=settings.spec.gamma, speculate=settings.spec.speculate,
-                                                verify=settings.verify, schedule=settings.schedule, **kwargs)
-        return specdec.autoregressive_generate(self.model(self._name(settings.mode)), prompt_ids, **kwargs)
-
-
-# ------------------------------------------------------------------------------------------ output
-
-
-def stdout_console() -> Console:
-    """A rich console on stdout that writes text as given (no markup, highlighting or wrapping)."""
-    return Console(file=sys.stdout, highlight=False, markup=False, emoji=False, soft_wrap=True)
-
-
-def stderr_console() -> Console:
-    """The same on stderr."""
-    return Console(file=sys.stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
-
-
-class TokenStream:
-    """Text of the committed tokens, printed as each round commits (``add`` is an ``on_round``)."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], *,
-                 show_acceptance: bool = False, echo: bool = True, console: Console | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.show_acceptance = show_acceptance
-        self.echo = echo
-        self.console = console or stdout_console()
-        self.ids: list[int] = []  # new tokens so far
-        self.kinds: list[str] = []  # their kinds
-        self.text = ""  # text printed so far
-        self._window = list(prompt_ids[-DETOKENIZE_CONTEXT:])  # context, then tokens not yet printed
-        self._read = len(self._window)  # window[:_read] is context (already printed)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _emit(self, piece: str, kind: str) -> None:
-        self.text += piece
-        if self.echo and piece:
-            style = STYLES.get(kind, "") if self.show_acceptance else ""
-            self.console.print(Text(piece, style=style), end="")
-
-    def add(self, event: RoundEvent) -> None:
-        """Print the text of one round's tokens, each piece in the colour of its kind."""
-        for token, kind in zip(event.tokens, event.kinds):
-            self.ids.append(token)
-            self.kinds.append(kind)
-            self._window.append(token)
-            piece = self._pending()
-            if piece and not piece.endswith("\ufffd"):  # an incomplete character waits for more bytes
-                self._emit(piece, kind)
-                self._window = self._window[self._read:]  # the printed piece is the next context
-                self._read = len(self._window)
-
-    def _pending(self) -> str:
-        """Text of the tokens after the context, decoded with the context in front."""
-        before = self._decode(self._window[: self._read])
-        after = self._decode(self._window)
-        return after[len(before):]
-
-    def finish(self) -> None:
-        """Print what a trailing incomplete character held back, then end the line."""
-        piece = self._pending()
-        if piece:
-            self._emit(piece, self.kinds[-1])
-        if self.echo:
-            self.console.print()
-
-
-def print_legend(mode: str, console: Console | None = None) -> None:
-    """The colour key of ``--show-acceptance`` (speculative mode only: plain decoding has no kinds)."""
-    if mode not in ("speculative", COMPARE):
-        return
-    console = console or stderr_console()
-    legend = Text("colours: ")
-    for i, (kind, label) in enumerate(LEGEND):
-        legend.append(("  " if i else "") + label, style=STYLES[kind])
-    console.print(legend)
-
-
-def result_block(index: int, prompt: str, text: str, result: GenerationResult, settings: Settings,
-                 console: Console | None = None) -> None:
-    """One result of a prompts file: a dim header with the prompt's number and first line, then the text."""
-    console = console or stdout_console()
-    first = prompt.strip().splitlines()[0] if prompt.strip() else ""
-    console.print(Text(f"### prompt {index}: {first[:60]}", style="dim"))
-    console.print(Text(text))
-
-
-def batch_line(batch: BatchStats, mode: str) -> str:
-    """The figures of a batched run on one line: prompts, tokens/s, rounds, rows per round, alpha, the time split."""
-    parts = [(f"{batch.rows} prompts, {batch.new_tokens} new tokens in {batch.wall_time_s:.2f} s "
-              f"({batch.tokens_per_s:.1f} tokens/s)"),
-             f"{batch.rounds} rounds of {batch.mean_rows:.1f} rows on average (at most {batch.max_rows})"]
-    if mode == "speculative":
-        parts.append(f"acceptance rate α {batch.acceptance_rate:.2f}")
-    wall = batch.wall_time_s or 1.0
-    parts.append(f"time: verify {batch.verify_time_s / wall:.0%}, propose {batch.propose_time_s / wall:.0%}, "
-                 f"prefill {batch.prefill_time_s / wall:.0%}, bookkeeping {batch.bookkeeping_s / wall:.0%}")
-    if batch.auto:
-        parts.append(auto_text(batch.auto))
-    parts.append(current_threads().describe() + helper_note())
-    return " | ".join(parts)
-
-
-def auto_text(choices: list[AutoChoice]) -> str:
-    """What ``--speculate auto`` kept at each batch size, with the speeds it measured."""
-    def rows_text(rows: tuple[int, int]) -> str:  # a batch-size bucket: "1 row", "2 rows", "3-4 rows"
-        sizes = f"{rows[0]}" if rows[0] == rows[1] else f"{rows[0]}-{rows[1]}"
-        return f"{sizes} row{'s' if rows[1] > 1 else ''}"
-
-    parts = []
-    for c in choices:
-        if c.like is not None:  # plain, unmeasured: a smaller batch measured plain faster
-            parts.append(f"{rows_text(c.rows)}: {c.speculate} (as at {rows_text(c.like)})")
-            continue
-        drafting = "drafting" if c.width is None else f"drafting <= {c.width}"
-        draft, plain = (f"{v:.0f} tokens/s" if v > 0 else "not yet measured"  # 0: no round of it timed yet
-                        for v in (c.draft_tokens_per_s, c.plain_tokens_per_s))
-        speeds = f"{drafting}: {draft}, plain: {plain}"
-        parts.append(f"{rows_text(c.rows)}: {c.speculate} ({speeds})")
-    return "speculate auto: " + "; ".join(parts)
-
-
-def summary_line(result: GenerationResult, mode: str, *, auto: bool = True) -> str:
-    """New tokens, tokens/s, rounds, alpha, tau and why it stopped, on one line (and, with ``auto``, what
-    ``--speculate auto`` chose: a prompts file says it once, on its batch line)."""
-    s = result.stats
-    parts = [f"{s.new_tokens} new tokens in {s.wall_time_s:.2f} s ({s.tokens_per_s:.1f} tokens/s)",
-             f"{s.rounds} rounds"]
-    if mode == "speculative":
-        parts += [f"acceptance rate α {s.acceptance_rate:.2f}",
-                  f"mean accepted length τ {s.mean_accepted_length:.2f}"]
-    else:
-        parts += [f"{mode} alone: nothing drafted, τ {s.mean_accepted_length:.2f}"]
-    parts.append(f"stop: {result.stop_reason}")
-    if auto and result.batch is not None and result.batch.auto:
-        parts.append(auto_text(result.batch.auto))
-    if result.settings is not None:
-        parts.append(result.settings.line())
-    if not s.lossless:
-        parts.append("relaxed verification: may differ from the target's own output")
-    parts.append(current_threads().describe() + helper_note())
-    return " | ".join(parts)
-
+from specdec.arguments import COMPARE, MODES, Settings, UsageError, add_decoding_arguments, settings_from
+from specdec.config import LOOKUP, ModelConfig
+from specdec.report import summary_line
+from specdec.session import Session
+from specdec.stats import GenerationResult
+from specdec.terminal import ShownStream, print_legend, stdout_console
 
 # ------------------------------------------------------------------------------------------- chat
 
@@ -411,7 +86,7 @@ class Chat:
 
     def _generate(self, prompt_ids: list[int], settings: Settings) -> GenerationResult | None:
         """Stream one generation; None when Ctrl-C stopped it (what came out stays on screen)."""
-        stream = TokenStream(self.session.tokenizer(settings.mode), prompt_ids,
+        stream = ShownStream(self.session.tokenizer(settings.mode), prompt_ids,
                              show_acceptance=settings.show_acceptance, console=self.out)
         start = time.perf_counter()
         try:

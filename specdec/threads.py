@@ -204,6 +204,11 @@ def use_threads(threads: int | None = None, *, model: str | Path | PreTrainedMod
     return choice
 
 
+def applied() -> ThreadChoice | None:
+    """The last choice ``use_threads`` applied in this process (None: none yet), whether or not it still holds."""
+    return _applied
+
+
 def current() -> ThreadChoice:
     """The count torch uses now and where it came from: the last ``use_threads`` choice while it still
     holds, else torch's own setting (its default, or OMP_NUM_THREADS read at start)."""

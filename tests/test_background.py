@@ -21,11 +21,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.compiled import compiled_for, compiler_missing, prepare, saves_graphs
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
-from specdec.console import Session
 from specdec.serve import background
 from specdec.serve.background import ENV, Beside
 from specdec.serve.config import ServeConfig
 from specdec.serve.server import ServerThread, build_app
+from specdec.session import Session
 
 GAMMA = 3
 NEW = 16

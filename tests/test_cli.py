@@ -21,10 +21,10 @@ import torch
 from tiny_models import TinyPair, save_tiny_pair
 
 import specdec
-from specdec import cli, console
+from specdec import cli, session
 from specdec.bench import BenchConfig
 from specdec.config import ModelConfig
-from specdec.console import TokenStream
+from specdec.detokenize import TokenStream
 from specdec.stats import RoundEvent
 
 REPO = Path(__file__).resolve().parent.parent
@@ -171,7 +171,7 @@ def test_ctrl_c_keeps_what_was_generated(pair: TinyPair, monkeypatch: pytest.Mon
         on_round(RoundEvent(tokens=words, kinds=["accepted"] * len(words)))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(console.Session, "generate", interrupted)
+    monkeypatch.setattr(session.Session, "generate", interrupted)
     assert cli.main(["generate", PROMPT, *pair_args(pair)]) == cli.EXIT_INTERRUPTED
     captured = capsys.readouterr()
     assert captured.out.rstrip("\n") == "    return a"
@@ -185,7 +185,7 @@ def test_stream_holds_back_incomplete_characters(pair: TinyPair) -> None:
     tok = specdec.load_tokenizer(pair.target)
     text = "naïve → 漢字 ok"
     ids = tok(text).input_ids  # byte-level BPE: the non-ASCII characters span several tokens
-    stream = TokenStream(tok, tok(PROMPT).input_ids, echo=False)
+    stream = TokenStream(tok, tok(PROMPT).input_ids)
     for token in ids:
         stream.add(RoundEvent(tokens=[token], kinds=["accepted"]))
         assert "\ufffd" not in stream.text

@@ -25,9 +25,9 @@ from transformers import MarianConfig
 import specdec
 from specdec import cli
 from specdec.config import BLOCK, LOOKUP, SHIPPED_DRAFTERS, SHIPPED_TARGETS
-from specdec.console import auto_text
 from specdec.drafters import DRAFTERS
 from specdec.loading import SHIPPED_MODELS, models_dir
+from specdec.report import auto_text
 from specdec.schedules import PLAIN_MARGIN
 from specdec.stats import AutoChoice
 
@@ -268,9 +268,9 @@ def test_ctrl_c_swallowed_by_a_finalizer_still_interrupts(pair: TinyPair, where:
     """A Ctrl-C landing in a finalizer (a fresh-clone run of the test below once sent it while the garbage collector
     ran a ``regex`` Group's ``__del__`` during the imports) used to be printed as a traceback and lost: the command
     decoded its 8000 tokens and exited 0. Now it interrupts at the next round, with the usual one line and 130."""
-    from specdec import console
+    from specdec.session import Session
 
-    real_load, real_generate = console.Session.load, console.Session.generate
+    real_load, real_generate = Session.load, Session.generate
 
     def load(self, *args, **kwargs):
         if where == "loading":
@@ -284,8 +284,8 @@ def test_ctrl_c_swallowed_by_a_finalizer_still_interrupts(pair: TinyPair, where:
                 _FinalizerInterrupted()
         return real_generate(self, prompt_ids, settings, on_round=round_, **kwargs)
 
-    monkeypatch.setattr(console.Session, "load", load)
-    monkeypatch.setattr(console.Session, "generate", generate)
+    monkeypatch.setattr(Session, "load", load)
+    monkeypatch.setattr(Session, "generate", generate)
     assert cli.main(["generate", PROMPT, *pair_args(pair), "--max-new-tokens", "400"]) == cli.EXIT_INTERRUPTED
     err = capsys.readouterr().err
     line = one_line(err)

@@ -153,6 +153,36 @@ def test_the_bench_package_s_names_load_on_first_use() -> None:
         specdec.bench.no_such_name  # noqa: B018
 
 
+def test_no_front_end_imports_the_chat_console() -> None:
+    """The chat UI is ``specdec chat``'s alone: ``specdec.cli`` names it as a subcommand, nothing imports it."""
+    graph = import_graph()
+    assert {name for name, imports in graph.items() if "specdec.console" in imports} == {"specdec.cli"}
+    graph["specdec.cli"].discard("specdec.console")  # by name only: ``specdec chat`` runs it
+    for module in ("specdec.session", "specdec.detokenize", "specdec.plan", "specdec.report", "specdec.terminal",
+                   "specdec.serve.app", "specdec.serve.background", "specdec.bench.harness", "specdec"):
+        assert "specdec.console" not in reachable(graph, module), module
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for name in graph[todo.pop()] - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+@pytest.mark.parametrize("module, terminal", [("specdec.session", False), ("specdec.serve.app", False),
+                                              ("specdec.serve.background", False), ("specdec.bench.harness", True)])
+def test_the_server_the_bench_and_the_session_do_not_import_the_terminal_ui(module: str, terminal: bool) -> None:
+    """In a fresh interpreter: no ``specdec.console`` (nor rich, but for the bench, whose progress bars are rich's)."""
+    out = run_python(f"import json, sys, {module}\n"
+                     "print(json.dumps([m for m in ('specdec.console', 'specdec.terminal', 'rich', 'prompt_toolkit')"
+                     " if m in sys.modules]))")
+    assert out == (["rich"] if terminal else [])
+
+
 @pytest.mark.parametrize("argv, status", [
     (["--help"], 0),
     (["generate", "--help"], 0),

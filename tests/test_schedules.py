@@ -19,9 +19,9 @@ from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
 import specdec
 from specdec.acceptance import Verdict
 from specdec.config import ScheduleConfig, SpecConfig
-from specdec.console import auto_text
 from specdec.drafters.base import DraftStep, Proposal
 from specdec.events import DRAFT_PREFILL, PREFILL, RoundSummary
+from specdec.report import auto_text
 from specdec.schedules import (
     PLAIN_MARGIN,
     Ada,

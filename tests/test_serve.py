@@ -3,7 +3,7 @@
 One server runs for the module: the real command (`python -m specdec serve`) in a subprocess on a
 free loopback port, over the tiny pair of `tiny_models` (drafter `lookup+<tiny drafter>`, batch
 size 3, the heuristic schedule, an API key), driven by the official `openai` client and by raw HTTP. References come from
-the same code path as `specdec generate` (`console.Session.generate`) in this process, each prompt
+the same code path as `specdec generate` (`session.Session.generate`) in this process, each prompt
 decoded alone, and once from the `specdec generate --json` command itself:
 
 - completion and chat, streaming and not, equal to the reference at temperature 0 (text and token
@@ -47,12 +47,13 @@ import torch
 from tiny_models import TinyPair, save_tiny_pair
 from transformers import AutoTokenizer
 
+from specdec.arguments import Settings
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig
-from specdec.console import Session, Settings
 from specdec.serve.cli import exposure_warning
 from specdec.serve.config import ServeConfig
 from specdec.serve.protocol import ChatMessage, chat_prompt_ids, plain_chat
 from specdec.serve.server import bind, model_id
+from specdec.session import Session
 from specdec.threads import room_beside
 
 KEY = "test-key-123"

@@ -312,22 +312,23 @@ def run_benchmark(
 
 def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, PreTrainedModel | None]) -> str:
     """``--compile on``: compile the target and the drafter model's forms (as loaded: behind lookup; the form
-    ``spec`` drafts with) for the shapes of every method of ours, at every ``--gamma``
-    (``specdec.compiled.token_buckets``, one row), before any timing; what was done."""
-    from specdec.compiled import compiles, prepare, token_buckets
-    from specdec.drafters.hybrid import LOOKUP_NGRAM
+    ``spec`` drafts with) for the shapes of every method of ours, at every ``--gamma`` (``specdec.plan``: plain
+    decoding and prompt lookup before a drafter model, one row), before any timing; what was done."""
+    from specdec.compiled import compiles
     from specdec.loading import input_device
+    from specdec.plan import Shapes, decode_plan
 
     if not compiles(config.compile, input_device(target)):
         return config.compile
-    plans = [token_buckets(g, "lookup+", True, True, LOOKUP_NGRAM.copy_length(g)) for g in config.gamma]
-    done = [f"target {prepare(target, 'on', tokens=tuple(sorted({n for p in plans for n in p[0]}))).reason}"]
-    tokens = tuple(sorted({n for p in plans for n in p[1]}))
+    plans = [decode_plan(g, lookup=True, drafter_model=True, speculating=True, plain=True) for g in config.gamma]
+    verify = Shapes(tuple(sorted({n for p in plans for n in p.target.tokens})), plans[0].target.rows)
+    steps = Shapes(tuple(sorted({n for p in plans for n in p.drafter.tokens})), plans[0].drafter.rows, last=True)
+    done = [f"target {verify.prepare(target).reason}"]
     seen: set[int] = set()
     for label, drafter in drafters.items():
         if drafter is not None and id(drafter) not in seen:
             seen.add(id(drafter))
-            done.append(f"{label} {prepare(drafter, 'on', tokens=tokens, last=True).reason}")
+            done.append(f"{label} {steps.prepare(drafter).reason}")
     return "; ".join(done)
 
 

@@ -307,7 +307,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
         VLLMServer,
         max_model_len,
     )
-    from specdec.console import Session
+    from specdec.session import Session
     from specdec.target import make_target
 
     peers = serve_peers(config)
@@ -509,7 +509,7 @@ def serve_table(run: ServeRun) -> Table:
 
 
 def print_serve(run: ServeRun, console: Console) -> None:
-    from specdec.console import auto_text
+    from specdec.report import auto_text
 
     console.print(serve_table(run))
     env = run.environment

@@ -347,18 +347,18 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
 def compile_models(config: TranslateBenchConfig, target: PreTrainedModel, drafter: PreTrainedModel | None,
                    log: Callable[[str], None]) -> str:
     """``--compile on``: compile the target's and the drafter model's decode steps (rows of 1, the buckets of
-    ``compiled.token_buckets`` for plain decoding, the ``gamma`` verification and a lookup copy) before any
-    timing; what was done. The block drafter decodes eagerly (its block forwards have no static form)."""
-    from specdec.compiled import compiles, prepare, token_buckets
-    from specdec.drafters.hybrid import LOOKUP_NGRAM
+    ``specdec.plan`` for plain decoding, the ``gamma`` verification and a lookup copy) before any timing; what was
+    done. The block drafter decodes eagerly (its block forwards have no static form)."""
+    from specdec.compiled import compiles
     from specdec.loading import input_device
+    from specdec.plan import decode_plan
 
     if not compiles(config.compile, input_device(target)):
         return config.compile
-    verify, steps = token_buckets(config.gamma, "lookup+", True, True, LOOKUP_NGRAM.copy_length(config.gamma))
-    done = [f"target {prepare(target, 'on', tokens=verify).reason}"]
+    plan = decode_plan(config.gamma, lookup=True, drafter_model=True, speculating=True, plain=True)
+    done = [f"target {plan.target.prepare(target).reason}"]
     if drafter is not None:
-        done.append(f"drafter {prepare(drafter, 'on', tokens=steps, last=True).reason}")
+        done.append(f"drafter {plan.drafter.prepare(drafter).reason}")
     log("compile " + "; ".join(done))
     return "; ".join(done)
 

@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
     """The child: compile the server's buckets into the compile cache (``Session.compile`` with ``--compile on``)."""
     payload = json.loads(argv[0])
     _orphan_guard(payload["parent"])
-    from specdec.console import Session
+    from specdec.session import Session
 
     schedule = payload["schedule"]
     if schedule.get("bound") is not None:

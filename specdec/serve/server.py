@@ -1,6 +1,6 @@
 """Building a server from the configs, and running it (in the foreground, or on a thread).
 
-``build_app`` loads the models once (through the console's ``Session``: the target, the drafter
+``build_app`` loads the models once (through ``specdec.session.Session``: the target, the drafter
 named as for ``specdec generate``), builds the ``Engine`` of the target, and returns the app.
 The server runs on a socket bound first (``bind``; port 0 = a free port, known before the server
 starts), in the foreground (``specdec serve``, which ``specdec bench --serve`` launches) or on a thread
@@ -22,7 +22,6 @@ from fastapi import FastAPI
 
 from specdec.batch import PromptBatch
 from specdec.config import ModelConfig, SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
-from specdec.console import Session
 from specdec.drafters import NoDrafter
 from specdec.loading import SHIPPED_MODELS
 from specdec.processors import resolve
@@ -33,6 +32,7 @@ from specdec.serve.background import wanted as compile_beside
 from specdec.serve.config import ServeConfig
 from specdec.serve.engine import Engine
 from specdec.serve.metrics import ServerMetrics
+from specdec.session import Session
 from specdec.target import Target, make_target
 
 

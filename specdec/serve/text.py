@@ -1,8 +1,8 @@
 """A request's text as its rounds commit: incremental detokenizing and OpenAI's stop-string rule.
 
-``TextStream`` is the console's ``TokenStream`` (a window of earlier tokens gives context; text that
-ends in an incomplete character waits for the next token) collecting pieces instead of printing
-them, each piece labelled with the kind of the token that completed it (accepted, recovered, bonus).
+``TextStream`` is ``specdec.detokenize``'s ``TokenStream`` (a window of earlier tokens gives context;
+text that ends in an incomplete character waits for the next token) collecting its pieces, each
+labelled with the kind of the token that completed it (accepted, recovered, bonus).
 
 OpenAI returns text *without* the stop sequence (the core keeps it in the tokens, as ``generate``
 does). So, while a request has stop strings, the last ``len(longest stop) - 1`` characters are held
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from specdec.console import TokenStream
+from specdec.detokenize import TokenStream
 from specdec.stats import STOP_STRING
 
 
@@ -25,7 +25,7 @@ class TextStream(TokenStream):
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int],
                  stop_strings: Sequence[str] = ()) -> None:
-        super().__init__(tokenizer, prompt_ids, echo=False)
+        super().__init__(tokenizer, prompt_ids)
         self.stop_strings = tuple(stop_strings)
         self.holdback = max((len(s) for s in self.stop_strings), default=1) - 1
         self.released = ""  # text handed out so far
