@@ -8,7 +8,7 @@ number of tokens per row; prompt lookup, which costs no forward, may copy up to 
 -> **accept** (the verification rule keeps a prefix of each row's drafts and picks its recovered or
 bonus token) -> **commit** (both models roll each row back to its committed sequence; stops apply;
 listeners hear of it). Rows accept different numbers of tokens (ragged); a row that finishes leaves
-the batch at once and costs nothing more; waiting prompts join at the next round boundary (a
+the batch at once and costs nothing more; waiting prompts join at the next round boundary (``specdec.admission``; a
 ``Decoder`` fed from a queue is how a server batches continuously). A model whose rows cannot share a
 forward (``Target.rows_apart``, ``Drafter.rows_apart``: sparse attention, RoFormer, ...) is never refused
 at batch > 1: the batch then holds one row at a time, each prompt decoded as it is alone, said once.
@@ -65,7 +65,7 @@ from specdec.events import (
     Tally,
 )
 from specdec.kernels import active
-from specdec.logprobs import TokenLogprob, prompt_logprobs, token_logprobs  # noqa: F401 (the server's, from here)
+from specdec.logprobs import TokenLogprob, token_logprobs
 from specdec.processors import (
     DraftSampler,
     GenerationSettings,
