@@ -8,7 +8,7 @@ number of tokens per row; prompt lookup, which costs no forward, may copy up to 
 -> **accept** (the verification rule keeps a prefix of each row's drafts and picks its recovered or
 bonus token) -> **commit** (both models roll each row back to its committed sequence; stops apply;
 listeners hear of it). Rows accept different numbers of tokens (ragged); a row that finishes leaves
-the batch at once and costs nothing more; waiting prompts join at the next round boundary (a
+the batch at once and costs nothing more; waiting prompts join at the next round boundary (``specdec.admission``; a
 ``Decoder`` fed from a queue is how a server batches continuously). A model whose rows cannot share a
 forward (``Target.rows_apart``, ``Drafter.rows_apart``: sparse attention, RoFormer, ...) is never refused
 at batch > 1: the batch then holds one row at a time, each prompt decoded as it is alone, said once.
@@ -38,26 +38,22 @@ strings, stop strings).
 
 from __future__ import annotations
 
-import operator
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.acceptance import Verdict, Verifier, rule_for
+from specdec.admission import Admission
 from specdec.batch import PromptBatch, kept_order
 from specdec.config import SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
 from specdec.drafters import Drafter, NoDrafter, Proposal, make_drafter
 from specdec.events import (
     ACCEPT,
     COMMIT,
-    DRAFT_PREFILL,
-    PREFILL,
     PROPOSE,
     VERIFY,
     Events,
@@ -65,8 +61,11 @@ from specdec.events import (
     OnRound,
     PhaseClock,
     RoundSummary,
+    RowRound,
+    Tally,
 )
 from specdec.kernels import active
+from specdec.logprobs import TokenLogprob, token_logprobs
 from specdec.processors import (
     DraftSampler,
     GenerationSettings,
@@ -77,8 +76,9 @@ from specdec.processors import (
     resolve,
     round_rows,
 )
+from specdec.prompts import prompt_list
 from specdec.sampling import Sampler, make_generator
-from specdec.schedules import Crossover, DraftPlan, Schedule, make_schedule
+from specdec.schedules import Crossover, Schedule, make_schedule
 from specdec.stats import (
     ACCEPTED,
     BONUS,
@@ -97,15 +97,6 @@ from specdec.target import Target, make_target
 
 OnRoundFn = Callable[[RoundEvent], None]
 OnResultFn = Callable[[GenerationResult], None]
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's log-probability under the target, and the most probable tokens at its position."""
-
-    token: int  # the token id
-    logprob: float  # log p(token | prefix), the target's, after the logits processors in force
-    top: tuple[tuple[int, float], ...] = ()  # (token id, log-probability) of the most probable tokens, best first
 
 
 @dataclass(frozen=True)
@@ -147,18 +138,19 @@ class Row:
         return self.stop_reason is not None
 
     def room(self, context_limit: int | None) -> int:
-        """Tokens this row may still commit (budget and context); marks the row done at 0."""
+        """Tokens this row may still commit: its budget, within ``context_limit`` (None: no limit)."""
         budget = self.request.max_new_tokens - len(self.tokens)
-        if budget <= 0:
-            self.stop_reason = self.stop_reason or MAX_NEW_TOKENS
-            return 0
         if context_limit is not None:
-            context_room = context_limit - len(self.request.ids) - len(self.tokens)
-            if context_room <= 0:
-                self.stop_reason = self.stop_reason or CONTEXT_LIMIT
-                return 0
-            budget = min(budget, context_room)
-        return budget
+            budget = min(budget, context_limit - len(self.request.ids) - len(self.tokens))
+        return max(0, budget)
+
+    def stop_if_full(self, context_limit: int | None) -> bool:
+        """Mark the row done when it has no room left (its budget first, then the context); whether it is done."""
+        if self.stop_reason is None and self.request.max_new_tokens - len(self.tokens) <= 0:
+            self.stop_reason = MAX_NEW_TOKENS
+        elif self.stop_reason is None and self.room(context_limit) <= 0:
+            self.stop_reason = CONTEXT_LIMIT
+        return self.done
 
     def _completes_stop_string(self, new: list[int], tokenizer: PreTrainedTokenizerBase) -> bool:
         """Whether the newest token of ``self.tokens + new`` completes a stop string."""
@@ -196,32 +188,49 @@ def _kinds(drafted: int, accepted: int) -> list[str]:
 
 
 class Decoder:
-    """Decodes requests in batches of up to ``batch_size`` rows; waiting requests join at round boundaries."""
+    """Decodes requests in batches of up to ``batch_size`` rows; waiting requests join at round boundaries.
+
+    The decoder holds the batch (its rows, in cache-row order, their newest tokens, their sampler) and runs its
+    rounds; what is not yet in the batch, and whether the drafter holds the rows, is its ``admission``'s
+    (``specdec.admission``); its figures are a listener's (``tally``, ``events.Tally``)."""
 
     def __init__(self, target: Target, drafter: Drafter, schedule: Schedule, *, verify: VerifyConfig | None = None,
                  batch_size: int = SpecConfig.batch_size, tokenizer: PreTrainedTokenizerBase | None = None,
                  listeners: Sequence[Listener] = (), prefill_beside: bool = False) -> None:
         self.target, self.drafter, self.schedule = target, drafter, schedule
-        self.prefill_beside = prefill_beside  # rows joining a running batch are prefilled on another thread
         self.verifier = Verifier(verify or VerifyConfig())
         self.batch_size = batch_size
         self.tokenizer = tokenizer
         self.device = target.device
         self.clock = PhaseClock(self.device)
-        self.events = Events([self.clock, *listeners, *([schedule] if isinstance(schedule, Listener) else [])])
-        self.waiting: deque[Row] = deque()
+        self.tally = Tally(self.clock)
+        self.events = Events([self.clock, self.tally, *listeners,
+                              *([schedule] if isinstance(schedule, Listener) else [])])
+        self.admission = Admission(target, drafter, schedule, self.events, self.clock, batch_size, prefill_beside)
         self.rows: list[Row] = []  # the batch, in cache-row order
         self.last = torch.zeros(0, dtype=torch.long, device=self.device)  # [B] newest committed token per row
         self.sampler = Sampler.per_row([], [])
         self.processing = False  # whether a row has logits processors
-        self.stats = BatchStats()
-        self.started = time.perf_counter()
-        self.apart: str | None = None  # why rows cannot share a forward (each then decodes alone), once known
-        self._apart_known = batch_size == 1  # batch size 1: rows never share a forward anyway
-        self._limits: tuple[list[int], torch.Tensor] = ([], self.last)  # the last round's limits, host and device
-        self._drafter_out = False  # the drafter holds no rows: it sits out a stretch the schedule settled as plain
-        self._beside: tuple[list[Row], PromptBatch, Future] | None = None  # rows whose prefill runs beside the batch
-        self._beside_s = 0.0  # seconds of the target's prefills run beside the batch
+        self._asked: tuple[list[int], torch.Tensor] = ([], self.last)  # the last round's drafts asked, host and device
+
+    @property
+    def stats(self) -> BatchStats:
+        """The run's counts so far (``batch_stats``: with the times)."""
+        self.tally.stats.apart = self.admission.apart or ""
+        return self.tally.stats
+
+    @property
+    def waiting(self) -> deque[Row]:
+        return self.admission.waiting
+
+    @property
+    def prefilling(self) -> int:
+        """Rows being prefilled beside the batch (``prefill_beside``): no longer waiting, not yet in the batch."""
+        return len(self.admission.prefilling)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.admission.waiting or self.rows or self.admission.beside)
 
     # ---------------------------------------------------------------------------- rows in and out
 
@@ -234,111 +243,34 @@ class Decoder:
                 LogitsProcessorList([*own, request.penalties.processor(len(request.ids))])))
         row = Row(request, make_generator(request.sampling.seed, self.device), joined=time.perf_counter())
         row.stats = GenerationStats(prompt_tokens=len(request.ids), lossless=lossless)
-        self.stats.rows += 1
-        self.stats.lossless = self.stats.lossless and lossless
-        self.waiting.append(row)
+        self.resume(row)
         return row
 
     def resume(self, row: Row) -> None:
         """Queue a row that another decoder started (a server's engine moves its rows to a fresh decoder after a
         failed round): it keeps its tokens, generator and figures, and joins with its committed sequence, prompt
         and new tokens, as its prompt."""
-        self.stats.rows += 1
-        self.stats.lossless = self.stats.lossless and row.stats.lossless
-        self.waiting.append(row)
+        self.events.submitted(row.stats)
+        self.admission.waiting.append(row)
 
     def in_flight(self) -> list[Row]:
         """Every row submitted and not yet returned by ``step``: in the batch, prefilled beside it, waiting."""
-        return self.rows + (self._beside[0] if self._beside else []) + list(self.waiting)
+        return self.rows + self.admission.prefilling + list(self.admission.waiting)
 
     def cancel(self, row: Row, reason: str = "cancelled") -> None:
         """Stop a row (a client that went away); it leaves the batch at the next step, before its round."""
         row.stop_reason = row.stop_reason or reason
 
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting or self.rows or self._beside)
-
-    @property
-    def prefilling(self) -> int:
-        """Rows being prefilled beside the batch (``prefill_beside``): no longer waiting, not yet in the batch."""
-        return len(self._beside[0]) if self._beside else 0
-
     def rows_apart(self, prompts: PromptBatch | None = None) -> str | None:
-        """Why the models' rows cannot share a forward (the batch then holds one row at a time), or None. Learnt
-        from ``prompts`` (a server's probe at start), else once two rows are in sight (the first row serves the
-        models' self-checks, which raise what refuses even one row); said once, by name."""
-        if not self._apart_known and (prompts is not None or len(self.rows) + len(self.waiting) > 1):
-            if prompts is None:
-                prompts = self._prompts((self.rows or list(self.waiting))[:1])
-            self.apart = self.target.rows_apart(prompts) or self.drafter.rows_apart(prompts)
-            if self.apart is not None:
-                warnings.warn(f"{self.apart}. Each prompt decodes alone, in turn (a batch of {self.batch_size} "
-                              "holds one row)", stacklevel=2)
-            self._apart_known = True
-            self.stats.apart = self.apart or ""
-        return self.apart
+        """Why the models' rows cannot share a forward (the batch then holds one row at a time), or None
+        (``Admission.rows_apart``: from ``prompts``, a server's probe at start, else once two rows are in sight)."""
+        return self.admission.rows_apart(self.rows, prompts)
 
-    def _join(self) -> list[Row]:
-        """Prefill waiting rows into the batch (up to batch_size, or one row at a time for models whose rows
-        cannot share a forward: ``rows_apart``); rows with no room finish at once. With ``prefill_beside``, rows
-        joining a batch that is decoding are prefilled by the target on another thread (``Target.prefill_beside``)
-        while the batch goes on with its rounds, and join at the first round boundary after (at once where the batch
-        has emptied meanwhile); one such prefill at a time. Measured on the AMD EPYC (2 cores, 1 thread a forward, the
-        code pair, the server at 4 clients, ``--speculate auto``, alternated): median latency 1.003-1.137 s (median 1.070)
-        against 1.080-1.293 (1.193) in turn; prefilled beside, 1.12 ms a prompt token against 1.09 in turn, while the
-        batch's rounds went on (docs/benchmarks.md, "Prompts prefilled beside the batch, on the second core")."""
-        if self._beside and (self._beside[2].done() or not self.rows):  # prefilled, or nothing left to decode
-            joining, prompts, future = self._beside
-            self._beside = None
-            add, seconds = future.result()  # raises the prefill's error here, on the decoding thread
-            self.clock.new_round()
-            self._beside_s += seconds
-            self._admit(joining, prompts, add(), seconds)
-        joining, finished = [], []
-        capacity = 1 if self.rows_apart() else self.batch_size
-        while not self._beside and self.waiting and len(self.rows) + len(joining) < capacity:
-            row = self.waiting.popleft()
-            (finished if row.done or row.room(self.target.context_limit) == 0 else joining).append(row)
-        if joining:
-            prompts = self._prompts(joining, committed=True)  # a resumed row joins with its new tokens
-            run = self.target.prefill_beside(prompts) if self.rows and self.prefill_beside else None
-            if run is not None:
-                self._beside = (joining, prompts, _pool().submit(_beside, run))
-            else:
-                self.clock.new_round()
-                with self.events.phase(PREFILL):
-                    calls = self.target.prefill(prompts)
-                self._admit(joining, prompts, calls, self.clock.round[PREFILL])
-        return finished
-
-    def _admit(self, joining: list[Row], prompts: PromptBatch, calls: int, seconds: float) -> None:
-        """Rows the target has just prefilled (``calls`` forwards, ``seconds``) join the batch: the drafter reads them
-        (unless it sits out), the schedule and the figures count them."""
-        draft_calls = 0
-        if not self._drafter_out and self.schedule.settled_plain(len(self.rows) + len(joining)):
-            self._sit_out()  # the batch they make decodes plain: no prefill the drafter would drop at once
-        if not self._drafter_out:  # else the drafter reads the rows when it drafts again (``_seat_drafter``)
-            with self.events.phase(DRAFT_PREFILL):
-                draft_calls = self.drafter.prefill(prompts)
-        self.schedule.add(len(joining))
-        for row in joining:  # added: a resumed row keeps its counts
-            row.stats.target_calls += calls
-            row.stats.drafter_calls += draft_calls
-            row.stats.target_time_s += seconds
-            row.stats.drafter_time_s += self.clock.round[DRAFT_PREFILL]
-        self.stats.target_calls += calls
-        self.stats.drafter_calls += draft_calls
-        self.rows += joining
+    def _add(self, joining: list[Row], prompts: PromptBatch) -> None:
+        """Rows both models have prefilled join the batch (``Admission.join``)."""
+        self.rows.extend(joining)
         self.last = torch.cat([self.last, prompts.ids[:, -1]])
         self._resample()
-
-    def _prompts(self, rows: list[Row], committed: bool = False) -> PromptBatch:
-        """``rows``' prompts as a batch (``committed``: each with its new tokens so far), with their sources
-        (encoder-decoder targets)."""
-        ids = [r.request.ids + r.tokens if committed else r.request.ids for r in rows]
-        sources = None if rows[0].request.source is None else [r.request.source for r in rows]
-        return PromptBatch.from_lists(ids, self.device, sources)
 
     def _resample(self) -> None:
         self.sampler = Sampler.per_row([r.request.sampling for r in self.rows], [r.generator for r in self.rows])
@@ -351,43 +283,13 @@ class Decoder:
         if finished:
             order = kept_order([r.done for r in self.rows])
             keep = torch.tensor(order, dtype=torch.long, device=self.device)
-            parts = (self.target, self.schedule) if self._drafter_out else (self.target, self.drafter, self.schedule)
-            for part in parts:
+            out = self.admission.drafter_out
+            for part in (self.target, self.schedule) if out else (self.target, self.drafter, self.schedule):
                 part.select(keep)
             self.last = self.last[keep]
             self.rows = [self.rows[i] for i in order]
             self._resample()
         return finished
-
-    def _caps(self) -> list[int]:
-        """The most drafts each row can take this round (per row, on the host): the room left, minus the
-        verified token, within the drafter's context; rows with no room left are marked done."""
-        caps = []
-        for row in self.rows:
-            cap = row.room(self.target.context_limit) - 1
-            if self.drafter.context_limit is not None:
-                cap = min(cap, self.drafter.context_limit - len(row.request.ids) - len(row.tokens) + 1)
-            caps.append(max(0, cap))
-        return caps
-
-    def _admitted(self, proposal: Proposal, limits: list[int], caps: list[int]) -> Proposal:
-        """The drafts a round verifies: within each row's limit (or the drafter's free tokens), cut to its cap
-        (``limits`` and ``caps`` per row; checked on the host, from the drafts as lists)."""
-        if tuple(proposal.lengths.shape) != (len(limits),):
-            raise ValueError(f"the drafter proposed for {tuple(proposal.lengths.shape)} rows, not {len(self.rows)}")
-        drafts = proposal.drafts()  # as lists: known to most drafters, else one read of the tensors
-        free = self.drafter.free_tokens
-        for i, (draft, n) in enumerate(zip(drafts, limits)):
-            if len(draft) > max(n, free):
-                raise ValueError(f"the drafter proposed {len(draft)} tokens for prompt "
-                                 f"{self.rows[i].request.index} when asked for at most {max(n, free)}")
-        vocab = self.target.vocab_size
-        if any(t < 0 or t >= vocab for draft in drafts for t in draft):
-            raise ValueError(f"the drafter proposed token ids outside the target's vocabulary [0, {vocab})")
-        longest = max((len(d) for d in drafts), default=0)
-        if longest < proposal.k or any(len(d) > cap for d, cap in zip(drafts, caps)):
-            return proposal.cut(torch.tensor(caps, dtype=torch.long, device=self.device))
-        return proposal
 
     # -------------------------------------------------------------------------------------- rounds
 
@@ -395,7 +297,7 @@ class Decoder:
         """Admit waiting rows, run one round for the batch, let finished rows go; return those. The models'
         linear layers run specdec's kernels meanwhile (``specdec.kernels``: where installed)."""
         with active():
-            finished = self._join() + self._leave()  # cancelled rows go before the round
+            finished = self.admission.join(self.rows, self._add) + self._leave()  # cancelled rows go before the round
             if self.rows:
                 self._round()
                 finished += self._leave()
@@ -407,19 +309,18 @@ class Decoder:
     def _round(self) -> None:
         """One round for every row: propose -> verify -> accept -> commit."""
         self.clock.new_round()
-        caps = self._caps()  # per row
         rows = round_rows([(r.request.ids + r.tokens if r.request.processors else [], r.request.processors)
                            for r in self.rows], self.device) if self.processing else []
         with self.events.phase(PROPOSE):
             plan = self.schedule.plan(len(self.rows), self.device)
-            self._seat_drafter(plan)
-            if plan.width is not None:  # verifying B rows costs their longest draft: the schedule caps it
-                caps = [min(cap, plan.width) for cap in caps]
-            limits = [min(n, cap) for n, cap in zip(plan.limit.tolist(), caps)]
-            limit = self._on_device(limits)  # [B]
-            sampler = DraftSampler.wrap(self.sampler, rows) if self.processing else self.sampler
-            proposal = (Proposal.empty(len(self.rows), self.device) if self._drafter_out else
-                        self._admitted(self.drafter.propose(limit, sampler, plan.stop), limits, caps))
+            self.admission.seat_drafter(plan, self.rows)
+            if self.admission.drafter_out:
+                proposal = Proposal.empty(len(self.rows), self.device)
+            else:
+                budget = self._budget(plan.width)  # per row, on the host
+                asked, limit = self._ask([min(n, most) for n, most in zip(plan.limit.tolist(), budget)])
+                sampler = DraftSampler.wrap(self.sampler, rows) if self.processing else self.sampler
+                proposal = self._within(self.drafter.propose(limit, sampler, plan.stop), asked, budget)
         with self.events.phase(VERIFY):
             candidates = torch.cat([self.last[:, None], proposal.tokens], dim=1)  # [B, k+1]
             scores = self.target.verify(candidates, proposal.lengths + 1)  # logits [B, k+1, V]
@@ -430,46 +331,58 @@ class Decoder:
             verdict = self.verifier(proposal, logits, self.sampler)  # accepted [B], next_token [B]
         with self.events.phase(COMMIT):
             self.target.rollback(verdict.accepted + 1)
-            if not self._drafter_out:
+            if not self.admission.drafter_out:
                 self.drafter.commit(verdict.accepted, verdict.next_token)
             self.schedule.update(proposal, verdict)
             self.last = verdict.next_token
-            drafted, committed = self._commit_rows(proposal, verdict, logits)
-        self.events.round_ended(RoundSummary(len(self.rows), drafted, committed, self.clock.round_seconds))
+            drafted, accepted, committed = self._commit_rows(proposal, verdict, logits)
+        self.events.round_ended(RoundSummary(len(self.rows), drafted, committed, self.clock.round_seconds, accepted,
+                                             proposal.calls))
 
-    def _seat_drafter(self, plan: DraftPlan) -> None:
-        """The drafter sits out while the schedule has settled the batch's size as plain decoding
-        (``Schedule.settled_plain``: ``speculate="auto"`` measured plain faster there): it drops its rows, rows
-        joining meanwhile (or joining to make such a batch) are not prefilled into it, and it does not follow the
-        committed tokens; before the next round that drafts it reads every row's committed sequence as a prompt (one
-        prefill, a ``DRAFT_PREFILL`` phase).
-        Measured on the AMD EPYC (code pair, 4 rows, 12 prompts of 82-206 tokens and 64 new: the drafter's prefill of
-        each joining row took 4% of the run and its following of the plain rounds 1%; ``auto`` settled plain there
-        decoded 0.95x ``off``'s tokens/s, 0.97x with the drafter sitting out; the server at 4 clients, 7 runs each,
-        median latency 1.303 s against ``off``'s 1.315)."""
-        drafting = plan.width != 0
-        if drafting and self._drafter_out:
-            with self.events.phase(DRAFT_PREFILL):
-                self.stats.drafter_calls += self.drafter.prefill(self._prompts(self.rows, committed=True))
-            self._drafter_out = False
-        elif not drafting and not self._drafter_out and self.schedule.settled_plain(len(self.rows)):
-            self._sit_out()
+    def _budget(self, width: int | None) -> list[int]:
+        """The most drafts each row's round can verify, once a round, on the host: the room the row has left less
+        the verified token, within the drafter's context and the plan's ``width`` (None: no cap). Every row in the
+        batch has room (``Row.stop_if_full`` as it joins and after each round)."""
+        budget = []
+        for row in self.rows:
+            most = row.room(self.target.context_limit) - 1
+            if self.drafter.context_limit is not None:
+                most = min(most, self.drafter.context_limit - len(row.request.ids) - len(row.tokens) + 1)
+            if width is not None:
+                most = min(most, width)
+            budget.append(max(0, most))
+        return budget
 
-    def _sit_out(self) -> None:
-        self.drafter.reset()
-        self._drafter_out = True
+    def _ask(self, asked: list[int]) -> tuple[list[int], torch.Tensor]:
+        """The drafts the drafter is asked for, per row, and as a device tensor: last round's when the same (plain
+        decoding, a constant schedule with room left), else a new one (a copy to a CUDA device waits for it)."""
+        if self._asked[0] != asked:
+            self._asked = (asked, torch.tensor(asked, dtype=torch.long, device=self.device))
+        return self._asked
 
-    def _on_device(self, limits: list[int]) -> torch.Tensor:
-        """``limits`` as a device tensor: last round's when they are the same (plain decoding, a constant schedule
-        with room left), else a new one (a copy to a CUDA device waits for it)."""
-        if self._limits[0] != limits:
-            self._limits = (limits, torch.tensor(limits, dtype=torch.long, device=self.device))
-        return self._limits[1]
+    def _within(self, proposal: Proposal, asked: list[int], budget: list[int]) -> Proposal:
+        """The drafts a round verifies: each row's within what it was ``asked`` (or the drafter's free tokens), cut
+        to its ``budget`` (checked on the host, from the drafts as lists)."""
+        if tuple(proposal.lengths.shape) != (len(asked),):
+            raise ValueError(f"the drafter proposed for {tuple(proposal.lengths.shape)} rows, not {len(self.rows)}")
+        drafts = proposal.drafts()  # as lists: known to most drafters, else one read of the tensors
+        free = self.drafter.free_tokens
+        for i, (draft, n) in enumerate(zip(drafts, asked)):
+            if len(draft) > max(n, free):
+                raise ValueError(f"the drafter proposed {len(draft)} tokens for prompt "
+                                 f"{self.rows[i].request.index} when asked for at most {max(n, free)}")
+        vocab = self.target.vocab_size
+        if any(t < 0 or t >= vocab for draft in drafts for t in draft):
+            raise ValueError(f"the drafter proposed token ids outside the target's vocabulary [0, {vocab})")
+        longest = max((len(d) for d in drafts), default=0)
+        if longest < proposal.k or any(len(d) > most for d, most in zip(drafts, budget)):
+            return proposal.cut(torch.tensor(budget, dtype=torch.long, device=self.device))
+        return proposal
 
-    def _commit_rows(self, proposal: Proposal, verdict: Verdict, logits: torch.Tensor) -> tuple[int, int]:
+    def _commit_rows(self, proposal: Proposal, verdict: Verdict, logits: torch.Tensor) -> tuple[int, int, int]:
         """Append each row's accepted drafts and next token (up to its stops), with their log-probabilities
-        where the row asks (from ``logits`` [B, k+1, V], the verify's after the processors); record; tell
-        listeners. Returns the tokens drafted and committed, all rows."""
+        where the row asks (from ``logits`` [B, k+1, V], the verify's after the processors); tell listeners; mark
+        the rows left without room done. Returns the tokens drafted, accepted and committed, all rows."""
         drafts = proposal.drafts()
         lengths, accepted, next_tokens = torch.stack([proposal.lengths, verdict.accepted, verdict.next_token]).tolist()
         ended = proposal.ended or ("",) * len(self.rows)
@@ -480,24 +393,11 @@ class Decoder:
             logprobs = (None if row.request.logprobs is None else
                         token_logprobs(logits[b, : n + 1], tokens, row.request.logprobs))
             event = row.commit(tokens, _kinds(drafted, n), self.tokenizer, logprobs)
-            row.stats.record_round(drafted, n, len(event.tokens), why)
-            row.stats.target_calls += 1
-            row.stats.drafter_calls += proposal.calls
-            row.stats.target_time_s += self.clock.round[VERIFY]
-            row.stats.drafter_time_s += self.clock.round[PROPOSE]
+            self.events.row_round(RowRound(row.stats, drafted, n, len(event.tokens), why, proposal.calls))
             committed += len(event.tokens)
             self.events.round_committed(event)
-            row.room(self.target.context_limit)  # marks a row that has reached its budget
-        s = self.stats
-        s.rounds += 1
-        s.row_rounds += len(self.rows)
-        s.max_rows = max(s.max_rows, len(self.rows))
-        s.drafted += sum(lengths)
-        s.accepted += sum(accepted)
-        s.new_tokens += committed
-        s.target_calls += 1
-        s.drafter_calls += proposal.calls
-        return sum(lengths), committed
+            row.stop_if_full(self.target.context_limit)
+        return sum(lengths), sum(accepted), committed
 
     def run(self) -> None:
         """Step until every submitted request is done."""
@@ -506,139 +406,14 @@ class Decoder:
 
     def batch_stats(self) -> BatchStats:
         """The run's figures so far, times included."""
-        s, total = self.stats, self.clock.total
-        s.wall_time_s = time.perf_counter() - self.started
-        s.prefill_time_s = total[PREFILL] + total[DRAFT_PREFILL] + self._beside_s
-        s.propose_time_s, s.verify_time_s = total[PROPOSE], total[VERIFY]
-        s.accept_time_s, s.commit_time_s = total[ACCEPT], total[COMMIT]
+        s = self.tally.figures()
+        s.apart = self.admission.apart or ""
         if isinstance(self.schedule, Crossover):
             s.auto = self.schedule.choices()
         return s
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
-    """Each of ``tokens``' log-probability under ``logits`` [n, V] (position i scores token i), with the ``top``
-    most probable tokens of each position. In a round, position i is the target's own distribution there (after
-    the processors, before temperature, top-k and top-p), whichever way the token came (an accepted draft, the
-    recovered token at a rejection, the bonus): the figures are the target's alone, whatever the drafter proposed."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
-    ids = torch.tensor(tokens, dtype=torch.long, device=logprobs.device)
-    chosen = logprobs.gather(-1, ids[:, None])[:, 0].tolist()  # [n]
-    if top <= 0:
-        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
-    values, indices = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)  # [n, top]
-    return [TokenLogprob(t, lp, tuple(zip(i, v))) for t, lp, i, v in
-            zip(tokens, chosen, indices.tolist(), values.tolist())]
-
-
-SCORE_TOKENS = 8192  # prompt tokens (rows x the longest) scored in one forward: bounds its [B, T, V] logits
-
-
-def prompt_logprobs(target: Target, prompts: list[list[int]], tops: list[int]) -> list[list[TokenLogprob | None]]:
-    """Each prompt's tokens' log-probabilities under the target (the first token has none: None), with the
-    ``tops[i]`` most probable tokens at each position: forwards over the prompts, right-padded (up to
-    ``SCORE_TOKENS`` a forward), without a cache (a causal model's real positions see no padding). The raw
-    distribution: no processor applies to a prompt, as ``generate`` applies none there. Decoder-only targets only."""
-    if target.encoder_decoder:
-        raise ValueError("prompt log-probabilities need a decoder-only target (an encoder-decoder's prompt is its "
-                         "source, which it does not predict)")
-    out: list[list[TokenLogprob | None]] = []
-    start = 0
-    while start < len(prompts):
-        end = start + 1
-        while end < len(prompts) and (end + 1 - start) * max(map(len, prompts[start:end + 1])) <= SCORE_TOKENS:
-            end += 1
-        group = prompts[start:end]
-        longest = max(len(p) for p in group)
-        ids = torch.zeros(len(group), longest, dtype=torch.long, device=target.device)  # [B, T]
-        mask = torch.zeros_like(ids)
-        for b, p in enumerate(group):
-            ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-            mask[b, : len(p)] = 1
-        with torch.inference_mode():
-            logits = target.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, T, V]
-        out += [[None, *token_logprobs(logits[b, : len(p) - 1], p[1:], top)] for b, (p, top) in
-                enumerate(zip(group, tops[start:end]))]
-        start = end
-    return out
-
-
-_POOL: list[ThreadPoolExecutor] = []  # the thread that runs prefills beside decoding (``Decoder.prefill_beside``)
-
-
-def _pool() -> ThreadPoolExecutor:
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-prefill"))
-    return _POOL[0]
-
-
-def _beside(run: Callable[[], Callable[[], int]]) -> tuple[Callable[[], int], float]:
-    """A target's prefill beside decoding (on the pool's thread), as the decoding thread runs its models: without
-    gradients, specdec's kernels active; what adds its rows to the batch, and its seconds."""
-    started = time.perf_counter()
-    with torch.no_grad(), active():
-        add = run()
-    return add, time.perf_counter() - started
-
-
 # ------------------------------------------------------------------------------------------ the API
-
-
-def _ids(prompt: object, where: str) -> list[int]:
-    """One prompt's token ids from a list of ints or an integer tensor [T] / [1, T]."""
-    if isinstance(prompt, torch.Tensor):
-        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-            raise TypeError(f"{where} must hold integer token ids, got a {prompt.dtype} tensor")
-        if prompt.dim() == 2 and prompt.shape[0] == 1:
-            prompt = prompt[0]
-        if prompt.dim() != 1:
-            raise ValueError(f"{where} must have shape [T] or [1, T], got {list(prompt.shape)}")
-        return prompt.tolist()
-    try:
-        return [operator.index(t) for t in prompt]  # type: ignore[union-attr]
-    except TypeError as err:
-        raise TypeError(f"{where} must be a list of ints, a LongTensor or (with tokenizer=) a string") from err
-
-
-def _scalar(value: object) -> bool:
-    """Whether ``value`` is one token id (an int, or a 0-dim integer tensor) rather than a prompt."""
-    return not isinstance(value, (str, bytes, Sequence)) and (
-        not isinstance(value, torch.Tensor) or value.dim() == 0)
-
-
-def prompt_list(prompts: object, tokenizer: PreTrainedTokenizerBase | None,
-                noun: str = "prompt") -> tuple[list[list[int]], bool]:
-    """``prompts`` -> (each prompt's ids, whether one prompt was given rather than a list).
-
-    One prompt: a list of ints, an integer tensor [T] or [1, T], or a string (with ``tokenizer``).
-    Several: a list of those (all strings or all ids), or an integer tensor [B, T] with B > 1.
-    ``noun`` names them in errors ("prompt", or "source" for an encoder-decoder target)."""
-    if isinstance(prompts, str):
-        return [_one(prompts, tokenizer, f"the {noun}")], True
-    if isinstance(prompts, torch.Tensor):
-        if prompts.dim() < 2 or prompts.shape[0] == 1:
-            return [_one(prompts, tokenizer, f"the {noun}")], True
-        if prompts.dim() != 2:
-            raise ValueError(f"{noun}s must have shape [T], [1, T] or [B, T], got {list(prompts.shape)}")
-        return [_one(p, tokenizer, f"{noun} {i}") for i, p in enumerate(prompts)], False
-    if not isinstance(prompts, Sequence) or isinstance(prompts, bytes):
-        raise TypeError(f"{noun}s must be token ids, a string, or a list of those, got {type(prompts).__name__}")
-    if not prompts:
-        raise ValueError(f"the {noun} is empty (no tokens, or an empty list of {noun}s): pass at least one {noun} "
-                         "of at least one token" + (" (e.g. the tokenizer's bos token)" if noun == "prompt" else ""))
-    if _scalar(prompts[0]):
-        return [_one(prompts, tokenizer, f"the {noun}")], True
-    if len({isinstance(p, str) for p in prompts}) > 1:
-        raise TypeError(f"the {noun}s mix strings and token ids: pass all strings (with tokenizer=) or all ids")
-    return [_one(p, tokenizer, f"{noun} {i}") for i, p in enumerate(prompts)], False
-
-
-def _one(prompt: object, tokenizer: PreTrainedTokenizerBase | None, where: str) -> list[int]:
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise TypeError(f"{where} is a string: pass tokenizer= to encode it (or pass token ids)")
-        return list(tokenizer(prompt)["input_ids"])
-    return _ids(prompt, where)
 
 
 def build_requests(target: Target, prompts: object, *, max_new_tokens: int, sampling: SamplingConfig,

@@ -3,9 +3,10 @@
 The loop never times, counts or prints anything itself. It marks its phases (``prefill`` and
 ``draft_prefill`` when rows join; ``propose``, ``verify``, ``accept``, ``commit`` in a round) with ``Events.phase(name)`` and announces each
 committed round (``round_committed``, one ``RoundEvent`` per row) and each round's summary
-(``round_ended``). Listeners do the rest: ``PhaseClock`` measures the phases (``Intervals``: on CUDA by events
+(``round_ended``); for the figures it also tells of rows queued (``submitted``), rows prefilled as they join
+(``prefilled``) and each row's part of a round (``row_round``). Listeners do the rest: ``PhaseClock`` measures the phases (``Intervals``: on CUDA by events
 the device times, so asynchronous kernels are charged to the phase that queued them, without a wait per phase), the
-decoder's statistics read it, the console prints tokens as they come, a server streams them, and the
+decoder's figures are a listener (``Tally``), the console prints tokens as they come, a server streams them, and the
 ``auto`` speculation policy times rounds with and without drafting.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.stats import RoundEvent
+from specdec.stats import BatchStats, GenerationStats, RoundEvent
 
 PREFILL, DRAFT_PREFILL = "prefill", "draft_prefill"  # rows joining: the target's prefill, the drafter's
 PROPOSE, VERIFY, ACCEPT, COMMIT = "propose", "verify", "accept", "commit"  # the phases of a round
@@ -32,6 +33,32 @@ class RoundSummary:
     drafted: int  # draft tokens verified, all rows
     tokens: int  # tokens committed, all rows
     seconds: float  # wall time of the round's phases
+    accepted: int = 0  # draft tokens accepted, all rows
+    drafter_calls: int = 0  # the drafter's forwards this round
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """Rows prefilled into the batch as they join, or the drafter reading the batch's rows again after sitting out
+    (``rows`` empty)."""
+
+    rows: tuple[GenerationStats, ...]  # the joining rows' figures
+    target_calls: int  # the target's forwards
+    drafter_calls: int  # the drafter's forwards
+    target_s: float  # seconds of the target's prefill
+    beside: bool = False  # run beside the batch, on another thread: its seconds are no phase of the clock
+
+
+@dataclass(frozen=True)
+class RowRound:
+    """One row's part of a round, told before its ``round_committed``."""
+
+    stats: GenerationStats  # the row's figures
+    drafted: int  # draft tokens verified
+    accepted: int  # of those, accepted
+    emitted: int  # tokens committed (after its stops)
+    ended: str  # why its draft ended ("" when the drafter does not say)
+    drafter_calls: int  # the drafter's forwards this round (shared by the batch)
 
 
 class Listener:
@@ -42,6 +69,15 @@ class Listener:
 
     def phase_ended(self, phase: str) -> None:
         """A phase ends."""
+
+    def submitted(self, stats: GenerationStats) -> None:
+        """A row was queued (a new request, or a row resumed from another decoder), with its figures."""
+
+    def prefilled(self, prefilled: Prefilled) -> None:
+        """Rows were prefilled into the batch, or the drafter read the batch's rows again."""
+
+    def row_round(self, part: RowRound) -> None:
+        """A row's part of the round, before its ``round_committed``."""
 
     def round_committed(self, event: RoundEvent) -> None:
         """A row committed tokens this round (``event.row`` says which)."""
@@ -126,6 +162,61 @@ class PhaseClock(Listener):
         return sum(self.round.values())
 
 
+class Tally(Listener):
+    """The figures of a run, from the loop's events: each row's ``GenerationStats`` (the row's own object, carried by
+    the events) and the run's ``BatchStats`` (``stats``; ``figures()`` adds the times from the ``clock``)."""
+
+    def __init__(self, clock: PhaseClock) -> None:
+        self.clock = clock
+        self.stats = BatchStats()
+        self.started = time.perf_counter()
+        self.beside_s = 0.0  # seconds of the target's prefills run beside the batch
+
+    def submitted(self, stats: GenerationStats) -> None:
+        self.stats.rows += 1
+        self.stats.lossless = self.stats.lossless and stats.lossless
+
+    def prefilled(self, prefilled: Prefilled) -> None:
+        p = prefilled
+        if p.beside:
+            self.beside_s += p.target_s
+        for row in p.rows:  # added: a resumed row keeps its counts
+            row.target_calls += p.target_calls
+            row.drafter_calls += p.drafter_calls
+            row.target_time_s += p.target_s
+            row.drafter_time_s += self.clock.round[DRAFT_PREFILL]
+        self.stats.target_calls += p.target_calls
+        self.stats.drafter_calls += p.drafter_calls
+
+    def row_round(self, part: RowRound) -> None:
+        row = part.stats
+        row.record_round(part.drafted, part.accepted, part.emitted, part.ended)
+        row.target_calls += 1
+        row.drafter_calls += part.drafter_calls
+        row.target_time_s += self.clock.round[VERIFY]
+        row.drafter_time_s += self.clock.round[PROPOSE]
+
+    def round_ended(self, summary: RoundSummary) -> None:
+        s = self.stats
+        s.rounds += 1
+        s.row_rounds += summary.rows
+        s.max_rows = max(s.max_rows, summary.rows)
+        s.drafted += summary.drafted
+        s.accepted += summary.accepted
+        s.new_tokens += summary.tokens
+        s.target_calls += 1
+        s.drafter_calls += summary.drafter_calls
+
+    def figures(self) -> BatchStats:
+        """The run's figures so far, times included."""
+        s, total = self.stats, self.clock.total
+        s.wall_time_s = time.perf_counter() - self.started
+        s.prefill_time_s = total[PREFILL] + total[DRAFT_PREFILL] + self.beside_s
+        s.propose_time_s, s.verify_time_s = total[PROPOSE], total[VERIFY]
+        s.accept_time_s, s.commit_time_s = total[ACCEPT], total[COMMIT]
+        return s
+
+
 class OnRound(Listener):
     """Calls a user's ``on_round(RoundEvent)`` for every row's committed round."""
 
@@ -166,6 +257,18 @@ class Events:
         """``with events.phase(name):`` tells the listeners that the phase starts, then that it ended (even on
         an error)."""
         return _Phase(self.listeners, name)
+
+    def submitted(self, stats: GenerationStats) -> None:
+        for listener in self.listeners:
+            listener.submitted(stats)
+
+    def prefilled(self, prefilled: Prefilled) -> None:
+        for listener in self.listeners:
+            listener.prefilled(prefilled)
+
+    def row_round(self, part: RowRound) -> None:
+        for listener in self.listeners:
+            listener.row_round(part)
 
     def round_committed(self, event: RoundEvent) -> None:
         for listener in self.listeners:

@@ -235,7 +235,7 @@ def helper_note() -> str:
 def room_beside(threads: int | None = None, usable: int | None = None) -> bool:
     """Whether a second forward of ``threads`` threads (torch's count now) has cores of its own beside the first's:
     the server then prefills rows joining its batch on another thread while the batch decodes
-    (``Decoder.prefill_beside``), one thread per concurrent forward as above."""
+    (``specdec.admission``), one thread per concurrent forward as above."""
     if threads is None:
         import torch
 

@@ -215,11 +215,11 @@ def check_rows(decoder: Decoder) -> None:
     """Between steps: every per-row list of the drafter (unless it sits out) and the schedule has one entry per
     row, and the target caches every committed token of each row but the newest."""
     rows = len(decoder.rows)
-    parts = [decoder.schedule] + ([] if decoder._drafter_out else [decoder.drafter])
+    parts = [decoder.schedule] + ([] if decoder.admission.drafter_out else [decoder.drafter])
     for part in parts:
         lengths = per_row_lists(part)
         assert all(n == rows for n in lengths.values()), f"{type(part).__name__} keeps {lengths} for {rows} rows"
-    if isinstance(decoder.drafter, NoDrafter) and not decoder._drafter_out:
+    if isinstance(decoder.drafter, NoDrafter) and not decoder.admission.drafter_out:
         assert decoder.drafter.rows == rows
     committed = [len(r.request.ids) + len(r.tokens) - 1 for r in decoder.rows]
     assert decoder.target.cached().tolist() == committed

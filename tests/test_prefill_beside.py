@@ -53,11 +53,11 @@ def test_rows_prefilled_beside_the_batch_decode_as_alone(kind):
     split = target_handle.prefill_beside
     target_handle.prefill_beside = lambda batch: beside.append(batch.size) or split(batch)
     out, decoder = _decode(target, drafter, prompts, budgets, target=target_handle)
-    assert beside and decoder._beside_s > 0  # rows did join beside the batch
+    assert beside and decoder.tally.beside_s > 0  # rows did join beside the batch
     assert sum(beside) == len(prompts) - 3  # all but the first batch's rows, which joined an empty one
     for i, (prompt, n) in enumerate(zip(prompts, budgets)):
         near_ties(target, prompt, out[i], hf_greedy(target, prompt, n, []))
-    assert decoder.batch_stats().prefill_time_s >= decoder._beside_s
+    assert decoder.batch_stats().prefill_time_s >= decoder.tally.beside_s
 
 
 def test_the_batch_decodes_while_a_row_is_prefilled_beside_it():

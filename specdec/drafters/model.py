@@ -276,7 +276,7 @@ class CachedDrafter(FollowingDrafter):
     ``pending`` (committed tokens not yet in the cache), each row's length and the last proposal's drafts.
 
     A row's token at position p is fed only while p < ``context_limit`` (the drafter's positions): the round loop
-    asks no drafts past it (``Decoder._caps``), and a row whose sequence has outgrown it is no longer followed
+    asks no drafts past it (``Decoder._budget``), and a row whose sequence has outgrown it is no longer followed
     (nothing pending, nothing fed: its cache is never read again). Draft steps and a block's mask positions that
     would pass it, for a row drafting less than the batch's longest, go in as dead tokens."""
 

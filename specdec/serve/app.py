@@ -52,7 +52,8 @@ from transformers import PreTrainedTokenizerBase
 from specdec.acceptance import rule_for
 from specdec.config import SamplingConfig, VerifyConfig
 from specdec.decode import Request as DecodeRequest
-from specdec.decode import TokenLogprob, prompt_request
+from specdec.decode import prompt_request
+from specdec.logprobs import TokenLogprob
 from specdec.processors import Processing
 from specdec.serve import memory
 from specdec.serve.config import ServeConfig

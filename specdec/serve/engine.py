@@ -41,18 +41,18 @@ from dataclasses import dataclass, field, replace
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from specdec import kernels
+from specdec.admission import BESIDE_ENV, prefill_beside, shares  # noqa: F401 (BESIDE_ENV: the switch, named here too)
 from specdec.config import VerifyConfig
-from specdec.decode import Decoder, Request, Row, TokenLogprob, prompt_logprobs
+from specdec.decode import Decoder, Request, Row
 from specdec.drafters import Drafter
 from specdec.events import Listener, RoundSummary
+from specdec.logprobs import TokenLogprob, prompt_logprobs
 from specdec.schedules import Schedule
 from specdec.serve import memory
 from specdec.serve.background import Beside
 from specdec.serve.metrics import ModelMetrics
 from specdec.stats import MAX_NEW_TOKENS, GenerationResult, GenerationStats, RoundEvent
 from specdec.target import Target
-from specdec.threads import room_beside
 
 log = logging.getLogger("specdec.serve")
 
@@ -165,30 +165,6 @@ class _Interval:
     rows: int = 0
     peak_rows: int = 0
     peak_waiting: int = 0
-
-
-BESIDE_ENV = "SPECDEC_PREFILL_BESIDE"  # auto (default) | on | off
-
-
-def prefill_beside(target: Target) -> bool:
-    """Whether the engine's decoder prefills rows joining its batch on another thread while the batch decodes
-    (``Decoder.prefill_beside``): ``SPECDEC_PREFILL_BESIDE`` ``on`` / ``off``, else (``auto``) on a CPU target where
-    the machine has cores for a second forward (``threads.room_beside``) and the target's products are not shared
-    with the blocked operator's helper thread already (``kernels.shares``): with it, a prefill in turn takes both
-    cores, 0.19 ms a prompt token against 0.35 beside the batch, and the server at 4 clients answered in 0.94x the
-    time (docs/benchmarks.md, "A helper thread on the idle core")."""
-    mode = kernels.switch(BESIDE_ENV, "auto prefills beside where the cores allow it and no helper shares the "
-                                      "target's products, on always, off never")
-    if mode != "auto":
-        return mode == "on"
-    return torch.device(target.device).type == "cpu" and room_beside() and not shares(target)
-
-
-def shares(target: Target) -> bool:
-    """Whether ``target``'s products are shared with the blocked operator's helper thread (``kernels.shares``; a
-    target without a model of its own: no)."""
-    model = getattr(target, "model", None)
-    return model is not None and kernels.shares(model)
 
 
 class Engine(Listener):
