@@ -19,8 +19,8 @@ The other ways, each for a range of the number of rows n:
     stream prefetched 4 KiB ahead, so a product of 5 or 13 rows reads the weights once as a 1-row product does; 1-3
     rows read the weight as 4 (or 2) long streams side by side, which one core's prefetcher follows faster than one
     (0.81-0.84x the time of a 1-2 row pass here, docs/benchmarks.md, "Weights read as several streams").
-    Built at first use with the machine's C compiler (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
-    oneDNN's op 17 us); absent without a compiler, and offered only to models of ``STREAMED_BYTES`` or more of
+    Built at first use with the machine's C and C++ compilers (``-O3 -march=native``) into ``~/.cache/specdec/kernels``
+    as the torch operator ``specdec::blocked_linear`` (``blocked_op``); absent without them, and offered only to models of ``STREAMED_BYTES`` or more of
     linear weights (``many_kernels``: a smaller model's weights stay cached between steps, where torch's kernel
     in a compiled graph measured faster);
   - ``onednn``: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on the weight prepacked into its blocked
@@ -65,8 +65,8 @@ layers at 1 row and the probe decided by noise (5 installs in 8 probes); from me
 against 1.51 ms without, the default speculation 4.26 against 4.57 ms per token (docs/benchmarks.md,
 "The linear kernels").
 
-The helper (``SPECDEC_HELPER=auto|on|off``): the blocked kernel as a torch operator (``blocked_op``, which a
-compiled step calls, and eager products too once it is loaded) shares every product of 128 KiB of weight or more, and
+The helper (``SPECDEC_HELPER=auto|on|off``): the blocked kernel's operator (``blocked_op``, which a compiled step
+and eager products call) shares every product of 128 KiB of weight or more, and
 the operator's attention over several rows, with one more thread at the scheduler's idle priority
 (``csrc/blocked_op.cpp``): shares of the output's columns (rows), the same floats whichever thread computes them,
 and none ever waited for (a share the helper holds when the owner runs out is taken back and computed by the owner).
@@ -77,7 +77,6 @@ code-target's layers 0.81x the one-thread time at 4 rows, 0.62x at 16, 0.57x at 
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import math
@@ -93,18 +92,19 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from specdec.config import SWITCHES, switch
 from specdec.folders import cache_root
 
-MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
-ENV = "SPECDEC_LINEAR"
-HELPER_ENV = "SPECDEC_HELPER"  # auto|on|off: the blocked operator's helper thread (``helper``)
+ENV = "SPECDEC_LINEAR"  # auto|on|off (declared in ``config.SWITCHES``)
+HELPER_ENV = "SPECDEC_HELPER"  # auto|on|off: the blocked operator's helper thread (``helper``; ``config.SWITCHES``)
+MODES = SWITCHES[ENV].values
 PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
 FEW = 2  # up to this many rows, the few-row kernel (W @ x.T); more, a kernel of ``MANY``
 # The blocked kernel is offered to models of at least this many bytes of linear weights: they stream them from
@@ -121,8 +121,10 @@ EVICT_MIN_BYTES = 64 << 20  # the probe's eviction buffer: twice the last-level 
 EVICT_MAX_BYTES = 256 << 20  # and at most this (a VM reports its host's cache, shared: 480 MiB on one machine here)
 _CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
 _SOURCE = Path(__file__).with_name("csrc") / "blocked_linear.c"  # the blocked kernel (``blocked``)
-_BUILT: dict[str, object] = {}  # "kernel" -> the loaded blocked kernel or None: built or loaded once per process
+_BUILT: dict[str, object] = {}  # "op": whether the operator loaded, "kernel": its ``Blocked``; once per process
 _SAID: list[bool] = []  # whether this process has said that it builds the kernels (one line, the first time)
+BUILD_SECONDS = 25  # about how long the build takes (a C and a C++ compile; 23 s on a loaded 2-core AMD EPYC)
+BUILDING = f"specdec: building specdec's CPU kernels for this machine into {{root}} (once, ~{BUILD_SECONDS} s)"
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
@@ -130,26 +132,14 @@ _PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' sha
 PLANS_FILE = "plans.json"  # auto's plans kept between processes, in the kernels' cache folder
 
 
-def switch(env: str, meaning: str, allowed: tuple[str, ...] = MODES) -> str:
-    """The environment variable ``env``, one of ``allowed`` (auto when unset); else a ValueError naming it, the values
-    and ``meaning`` (what each does). specdec's switches: ``SPECDEC_LINEAR``, ``SPECDEC_HELPER``,
-    ``SPECDEC_PREFILL_BESIDE`` (``serve.engine``), ``SPECDEC_COMPILE_BESIDE`` (``serve.background``)."""
-    value = os.environ.get(env, "auto").strip().lower() or "auto"
-    if value not in allowed:
-        raise ValueError(f"{env}={value!r}: use one of {', '.join(allowed)} ({meaning})")
-    return value
-
-
 def mode() -> str:
-    """``SPECDEC_LINEAR`` (auto when unset); a clear error for another value."""
-    return switch(ENV, "off keeps torch's F.linear everywhere, on always uses specdec's linear kernels, auto where a "
-                        "probe at load finds they pay")
+    """``SPECDEC_LINEAR`` (auto when unset); a clear error for another value (``config.switch``)."""
+    return switch(ENV)
 
 
 def helper_mode() -> str:
-    """``SPECDEC_HELPER`` (auto when unset); a clear error for another value."""
-    return switch(HELPER_ENV, "auto shares the blocked kernel's products with a helper thread where this process has "
-                               "a core beyond torch's threads, on always, off never")
+    """``SPECDEC_HELPER`` (auto when unset); a clear error for another value (``config.switch``)."""
+    return switch(HELPER_ENV)
 
 
 def helper_wanted(threads: int | None = None, usable: int | None = None) -> bool:
@@ -218,12 +208,11 @@ def _active() -> bool:
 
 
 class Blocked(NamedTuple):
-    """The blocked kernel, loaded: its C function and the width of its weight blocks (``lanes`` output columns)."""
+    """The blocked kernel, loaded (as the operator ``specdec::blocked_linear``, ``blocked_op``): the width of its weight
+    blocks (``lanes`` output columns) and the library it was loaded from."""
 
-    function: Callable[..., None]
     lanes: int
     path: Path
-    pairs: Callable[..., None] | None = None  # the same on a bfloat16 copy (``pair_weight``), where the source has it
 
 
 def _compiler() -> str | None:
@@ -238,18 +227,18 @@ def _cpu_flags() -> str:
 
 
 def blocked() -> Blocked | None:
-    """The blocked kernel (``csrc/blocked_linear.c``), built at first use with the machine's C compiler
-    (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (keyed by the source, the compiler and the CPU's
-    flags) and loaded; ``None`` where it cannot be built (no compiler, another OS), and oneDNN's kernel serves."""
-    if "kernel" not in _BUILT:
-        _BUILT["kernel"] = build_blocked(_SOURCE)
-    return _BUILT["kernel"]  # type: ignore[return-value]
+    """The blocked kernel (``csrc/blocked_linear.c``), which specdec runs as the operator ``specdec::blocked_linear``
+    (``blocked_op``: built at first use, loaded once per process); ``None`` where the operator cannot be built (no C
+    or C++ compiler, torch without its headers, another OS), and oneDNN's kernel serves."""
+    blocked_op()
+    return _BUILT.get("kernel")  # type: ignore[return-value]
 
 
 def _cached_library(stem: str, parts: list[str], compilers: list[str],
-                    commands: Callable[[Path, Path], list[tuple[list[str], int]]]) -> Path:
-    """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)`` are
-    run in order in a temporary folder (each with its timeout, s), the last writing ``built``, which is then renamed
+                    commands: Callable[[Path, Path], list[list[tuple[list[str], int]]]]) -> Path:
+    """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)``, a
+    list of stages, are run in a temporary folder, stage by stage, the commands of a stage at once (each with its
+    timeout, s; the compiles of the sources side by side), the last writing ``built``, which is then renamed
     into place (atomic: another process building the same file is harmless). KEY hashes ``parts`` (the sources, ...),
     each compiler's name and version and the CPU's flags; a build is said on a terminal's stderr, once a process. Raises OSError or
     SubprocessError where it cannot be built."""
@@ -262,38 +251,15 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
     path = root / f"{stem}-{key.hexdigest()[:16]}.so"
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
-        if not _SAID and sys.stderr.isatty():  # a first run at a terminal pauses here (10-30 s): said, not a hang
-            print(f"specdec: building the C kernels for this machine's CPU into {root} (once; 10-30 s)",
-                  file=sys.stderr, flush=True)
+        if not _SAID and sys.stderr.isatty():  # a first run at a terminal pauses here: said, not a hang
+            print(BUILDING.format(root=root), file=sys.stderr, flush=True)
             _SAID.append(True)
         with tempfile.TemporaryDirectory(dir=root) as folder:
             built = Path(folder) / path.name
-            for command, timeout in commands(Path(folder), built):
-                subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+            for stage in commands(Path(folder), built):
+                _run_together(stage)
             os.replace(built, path)
     return path
-
-
-def build_blocked(source: Path) -> Blocked | None:
-    """A blocked kernel built from ``source`` (``blocked`` builds the shipped one; ``benchmarks/linear_kernels.py
-    --blocked-source`` another version of it, to time both) into the kernel cache and loaded; None where it
-    cannot be built."""
-    compiler = _compiler()
-    if compiler is None or platform.system() != "Linux":
-        return None
-    try:
-        path = _cached_library("blocked_linear", [source.read_text()], [compiler], lambda folder, built: [
-            ([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built), str(source)], 120)])
-        library = ctypes.CDLL(str(path))
-        function = library.specdec_blocked_linear
-        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-        function.restype = None
-        pairs = getattr(library, "specdec_blocked_linear_bf16", None)  # absent from an older source (the benchmark's)
-        if pairs is not None:
-            pairs.argtypes, pairs.restype = function.argtypes, None
-        return Blocked(function, int(library.specdec_lanes()), path, pairs)
-    except (OSError, subprocess.SubprocessError, AttributeError):
-        return None
 
 
 _OP_SOURCE = Path(__file__).with_name("csrc") / "blocked_op.cpp"  # the blocked kernel as a torch operator
@@ -318,6 +284,28 @@ def blocked_op() -> bool:
     return bool(_BUILT["op"])
 
 
+def _run_together(commands: list[tuple[list[str], int]]) -> None:
+    """Run ``commands`` (each with its timeout, s) at once and wait for all; a CalledProcessError (with its output) or
+    a TimeoutExpired for the first that fails, once none is left running."""
+    with ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in commands]  # not pipes: none waits on a reader
+        running = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+                   for (command, _), log in zip(commands, logs)]
+        failed: subprocess.SubprocessError | None = None
+        for process, (command, timeout), log in zip(running, commands, logs):
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired as expired:
+                process.kill()
+                process.wait()
+                failed = failed or expired
+            if process.returncode and failed is None:
+                log.seek(0)
+                failed = subprocess.CalledProcessError(process.returncode, command, log.read())
+    if failed is not None:
+        raise failed
+
+
 def _build_op() -> bool:
     compiler, cxx = _compiler(), _cxx()
     include = Path(torch.__file__).with_name("include")
@@ -325,13 +313,16 @@ def _build_op() -> bool:
         return False
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
 
-    def commands(folder: Path, built: Path) -> list[tuple[list[str], int]]:
-        objects = [folder / "blocked_linear.o", folder / "attention.o"]
-        return [*[([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 120)
-                  for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE), objects)],
-                ([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
-                  f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(_OP_SOURCE), *map(str, objects),
-                  f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o", str(built)], 300)]
+    def commands(folder: Path, built: Path) -> list[list[tuple[list[str], int]]]:
+        objects = [folder / "blocked_linear.o", folder / "attention.o", folder / "blocked_op.o"]
+        compiles = [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 120)
+                    for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE), objects)]
+        compiles.append(([cxx, "-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
+                          f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-c", str(_OP_SOURCE), "-o",
+                          str(objects[2])], 300))
+        link = [cxx, "-shared", *map(str, objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o",
+                str(built)]
+        return [compiles, [(link, 120)]]
 
     try:
         sources = [_SOURCE.read_text(), _ATTENTION_SOURCE.read_text(), _OP_SOURCE.read_text()]
@@ -343,6 +334,7 @@ def _build_op() -> bool:
             torch.library.register_fake("specdec::decode_attention")(_attention_fake)
             _OP_LOADED.append(path)
         _set_helper(helper_wanted())
+        _BUILT["kernel"] = Blocked(int(torch.ops.specdec.lanes()), path)
     except (OSError, RuntimeError, subprocess.SubprocessError):
         return False
     return True
@@ -396,19 +388,10 @@ def blocked_copy(weight: torch.Tensor, lanes: int) -> torch.Tensor:
 
 def blocked_product(kernel: Blocked, rows: torch.Tensor, packed: torch.Tensor, out_features: int,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``rows`` [n, in] (contiguous) times a weight laid out by ``blocked_copy`` (+ bias) by ``kernel``: [n, out].
-    Through the operator where it is loaded (a compiled step loaded it), which shares the product with its helper
-    (``helper``), else through ctypes: the same floats either way."""
-    bias = None if bias is None else bias.contiguous()
-    if _BUILT.get("op") and kernel is _BUILT.get("kernel"):
-        return torch.ops.specdec.blocked_linear(rows, packed, bias, out_features)
-    out = rows.new_empty(rows.shape[0], out_features)
-    function = kernel.pairs if packed.dtype == torch.bfloat16 else kernel.function
-    if function is None:
-        raise ValueError(f"the blocked kernel built from {kernel.path} has no bfloat16 form")
-    function(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-             rows.shape[0], out_features, rows.shape[1])
-    return out
+    """``rows`` [n, in] (contiguous) times a weight laid out by ``blocked_copy`` for ``kernel`` (+ bias): [n, out], by
+    the operator ``specdec::blocked_linear``, which shares the product with its helper (``helper``): the same floats
+    whichever thread computes them."""
+    return torch.ops.specdec.blocked_linear(rows, packed, None if bias is None else bias.contiguous(), out_features)
 
 
 MANY = ("blocked", "onednn")  # the kernels of more than ``FEW`` rows, in the order ``on`` prefers them

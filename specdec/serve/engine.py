@@ -42,7 +42,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from specdec import kernels
-from specdec.config import VerifyConfig
+from specdec.config import VerifyConfig, switch
 from specdec.decode import Decoder, Request, Row, TokenLogprob, prompt_logprobs
 from specdec.drafters import Drafter
 from specdec.events import Listener, RoundSummary
@@ -167,7 +167,7 @@ class _Interval:
     peak_waiting: int = 0
 
 
-BESIDE_ENV = "SPECDEC_PREFILL_BESIDE"  # auto (default) | on | off
+BESIDE_ENV = "SPECDEC_PREFILL_BESIDE"  # auto (default) | on | off (``config.SWITCHES``)
 
 
 def prefill_beside(target: Target) -> bool:
@@ -177,8 +177,7 @@ def prefill_beside(target: Target) -> bool:
     with the blocked operator's helper thread already (``kernels.shares``): with it, a prefill in turn takes both
     cores, 0.19 ms a prompt token against 0.35 beside the batch, and the server at 4 clients answered in 0.94x the
     time (docs/benchmarks.md, "A helper thread on the idle core")."""
-    mode = kernels.switch(BESIDE_ENV, "auto prefills beside where the cores allow it and no helper shares the "
-                                      "target's products, on always, off never")
+    mode = switch(BESIDE_ENV)
     if mode != "auto":
         return mode == "on"
     return torch.device(target.device).type == "cpu" and room_beside() and not shares(target)
