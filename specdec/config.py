@@ -161,6 +161,15 @@ SHIPPED_DRAFTERS = ("code-drafter", "code-block-drafter", "translate-drafter", "
 # the forms a drafter model may run in (specdec.drafters.model.drafter_in): auto (int8 for a model drafting alone
 # on a CPU where its quantised kernels run, else as loaded), float32, bf16, int8 (dynamic quantisation)
 DRAFTER_DTYPES = ("auto", "float32", "bf16", "int8")
+KERNEL_MODES = ("auto", "off")  # ModelConfig.kernels, speculative_generate(kernels=...) (see specdec.kernels)
+
+
+def check_kernels(kernels: object) -> bool:
+    """Whether ``kernels`` (one of ``KERNEL_MODES``) asks for specdec's linear kernels; a ValueError otherwise."""
+    if kernels not in KERNEL_MODES:
+        raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {kernels!r}: auto gives the models' "
+                         "linear layers specdec's CPU kernels (as SPECDEC_LINEAR says), off keeps torch's")
+    return kernels == "auto"
 
 
 @dataclass(frozen=True)
@@ -201,11 +210,13 @@ class ModelConfig:
     drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation of its linear layers); the target verifies, so output stays exact
     threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
     compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off on a CPU: measured not to repay its start, except in the server, which compiles beside serving; on for CUDA: CUDA graphs; specdec.compiled)
+    kernels: str = "auto"  # specdec's CPU linear kernels on the models' float32 linear layers: auto (as SPECDEC_LINEAR says: by default where a probe at load finds they pay) or off (torch's own; nothing built, probed or patched; specdec.kernels)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}: on compiles "
                              "the decode forwards, off runs them eagerly, auto decides (off where it does not pay)")
+        check_kernels(self.kernels)
         if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be a whole number >= 1 (torch CPU threads), got {self.threads!r}: "
                              "give 1 or more, or leave it out for the default")

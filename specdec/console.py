@@ -85,7 +85,8 @@ class Session:
         """The causal LM at ``name`` (a shipped name or a folder), loaded once and warmed up."""
         if name not in self._models:
             model = specdec.load_model(name, device=self.models.device, dtype=self.models.dtype)
-            specdec.autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[])  # warm-up
+            specdec.autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[],
+                                            kernels=self.models.kernels)  # warm-up
             self._models[name] = model
         return self._models[name]
 
@@ -147,9 +148,10 @@ class Session:
         from specdec.drafters import make_drafter
         from specdec.target import make_target
 
-        target = make_target(self.model(self.models.target))
+        target = make_target(self.model(self.models.target), self.models.kernels == "auto")
         try:
-            return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
+            return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model,
+                                kernels=self.models.kernels == "auto")
         except ValueError as err:
             default = DrafterConfig.name
             if self.models.drafter != default or not re.search("vocabulary|tokenizer", str(err)):
@@ -203,6 +205,7 @@ class Session:
             on_round=on_round,
             on_result=on_result,
             batch_size=settings.spec.batch_size,
+            kernels=self.models.kernels,
         )
         if settings.mode == "speculative":
             return specdec.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,

@@ -45,7 +45,8 @@ The mechanism: ``install(model)`` gives each plain ``nn.Linear`` of a float32 CP
 does not override ``forward``, without a forward of its own already set) a forward that dispatches to
 those kernels while specdec decodes (inside ``active()``: ``Decoder.step``) and to the stock
 ``F.linear`` everywhere else: ``generate`` on the same model, training, a ``torch.compile`` trace, a
-tensor that needs gradients. specdec's target and drafter handles install it on the models they run.
+tensor that needs gradients. specdec's target and drafter handles install it on the models they run, unless the
+call or session says ``kernels="off"``.
 ``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does (both ranges; for many rows the blocked
 kernel where it builds), ``auto`` (default) takes each range's kernel where a short probe at install (a pass over
 the model's own layers at 1 and at 5 rows, each kernel against the stock one, interleaved) finds it at most

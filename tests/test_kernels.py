@@ -152,6 +152,32 @@ def test_a_deep_copy_uses_its_own_weights(monkeypatch):
         assert half(ids).logits.dtype == torch.bfloat16
 
 
+def test_kernels_off_leaves_the_models_as_they_are_and_auto_installs(monkeypatch):
+    """``kernels="off"`` (the API's and the session's option): no handle made by the call installs anything on the
+    target or the drafter (no forward set, nothing decided), and greedy output is still ``generate``'s; "auto" (the
+    default) installs as ``SPECDEC_LINEAR`` says, on both; the handles themselves take the flag; another value is
+    refused in one line."""
+    monkeypatch.setenv(kernels.ENV, "on")
+    target = build_tiny("llama", seed=12, hidden=64)
+    drafter = truncated_copy(target, 1)
+    prompt = [5, 17, 33, 8, 41, 9, 12]
+    result = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=16, gamma=3, stop_token_ids=[],
+                                          kernels="off")
+    assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, 16, []))
+    plain = specdec.autoregressive_generate(target, prompt, max_new_tokens=4, stop_token_ids=[], kernels="off")
+    assert plain.tokens == result.tokens[:4]
+    for model in (target, drafter):
+        assert model not in kernels._DECIDED and not any(kernels._ours(m) for m in model.modules())
+    specdec.target.ModelTarget(target, kernels=False)
+    specdec.drafters.ModelDrafter(drafter, kernels=False)
+    assert target not in kernels._DECIDED and drafter not in kernels._DECIDED
+    with pytest.raises(ValueError, match="^kernels must be one of auto, off, got 'on'"):
+        specdec.speculative_generate(target, drafter, prompt, max_new_tokens=4, kernels="on")
+    result = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=16, gamma=3, stop_token_ids=[])
+    assert kernels.installed(target) and kernels.installed(drafter)
+    assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, 16, []))
+
+
 def _stock(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """``model``'s logits with the stock kernel (outside ``active``)."""
     depth = getattr(kernels._ACTIVE, "depth", 0)
