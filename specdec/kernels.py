@@ -231,8 +231,7 @@ def blocked() -> Blocked | None:
     """The blocked kernel (``csrc/blocked_linear.c``), which specdec runs as the operator ``specdec::blocked_linear``
     (``blocked_op``: built at first use, loaded once per process); ``None`` where the operator cannot be built (no C
     or C++ compiler, torch without its headers, another OS), and oneDNN's kernel serves."""
-    blocked_op()
-    return _BUILT.get("kernel")  # type: ignore[return-value]
+    return _BUILT.get("kernel") if blocked_op() else None  # type: ignore[return-value]
 
 
 def _cached_library(stem: str, parts: list[str], compilers: list[str],
@@ -286,23 +285,28 @@ def blocked_op() -> bool:
 
 
 def _run_together(commands: list[tuple[list[str], int]]) -> None:
-    """Run ``commands`` (each with its timeout, s) at once and wait for all; a CalledProcessError (with its output) or
-    a TimeoutExpired for the first that fails, once none is left running."""
+    """Run ``commands`` (each with its timeout, s, from their start) at once and wait for all; a CalledProcessError
+    (with its output) or a TimeoutExpired for the first that fails, once none is left running."""
     with ExitStack() as stack:
         logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in commands]  # not pipes: none waits on a reader
+        started = time.monotonic()
         running = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
                    for (command, _), log in zip(commands, logs)]
         failed: subprocess.SubprocessError | None = None
-        for process, (command, timeout), log in zip(running, commands, logs):
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired as expired:
-                process.kill()
-                process.wait()
-                failed = failed or expired
-            if process.returncode and failed is None:
-                log.seek(0)
-                failed = subprocess.CalledProcessError(process.returncode, command, log.read())
+        try:
+            for process, (command, timeout), log in zip(running, commands, logs):
+                try:
+                    process.wait(timeout=max(0.0, started + timeout - time.monotonic()))
+                except subprocess.TimeoutExpired as expired:
+                    failed = failed or expired
+                if process.returncode and failed is None:
+                    log.seek(0)
+                    failed = subprocess.CalledProcessError(process.returncode, command, log.read())
+        finally:  # none left running: timed out, or this process interrupted (Ctrl-C at the first command's pause)
+            for process in running:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
     if failed is not None:
         raise failed
 
@@ -316,7 +320,7 @@ def _build_op() -> bool:
 
     def commands(folder: Path, built: Path) -> list[list[tuple[list[str], int]]]:
         objects = [folder / "blocked_linear.o", folder / "attention.o", folder / "blocked_op.o"]
-        compiles = [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 120)
+        compiles = [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 300)
                     for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE), objects)]
         compiles.append(([cxx, "-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
                           f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-c", str(_OP_SOURCE), "-o",
@@ -402,7 +406,7 @@ def many_kernels(weight_bytes: float = math.inf) -> tuple[str, ...]:
     """The kernels of more than ``FEW`` rows this machine has for a model of ``weight_bytes`` of linear weights:
     ``blocked`` where it builds and the model streams its weights from memory (at least ``STREAMED_BYTES``),
     ``onednn``."""
-    return tuple(k for k in MANY if k != "blocked" or (blocked() is not None and weight_bytes >= STREAMED_BYTES))
+    return tuple(k for k in MANY if k != "blocked" or (weight_bytes >= STREAMED_BYTES and blocked() is not None))
 
 
 def weight_key(weight: torch.Tensor) -> tuple[int, int]:
@@ -672,7 +676,8 @@ def install(model: torch.nn.Module) -> bool:
         return installed(model)
     chosen = mode()
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
-    layers = {m: _Packed() for m in found}  # each layer once (a tied head is its own module)
+    layers = {m: _Packed(many=None) for m in found}  # each layer once (a tied head is its own module); the plan sets
+    # its kernels below: a smaller model than ``STREAMED_BYTES`` never asks for the blocked kernel, nor builds it
     if not layers:
         plan: tuple[bool, str | None] = (False, None)
     elif chosen == "on":
