@@ -248,8 +248,8 @@ class Switch:
     kind: str = "choice"
 
 
-# Every environment switch specdec reads, in one place; ``switch(name)`` is the one reader (tests/test_config_switches.py
-# checks that every SPECDEC_ name in specdec/ is declared here).
+# Every environment switch specdec reads, in one place; ``switch(name)`` is the one reader
+# (tests/test_config_switches.py checks that every SPECDEC_ name in specdec/ is declared here).
 SWITCHES = {s.name: s for s in (
     Switch("SPECDEC_LINEAR", ("auto", "on", "off"), "off keeps torch's F.linear everywhere, on always uses specdec's "
            "linear kernels, auto where a probe at load finds they pay", "auto"),
