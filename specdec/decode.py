@@ -49,7 +49,14 @@ from transformers import LogitsProcessorList, PreTrainedModel, PreTrainedTokeniz
 from specdec.acceptance import Verdict, Verifier, rule_for
 from specdec.admission import Admission
 from specdec.batch import PromptBatch, kept_order
-from specdec.config import SamplingConfig, ScheduleConfig, SpecConfig, VerifyConfig
+from specdec.config import (
+    ModelConfig,
+    SamplingConfig,
+    ScheduleConfig,
+    SpecConfig,
+    VerifyConfig,
+    check_kernels,
+)
 from specdec.drafters import Drafter, NoDrafter, Proposal, make_drafter
 from specdec.events import (
     ACCEPT,
@@ -513,6 +520,7 @@ def speculative_generate(
     schedule: Schedule | ScheduleConfig | str | None = None,
     logits_processor: LogitsProcessorList | None = None,
     ignore_generation_config: bool = SamplingConfig.ignore_generation_config,
+    kernels: str = ModelConfig.kernels,
 ) -> GenerationResult | list[GenerationResult]:
     """Generate with ``target``, drafting with ``drafter``, for one prompt or a list of prompts.
 
@@ -531,11 +539,15 @@ def speculative_generate(
     ``top_k``, ``top_p`` left None come from it when it samples (else greedy, no top-k, no top-p), and
     its logits processors (repetition penalty, forced tokens, ...) and ``logits_processor`` apply to the
     target's logits at every verified position; ``ignore_generation_config`` decodes raw. Each result's
-    ``settings`` says what was in force and where it came from.
+    ``settings`` says what was in force and where it came from. ``kernels`` "auto" gives the models this call makes
+    handles for specdec's CPU linear kernels (``specdec.kernels``, as ``SPECDEC_LINEAR`` says: it may build them
+    once per machine, probe their timings and set the float32 CPU linear layers' forwards, used only while specdec
+    decodes); "off" leaves the models as they are.
     """
     spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate)
     verify = verify if isinstance(verify, VerifyConfig) else VerifyConfig(rule=verify)
-    handle = make_target(target)
+    fast = check_kernels(kernels)
+    handle = make_target(target, fast)
     processing = resolve(handle.model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          logits_processor=logits_processor, ignore_generation_config=ignore_generation_config,
                          device=handle.device)
@@ -544,7 +556,7 @@ def speculative_generate(
                                       stop_token_ids=stop_token_ids, stop_strings=stop_strings, tokenizer=tokenizer,
                                       processing=processing)
     rule_for(verify, sampling.greedy)  # refuses a rule that does not fit the temperature, before any work
-    chosen = NoDrafter() if spec.speculate == "off" else make_drafter(drafter, handle, tokenizer)
+    chosen = NoDrafter() if spec.speculate == "off" else make_drafter(drafter, handle, tokenizer, kernels=fast)
     chosen.reset()  # a Drafter object passed in may hold the rows of an earlier call
     if not isinstance(schedule, Schedule):
         schedule = make_schedule(spec, ScheduleConfig(schedule) if isinstance(schedule, str) else schedule, chosen)
@@ -571,11 +583,12 @@ def autoregressive_generate(
     batch_size: int = SpecConfig.batch_size,
     logits_processor: LogitsProcessorList | None = None,
     ignore_generation_config: bool = SamplingConfig.ignore_generation_config,
+    kernels: str = ModelConfig.kernels,
 ) -> GenerationResult | list[GenerationResult]:
     """Plain decoding with the target alone (the same loop, drafting nothing): one forward per token; the
-    generation config and ``logits_processor`` apply as in ``speculative_generate``."""
+    generation config, ``logits_processor`` and ``kernels`` apply as in ``speculative_generate``."""
     spec = SpecConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)
-    handle = make_target(target)
+    handle = make_target(target, check_kernels(kernels))
     processing = resolve(handle.model, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                          logits_processor=logits_processor, ignore_generation_config=ignore_generation_config,
                          device=handle.device)

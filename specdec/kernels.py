@@ -13,10 +13,13 @@ Contract: the same numbers up to float summation order (as another batch size gi
 matches ``generate`` up to near ties and sampling stays lossless; the tests compare against the stock kernel.
 ``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model a forward that takes these kernels
 only inside ``active()`` (``Decoder.step``) and the stock ``F.linear`` everywhere else (``generate``,
-training, a trace, gradients). ``off`` never installs, ``on`` always does, ``auto`` takes a range's kernel
-where a probe at install, reading the weights from memory as decoding does (``evictor``), finds it at most
-``PAYS`` of the stock time; the answer is kept in ``plans.json``, so a probe timed beside other work cannot
-flip a compiled model's kernels, and with them its graphs, from one process to the next. The helper
+training, a trace, gradients); specdec's target and drafter handles install it unless the call or session says
+``kernels="off"``. The blocked kernel is built once per machine, at first use, as the torch operator
+``specdec::blocked_linear`` (``blocked_op``), the one build eager and compiled steps call. ``off`` never
+installs, ``on`` always does, ``auto`` takes a range's kernel where a probe at install, reading the weights
+from memory as decoding does (``evictor``), finds it at most ``PAYS`` of the stock time; the answer is kept in
+``plans.json``, so a probe timed beside other work cannot flip a compiled model's kernels, and with them its
+graphs, from one process to the next. The helper
 (``SPECDEC_HELPER=auto|on|off``) shares the blocked operator's large products with one idle-priority thread:
 the same floats whichever thread computes them, and no share ever waited for. The measurements:
 docs/journal/kernels.md.
@@ -24,7 +27,6 @@ docs/journal/kernels.md.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import math
@@ -40,18 +42,19 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from specdec.config import SWITCHES, switch
 from specdec.folders import cache_root
 
-MODES = ("auto", "on", "off")  # SPECDEC_LINEAR
-ENV = "SPECDEC_LINEAR"
-HELPER_ENV = "SPECDEC_HELPER"  # auto|on|off: the blocked operator's helper thread (``helper``)
+ENV = "SPECDEC_LINEAR"  # auto|on|off (declared in ``config.SWITCHES``)
+HELPER_ENV = "SPECDEC_HELPER"  # auto|on|off: the blocked operator's helper thread (``helper``; ``config.SWITCHES``)
+MODES = SWITCHES[ENV].values
 PAYS = 0.85  # auto installs when the fast kernels take at most this share of the stock kernel's time
 FEW = 2  # up to this many rows, the few-row kernel (W @ x.T); more, a kernel of ``MANY``
 # The blocked kernel is offered to models of at least this many bytes of linear weights: they stream them from
@@ -68,8 +71,10 @@ EVICT_MIN_BYTES = 64 << 20  # the probe's eviction buffer: twice the last-level 
 EVICT_MAX_BYTES = 256 << 20  # and at most this (a VM reports its host's cache, shared: 480 MiB on one machine here)
 _CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
 _SOURCE = Path(__file__).with_name("csrc") / "blocked_linear.c"  # the blocked kernel (``blocked``)
-_BUILT: dict[str, object] = {}  # "kernel" -> the loaded blocked kernel or None: built or loaded once per process
+_BUILT: dict[str, object] = {}  # "op": whether the operator loaded, "kernel": its ``Blocked``; once per process
 _SAID: list[bool] = []  # whether this process has said that it builds the kernels (one line, the first time)
+BUILD_SECONDS = 25  # about how long the build takes (a C and a C++ compile; 23 s on a loaded 2-core AMD EPYC)
+BUILDING = f"specdec: building specdec's CPU kernels for this machine into {{root}} (once, ~{BUILD_SECONDS} s)"
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
@@ -77,26 +82,14 @@ _PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' sha
 PLANS_FILE = "plans.json"  # auto's plans kept between processes, in the kernels' cache folder
 
 
-def switch(env: str, meaning: str, allowed: tuple[str, ...] = MODES) -> str:
-    """The environment variable ``env``, one of ``allowed`` (auto when unset); else a ValueError naming it, the values
-    and ``meaning`` (what each does). specdec's switches: ``SPECDEC_LINEAR``, ``SPECDEC_HELPER``,
-    ``SPECDEC_PREFILL_BESIDE`` (``serve.engine``), ``SPECDEC_COMPILE_BESIDE`` (``serve.background``)."""
-    value = os.environ.get(env, "auto").strip().lower() or "auto"
-    if value not in allowed:
-        raise ValueError(f"{env}={value!r}: use one of {', '.join(allowed)} ({meaning})")
-    return value
-
-
 def mode() -> str:
-    """``SPECDEC_LINEAR`` (auto when unset); a clear error for another value."""
-    return switch(ENV, "off keeps torch's F.linear everywhere, on always uses specdec's linear kernels, auto where a "
-                        "probe at load finds they pay")
+    """``SPECDEC_LINEAR`` (auto when unset); a clear error for another value (``config.switch``)."""
+    return switch(ENV)
 
 
 def helper_mode() -> str:
-    """``SPECDEC_HELPER`` (auto when unset); a clear error for another value."""
-    return switch(HELPER_ENV, "auto shares the blocked kernel's products with a helper thread where this process has "
-                               "a core beyond torch's threads, on always, off never")
+    """``SPECDEC_HELPER`` (auto when unset); a clear error for another value (``config.switch``)."""
+    return switch(HELPER_ENV)
 
 
 def helper_wanted(threads: int | None = None, usable: int | None = None) -> bool:
@@ -165,12 +158,11 @@ def _active() -> bool:
 
 
 class Blocked(NamedTuple):
-    """The blocked kernel, loaded: its C function and the width of its weight blocks (``lanes`` output columns)."""
+    """The blocked kernel, loaded (as the operator ``specdec::blocked_linear``, ``blocked_op``): the width of its weight
+    blocks (``lanes`` output columns) and the library it was loaded from."""
 
-    function: Callable[..., None]
     lanes: int
     path: Path
-    pairs: Callable[..., None] | None = None  # the same on a bfloat16 copy (``pair_weight``), where the source has it
 
 
 def _compiler() -> str | None:
@@ -185,18 +177,17 @@ def _cpu_flags() -> str:
 
 
 def blocked() -> Blocked | None:
-    """The blocked kernel (``csrc/blocked_linear.c``), built at first use with the machine's C compiler
-    (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (keyed by the source, the compiler and the CPU's
-    flags) and loaded; ``None`` where it cannot be built (no compiler, another OS), and oneDNN's kernel serves."""
-    if "kernel" not in _BUILT:
-        _BUILT["kernel"] = build_blocked(_SOURCE)
-    return _BUILT["kernel"]  # type: ignore[return-value]
+    """The blocked kernel (``csrc/blocked_linear.c``), which specdec runs as the operator ``specdec::blocked_linear``
+    (``blocked_op``: built at first use, loaded once per process); ``None`` where the operator cannot be built (no C
+    or C++ compiler, torch without its headers, another OS), and oneDNN's kernel serves."""
+    return _BUILT.get("kernel") if blocked_op() else None  # type: ignore[return-value]
 
 
 def _cached_library(stem: str, parts: list[str], compilers: list[str],
-                    commands: Callable[[Path, Path], list[tuple[list[str], int]]]) -> Path:
-    """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)`` are
-    run in order in a temporary folder (each with its timeout, s), the last writing ``built``, which is then renamed
+                    commands: Callable[[Path, Path], list[list[tuple[list[str], int]]]]) -> Path:
+    """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)``, a
+    list of stages, are run in a temporary folder, stage by stage, the commands of a stage at once (each with its
+    timeout, s; the compiles of the sources side by side), the last writing ``built``, which is then renamed
     into place (atomic: another process building the same file is harmless). KEY hashes ``parts`` (the sources, ...),
     each compiler's name and version and the CPU's flags; a build is said on a terminal's stderr, once a process. Raises OSError or
     SubprocessError where it cannot be built."""
@@ -209,38 +200,15 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
     path = root / f"{stem}-{key.hexdigest()[:16]}.so"
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
-        if not _SAID and sys.stderr.isatty():  # a first run at a terminal pauses here (10-30 s): said, not a hang
-            print(f"specdec: building the C kernels for this machine's CPU into {root} (once; 10-30 s)",
-                  file=sys.stderr, flush=True)
+        if not _SAID and sys.stderr.isatty():  # a first run at a terminal pauses here: said, not a hang
+            print(BUILDING.format(root=root), file=sys.stderr, flush=True)
             _SAID.append(True)
         with tempfile.TemporaryDirectory(dir=root) as folder:
             built = Path(folder) / path.name
-            for command, timeout in commands(Path(folder), built):
-                subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+            for stage in commands(Path(folder), built):
+                _run_together(stage)
             os.replace(built, path)
     return path
-
-
-def build_blocked(source: Path) -> Blocked | None:
-    """A blocked kernel built from ``source`` (``blocked`` builds the shipped one; ``benchmarks/linear_kernels.py
-    --blocked-source`` another version of it, to time both) into the kernel cache and loaded; None where it
-    cannot be built."""
-    compiler = _compiler()
-    if compiler is None or platform.system() != "Linux":
-        return None
-    try:
-        path = _cached_library("blocked_linear", [source.read_text()], [compiler], lambda folder, built: [
-            ([compiler, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(built), str(source)], 120)])
-        library = ctypes.CDLL(str(path))
-        function = library.specdec_blocked_linear
-        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-        function.restype = None
-        pairs = getattr(library, "specdec_blocked_linear_bf16", None)  # absent from an older source (the benchmark's)
-        if pairs is not None:
-            pairs.argtypes, pairs.restype = function.argtypes, None
-        return Blocked(function, int(library.specdec_lanes()), path, pairs)
-    except (OSError, subprocess.SubprocessError, AttributeError):
-        return None
 
 
 _OP_SOURCE = Path(__file__).with_name("csrc") / "blocked_op.cpp"  # the blocked kernel as a torch operator
@@ -265,6 +233,33 @@ def blocked_op() -> bool:
     return bool(_BUILT["op"])
 
 
+def _run_together(commands: list[tuple[list[str], int]]) -> None:
+    """Run ``commands`` (each with its timeout, s, from their start) at once and wait for all; a CalledProcessError
+    (with its output) or a TimeoutExpired for the first that fails, once none is left running."""
+    with ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in commands]  # not pipes: none waits on a reader
+        started = time.monotonic()
+        running = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+                   for (command, _), log in zip(commands, logs)]
+        failed: subprocess.SubprocessError | None = None
+        try:
+            for process, (command, timeout), log in zip(running, commands, logs):
+                try:
+                    process.wait(timeout=max(0.0, started + timeout - time.monotonic()))
+                except subprocess.TimeoutExpired as expired:
+                    failed = failed or expired
+                if process.returncode and failed is None:
+                    log.seek(0)
+                    failed = subprocess.CalledProcessError(process.returncode, command, log.read())
+        finally:  # none left running: timed out, or this process interrupted (Ctrl-C at the first command's pause)
+            for process in running:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+    if failed is not None:
+        raise failed
+
+
 def _build_op() -> bool:
     compiler, cxx = _compiler(), _cxx()
     include = Path(torch.__file__).with_name("include")
@@ -272,13 +267,16 @@ def _build_op() -> bool:
         return False
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
 
-    def commands(folder: Path, built: Path) -> list[tuple[list[str], int]]:
-        objects = [folder / "blocked_linear.o", folder / "attention.o"]
-        return [*[([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 120)
-                  for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE), objects)],
-                ([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
-                  f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(_OP_SOURCE), *map(str, objects),
-                  f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o", str(built)], 300)]
+    def commands(folder: Path, built: Path) -> list[list[tuple[list[str], int]]]:
+        objects = [folder / "blocked_linear.o", folder / "attention.o", folder / "blocked_op.o"]
+        compiles = [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 300)
+                    for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE), objects)]
+        compiles.append(([cxx, "-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
+                          f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-c", str(_OP_SOURCE), "-o",
+                          str(objects[2])], 300))
+        link = [cxx, "-shared", *map(str, objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o",
+                str(built)]
+        return [compiles, [(link, 120)]]
 
     try:
         sources = [_SOURCE.read_text(), _ATTENTION_SOURCE.read_text(), _OP_SOURCE.read_text()]
@@ -290,6 +288,7 @@ def _build_op() -> bool:
             torch.library.register_fake("specdec::decode_attention")(_attention_fake)
             _OP_LOADED.append(path)
         _set_helper(helper_wanted())
+        _BUILT["kernel"] = Blocked(int(torch.ops.specdec.lanes()), path)
     except (OSError, RuntimeError, subprocess.SubprocessError):
         return False
     return True
@@ -342,19 +341,10 @@ def blocked_copy(weight: torch.Tensor, lanes: int) -> torch.Tensor:
 
 def blocked_product(kernel: Blocked, rows: torch.Tensor, packed: torch.Tensor, out_features: int,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``rows`` [n, in] (contiguous) times a weight laid out by ``blocked_copy`` (+ bias) by ``kernel``: [n, out].
-    Through the operator where it is loaded (a compiled step loaded it), which shares the product with its helper
-    (``helper``), else through ctypes: the same floats either way."""
-    bias = None if bias is None else bias.contiguous()
-    if _BUILT.get("op") and kernel is _BUILT.get("kernel"):
-        return torch.ops.specdec.blocked_linear(rows, packed, bias, out_features)
-    out = rows.new_empty(rows.shape[0], out_features)
-    function = kernel.pairs if packed.dtype == torch.bfloat16 else kernel.function
-    if function is None:
-        raise ValueError(f"the blocked kernel built from {kernel.path} has no bfloat16 form")
-    function(rows.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-             rows.shape[0], out_features, rows.shape[1])
-    return out
+    """``rows`` [n, in] (contiguous) times a weight laid out by ``blocked_copy`` for ``kernel`` (+ bias): [n, out], by
+    the operator ``specdec::blocked_linear``, which shares the product with its helper (``helper``): the same floats
+    whichever thread computes them."""
+    return torch.ops.specdec.blocked_linear(rows, packed, None if bias is None else bias.contiguous(), out_features)
 
 
 MANY = ("blocked", "onednn")  # the kernels of more than ``FEW`` rows, in the order ``on`` prefers them
@@ -364,7 +354,7 @@ def many_kernels(weight_bytes: float = math.inf) -> tuple[str, ...]:
     """The kernels of more than ``FEW`` rows this machine has for a model of ``weight_bytes`` of linear weights:
     ``blocked`` where it builds and the model streams its weights from memory (at least ``STREAMED_BYTES``),
     ``onednn``."""
-    return tuple(k for k in MANY if k != "blocked" or (blocked() is not None and weight_bytes >= STREAMED_BYTES))
+    return tuple(k for k in MANY if k != "blocked" or (weight_bytes >= STREAMED_BYTES and blocked() is not None))
 
 
 def weight_key(weight: torch.Tensor) -> tuple[int, int]:
@@ -634,7 +624,8 @@ def install(model: torch.nn.Module) -> bool:
         return installed(model)
     chosen = mode()
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
-    layers = {m: _Packed() for m in found}  # each layer once (a tied head is its own module)
+    layers = {m: _Packed(many=None) for m in found}  # each layer once (a tied head is its own module); the plan sets
+    # its kernels below: a smaller model than ``STREAMED_BYTES`` never asks for the blocked kernel, nor builds it
     if not layers:
         plan: tuple[bool, str | None] = (False, None)
     elif chosen == "on":

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from specdec.arguments import COMPARE, Settings, UsageError
-from specdec.config import DrafterConfig, ModelConfig, ScheduleConfig, SpecConfig
+from specdec.config import DrafterConfig, ModelConfig, ScheduleConfig, SpecConfig, check_kernels
 from specdec.plan import Plan, Shapes, mode_plan
 from specdec.threads import ThreadChoice, use_threads
 
@@ -83,7 +83,8 @@ class Session:
             from specdec.loading import load_model
 
             model = load_model(name, device=self.models.device, dtype=self.models.dtype)
-            autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[])  # warm-up
+            autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[],
+                                    kernels=self.models.kernels)  # warm-up
             self._models[name] = model
         return self._models[name]
 
@@ -130,9 +131,10 @@ class Session:
         from specdec.drafters import make_drafter
         from specdec.target import make_target
 
-        target = make_target(self.model(self.models.target))
+        target = make_target(self.model(self.models.target), self.models.kernels == "auto")
         try:
-            return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model)
+            return make_drafter(self.models.drafter_config, target, self.tokenizer("speculative"), loader=self.model,
+                                kernels=self.models.kernels == "auto")
         except ValueError as err:
             default = DrafterConfig.name
             if self.models.drafter != default or not re.search("vocabulary|tokenizer", str(err)):
@@ -188,6 +190,7 @@ class Session:
             on_round=on_round,
             on_result=on_result,
             batch_size=settings.spec.batch_size,
+            kernels=self.models.kernels,
         )
         if settings.mode == "speculative":
             return decode.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
@@ -238,7 +241,8 @@ def _drafter_parts(drafter: object) -> tuple[bool, bool]:
 def prepare_call(target: PreTrainedModel | Target, drafter: object, prompts: object, *, compile: str,
                  threads: int | None, gamma: int = SpecConfig.gamma, speculate: str = SpecConfig.speculate,
                  batch_size: int = SpecConfig.batch_size, schedule: object = None,
-                 tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[PreTrainedModel | Target, object, Plan | None]:
+                 tokenizer: PreTrainedTokenizerBase | None = None,
+                 kernels: str = ModelConfig.kernels) -> tuple[PreTrainedModel | Target, object, Plan | None]:
     """What the API does before the core decodes, as a ``Session`` does: set torch's threads (``threads=``), then
     compile the target's and the drafter model's decode forwards for the call's shapes (``specdec.plan``) as
     ``compile`` says ("on", "auto": on CUDA only, "off": nothing). ``drafter`` None: plain decoding. A drafter named
@@ -268,14 +272,15 @@ def prepare_call(target: PreTrainedModel | Target, drafter: object, prompts: obj
         return target, drafter, plan
     from specdec.drafters import make_drafter
 
-    handle = make_target(target)
+    fast = check_kernels(kernels)
+    handle = make_target(target, fast)
 
     def loader(path: str) -> PreTrainedModel:  # make_drafter's own loading, then compiled
         loaded = load_model(path, device=handle.device, dtype=handle.model.dtype)
         compile_models([("drafter", loaded, plan.drafter)], compile)
         return loaded
 
-    return handle, make_drafter(drafter, handle, tokenizer, loader=loader), plan
+    return handle, make_drafter(drafter, handle, tokenizer, loader=loader, kernels=fast), plan
 
 
 def speculative_generate(target: PreTrainedModel | Target, drafter: object, prompts: object, *,
@@ -295,7 +300,7 @@ def speculative_generate(target: PreTrainedModel | Target, drafter: object, prom
 
     target, drafter, _ = prepare_call(target, drafter, prompts, compile=compile, threads=threads,
                                       **{k: options[k] for k in ("gamma", "speculate", "batch_size", "schedule",
-                                                                 "tokenizer") if k in options})
+                                                                 "tokenizer", "kernels") if k in options})
     return decode.speculative_generate(target, drafter, prompts, **options)
 
 
@@ -306,5 +311,5 @@ def autoregressive_generate(target: PreTrainedModel | Target, prompts: object, *
     from specdec import decode
 
     target, _, _ = prepare_call(target, None, prompts, compile=compile, threads=threads,
-                                **{k: options[k] for k in ("batch_size",) if k in options})
+                                **{k: options[k] for k in ("batch_size", "kernels") if k in options})
     return decode.autoregressive_generate(target, prompts, **options)

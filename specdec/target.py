@@ -117,11 +117,14 @@ class Target(ABC):
 
 class ModelTarget(Target):
     """A transformers model with a language-model head behind its cache handle (decoder-only or
-    encoder-decoder: the round loop does not ask which)."""
+    encoder-decoder: the round loop does not ask which). ``kernels``: give the model's linear layers specdec's CPU
+    kernels (``specdec.kernels.install``: may build them, probe their timings, keep the plan in ~/.cache and set the
+    layers' forwards; the session or API call decides, ``kernels=`` "auto" or "off")."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, kernels: bool = True) -> None:
         self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
-        install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
+        if kernels:
+            install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
         self.vocab_size = vocab_size(model)
         self.encoder_decoder = is_encoder_decoder(model)
         self.context_limit = context_limit(model)  # the decoder's positions
@@ -188,8 +191,9 @@ class ModelTarget(Target):
 TARGETS: list[tuple[Callable[[PreTrainedModel], bool], Callable[[PreTrainedModel], Target]]] = []
 
 
-def register_target(accepts: Callable[[PreTrainedModel], bool], build: Callable[[PreTrainedModel], Target]) -> None:
-    """Let ``make_target`` build ``build(model)`` for models that ``accepts``; tried before earlier ones."""
+def register_target(accepts: Callable[[PreTrainedModel], bool], build: Callable[..., Target]) -> None:
+    """Let ``make_target`` build ``build(model)`` for models that ``accepts``; tried before earlier ones. A call that
+    asks for no kernels builds ``build(model, kernels=False)``."""
     TARGETS.insert(0, (accepts, build))
 
 
@@ -200,8 +204,9 @@ def _language_model(model: PreTrainedModel) -> bool:
 register_target(_language_model, ModelTarget)
 
 
-def make_target(model: object) -> Target:
-    """The ``Target`` handle of ``model`` (a transformers model with a language-model head, or a Target)."""
+def make_target(model: object, kernels: bool = True) -> Target:
+    """The ``Target`` handle of ``model`` (a transformers model with a language-model head, or a Target); ``kernels``:
+    whether a handle made here gives the model specdec's linear kernels (``ModelTarget``)."""
     if isinstance(model, Target):
         return model
     if not isinstance(model, PreTrainedModel):
@@ -211,5 +216,5 @@ def make_target(model: object) -> Target:
                         "AutoModelForCausalLM (or specdec.load_model), not AutoModel")
     for accepts, build in TARGETS:
         if accepts(model):
-            return build(model)
+            return build(model) if kernels else build(model, kernels=False)
     raise TypeError(f"target {type(model).__name__} is a model that no Target implementation handles")

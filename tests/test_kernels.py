@@ -40,7 +40,7 @@ def _fresh_install(model: torch.nn.Module, monkeypatch, mode: str = "on") -> boo
 
 def _needs(many: str) -> None:
     if many not in kernels.many_kernels():
-        pytest.fail(f"no {many} kernel on this machine: the blocked one needs a C compiler (cc, gcc or clang)")
+        pytest.fail(f"no {many} kernel on this machine: the blocked one needs a C and a C++ compiler (cc, c++)")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 25, 40])
@@ -67,9 +67,10 @@ def test_fast_linear_computes_the_product(rows, bias, many, shape):
 
 
 def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compiler(tmp_path, monkeypatch, capsys):
-    """Built into ``$XDG_CACHE_HOME/specdec/kernels`` keyed by its source, compiler and CPU (saying so in one line on
-    stderr: a first run's pause), loaded from there by the next process; without a C compiler there is no blocked
-    kernel, and oneDNN's serves many rows."""
+    """One build: the blocked kernel is the operator's (``blocked_op``), built into ``$XDG_CACHE_HOME/specdec/kernels``
+    keyed by its sources, compilers and CPU (saying so in one line on stderr: a first run's pause), loaded from there
+    by the next process; no other library is built beside it; without a C compiler there is no blocked kernel, and
+    oneDNN's serves many rows."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels, "_BUILT", {})
     monkeypatch.setattr(kernels, "_SAID", [])
@@ -78,8 +79,10 @@ def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compi
     _needs("blocked")
     said = capsys.readouterr().err.splitlines()
     folder = tmp_path / "specdec" / "kernels"
-    assert said == [f"specdec: building the C kernels for this machine's CPU into {folder} (once; 10-30 s)"]
-    assert kernel.path.parent == tmp_path / "specdec" / "kernels" and list(kernel.path.parent.iterdir()) == [kernel.path]
+    assert said == [kernels.BUILDING.format(root=folder)]
+    assert said[0].startswith("specdec: building specdec's CPU kernels")
+    assert kernel.path.parent == folder and list(folder.iterdir()) == [kernel.path]
+    assert kernel.path.name.startswith("blocked_op-")
     assert kernel.lanes in (8, 16)
     built = kernel.path.stat().st_mtime_ns
     monkeypatch.setattr(kernels, "_BUILT", {})
@@ -147,6 +150,32 @@ def test_a_deep_copy_uses_its_own_weights(monkeypatch):
         torch.testing.assert_close(twin(ids).logits, _stock(reference, ids), rtol=1e-5, atol=1e-5)
         half = copy.deepcopy(model).to(torch.bfloat16)  # another dtype: the stock kernel
         assert half(ids).logits.dtype == torch.bfloat16
+
+
+def test_kernels_off_leaves_the_models_as_they_are_and_auto_installs(monkeypatch):
+    """``kernels="off"`` (the API's and the session's option): no handle made by the call installs anything on the
+    target or the drafter (no forward set, nothing decided), and greedy output is still ``generate``'s; "auto" (the
+    default) installs as ``SPECDEC_LINEAR`` says, on both; the handles themselves take the flag; another value is
+    refused in one line."""
+    monkeypatch.setenv(kernels.ENV, "on")
+    target = build_tiny("llama", seed=12, hidden=64)
+    drafter = truncated_copy(target, 1)
+    prompt = [5, 17, 33, 8, 41, 9, 12]
+    result = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=16, gamma=3, stop_token_ids=[],
+                                          kernels="off")
+    assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, 16, []))
+    plain = specdec.autoregressive_generate(target, prompt, max_new_tokens=4, stop_token_ids=[], kernels="off")
+    assert plain.tokens == result.tokens[:4]
+    for model in (target, drafter):
+        assert model not in kernels._DECIDED and not any(kernels._ours(m) for m in model.modules())
+    specdec.target.ModelTarget(target, kernels=False)
+    specdec.drafters.ModelDrafter(drafter, kernels=False)
+    assert target not in kernels._DECIDED and drafter not in kernels._DECIDED
+    with pytest.raises(ValueError, match="^kernels must be one of auto, off, got 'on'"):
+        specdec.speculative_generate(target, drafter, prompt, max_new_tokens=4, kernels="on")
+    result = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=16, gamma=3, stop_token_ids=[])
+    assert kernels.installed(target) and kernels.installed(drafter)
+    assert_same_greedy(target, prompt, result.tokens, hf_greedy(target, prompt, 16, []))
 
 
 def _stock(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -393,8 +422,8 @@ def test_a_bfloat16_weight_is_copied_at_half_the_bytes_and_multiplied_as_the_flo
 
 
 def test_the_blocked_operator_is_built_once_per_machine_and_absent_without_a_compiler(tmp_path, monkeypatch):
-    """Built into ``$XDG_CACHE_HOME/specdec/kernels`` beside the blocked kernel (keyed by both sources, the compilers,
-    the CPU and torch), not rebuilt by the next process; without a C++ compiler there is none (and no error)."""
+    """Built into ``$XDG_CACHE_HOME/specdec/kernels`` (keyed by both sources, the compilers, the CPU and torch), not
+    rebuilt by the next process; without a C++ compiler there is none (and no error)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels, "_BUILT", {})
     assert kernels.blocked_op()

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from specdec.bench.llama_params import model_params
+from specdec.config import switch
 from specdec.folders import resolve_model_path
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ _CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")  # what 
 def llama_cpp_source() -> Path:
     """A llama.cpp source folder with its converter: ``$SPECDEC_LLAMA_CPP``, else the installed
     llama-cpp-python's own sdist (its vendored llama.cpp), unpacked once into ~/.cache/specdec."""
-    given = os.environ.get(LLAMA_CPP_SOURCE_ENV)
+    given = switch(LLAMA_CPP_SOURCE_ENV)
     if given:
         if not (Path(given) / "convert_hf_to_gguf.py").is_file():
             raise ValueError(f"{LLAMA_CPP_SOURCE_ENV}={given} has no convert_hf_to_gguf.py: "

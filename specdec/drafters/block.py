@@ -91,14 +91,15 @@ class BlockDrafter(CachedDrafter):
 
     returns_hidden = False
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, kernels: bool = True) -> None:
         if not is_block_drafter(model):
             raise TypeError(f"BlockDrafter drafts with a block drafter model (BlockDrafterModel, or an encoder-decoder "
                             f"with config.{SEQ2SEQ_BLOCK}), got {type(model).__name__}: {BLOCK_FIX}")
         if not is_encoder_decoder(model):
             self._check_decoder_only(model)
         self.model = model.eval()
-        install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
+        if kernels:  # the caller's choice (``ModelTarget``'s ``kernels``)
+            install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
         self.mask_token_id, self.max_block_size = block_settings(model)  # max_block_size: largest k per round
         self.max_draft = self.max_block_size
         self.vocab_size: int | None = None  # the target's logits size once aligned; None = the model's own

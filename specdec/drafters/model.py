@@ -356,9 +356,10 @@ class ModelDrafter(CachedDrafter):
 
     returns_hidden = True
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
+    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, kernels: bool = True) -> None:
         self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
-        install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
+        if kernels:  # the caller's choice (``ModelTarget``'s ``kernels``)
+            install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)

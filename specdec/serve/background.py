@@ -32,21 +32,19 @@ from pathlib import Path
 
 import torch
 
-from specdec.config import ModelConfig, ScheduleConfig, SpecConfig
+from specdec.config import ModelConfig, ScheduleConfig, SpecConfig, switch
 
-ENV = "SPECDEC_COMPILE_BESIDE"  # auto (default) | off
+ENV = "SPECDEC_COMPILE_BESIDE"  # auto (default) | off (``config.SWITCHES``)
 MODE = "speculative"  # what the server decodes (``Session.compile``'s mode)
 
 
 def wanted(models: ModelConfig) -> bool:
     """Whether a server of ``models`` compiles beside its serving: ``--compile auto`` on a CPU whose torch compiles
     and saves its graphs, unless ``SPECDEC_COMPILE_BESIDE=off``."""
-    from specdec import kernels
     from specdec.compiled import compiler_missing, compiles, saves_graphs
     from specdec.loading import resolve_device
 
-    mode = kernels.switch(ENV, "auto compiles beside serving where --compile auto meets a CPU that compiles, off "
-                               "serves eagerly", ("auto", "off"))
+    mode = switch(ENV)
     if mode == "off" or models.compile != "auto":
         return False
     device = resolve_device(models.device)

@@ -8,8 +8,9 @@ own ``max_tokens``, ``temperature``, ``top_p``, ``seed`` and ``stop`` override t
 from __future__ import annotations
 
 import ipaddress
-import os
 from dataclasses import dataclass
+
+from specdec.config import switch
 
 API_KEY_ENV = "SPECDEC_API_KEY"  # the environment variable read when --api-key is not given
 # The server's --speculate default (generate's is SpecConfig's "on"): a server's batch grows with its clients, and
@@ -52,7 +53,7 @@ class ServeConfig:
 
     def key(self) -> str | None:
         """The API key in force: ``api_key``, else ``$SPECDEC_API_KEY``, else None (no key)."""
-        return self.api_key or os.environ.get(API_KEY_ENV) or None
+        return self.api_key or switch(API_KEY_ENV) or None
 
     @property
     def all_interfaces(self) -> bool:

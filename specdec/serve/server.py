@@ -60,7 +60,7 @@ def served_model(models: ModelConfig, spec: SpecConfig, sampling: SamplingConfig
     compiled = session.compile("speculative", spec, schedule)  # on: compiled at start
     beside, said = (Beside.start(session, spec, schedule) if not compiled and compile_beside(models)
                     else (None, ""))  # auto on a CPU: from the compile cache, else compiled beside serving
-    target = make_target(session.model(models.target))
+    target = make_target(session.model(models.target), models.kernels == "auto")
     drafter = NoDrafter() if spec.speculate == "off" else session.drafter()
     served_id = name or model_id(models.target)
     engine = Engine(target, drafter, make_schedule(spec, schedule, drafter), batch_size=spec.batch_size,
