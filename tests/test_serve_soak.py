@@ -67,7 +67,7 @@ def test_memory_reports_the_heap_and_trims_at_most_every_so_often():
     pages back to the system (the resident set drops; malloc still counts them free: ``madvise``'d, not unmapped) and
     runs at most every ``every_s``. In a fresh interpreter: after a long suite the heap already holds gigabytes free,
     and new blocks reuse them instead of growing it."""
-    done = subprocess.run([sys.executable, "-c", CHECK_TRIM], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", CHECK_TRIM], capture_output=True, text=True, timeout=120, check=False)
     if done.returncode == 3:
         pytest.skip("not Linux with glibc: nothing to read")
     assert done.returncode == 0, done.stderr
