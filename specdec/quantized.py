@@ -119,7 +119,8 @@ def torchao_config(to: str, group_size: int | None):
     return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size))
 
 
-def check(model_path: str | Path, to: str, out: str | Path, group_size: int | None) -> int | None:
+def check(model_path: str | Path, to: str, out: str | Path, group_size: int | None, embeddings: bool = False,
+          head: bool = False) -> int | None:
     """Refuse bad input before anything is loaded or written (a ValueError of one line); the group size to use."""
     from transformers import AutoConfig
 
@@ -136,10 +137,13 @@ def check(model_path: str | Path, to: str, out: str | Path, group_size: int | No
     config = AutoConfig.from_pretrained(model_path)
     if getattr(config, "quantization_config", None) is not None:
         raise ValueError(f"{model_path} is already quantized ({_method_of(config)}): quantize its unquantized source")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if embeddings and not head and not getattr(text, "tie_word_embeddings", True):
+        raise ValueError("--quantize-embeddings needs --quantize-head (transformers' torchao quantizer quantizes "
+                         "the input and output embeddings together)")
     if to == "int8":
         return None
     group_size = group_size or 128
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     widths = {getattr(text, name) for name in ("hidden_size", "intermediate_size", "n_embd", "n_inner")
               if isinstance(getattr(text, name, None), int)}
     bad = sorted(w for w in widths if w % group_size)
@@ -157,8 +161,11 @@ def _method_of(config) -> str:
 def _load(path, dtype, quantization_config=None):
     from transformers import AutoModelForCausalLM
 
+    from specdec.loading import progress_bars
+
     kwargs = {"quantization_config": quantization_config} if quantization_config is not None else {}
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **kwargs).eval()
+    with progress_bars(False):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **kwargs).eval()
 
 
 def _prompts(model_path: Path, vocab_size: int, n: int, seed: int) -> tuple[list[list[int]], str]:
@@ -210,17 +217,16 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
     raised before anything is written."""
     from transformers import TorchAoConfig
 
+    from specdec.loading import progress_bars
+
     model_path, out = Path(model_path), Path(out)
-    group_size = check(model_path, to, out, group_size)
+    group_size = check(model_path, to, out, group_size, embeddings, head)
     from transformers import AutoConfig
 
     stored = str(getattr(AutoConfig.from_pretrained(model_path), "dtype", None) or "unknown").removeprefix("torch.")
     source = _load(model_path, dtype)
     tied = source.get_output_embeddings() is not None and (
         source.get_output_embeddings().weight is source.get_input_embeddings().weight)
-    if embeddings and not head and not tied:
-        raise ValueError("--quantize-embeddings needs --quantize-head (transformers' torchao quantizer quantizes "
-                         "the input and output embeddings together)")
     head = embeddings = head or embeddings if tied else head  # a tied head is the input embeddings' matrix
     config = TorchAoConfig(torchao_config(to, group_size), include_input_output_embeddings=embeddings,
                            modules_to_not_convert=None if not head else [])
@@ -232,7 +238,8 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
                          + (" (it is tied to the input embeddings)" if tied else "") + ": drop --quantize-head")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        model.save_pretrained(out, safe_serialization=True)
+        with progress_bars(False):
+            model.save_pretrained(out, safe_serialization=True)
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                      "merges.txt", "tokenizer.model"):
             if (model_path / name).is_file():
