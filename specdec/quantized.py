@@ -6,8 +6,8 @@ output is that quantized model's own ``generate`` and its sampling keeps that mo
 nothing in how such a model computes: its kernels (``specdec.kernels``) skip every linear whose weight is a
 quantized tensor subclass (they are for plain float32 weights), and its forward is transformers' own.
 
-- ``describe(model)`` names a model's quantization format (None for a plain model), for the compiled path's refusal
-  and for messages;
+- ``describe(model)`` names a model's quantization format (None for a plain model), for messages, and
+  ``compile_refusal(model)`` the compiled path's one line refusing it (the eager path runs it);
 - ``note(model)`` says once per process, in one line, where a format has no fast kernel on the model's device (it
   then runs as transformers runs it);
 - ``quantize(...)`` (``specdec quantize``) writes weight-only int8 (per output channel) or int4 (group-wise) copies
@@ -65,6 +65,14 @@ def describe(model: torch.nn.Module) -> str | None:
     if method is None:
         method = type(next(_weights(model))).__module__.split(".")[0]
     return f"{method} ({', '.join(kinds)})" if kinds else method
+
+
+def compile_refusal(model: torch.nn.Module) -> str | None:
+    """Why the compiled path refuses ``model`` (None where it is not quantized): its traced operators and static
+    cache are written for float weights, and a quantized tensor subclass in a traced graph is untested there. The
+    eager path runs it exactly (tests/test_quantized.py)."""
+    name = describe(model)
+    return None if name is None else f"the compiled path does not take quantized models yet ({name}): use --compile off"
 
 
 def slow_line(model: torch.nn.Module) -> str | None:

@@ -72,6 +72,8 @@ def test_the_folder_loads_back_quantized_as_safetensors_with_its_card(folders, f
     assert (agree["prompts"], agree["tokens"]) == (2, 4) and 0 <= agree["equal_prompts"] <= 2
     assert f"{agree['equal_prompts']} of 2 prompts" in card
     assert quantized.describe(build_tiny("llama", seed=0)) is None
+    assert quantized.compile_refusal(build_tiny("llama", seed=0)) is None
+    assert f"quantized models yet (torchao ({expected})): use --compile off" in quantized.compile_refusal(model)
 
 
 def test_quantized_weights_are_smaller_and_dequantise_close_to_the_float_ones(folders):
