@@ -34,8 +34,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.quantize_cli import GROUP_SIZES
-
+GROUP_SIZES = (32, 64, 128)  # int4's input columns per scale (the CLI's choices: specdec.quantize_cli's own)
 PACKAGES = {"torchao": "torchao", "compressed-tensors": "compressed-tensors"}  # format -> package to install
 _NOTED: set[str] = set()
 
@@ -65,6 +64,25 @@ def describe(model: torch.nn.Module) -> str | None:
     if method is None:
         method = type(next(_weights(model))).__module__.split(".")[0]
     return f"{method} ({', '.join(kinds)})" if kinds else method
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package.replace("-", "_")) is not None
+
+
+def missing_backend(config) -> str | None:
+    """The one line naming the package to install where ``config`` (a model's) is quantized in a format whose
+    backend is not installed (transformers' own error is a traceback's); None otherwise."""
+    q = getattr(config, "quantization_config", None)
+    if q is None:
+        return None
+    method = _method_of(config)
+    package = PACKAGES.get(method)
+    if package is None or _installed(package):
+        return None
+    return f"this model is quantized with {method}, which is not installed: pip install {package}"
 
 
 def compile_refusal(model: torch.nn.Module) -> str | None:

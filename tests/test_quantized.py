@@ -206,6 +206,21 @@ def test_bad_input_is_one_line_status_2_nothing_written(folders, tmp_path, capsy
     assert not out.exists()
 
 
+def test_a_format_whose_backend_is_missing_is_one_line_naming_the_package(folders, monkeypatch):
+    _, loaded = folders
+    folder = loaded["target", "int8"][1]
+    assert quantized.describe(specdec.load_model(folder)) == "torchao (Int8Tensor)"
+    monkeypatch.setattr(quantized, "_installed", lambda package: package != "torchao")
+    with pytest.raises(ValueError, match=r"quantized with torchao, which is not installed: pip install torchao$"):
+        specdec.load_model(folder)
+
+
+def test_the_clis_group_sizes_are_the_library_s() -> None:
+    from specdec import quantize_cli
+
+    assert quantize_cli.GROUP_SIZES == quantized.GROUP_SIZES
+
+
 def test_an_already_quantized_model_or_a_used_folder_is_refused(folders, tmp_path, capsys):
     src, loaded = folders
     status, err = _status(["quantize", str(loaded["target", "int8"][1]), "--to", "int4", "--out",
