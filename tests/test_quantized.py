@@ -215,6 +215,23 @@ def test_a_format_whose_backend_is_missing_is_one_line_naming_the_package(folder
         specdec.load_model(folder)
 
 
+def test_the_head_by_choice_untied_quantized_and_tied_refused(folders, tmp_path, capsys):
+    src, _ = folders  # the tiny Llama's head is its own matrix
+    out = tmp_path / "head"
+    assert main(["quantize", str(src["target"]), "--to", "int8", "--quantize-head", "--out", str(out),
+                 "--prompts", "1", "--tokens", "4"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(model.lm_head.weight).__name__ == "Int8Tensor"
+    assert type(model.model.embed_tokens.weight) is torch.nn.Parameter
+    for prompt in PROMPTS[:2]:
+        res = specdec.speculative_generate(model, "ngram", prompt, max_new_tokens=16, stop_token_ids=[])
+        assert_same_greedy(model, prompt, res.tokens, hf_greedy(model, prompt, 16, []))
+    status, err = _status(["quantize", "code-drafter", "--to", "int8", "--quantize-head", "--out",
+                           str(tmp_path / "tied")], capsys)  # tied: transformers' quantizer leaves it float
+    assert status == 2 and "LM head unquantized (it is tied to the input embeddings)" in err and err.count("\n") == 1
+    assert not (tmp_path / "tied").exists()
+
+
 def test_the_clis_group_sizes_are_the_library_s() -> None:
     from specdec import quantize_cli
 
