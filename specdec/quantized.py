@@ -26,6 +26,7 @@ its ``mslk`` kernels, and its CPU layout (``Int4OpaqueTensor``) is not in its sa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import warnings
@@ -184,13 +185,24 @@ def _method_of(config) -> str:
     return str(getattr(method, "value", method))
 
 
+@contextlib.contextmanager
+def _quiet():
+    """transformers' progress bars off inside the block (specdec.loading.progress_bars, which imports this module)."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
 def _load(path, dtype, quantization_config=None):
     from transformers import AutoModelForCausalLM
 
-    from specdec.loading import progress_bars
-
     kwargs = {"quantization_config": quantization_config} if quantization_config is not None else {}
-    with progress_bars(False):
+    with _quiet():
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **kwargs).eval()
 
 
@@ -243,8 +255,6 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
     raised before anything is written."""
     from transformers import TorchAoConfig
 
-    from specdec.loading import progress_bars
-
     model_path, out = Path(model_path), Path(out)
     group_size = check(model_path, to, out, group_size, embeddings, head)
     from transformers import AutoConfig
@@ -264,7 +274,7 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
                          + (" (it is tied to the input embeddings)" if tied else "") + ": drop --quantize-head")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with progress_bars(False):
+        with _quiet():
             model.save_pretrained(out, safe_serialization=True)
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                      "merges.txt", "tokenizer.model"):
