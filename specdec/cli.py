@@ -56,6 +56,8 @@ SUBCOMMANDS: Mapping[str, Subcommand] = {
     "serve": Subcommand("specdec.serve.cli", "an OpenAI-compatible server with continuous batching and a live "
                         "page of speculation"),
     "data": Subcommand("specdec.data.cli", "build corpora from text on this machine"),
+    "quantize": Subcommand("specdec.quantize_cli", "write an int8 or int4 weight-only copy of a model that "
+                           "from_pretrained loads, with its size and greedy agreement"),
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention

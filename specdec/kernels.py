@@ -454,7 +454,8 @@ def _eligible(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return (isinstance(module, torch.nn.Linear) and type(module).forward is torch.nn.Linear.forward
             and ("forward" not in vars(module) or _ours(module)) and isinstance(weight, torch.Tensor)
-            and weight.dtype == torch.float32 and weight.device.type == "cpu")
+            and weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and type(weight) in (torch.Tensor, torch.nn.Parameter))  # not a quantized subclass: specdec.quantized
 
 
 def _install_on(module: torch.nn.Linear, packed: _Packed) -> None:
@@ -622,6 +623,8 @@ def install(model: torch.nn.Module) -> bool:
     helper()
     if model in _DECIDED:
         return installed(model)
+    from specdec import quantized  # its quantized linears keep their own forward: say once where that is slow
+    quantized.note(model)
     chosen = mode()
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
     layers = {m: _Packed(many=None) for m in found}  # each layer once (a tied head is its own module); the plan sets

@@ -101,6 +101,13 @@ def load_model(
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    if getattr(config, "quantization_config", None) is not None:
+        from specdec.quantized import missing_backend
+
+        if (line := missing_backend(config)) is not None:
+            raise ValueError(f"{path}: {line}")
+    if dtype is None and getattr(config, "quantization_config", None) is not None:
+        torch_dtype = "auto"  # a quantized checkpoint computes in its stored dtype (its scales': specdec.quantized)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     with progress_bars(progress):
         model = auto.from_pretrained(

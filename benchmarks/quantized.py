@@ -1,0 +1,109 @@
+"""Plain decoding of a 409M-parameter Llama shape with bf16, int8 and int4 weights (issue 71's first measurement).
+
+The shape of issue 71's table: hidden 1536, 16 layers, 12 heads of 128, intermediate 3328, an 8192-token vocabulary,
+tied embeddings (409.0M parameters), random weights (``initializer_range`` 0.02), stored in bfloat16. Three forms of
+the same weights, each decoded by specdec's plain loop (``autoregressive_generate``), greedy:
+
+- ``bf16``: the stored weights as specdec runs them on the CPU (float32 compute, ``specdec.kernels`` installed: the
+  blocked kernel reads them as bfloat16 pairs where it pays);
+- ``int8``: torchao's ``Int8WeightOnlyConfig`` (one scale per output channel), float32 compute;
+- ``int4``: torchao's ``IntxWeightOnlyConfig(int4, PerGroup(--group-size))``, float32 compute;
+
+each quantized from the bf16 weights with ``torchao.quantization.quantize_`` (what transformers' ``TorchAoConfig``
+applies on load; ``specdec quantize`` writes the same tensors). The forms take turns, prompt by prompt within a
+repeat, the order rotating per repeat; the figure is the median over repeats of the ms per new token; the load
+average is printed at each repeat. Every output is checked against that form's own ``generate``.
+
+    OMP_NUM_THREADS=2 python benchmarks/quantized.py --threads 2 --prompts 2 --tokens 16 --repeats 3
+
+Needs torchao (``pip install 'specdec[quant]'``). The figures go in docs/journal/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specdec
+from specdec import kernels, quantized
+
+
+def build(seed: int) -> LlamaForCausalLM:
+    config = LlamaConfig(hidden_size=1536, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=12,
+                         head_dim=128, intermediate_size=3328, vocab_size=8192, tie_word_embeddings=True,
+                         max_position_embeddings=1024, initializer_range=0.02, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()  # stored bf16: its values are bf16 numbers
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=128)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from torchao.quantization import quantize_
+
+    stored = build(0)
+    print(f"{sum(p.numel() for p in stored.parameters()) / 1e6:.1f}M parameters, {args.threads} threads, "
+          f"torch {torch.__version__}", flush=True)
+    forms = {"bf16": stored.float()}
+    for name, to, group in (("int8", "int8", None), ("int4", "int4", args.group_size)):
+        model = copy.deepcopy(forms["bf16"])
+        quantize_(model, quantized.torchao_config(to, group))
+        forms[name] = model.eval()
+    for name, model in forms.items():
+        weights = sum(t.numel() * t.element_size() for m in model.modules() for t in m._parameters.values()
+                      if t is not None and type(t) in (torch.Tensor, torch.nn.Parameter))
+        weights += sum(sum(getattr(t, n).numel() * getattr(t, n).element_size() for n in t.tensor_data_names)
+                       for t in quantized._weights(model))
+        print(f"{name}: {quantized.describe(model) or 'plain'}, {weights / 2**20:.0f} MiB of weights in memory; "
+              f"{quantized.slow_line(model) or 'no note'}", flush=True)
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 8192, (24,), generator=generator).tolist() for _ in range(args.prompts)]
+    times: dict[str, list[float]] = {name: [] for name in forms}
+    names = list(forms)
+    for name in names:  # warm up, and the exactness check against each form's own generate
+        model = forms[name]
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.tokens,
+                                 min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+            ours = specdec.autoregressive_generate(model, prompt, max_new_tokens=args.tokens, stop_token_ids=[]).tokens
+            assert ours == ref, f"{name}: plain decoding differs from generate\nours {ours}\nref  {ref}"
+        print(f"{name}: plain decoding equals generate on {len(prompts)} prompts; kernels installed: "
+              f"{kernels.installed(model)}", flush=True)
+    for repeat in range(args.repeats):
+        order = names[repeat % len(names):] + names[:repeat % len(names)]
+        spent = {name: 0.0 for name in names}
+        for prompt in prompts:
+            for name in order:
+                start = time.perf_counter()
+                res = specdec.autoregressive_generate(forms[name], prompt, max_new_tokens=args.tokens,
+                                                      stop_token_ids=[])
+                spent[name] += time.perf_counter() - start
+                assert len(res.tokens) == args.tokens
+        for name in names:
+            times[name].append(spent[name] * 1e3 / (args.tokens * len(prompts)))
+        print(f"repeat {repeat}: " + ", ".join(f"{n} {times[n][-1]:.1f}" for n in names)
+              + f" ms/token; load {os.getloadavg()[0]:.2f}", flush=True)
+    base = statistics.median(times["bf16"])
+    for name in names:
+        med = statistics.median(times[name])
+        print(f"{name:5s} median {med:7.1f} ms/token ({med / base:.2f}x bf16)  "
+              f"[{', '.join(f'{t:.1f}' for t in times[name])}]")
+
+
+if __name__ == "__main__":
+    main()
