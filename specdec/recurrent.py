@@ -54,6 +54,7 @@ Hybrids get explicit positions in every forward (Bamba counts them from 0 in eac
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -75,17 +76,22 @@ EXACT_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 EXACT_TOL_HALF = 1e-3  # float16, bfloat16
 
 
+# what is_recurrent and multi_token_exact found per model (keyed weakly by the model: nothing set on it)
+_RECURRENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its config, the answer)
+_MULTI_TOKEN_EXACT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> bool
+
+
 def is_recurrent(model: PreTrainedModel) -> bool:
     """Whether ``model``'s cache (built from its config) has recurrent / linear-attention layers."""
     if getattr(model.config, "is_encoder_decoder", False):
         return False
     if getattr(model.config, "model_type", "") in ARGUMENT_STATES:  # its state a forward argument, carried by its cache
         return True
-    known = model.__dict__.get("_specdec_recurrent")  # (its config, the answer): asked at every cache made
+    known = _RECURRENT.get(model)  # (its config, the answer): asked at every cache made
     if known is None or known[0] is not model.config:
         cache = DynamicCache(config=model.config)
         known = (model.config, any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers))
-        model.__dict__["_specdec_recurrent"] = known
+        _RECURRENT[model] = known
     return known[1]
 
 
@@ -114,7 +120,7 @@ def cached_steps(model: PreTrainedModel, ids: torch.Tensor, first: int, step: in
 def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     """Whether one forward of ``tokens`` tokens after a cached state gives the logits of single steps to rounding
     (checked once per model on a few seeded random tokens; cached)."""
-    known = getattr(model, "_specdec_multi_token_exact", None)
+    known = _MULTI_TOKEN_EXACT.get(model)
     if known is not None:
         return known
     device = next(model.parameters()).device
@@ -125,7 +131,7 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     scale = max(1.0, float(single.abs().max()))
     tolerance = EXACT_TOL.get(next(model.parameters()).dtype, EXACT_TOL_HALF)
     exact = float((multi - single).abs().max()) <= tolerance * scale
-    model._specdec_multi_token_exact = exact
+    _MULTI_TOKEN_EXACT[model] = exact
     return exact
 
 

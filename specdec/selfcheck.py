@@ -24,6 +24,7 @@ skip the check: their start-up is unchanged. It costs about three forwards of th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -54,16 +55,30 @@ class Verdict:
     batched: str  # why a row with dead slots (a batch's shorter or rejecting rows) would not be
 
 
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its Verdict (``check_cached_path``)
+_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a drafter's int8 form -> the model it was made from
+
+
+def checked_for(model: PreTrainedModel, source: PreTrainedModel) -> None:
+    """Have ``source``'s self-check stand for ``model``'s (``checked_as``): ``model`` is an int8 form made from it."""
+    _SOURCES[model] = source
+
+
+def forget_verdict(model: PreTrainedModel) -> None:
+    """Drop ``model``'s verdict: its cached path is checked again at its next prefill."""
+    _VERDICTS.pop(checked_as(model), None)
+
+
 def checked_as(model: PreTrainedModel) -> PreTrainedModel:
     """The model whose cached path stands for ``model``'s: itself, or for a drafter's int8 form the float
     model it was made from (``drafters.model.drafter_in``): quantising each forward's activations as a
     whole moves its numbers with the tokens beside them, which only the drafts feel (the target verifies)."""
-    return getattr(model, "_specdec_source", model)
+    return _SOURCES.get(model, model)
 
 
 def verdict_of(model: PreTrainedModel) -> Verdict | None:
     """The model's verdict, None if it was not checked (a known-good family, or not prefilled yet)."""
-    return getattr(checked_as(model), "_specdec_verdict", None)
+    return _VERDICTS.get(checked_as(model))
 
 
 def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
@@ -85,9 +100,9 @@ def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torc
             reason = (f"{type(model).__name__}'s cached forward fails where specdec uses it (a prefill, then a "
                       f"{CHUNK}-token forward, then single steps, on a cache it rolls back): {type(error).__name__}: "
                       f"{str(error).removesuffix(INSTEAD).rstrip('. ')}. {INSTEAD}")  # the fix said once
-            model._specdec_verdict = Verdict(reason, reason)
+            _VERDICTS[model] = Verdict(reason, reason)
             raise ValueError(reason) from error
-        model._specdec_verdict = verdict
+        _VERDICTS[model] = verdict
     if verdict.alone:
         raise ValueError(verdict.alone)
 

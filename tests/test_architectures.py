@@ -58,7 +58,7 @@ from specdec.architectures import INSTEAD
 from specdec.cache import RaggedCache
 from specdec.compat import cache_keyword
 from specdec.module_state import ARGUMENT_STATES, MODULE_STATES
-from specdec.selfcheck import Verdict, verdict_of
+from specdec.selfcheck import Verdict, forget_verdict, verdict_of
 from specdec.target import make_target
 
 VOCAB = 96
@@ -571,7 +571,7 @@ def test_self_check_catches_a_wrong_multi_token_forward_and_spares_known_good_mo
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel's cached forward disagrees .* in a 5-token cached forward"):
         specdec.speculative_generate(target, "ngram", list(range(3, 20)), max_new_tokens=4, stop_token_ids=[])
     target.forward = forward
-    del target._specdec_verdict
+    forget_verdict(target)
     calls = counted(target)
     specdec.speculative_generate(target, "ngram", list(range(3, 20)), max_new_tokens=2, stop_token_ids=[])
     checked = len(calls)

@@ -64,6 +64,7 @@ from specdec.kernels import install
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
+from specdec.selfcheck import checked_for
 from specdec.seq2seq import decoder_start_id, decoding_cache, is_encoder_decoder, prefill_into, rows_apart
 
 # Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
@@ -218,9 +219,8 @@ def _convert(model: PreTrainedModel, form: str) -> PreTrainedModel:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         int8 = quantize(source, {torch.nn.Linear}, dtype=torch.qint8, inplace=False).eval()
-    # the float model is what the self-check of the cached path checks (specdec.selfcheck.checked_as); kept
-    # outside the module tree (not a submodule)
-    object.__setattr__(int8, "_specdec_source", model)
+    # the float model is what the self-check of the cached path checks (specdec.selfcheck.checked_as)
+    checked_for(int8, model)
     return int8
 
 
