@@ -57,7 +57,7 @@ class _Lease:
 
 
 class StaticRaggedCache:
-    """``RaggedCache``'s interface and rule over a preallocated static cache (see the module docstring)."""
+    """``RaggedCache``'s interface and rule over a preallocated static cache (the module docstring)."""
 
     recurrent = False
     merges_rows = True  # ``merge`` copies only the new rows into the buffers (``seq2seq.prefill_into``)
@@ -276,5 +276,3 @@ class StaticRaggedCache:
         self.slots_live[rows: rows + other.rows, start: self.used] = other.mask
         self.live = torch.cat([self.live, other.live.to(self.device)])
 
-
-# ------------------------------------------------------------------ encoder-decoder models
