@@ -58,9 +58,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
             cached_only: bool = False) -> CompileChoice:
     """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on), or leave it
     eager (off, and auto: ``compiles``). Later caches of the model (``specdec.seq2seq.decoding_cache``, or the
-    returned ``caches`` handed to a handle) are then static. A
-    second call adds buckets. A model that cannot be compiled decodes eagerly, told once by a warning; a
-    missing compiler is a RuntimeError saying what to install. ``cached_only``: every bucket from the compile
+    returned ``caches`` handed to a handle) are then static. A second call adds buckets. A model that cannot be
+    compiled decodes eagerly, told once by a warning; a missing compiler is a RuntimeError saying what to install. ``cached_only``: every bucket from the compile
     cache (each checked as usual) or none: where one is not there, nothing is compiled and the model stays as it
     was (eager, or with the buckets it had), silently (``specdec.serve.background`` compiles it elsewhere).
     ``last``: the buckets of more than one token keep the logits of their last real token only (a drafter's
