@@ -58,7 +58,7 @@ from specdec.architectures import INSTEAD
 from specdec.cache import RaggedCache
 from specdec.compat import cache_keyword
 from specdec.module_state import ARGUMENT_STATES, MODULE_STATES
-from specdec.selfcheck import Verdict, forget_verdict, verdict_of
+from specdec.selfcheck import Verdict, checked_for, forget_verdict, verdict_of
 from specdec.target import make_target
 
 VOCAB = 96
@@ -319,7 +319,13 @@ def test_sparse_attention_fed_as_generate_feeds_it_alone_and_batches_row_by_row(
         self.one_at_a_time = False
 
     monkeypatch.setattr(RaggedCache, "__init__", multi_token)
-    outputs = [specdec.speculative_generate(target, copy.deepcopy(target), p, max_new_tokens=NEW, gamma=4,
+
+    def twin():  # a copy the target's self-check stands for (it would refuse multi-token forwards itself)
+        drafter = copy.deepcopy(target)
+        checked_for(drafter, target)
+        return drafter
+
+    outputs = [specdec.speculative_generate(target, twin(), p, max_new_tokens=NEW, gamma=4,
                                             stop_token_ids=[]).tokens for p in rows]
     assert outputs != references, "multi-token forwards agree here: the test lost its point"
 
