@@ -1,59 +1,23 @@
 """The KV-cache handle of a batch: one model's ``DynamicCache`` whose rows hold ragged sequences.
 
-The rows of a batch commit different numbers of tokens each round (ragged acceptance), but a
-``DynamicCache`` stores one tensor ``[B, heads, slots, dim]`` per layer. ``RaggedCache`` keeps every
-row in the same slots and marks each slot live or dead:
+The rows of a batch commit different numbers of tokens each round (ragged acceptance), but a ``DynamicCache``
+stores one tensor ``[B, heads, slots, dim]`` per layer. ``RaggedCache`` keeps every row in the same slots and
+marks each slot live or dead: ``mask [B, S]`` (the model's 2D attention mask, so dead slots are never attended
+to) and ``live [B]``. A token's position is its number of live tokens before it (``positions.Positions``), so
+holes never shift positions: every row sees exactly what it would see decoded alone. The mask is passed only
+once a slot is dead, so a batch whose rows never differ (one prompt) runs as ``generate`` runs it.
 
-- ``mask [B, S]`` (bool): the live slots. The model receives it as its 2D attention mask, so dead
-  slots (left padding, drafts one row rejected while another row kept more) are never attended to;
-- ``live [B]``: live tokens per row. A token's position id is the number of live tokens before it,
-  so holes never shift positions: every row sees exactly what it would see decoded alone.
+Operations: ``forward(ids [B, n], valid [B, n] | None)`` feeds only uncached tokens; ``keep(n [B])`` rolls
+each row back to its first ``n`` live tokens; ``select(rows [B'])`` keeps some rows; ``merge(other)`` appends
+another cache's rows; ``compact()`` re-packs the rows once dead slots outnumber live ones, so holes cost at
+most a constant factor of attention work and memory.
 
-Operations:
-- ``forward(ids [B, n], valid [B, n] | None)`` feeds new tokens; ``valid`` marks padding (None: all
-  real). Only uncached tokens are ever fed.
-- ``keep(n [B])`` rolls each row back to its first ``n`` live tokens: later live slots become dead,
-  and trailing slots no row uses are cropped (``DynamicCache.crop`` with a negative count, the
-  transformers 5 API).
-- ``select(rows [B'])`` keeps some rows (finished rows leave the batch and cost nothing more), then
-  drops the slots no remaining row uses.
-- ``merge(other)`` appends the rows of another cache of the same model (rows joining a running
-  batch): the one with fewer slots is padded on the left with dead slots.
-- ``compact()`` re-packs the rows (each row's live slots gathered, right-aligned) once dead slots
-  outnumber live ones, so holes cost at most a constant factor of attention work and memory.
-
-Positions follow one rule (``positions.Positions``): every forward gives each new token its number of
-live tokens before it, the way the model's family reads positions (``position_ids``, or its position
-table overridden), holes or not. The attention mask is passed only once a slot is dead: a batch whose
-rows never differ (one prompt) is cropped exactly, never has holes, and runs as ``generate`` runs it.
-
-Local attention windows (``architectures.local_window``: GPT-Neo's local layers, Mistral's and
-Gemma's sliding layers, ...) and attention chunks (``architectures.attention_chunk``: Llama 4's
-chunks, cut at positions counted from a row's left padding) are masks over cache slots, so a dead
-slot inside a row's window would shrink its window (or shift its chunks). Such a model's cache keeps plain layers (the window stays the model's own mask over
-all slots; no layer trims itself), and before each forward the rows are re-packed (``compact``) if a
-dead slot sits after a row's first live slot: each row's live slots are then contiguous at the right
-end, and its window holds exactly its latest tokens. Left padding before a row is harmless.
-
-Sparse attention (DeepSeek-V3.2, GLM-MoE-DSA, HY-V4: an indexer picks each query's top-k keys among
-scores full of exact ties, broken by place) is fed one token at a time after the prefill, as
-``generate`` feeds it: a multi-token cached forward can pick other keys. A decoder that builds no mask
-for a one-token forward (LED: ``architectures.MASKLESS_SINGLE_STEPS``) gets such a forward, when the cache
-has dead slots, as two tokens, a dead copy first, so that its mask is built.
-
-Refused up front, naming the model (``architectures``, ``selfcheck``): state kept outside the cache and
-cache layers holding recurrent state. Rows that cannot share a forward (``apart``: sparse attention, where
-a dead slot before a row changes which tied keys it picks; RoFormer's slot-count rotary positions; what the
-self-check finds wrong beside dead slots) are given one at a time by the round loop
-(``specdec.decode.Decoder``); a second row given to this cache directly is refused, naming the model.
-
-A hybrid's self-trimming sliding-window layers (LFM3's; Inkling's, which hold recurrent state beside their keys)
-are replaced by plain ones (``PLAIN_LAYERS``), the window applied by the model's mask as for any windowed model
-(above). A family whose forward takes only a cache class of its own (MiniMax) gets one (``architectures.new_cache``).
-
-Recurrent / linear-attention layers cannot be cropped: a ``RaggedCache`` refuses them up front and
-``specdec.recurrent.RecurrentCache`` (a subclass) checkpoints and replays their state instead; this
-class handles only the attention layers (``_layers``) of such a cache.
+Where a dead slot would change what a row attends to, the cache avoids it: local windows and chunks re-pack
+(``compact``) before a forward, sparse attention is fed one token at a time after the prefill, a maskless
+one-token forward gets a dead copy first, and rows that cannot share a forward (``apart``) are given one at a
+time. State kept outside the cache is refused up front, naming the model; recurrent layers are
+``specdec.recurrent.RecurrentCache``'s, which checkpoints and replays their state. The rules per family, and
+why each: docs/journal/cache.md.
 """
 
 from __future__ import annotations
@@ -123,9 +87,9 @@ def repack_pays(slots: int, longest: int) -> bool:
 
 def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The slots ``index`` [B, S'] of each row of keys or values ``t`` [B, H, S, D] -> [B, H, S', D] (values
-    may be narrower than keys, latent attention: each gathered with its own shape). Row by row, whole slots at a
-    time: ``gather`` over an expanded index reads an index per number (16 rows of code-target's [8, 529, 64]
-    keys, 229 slots kept: 2.6 ms a tensor, against 0.8 ms by ``index_select``)."""
+    may be narrower than keys, latent attention: each gathered with its own shape). Row by row, whole slots at
+    a time: ``gather`` over an expanded index reads an index per number, several times slower
+    (docs/journal/cache.md)."""
     if t.requires_grad and t.shape[0]:  # ``out=`` does not differentiate
         return torch.stack([t[row].index_select(1, index[row]) for row in range(t.shape[0])])
     out = t.new_empty(t.shape[0], t.shape[1], index.shape[1], t.shape[3])

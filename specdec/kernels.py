@@ -1,78 +1,25 @@
 """Faster float32 linear kernels for decoding on the CPU (``SPECDEC_LINEAR=auto|on|off``).
 
 A decode step multiplies a few rows (1 for plain decoding, gamma + 1 to verify a draft) by every weight
-matrix of the model. ``F.linear(x, W)`` hands that to the BLAS as ``x @ W.T``, and torch's CPU wheel
-takes a slow kernel for it on some CPUs: on this project's AMD EPYC (Zen 4, MKL 2024.2 and oneDNN 3.12
-in torch 2.13, one thread) a pass over the shipped ``code-target``'s 94 MB of linear weights took
-8.1-8.6 ms for 1 row (11 GB/s) and 12-16 ms for 2-8 rows, while the same products computed another way
-took 5.0 ms (1-2 rows, 19 GB/s) and 5.0-7.2 ms (3-8 rows): 0.36-0.62 of the time
-(``benchmarks/linear_kernels.py`` measures every candidate; MKL's environment knobs changed nothing).
-The other ways, each for a range of the number of rows n:
+matrix, so its time is reading the weights. ``F.linear(x, W)`` hands that to the BLAS as ``x @ W.T``, for
+which torch's CPU wheel takes a slow kernel on some CPUs. Per range of the number of rows n, another way: for
+n <= ``FEW``, ``W @ x.T`` (one row padded to two); for more, on a copy of the weight in its own layout
+(``_Packed.many``), ``blocked`` (specdec's ``csrc/blocked_linear.c``: the weight in blocks of 16 output
+columns, streamed once for up to 14 rows, a bfloat16-exact weight read as bfloat16; offered to models of
+``STREAMED_BYTES`` or more) or ``onednn`` (oneDNN's prepacked linear). Which pays is the CPU's, so each range
+is decided apart (``pays``).
 
-- n <= ``FEW`` (2): ``W @ x.T`` (the weight as the untransposed left operand: a different BLAS kernel), one
-  row padded to two (a one-column product is a matrix-vector product, the slow kernel again);
-- n > ``FEW``, one of two kernels on a copy of the weight in its own layout (one more copy of the weights in
-  memory; ``_Packed.many`` names it):
-  - ``blocked``: specdec's own (``csrc/blocked_linear.c``), the weight re-laid in blocks of 16 output columns
-    ([ceil(out / 16), in, 16]; 8 without AVX-512): each block's floats are streamed from memory once, contiguously,
-    and multiplied by up to 14 rows of x in one pass (x's element broadcast; more rows go 12 at a time), each
-    stream prefetched 4 KiB ahead, so a product of 5 or 13 rows reads the weights once as a 1-row product does; 1-3
-    rows read the weight as 4 (or 2) long streams side by side, which one core's prefetcher follows faster than one
-    (0.81-0.84x the time of a 1-2 row pass here, docs/benchmarks.md, "Weights read as several streams").
-    Built at first use with the machine's C compiler (``-O3 -march=native``) into ``~/.cache/specdec/kernels`` (``blocked``), called through ``ctypes`` (3.6 us a call,
-    oneDNN's op 17 us); absent without a compiler, and offered only to models of ``STREAMED_BYTES`` or more of
-    linear weights (``many_kernels``: a smaller model's weights stay cached between steps, where torch's kernel
-    in a compiled graph measured faster);
-  - ``onednn``: oneDNN's linear (``torch.ops.mkldnn._linear_pointwise``) on the weight prepacked into its blocked
-    layout (``_reorder_linear_weight``).
-
-Which pays is the CPU's: on an Intel Xeon of this project (AVX-512, 2026-11-25) ``F.linear`` at 1 row was the
-fastest of torch's (7.5 ms a pass, ``W @ x.T`` 17.5 ms: 2.3x), oneDNN's prepacked kernel took 0.73 of its time
-at 5 rows and 0.69 at 8, and the blocked kernel less: 0.76-0.82 of oneDNN's time at 5 rows, 0.75-0.80 at 8,
-0.83-0.89 at 13, 0.85-0.91 at 20, 0.98-1.03 at 64, 1.08-1.12 at 150 (``benchmarks/linear_kernels.py``; at
-64-150 rows, a prefill's, MKL's packed kernel is the fastest, 0.87 of oneDNN's, with a third copy of the
-weights). So each range is decided apart (``pays``: for many rows the faster of the two), and a layer keeps
-``F.linear`` for the other; a layer that takes the blocked kernel for many rows takes it for 1-2 rows too (it reads
-its copy once whatever the rows; ``fast_linear``). A weight whose every value is a bfloat16 number (a model stored
-in bfloat16, as the shipped ones) is copied for the blocked kernel in bfloat16 pairs, read at half the bytes and
-widened back exactly (``blocked_copy``).
-
-Same numbers up to float summation order (as a different batch size or thread count gives), so greedy
-decoding matches ``generate`` up to near ties and sampling stays lossless (the verification rule is
-unchanged); the tests compare both against the stock kernel.
-
-The mechanism: ``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model (one whose class
-does not override ``forward``, without a forward of its own already set) a forward that dispatches to
-those kernels while specdec decodes (inside ``active()``: ``Decoder.step``) and to the stock
-``F.linear`` everywhere else: ``generate`` on the same model, training, a ``torch.compile`` trace, a
-tensor that needs gradients. specdec's target and drafter handles install it on the models they run.
-``SPECDEC_LINEAR`` chooses: ``off`` never installs, ``on`` always does (both ranges; for many rows the blocked
-kernel where it builds), ``auto`` (default) takes each range's kernel where a short probe at install (a pass over
-the model's own layers at 1 and at 5 rows, each kernel against the stock one, interleaved) finds it at most
-``PAYS`` of the stock time (for many rows the one with the smaller share), so a CPU whose BLAS is fast already keeps it.
-Its answer is kept between processes (``plans.json`` in the kernels' cache folder, keyed by the machine's CPU
-flags, torch, the threads, the layers' shapes and the kernels offered; delete the file to probe again): a probe
-timed while something else ran could flip a choice whose kernels were near even, and every flip of a compiled
-model's kernels traces its graphs again (``compiled.model_digest`` names them). On the AMD EPYC the graph cache held
-code-drafter's graphs for three plans (torch's kernels, oneDNN's for many rows, ``W @ x.T`` for few), and a server
-launched beside a CPU-bound process compiled three drafter shapes on the spot: 45.6 s to its first reply against
-17-18 s. The probe reads the weights from memory, as decoding does: before each timed pass it reads a buffer
-larger than the CPU's last-level cache (``evictor``). A drafter small enough to stay in that cache between
-passes would otherwise be timed warm, which in speculative decoding only its later steps of a round are: the
-target's forward streams its own weights between the drafter's rounds. Warm, the stock kernel wins for code-drafter's small
-layers at 1 row and the probe decided by noise (5 installs in 8 probes); from memory the fast kernels win
-(8 in 8), and in the bench's default run (``--compile on``) the drafter's step took 0.89 ms with them
-against 1.51 ms without, the default speculation 4.26 against 4.57 ms per token (docs/benchmarks.md,
-"The linear kernels").
-
-The helper (``SPECDEC_HELPER=auto|on|off``): the blocked kernel as a torch operator (``blocked_op``, which a
-compiled step calls, and eager products too once it is loaded) shares every product of 128 KiB of weight or more, and
-the operator's attention over several rows, with one more thread at the scheduler's idle priority
-(``csrc/blocked_op.cpp``): shares of the output's columns (rows), the same floats whichever thread computes them,
-and none ever waited for (a share the helper holds when the owner runs out is taken back and computed by the owner).
-``auto`` turns it on where this process may use more cores than torch's threads (``helper_wanted``); ``shares``
-says whether a model's products go through it. On the 2-core AMD EPYC (AVX-512), 1 thread: a pass over
-code-target's layers 0.81x the one-thread time at 4 rows, 0.62x at 16, 0.57x at 150 (``benchmarks/helper_split.py``).
+Contract: the same numbers up to float summation order (as another batch size gives), so greedy decoding
+matches ``generate`` up to near ties and sampling stays lossless; the tests compare against the stock kernel.
+``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model a forward that takes these kernels
+only inside ``active()`` (``Decoder.step``) and the stock ``F.linear`` everywhere else (``generate``,
+training, a trace, gradients). ``off`` never installs, ``on`` always does, ``auto`` takes a range's kernel
+where a probe at install, reading the weights from memory as decoding does (``evictor``), finds it at most
+``PAYS`` of the stock time; the answer is kept in ``plans.json``, so a probe timed beside other work cannot
+flip a compiled model's kernels, and with them its graphs, from one process to the next. The helper
+(``SPECDEC_HELPER=auto|on|off``) shares the blocked operator's large products with one idle-priority thread:
+the same floats whichever thread computes them, and no share ever waited for. The measurements:
+docs/journal/kernels.md.
 """
 
 from __future__ import annotations
@@ -306,13 +253,13 @@ def _cxx() -> str | None:
 
 
 def blocked_op() -> bool:
-    """Whether specdec's operators are loaded (``csrc/blocked_op.cpp``, which inductor's C++ wrapper calls through the
-    dispatcher): ``torch.ops.specdec.blocked_linear`` (the blocked kernel) and ``torch.ops.specdec.decode_attention``
-    (``csrc/attention.c``: ``specdec.compiled.specdec_attention``). Built at first use (about 10-15 s) with the
-    machine's C and C++ compilers against this torch's headers into ``~/.cache/specdec/kernels`` (keyed by the
-    sources, the compilers, the CPU's flags and torch's version), loaded once per process; False where they cannot be
-    built or loaded (no C++ compiler, torch without its headers, another OS), and the compiled step traces the
-    kernels and the attention it traced before."""
+    """Whether specdec's operators are loaded (``csrc/blocked_op.cpp``, which inductor's C++ wrapper calls
+    through the dispatcher): ``torch.ops.specdec.blocked_linear`` (the blocked kernel) and
+    ``torch.ops.specdec.decode_attention`` (``csrc/attention.c``: ``specdec.compiled.specdec_attention``).
+    Built at first use with the machine's C and C++ compilers against this torch's headers into
+    ``~/.cache/specdec/kernels`` (keyed by the sources, the compilers, the CPU's flags and torch's version),
+    loaded once per process; False where they cannot be built or loaded (no C++ compiler, torch without its
+    headers, another OS), and the compiled step traces the kernels and the attention it traced before."""
     if "op" not in _BUILT:
         _BUILT["op"] = _build_op()
     return bool(_BUILT["op"])
@@ -384,11 +331,10 @@ def pair_weight(weight: torch.Tensor, lanes: int) -> torch.Tensor:
 
 
 def blocked_copy(weight: torch.Tensor, lanes: int) -> torch.Tensor:
-    """The copy of ``weight`` the blocked kernel reads: in bfloat16 pairs (``pair_weight``) where every weight is a
-    bfloat16 number, which the kernel widens back to exactly those float32 numbers as it reads them (the results are
-    the float32 copy's, from half the bytes: a decode step reads its weights from memory, so on this project's AMD
-    EPYC 1-12 rows took 0.57-0.66 of the float32 copy's time, 13-20 rows 0.98-1.00, 64-150 rows 0.87-0.93;
-    docs/benchmarks.md, "Weights read at their stored width"); else ``block_weight``."""
+    """The copy of ``weight`` the blocked kernel reads: in bfloat16 pairs (``pair_weight``) where every weight
+    is a bfloat16 number, which the kernel widens back to exactly those float32 numbers as it reads them (the
+    results are the float32 copy's, from half the bytes, and a decode step's time is reading its weights; the
+    times: docs/journal/kernels.md); else ``block_weight``."""
     if sys.byteorder == "little" and bf16_exact(weight):
         return pair_weight(weight, lanes)
     return block_weight(weight, lanes)
@@ -579,11 +525,11 @@ def last_level_cache_bytes() -> int:
 
 
 def evictor() -> Callable[[], None]:
-    """A function that reads a buffer larger than the last-level cache (``EVICT_MIN_BYTES`` at least, ``EVICT_MAX_BYTES``
-    at most): after it, a model's weights come from memory, as in decoding (see the module doc). The cap: in a
-    virtual machine the cache read from sysfs is the host's, shared by its tenants (480 MiB on one of this
-    project's machines, where reading 960 MiB before each pass made the probe take 1.7-2.5 s and timed the same
-    as reading 256 MiB)."""
+    """A function that reads a buffer larger than the last-level cache (``EVICT_MIN_BYTES`` at least,
+    ``EVICT_MAX_BYTES`` at most): after it, a model's weights come from memory, as in decoding (see the module
+    doc). The cap: in a virtual machine the cache read from sysfs is the host's, shared by its tenants, and
+    reading twice that before each pass makes the probe slow without timing anything differently
+    (docs/journal/kernels.md)."""
     buffer = torch.ones(min(EVICT_MAX_BYTES, max(EVICT_MIN_BYTES, 2 * last_level_cache_bytes())) // 4)
     return lambda: buffer.sum()
 

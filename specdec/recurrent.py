@@ -1,54 +1,24 @@
 """Recurrent and hybrid models behind the same cache handle: their state checkpointed, never cropped.
 
-Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next, Inkling... keep, per layer, a convolution window and/or a
-recurrent (SSM, linear-attention) state in transformers' ``LinearAttentionCacheLayerMixin`` layers
-(``conv_states`` / ``recurrent_states`` dicts of ``[B, ...]`` tensors); MiniMax keeps its lightning-attention
-state in a list on its own ``MiniMaxCache`` (``linear_cache``, one ``[B, heads, d, d]`` tensor per layer;
-``architectures.new_cache`` builds that cache). ``read_states`` / ``write_states`` read and write both
-kinds alike. A token fed into them cannot be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose
-attention layers, in a hybrid, roll back as usual) checkpoints the state instead:
+Mamba, Mamba-2, Jamba, LFM2, Qwen3-Next, Inkling, MiniMax... keep, per layer, a convolution window and/or a
+recurrent (SSM, linear-attention) state (``read_states`` / ``write_states`` read and write every kind alike).
+A token fed into a state cannot be taken back, so a ``RecurrentCache`` (a ``RaggedCache`` whose attention
+layers, in a hybrid, roll back as usual) checkpoints it instead:
 
-- **Checkpoints.** Before every forward, the states are cloned (small tensors) with each row's live
-  token count. ``keep(n)`` gives each row whose state is not already that of its first ``n`` tokens
-  the state of its latest exact checkpoint at or before ``n`` and **replays** the tokens between
-  (the attention layers rolled back to the checkpoint first, so nothing is cached twice). Rows are
-  replayed in groups of equal token counts, one forward per group, the other rows' states put back
-  after it. A drafter forwards one token at a time, so it always finds a checkpoint at its exact
-  count and never replays; a target replays its accepted tokens after a rejection.
-- **Padding.** A padded token still moves a recurrent state (it decays, its conv window shifts), so
-  no state may run over one. Right padding (the target's verification) only makes the row's state
-  dirty: its logits are right, and ``keep`` replays the row. Other padding (a drafter's left-padded
-  catch-up) is fed one column at a time, each padded row's state put back after its column. A
-  fresh cache's left-padded prefill is fed as one forward per distinct prompt length, the parts
-  merged.
-- **Multi-token forwards.** ``generate`` feeds a cached recurrent model one token at a time; some
-  implementations are wrong on several tokens after a cached state (Mamba's and Jamba's reference
-  scan restarts from zero), and some differ from single steps by more than rounding (Nemotron-H's and
-  Zamba2's chunked scans), which flips near-tied greedy choices. ``multi_token_exact`` checks this once
-  per model (a few tokens of cached forward against single steps, equal to rounding); a model that
-  fails is fed one token at a time whenever it has state, with a checkpoint after each, so its
-  rollbacks never replay, and its output is ``generate``'s (a prefill, then single steps).
-- **Token counts.** transformers >= 5.24 counts a state layer's tokens (``cumulative_length_linear``,
-  one scalar for the batch, only ever added to) and reads it as the cache's length where the first
-  layer is a state layer: the query offset of a hybrid's masks (LFM2, RecurrentGemma, LFM3). Every
-  forward, rollback, row selection and join sets it to the attention layers' slot count (``_count``).
-- **Rows.** ``select`` and ``merge`` carry the states along the batch (transformers has no
-  ``batch_select_indices`` for these layers); a new row's state is zeros, which every supported
-  model treats as no state.
+- **Checkpoints**: the states are cloned before every forward; ``keep(n)`` gives a row the state of its latest
+  exact checkpoint at or before ``n`` and replays the tokens between (in groups of equal counts). A drafter,
+  forwarding one token at a time, never replays; a target replays its accepted tokens after a rejection.
+- **Padding**: no state may run over a padded token (it would decay). Right padding marks the row dirty for
+  ``keep`` to replay; other padding is fed one column at a time, each padded row's state put back after it.
+- **Multi-token forwards**: where a model's cached forward of several tokens is not its single steps up to
+  rounding (``multi_token_exact``, checked once per model), it is fed one token at a time with a checkpoint
+  after each, so its output is ``generate``'s.
+- **Rows**: ``select`` and ``merge`` carry the states along the batch; a new row gets the family's empty
+  state.
 
-A model whose forward leaves its cache's state layers empty keeps its state on its own modules. For a family
-registered in ``specdec.module_state.MODULE_STATES`` (RecurrentGemma) that state is moved into the cache's layers
-after every forward and back onto the modules before the next (``_call``), so each cache owns its state and
-everything above applies; any other such model is refused by name at its first forward. A family that takes its
-state as a forward argument (``specdec.module_state.ARGUMENT_STATES``: RWKV's ``state``, xLSTM's ``cache_params``)
-gets a cache whose state list holds it, handed to the forward and taken back from its output by the same hook;
-its rows given no state get the family's state of no tokens (``blank``), not zeros.
-
-A cache layer holding both attention keys and recurrent state (Zamba2's hybrid layers) has its
-keys handled as any attention layer's and its state checkpointed. One holding sliding-window keys
-and recurrent state (Inkling's, which trim themselves to the window) is replaced by a plain hybrid
-layer (``cache.PLAIN_LAYERS``), the window applied by the model's mask as for any windowed model.
-Hybrids get explicit positions in every forward (Bamba counts them from 0 in each forward unless told).
+State a model keeps on its modules (``specdec.module_state.MODULE_STATES``) or takes as a forward argument
+(``ARGUMENT_STATES``) is moved into the cache around every forward, so each cache owns its state; any other
+such model is refused by name. The rules per family, and why each: docs/journal/recurrent.md.
 """
 
 from __future__ import annotations

@@ -1,47 +1,21 @@
 """``specdec bench --serve``: the server under concurrent clients, speculation on vs off (and auto).
 
-One server per ``--speculate`` mode (off: plain decoding; on: the drafter ``lookup+<--drafter>``,
-the CLI's default kind; auto: ``Crossover``, per batch size the draft width, none included, that
-measured fastest),
-each the real command (``specdec serve``) in a process of its own on a free loopback port, as a user
-runs it and as vLLM's servers run, with the bench's target, drafter, threads and ``--compile``, a
-batch size of the largest client count (so every client's request runs at once) and the bench's
-``--gamma`` and ``--max-new-tokens``. (Served from the bench's own process, beside its client
-threads, the engine shared the interpreter with them: ``docs/benchmarks.md``, "Our servers in
-processes of their own".)
+One server per ``--speculate`` mode (off: plain decoding; on: ``lookup+<--drafter>``; auto: ``Crossover``),
+each the real command (``specdec serve``) in a process of its own on a free loopback port, as a user and as
+vLLM run it, with the bench's target, drafter, threads, ``--compile``, ``--gamma``, ``--max-new-tokens`` and a
+batch size of the largest client count. Clients are threads streaming plain HTTP in a closed loop, C at once
+for C in ``--clients``; a cell (mode, C) sends the ``--num-prompts`` built-in code prompts. Per cell: median
+and 95th-percentile latency, median time to first token and total tokens/s, each the median over
+``--repeats``. Within a repeat the modes take turns at each C (the order rotating), each timed cell starting
+once every server is quiet (``vllm_server.settle``), so a slow spell of the shared machine falls on all modes
+alike; an untimed warm-up cell per (mode, C) comes first (and lets ``auto`` measure its crossover).
 
-Clients are threads speaking plain HTTP (``http.client``; streaming, as a chat front end would, so
-time to first token is seen): each sends the next prompt as soon as its previous reply ends
-(closed loop), C clients at once, for C in ``--clients`` (1, 4, 16). A cell (mode, C) sends the
-``--num-prompts`` built-in code prompts (rounded up to a multiple of C). Per cell: the median and
-95th-percentile request latency, the median time to first token, and total tokens/s (all tokens
-over the cell's wall time). Every cell runs ``--repeats`` times; each figure is the median over
-repeats; within each repeat the modes take turns at each C (the order rotating), so a slow spell
-of the shared machine falls on all modes alike, and each timed cell starts once every server is
-quiet (``vllm_server.settle``: a server may keep a core busy after its last reply, as vLLM's does
-for 1 s). A warm-up sends one untimed cell per (mode, C) first (this also lets ``auto`` measure its
-crossover at each batch size).
-
-Greedy runs check that speculation changes nothing: every prompt's tokens under ``on`` and ``auto``
-equal those under ``off``. The goals (issue 20): at 1 and 4 clients, ``on`` has >= 1.5x lower median
-latency than ``off``; at 16 clients its throughput is no worse (and ``auto`` falls back where
-speculation loses). Ratios are from this one run.
-
-``--peers vllm`` (or any of ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``; greedy only) adds vLLM's CPU
-build as more modes of the same cells: each configuration is a server of its own process
-(``specdec.bench.vllm_server.VLLMServer``, as ``--peers`` starts it), started one at a time and stopped
-(in a ``finally``) before the next starts. While one is up, it takes its turns with our modes at every
-client count and repeat (so our modes are timed once per vLLM configuration; their figures are medians
-over all those runs). The same client threads send it the same prompts as token ids, streaming, with
-``return_token_ids`` (its delta token ids are the output), the target's stop tokens as
-``stop_token_ids`` and its EOS otherwise ignored; every reply is checked against ``off``'s. Goals
-(issue 28): ``off`` >= 1.0x vLLM plain's median latency at 1 client; ``on`` and ``auto`` (the server's default)
-each >= 1.5x the best speculative vLLM configuration's (lowest) median latency at 1 and 4 clients, and >= 1.0x its
-(highest) tokens/s at 16.
-
-Start-up: the seconds from launching ``specdec serve`` (the real command, a subprocess with the
-bench's target, drafter and threads) to its first successful reply (one prompt, one token), and the
-same from launching each vLLM server; ``specdec serve`` should take <= 20 s.
+Greedy runs check that every prompt's tokens under ``on`` and ``auto`` equal those under ``off``. ``--peers
+vllm`` (or ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``; greedy only) adds vLLM's CPU build as more modes of
+the same cells, one server process at a time, its replies checked against ``off``'s. Start-up is the seconds
+from launching each server to its first reply. The goals printed (issues 20 and 28) are ratios within this one
+run; the goals in full, the design's history and the figures: docs/journal/bench-serve.md and
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

