@@ -46,9 +46,8 @@ EXACT_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 EXACT_TOL_HALF = 1e-3  # float16, bfloat16
 
 
-# what is_recurrent and multi_token_exact found per model (keyed weakly by the model: nothing set on it)
-_RECURRENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its config, the answer)
-_MULTI_TOKEN_EXACT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> bool
+# what is_recurrent found per model: (its config, the answer), keyed weakly by the model (nothing set on it)
+_RECURRENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def is_recurrent(model: PreTrainedModel) -> bool:
@@ -90,7 +89,7 @@ def cached_steps(model: PreTrainedModel, ids: torch.Tensor, first: int, step: in
 def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     """Whether one forward of ``tokens`` tokens after a cached state gives the logits of single steps to rounding
     (checked once per model on a few seeded random tokens; cached)."""
-    known = _MULTI_TOKEN_EXACT.get(model)
+    known = getattr(model, "_specdec_multi_token_exact", None)
     if known is not None:
         return known
     device = next(model.parameters()).device
@@ -101,7 +100,7 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     scale = max(1.0, float(single.abs().max()))
     tolerance = EXACT_TOL.get(next(model.parameters()).dtype, EXACT_TOL_HALF)
     exact = float((multi - single).abs().max()) <= tolerance * scale
-    _MULTI_TOKEN_EXACT[model] = exact
+    model._specdec_multi_token_exact = exact  # on the model: a deep copy (a drafter twin) carries it
     return exact
 
 

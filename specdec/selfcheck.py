@@ -55,18 +55,12 @@ class Verdict:
     batched: str  # why a row with dead slots (a batch's shorter or rejecting rows) would not be
 
 
-_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its Verdict (``check_cached_path``)
 _SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a drafter's int8 form -> the model it was made from
 
 
 def checked_for(model: PreTrainedModel, source: PreTrainedModel) -> None:
     """Have ``source``'s self-check stand for ``model``'s (``checked_as``): ``model`` is an int8 form made from it."""
     _SOURCES[model] = source
-
-
-def forget_verdict(model: PreTrainedModel) -> None:
-    """Drop ``model``'s verdict: its cached path is checked again at its next prefill."""
-    _VERDICTS.pop(checked_as(model), None)
 
 
 def checked_as(model: PreTrainedModel) -> PreTrainedModel:
@@ -78,7 +72,7 @@ def checked_as(model: PreTrainedModel) -> PreTrainedModel:
 
 def verdict_of(model: PreTrainedModel) -> Verdict | None:
     """The model's verdict, None if it was not checked (a known-good family, or not prefilled yet)."""
-    return _VERDICTS.get(checked_as(model))
+    return getattr(checked_as(model), "_specdec_verdict", None)
 
 
 def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
@@ -100,9 +94,9 @@ def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torc
             reason = (f"{type(model).__name__}'s cached forward fails where specdec uses it (a prefill, then a "
                       f"{CHUNK}-token forward, then single steps, on a cache it rolls back): {type(error).__name__}: "
                       f"{str(error).removesuffix(INSTEAD).rstrip('. ')}. {INSTEAD}")  # the fix said once
-            _VERDICTS[model] = Verdict(reason, reason)
+            model._specdec_verdict = Verdict(reason, reason)
             raise ValueError(reason) from error
-        _VERDICTS[model] = verdict
+        model._specdec_verdict = verdict  # on the model: a deep copy (a drafter twin) carries it
     if verdict.alone:
         raise ValueError(verdict.alone)
 

@@ -58,7 +58,7 @@ from specdec.architectures import INSTEAD
 from specdec.cache import RaggedCache
 from specdec.compat import cache_keyword
 from specdec.module_state import ARGUMENT_STATES, MODULE_STATES
-from specdec.selfcheck import Verdict, checked_for, forget_verdict, verdict_of
+from specdec.selfcheck import Verdict, verdict_of
 from specdec.target import make_target
 
 VOCAB = 96
@@ -319,13 +319,7 @@ def test_sparse_attention_fed_as_generate_feeds_it_alone_and_batches_row_by_row(
         self.one_at_a_time = False
 
     monkeypatch.setattr(RaggedCache, "__init__", multi_token)
-
-    def twin():  # a copy the target's self-check stands for (it would refuse multi-token forwards itself)
-        drafter = copy.deepcopy(target)
-        checked_for(drafter, target)
-        return drafter
-
-    outputs = [specdec.speculative_generate(target, twin(), p, max_new_tokens=NEW, gamma=4,
+    outputs = [specdec.speculative_generate(target, copy.deepcopy(target), p, max_new_tokens=NEW, gamma=4,
                                             stop_token_ids=[]).tokens for p in rows]
     assert outputs != references, "multi-token forwards agree here: the test lost its point"
 
@@ -577,7 +571,7 @@ def test_self_check_catches_a_wrong_multi_token_forward_and_spares_known_good_mo
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel's cached forward disagrees .* in a 5-token cached forward"):
         specdec.speculative_generate(target, "ngram", list(range(3, 20)), max_new_tokens=4, stop_token_ids=[])
     target.forward = forward
-    forget_verdict(target)
+    del target._specdec_verdict
     calls = counted(target)
     specdec.speculative_generate(target, "ngram", list(range(3, 20)), max_new_tokens=2, stop_token_ids=[])
     checked = len(calls)
