@@ -96,14 +96,16 @@ def encoder_only(model: PreTrainedModel, sources: list[list[int]]) -> None:
 @contextmanager
 def eager(*models: PreTrainedModel) -> Iterator[None]:
     """Within the block, ``models`` decode eagerly even where ``--compile`` compiled them."""
-    held = [getattr(m, "_specdec_compiled", None) for m in models]
+    from specdec.compiled import compiled_for, set_compiled
+
+    held = [compiled_for(m) for m in models]
     for model in models:
-        model._specdec_compiled = None
+        set_compiled(model, None)
     try:
         yield
     finally:
         for model, compiled in zip(models, held):
-            model._specdec_compiled = compiled
+            set_compiled(model, compiled)
 
 
 def main() -> None:

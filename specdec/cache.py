@@ -22,7 +22,11 @@ why each: docs/journal/cache.md.
 
 from __future__ import annotations
 
+import weakref
+from typing import Protocol
+
 import torch
+from transformers import PreTrainedModel
 from transformers.cache_utils import (
     Cache,
     DummyLayer,
@@ -109,6 +113,71 @@ def causal_mask(valid: torch.Tensor, queries: int, dtype: torch.dtype, block: to
     allowed = valid[:, None, :] & allowed  # [B, q, S]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=valid.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+class CacheHandle(Protocol):
+    """What a target or drafter handle uses of its cache (``RaggedCache``, ``Seq2SeqCache``, ``RecurrentCache``,
+    ``specdec.compiled``'s ``StaticRaggedCache``): rows of one model's cache, each with its own live tokens.
+
+    - ``forward(input_ids [B, n], valid [B, n] | None, logits_to_keep, output_hidden_states)``: run the model on
+      each row's new tokens (``valid`` marks the real ones; the others are dead and never attended), append them,
+      and return an output with ``logits`` [B, k, V] (the last ``logits_to_keep``, 0: all) and, when asked,
+      ``hidden_states`` (its last entry [B, k, H]). A token's position is the number of live tokens before it.
+    - ``keep(n [B])``: keep each row's first ``n[b]`` live tokens (a rollback; ``n <= live``).
+    - ``select(rows [B'])``: keep those rows, in that order. ``merge(other)``: append the rows of ``other``, an
+      eager cache of the same model (a prefill: ``seq2seq.prefill_into``).
+    - ``live`` [B]: each row's live tokens; ``rows``: B; ``slots`` and ``mask`` [B, slots]: the slots in use and
+      which of them each row attends (read by a ``merge`` of this cache into another).
+    - optional ``merges_rows``: a ``merge`` copies only the new rows (``seq2seq.prefilled_parts`` then merges each
+      prefill group in turn instead of merging them first)."""
+
+    live: torch.Tensor
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def mask(self) -> torch.Tensor: ...
+
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 1,
+                output_hidden_states: bool = False) -> ModelOutput: ...
+
+    def keep(self, n: torch.Tensor) -> None: ...
+
+    def select(self, rows: torch.Tensor) -> None: ...
+
+    def merge(self, other: RaggedCache) -> None: ...
+
+
+class CacheFactory(Protocol):
+    """Makes the cache handles of one model: ``factory(device)`` is a new, empty ``CacheHandle`` on ``device``
+    (``specdec.compiled.StaticCaches`` for a compiled model). A factory may also have ``encode(source, valid)``:
+    an encoder-decoder model's encoder output for the rows' sources, or None to encode eagerly
+    (``seq2seq.Seq2SeqCache.encode``)."""
+
+    def __call__(self, device: torch.device | str) -> CacheHandle: ...
+
+
+# model -> the cache factory its handles decode with (``register_cache``); keyed weakly: nothing set on the model
+_FACTORIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register_cache(model: PreTrainedModel, factory: CacheFactory | None) -> None:
+    """Make ``factory`` the cache factory of ``model``'s handles (None: the eager default again). The compiled path
+    (``specdec.compiled.prepare``) registers its static caches here, so the eager core finds them without importing
+    it. The factory must not hold ``model`` strongly (the table is keyed weakly by the model)."""
+    if factory is None:
+        _FACTORIES.pop(model, None)
+    else:
+        _FACTORIES[model] = factory
+
+
+def registered_cache(model: PreTrainedModel) -> CacheFactory | None:
+    """The cache factory registered for ``model`` (``register_cache``), or None: its handles decode eagerly."""
+    return _FACTORIES.get(model)
 
 
 class RaggedCache:

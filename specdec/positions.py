@@ -154,11 +154,15 @@ class Positions:
             self.query = self.keys = None
 
 
+_POSITIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its Positions (``positions_for``)
+
+
 def positions_for(model: PreTrainedModel) -> Positions:
-    """The ``Positions`` of ``model``, made (and its hooks installed) on first use and kept on the model: not in
-    a table keyed by ``id(model)``, which a later model can reuse and which a compiled graph saved to disk would
-    look up by a number of another process."""
-    positions = getattr(model, "_specdec_positions", None)
-    if positions is None or positions.owner() is not model:  # none yet, or a deep copy's of another model's
-        positions = model._specdec_positions = Positions(model)
+    """The ``Positions`` of ``model``, made (and its hooks installed) on first use and kept in a table keyed weakly
+    by the model itself (not set on it; not keyed by ``id(model)``, which a later model can reuse and which a
+    compiled graph saved to disk would look up by a number of another process). A ``Positions`` holds its model
+    weakly (``owner``), so the entry dies with the model."""
+    positions = _POSITIONS.get(model)
+    if positions is None or positions.owner() is not model:
+        positions = _POSITIONS[model] = Positions(model)
     return positions

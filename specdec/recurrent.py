@@ -24,6 +24,7 @@ such model is refused by name. The rules per family, and why each: docs/journal/
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -45,17 +46,21 @@ EXACT_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 EXACT_TOL_HALF = 1e-3  # float16, bfloat16
 
 
+# what is_recurrent found per model: (its config, the answer), keyed weakly by the model (nothing set on it)
+_RECURRENT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def is_recurrent(model: PreTrainedModel) -> bool:
     """Whether ``model``'s cache (built from its config) has recurrent / linear-attention layers."""
     if getattr(model.config, "is_encoder_decoder", False):
         return False
     if getattr(model.config, "model_type", "") in ARGUMENT_STATES:  # its state a forward argument, carried by its cache
         return True
-    known = model.__dict__.get("_specdec_recurrent")  # (its config, the answer): asked at every cache made
+    known = _RECURRENT.get(model)  # (its config, the answer): asked at every cache made
     if known is None or known[0] is not model.config:
         cache = DynamicCache(config=model.config)
         known = (model.config, any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers))
-        model.__dict__["_specdec_recurrent"] = known
+        _RECURRENT[model] = known
     return known[1]
 
 
@@ -95,7 +100,7 @@ def multi_token_exact(model: PreTrainedModel, tokens: int = 3) -> bool:
     scale = max(1.0, float(single.abs().max()))
     tolerance = EXACT_TOL.get(next(model.parameters()).dtype, EXACT_TOL_HALF)
     exact = float((multi - single).abs().max()) <= tolerance * scale
-    model._specdec_multi_token_exact = exact
+    model._specdec_multi_token_exact = exact  # on the model: a deep copy (a drafter twin) carries it
     return exact
 
 

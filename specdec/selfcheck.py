@@ -24,6 +24,7 @@ skip the check: their start-up is unchanged. It costs about three forwards of th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -54,11 +55,19 @@ class Verdict:
     batched: str  # why a row with dead slots (a batch's shorter or rejecting rows) would not be
 
 
+_SOURCES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a drafter's int8 form -> the model it was made from
+
+
+def checked_for(model: PreTrainedModel, source: PreTrainedModel) -> None:
+    """Have ``source``'s self-check stand for ``model``'s (``checked_as``): ``model`` is an int8 form made from it."""
+    _SOURCES[model] = source
+
+
 def checked_as(model: PreTrainedModel) -> PreTrainedModel:
     """The model whose cached path stands for ``model``'s: itself, or for a drafter's int8 form the float
     model it was made from (``drafters.model.drafter_in``): quantising each forward's activations as a
     whole moves its numbers with the tokens beside them, which only the drafts feel (the target verifies)."""
-    return getattr(model, "_specdec_source", model)
+    return _SOURCES.get(model, model)
 
 
 def verdict_of(model: PreTrainedModel) -> Verdict | None:
@@ -87,7 +96,7 @@ def check_cached_path(model: PreTrainedModel, prompts: PromptBatch, device: torc
                       f"{str(error).removesuffix(INSTEAD).rstrip('. ')}. {INSTEAD}")  # the fix said once
             model._specdec_verdict = Verdict(reason, reason)
             raise ValueError(reason) from error
-        model._specdec_verdict = verdict
+        model._specdec_verdict = verdict  # on the model: a deep copy (a drafter twin) carries it
     if verdict.alone:
         raise ValueError(verdict.alone)
 

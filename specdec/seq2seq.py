@@ -33,7 +33,7 @@ from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
 from specdec.attention import prefilling
 from specdec.batch import PromptBatch, prefill_groups
-from specdec.cache import RaggedCache, causal_mask
+from specdec.cache import CacheFactory, CacheHandle, RaggedCache, causal_mask, registered_cache
 from specdec.compat import cache_kwargs
 from specdec.recurrent import RecurrentCache, is_recurrent
 from specdec.selfcheck import check_cached_path
@@ -80,8 +80,8 @@ class Seq2SeqCache(RaggedCache):
     def encode(self, source: torch.Tensor, valid: torch.Tensor) -> int:
         """Run the encoder once on the rows' sources [B, S] (``valid`` [B, S] marks real tokens)."""
         full = bool(valid.all())  # no padding: no mask (what transformers' sdpa masks make of all ones too)
-        compiled = getattr(self.model, "_specdec_compiled", None)  # a compiled model's encoder (specdec.compiled)
-        encoded = compiled.encode(source, valid) if hasattr(compiled, "encode") else None
+        factory = registered_cache(self.model)  # a compiled model's encoder (specdec.compiled.StaticCaches.encode)
+        encoded = factory.encode(source, valid) if hasattr(factory, "encode") else None
         if encoded is not None:
             self.encoded, self._encoder_output = encoded, BaseModelOutput
         else:
@@ -161,6 +161,15 @@ def cache_for(model: PreTrainedModel, rows: int, device: torch.device | str) -> 
     if is_encoder_decoder(model):
         return Seq2SeqCache(model, rows, device)
     return RecurrentCache(model, rows, device) if is_recurrent(model) else RaggedCache(model, rows, device)
+
+
+def decoding_cache(model: PreTrainedModel, device: torch.device | str,
+                   caches: CacheFactory | None = None) -> CacheHandle:
+    """The cache handle a target or drafter decodes with: ``caches(device)`` when a factory is given, else the one
+    registered for ``model`` (``cache.register_cache``: a model compiled by ``specdec.compiled.prepare``), else
+    ``cache_for``'s eager handle."""
+    factory = caches if caches is not None else registered_cache(model)
+    return cache_for(model, 0, device) if factory is None else factory(device)
 
 
 def rows_apart(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,

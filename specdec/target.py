@@ -30,12 +30,13 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.batch import PromptBatch
-from specdec.compiled import decoding_cache
+from specdec.cache import CacheFactory
 from specdec.kernels import install
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
 from specdec.seq2seq import (
     decoder_start_id,
+    decoding_cache,
     is_encoder_decoder,
     prefill_into,
     prefilled_parts,
@@ -121,17 +122,21 @@ class ModelTarget(Target):
     kernels (``specdec.kernels.install``: may build them, probe their timings, keep the plan in ~/.cache and set the
     layers' forwards; the session or API call decides, ``kernels=`` "auto" or "off")."""
 
-    def __init__(self, model: PreTrainedModel, kernels: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, kernels: bool = True, caches: CacheFactory | None = None) -> None:
+        """``kernels``: install specdec's linear kernels on ``model`` (the caller's choice); ``caches``: the factory of
+        its cache handles (``specdec.compiled.prepare``'s ``CompileChoice.caches``); None: the one registered for
+        ``model``, else the eager cache (``seq2seq.decoding_cache``)."""
         self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
         if kernels:
             install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
+        self.caches = caches
         self.vocab_size = vocab_size(model)
         self.encoder_decoder = is_encoder_decoder(model)
         self.context_limit = context_limit(model)  # the decoder's positions
         self.decoder_start = decoder_start_id(model) if self.encoder_decoder else None
         self.source_limit = source_limit(model) if self.encoder_decoder else None
         self.device = input_device(model)
-        self.cache = decoding_cache(model, self.device)
+        self.cache = decoding_cache(model, self.device, caches)
         self._mark: torch.Tensor | None = None  # [B] live tokens before the last verify
 
     @property
@@ -181,7 +186,7 @@ class ModelTarget(Target):
         self.cache.select(rows.to(self.device))
 
     def reset(self) -> None:
-        self.cache = decoding_cache(self.model, self.device)
+        self.cache = decoding_cache(self.model, self.device, self.caches)
 
     def cached(self) -> torch.Tensor:
         return self.cache.live

@@ -32,6 +32,7 @@ from specdec.compiled import (
     prepare,
     row_buckets,
     saves_graphs,
+    set_compiled,
     token_buckets,
 )
 from specdec.config import NgramConfig
@@ -423,7 +424,7 @@ def test_the_eager_step_on_the_static_cache_is_exact_and_meters_each_forward_onc
     for model in (target, drafter):
         compiled = CompiledModel(model, 128)
         compiled.inductor = False
-        model._specdec_compiled = compiled
+        set_compiled(model, compiled)
         for tokens in ((GAMMA + 1,) if model is target else (1, 2)):
             compiled.warm(Shape(1, tokens))
         compiled.rows, compiled.tokens = (1,), ((GAMMA + 1,) if model is target else (1, 2))
@@ -439,9 +440,10 @@ def test_a_torch_without_aot_compile_compiles_with_guards_and_saves_nothing(monk
     """A torch without ``aot_compile`` (2.11, on the lent GPU): the step is ``torch.compile``'s, with its
     guards (``Unsaved``), exact, and nothing is written to the compile cache."""
     import specdec.compiled as compiled_module
+    from specdec.compiled import graphs
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(compiled_module, "saves_graphs", lambda: False)
+    monkeypatch.setattr(graphs, "saves_graphs", lambda: False)  # where CompiledModel looks it up
     target, drafter = build_tiny("llama", seed=12, layers=1), build_tiny("llama", seed=13, layers=1)
     expected = spec(target, drafter, PROMPTS[0]).tokens
     assert prepare(target, "on", tokens=(GAMMA + 1,)).compiled and prepare(drafter, "on", tokens=(1, 2)).compiled
@@ -576,15 +578,15 @@ def test_a_cached_graph_traced_from_changed_code_is_not_used():
 
     from torch._dynamo.package import InlinedSource, SourceInfo, _hash_sourcelines
 
-    from specdec import compiled
+    from specdec.compiled import graphs
 
     def graph(checksum):
-        source = InlinedSource(module="specdec.compiled", firstlineno=1, lastlineno=5, checksum=checksum,
+        source = InlinedSource(module="specdec.compiled.graphs", firstlineno=1, lastlineno=5, checksum=checksum,
                                content="")
         return pytypes.SimpleNamespace(source_info=lambda: SourceInfo(inlined_sources={source}))
 
-    assert compiled._changed_source(graph(_hash_sourcelines(compiled, 1, 5))) is None
-    assert compiled._changed_source(graph("0" * 64)) == "specdec.compiled lines 1-5 changed"
+    assert graphs._changed_source(graph(_hash_sourcelines(graphs, 1, 5))) is None
+    assert graphs._changed_source(graph("0" * 64)) == "specdec.compiled.graphs lines 1-5 changed"
 
 
 def test_the_command_line_compiles_for_its_settings_and_decodes_the_same(tmp_path, capsys):
@@ -682,12 +684,14 @@ def test_eager_forwards_of_a_compiled_model_run_the_blocked_operator_while_its_c
     while specdec decodes, on up to ``EAGER_BLOCKED_ROWS`` rows, and only while the copy is its weight's: the same
     products as ``F.linear`` either way; outside decoding, on more rows, or after an in-place change of the weight
     (until the next refresh), ``F.linear``."""
-    from specdec import compiled, kernels
+    from specdec import kernels
+    from specdec.compiled import ops as compiled
 
     model = build_tiny("llama", seed=13, layers=1)
     assert prepare(model, "on", tokens=(1,)).compiled
     layer = next(m for m in model.modules() if isinstance(m, torch.nn.Linear) and hasattr(m, "_specdec_blocked"))
     used, operator = [], compiled.blocked_traced
+    # ops' own name, which _traced_forward looks up
     monkeypatch.setattr(compiled, "blocked_traced", lambda x, *rest: used.append(x.numel() // x.shape[-1]) or
                         operator(x, *rest))
 

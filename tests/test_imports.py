@@ -125,6 +125,87 @@ def test_the_public_api_is_lazy_and_complete() -> None:
         specdec.no_such_name  # noqa: B018
 
 
+# the eager core: the decoding loop and the handles it drives, which the compiled path sits beside, not under
+EAGER_CORE = ("specdec.decode", "specdec.target", "specdec.cache", "specdec.seq2seq", "specdec.recurrent",
+              "specdec.drafters")
+COMPILED = "specdec.compiled"
+COMPILED_LINES = 650  # the longest a module of specdec/compiled/ may be
+
+
+def in_core(module: str) -> bool:
+    return any(module == core or module.startswith(core + ".") for core in EAGER_CORE)
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others (at any depth of their source)."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_eager_core_imports_nothing_of_the_compiled_path() -> None:
+    """No module of the eager core imports ``specdec.compiled`` (or any of its modules), directly or through another
+    module, anywhere in its source: the compiled path registers its caches with ``specdec.cache`` instead."""
+    graph = import_graph()
+    core = sorted(m for m in graph if in_core(m))
+    assert "specdec.drafters.model" in core and "specdec.target" in core
+    for module in core:
+        found = sorted(m for m in reachable(graph, module) if m == COMPILED or m.startswith(COMPILED + "."))
+        assert not found, f"{module} imports {found}"
+    assert "specdec.cache" in graph["specdec.compiled.prepare"]  # the other way round: it registers its caches there
+
+
+def test_importing_the_eager_core_leaves_the_compiled_path_unloaded() -> None:
+    modules = sorted(m for m in import_graph() if in_core(m))
+    out = run_python(f"import importlib, json, sys\n"
+                     f"for name in {modules!r}:\n"
+                     f"    importlib.import_module(name)\n"
+                     f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({COMPILED!r}))))")
+    assert out == []
+
+
+def test_no_module_of_the_compiled_path_is_over_its_length() -> None:
+    lengths = {path.name: len(path.read_text().splitlines()) for path in (PACKAGE / "compiled").glob("*.py")}
+    assert len(lengths) >= 6  # the package's modules, found
+    assert {name: n for name, n in lengths.items() if n > COMPILED_LINES} == {}
+
+
+def test_preparing_a_model_sets_nothing_on_it_and_keeps_it_alive_no_longer(tmp_path, monkeypatch) -> None:
+    """``prepare`` compiles a model and decoding uses its static cache, with no ``_specdec_*`` attribute set on the
+    model object (its state is in tables keyed weakly by the model), and the model dies when its user lets it go
+    (those tables do not keep it alive)."""
+    import gc
+    import weakref
+
+    from conftest import build_tiny
+
+    from specdec.compiled import compiled_for, compiler_missing, prepare
+    from specdec.compiled.static_cache import StaticRaggedCache
+    from specdec.target import ModelTarget
+
+    if compiler_missing():
+        pytest.skip(f"torch.compile on CPU: {compiler_missing()}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = build_tiny("llama", seed=3, layers=1)
+    before = set(vars(model))
+    choice = prepare(model, "on", tokens=(1,))
+    assert choice.compiled and compiled_for(model) is not None and choice.caches is not None
+    out = specdec.speculative_generate(model, "ngram", [1, 5, 9, 33, 7], max_new_tokens=4, stop_token_ids=[])
+    assert out.tokens and compiled_for(model).calls["compiled"] > 0  # decoded on the compiled step
+    assert isinstance(ModelTarget(model).cache, StaticRaggedCache)  # found through the registry
+    assert isinstance(ModelTarget(model, caches=choice.caches).cache, StaticRaggedCache)  # or handed over
+    added = sorted(name for name in set(vars(model)) - before if name.startswith("_specdec_"))
+    assert added == []
+    assert not any(name.startswith("_specdec_") for name in vars(model))
+    gone = weakref.ref(model)
+    del model, choice, out
+    gc.collect()
+    assert gone() is None
+
+
 def run_python(code: str) -> dict:
     """Run ``code`` in a fresh interpreter (the worktree first on the path); its last stdout line is JSON."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}

@@ -134,12 +134,12 @@ def test_prefill_beside_is_chosen_by_the_environment_else_by_spare_cores(monkeyp
 def test_rows_prefilled_beside_join_a_static_cache_as_they_would_in_turn():
     """A compiled target's static cache (its step run eagerly here: ``inductor`` off, nothing traced) takes the rows
     prefilled beside the batch group by group, as ``prefill_into`` gives them: every row as ``generate`` decodes it."""
-    from specdec.compiled import CompiledModel, Shape, StaticRaggedCache
+    from specdec.compiled import CompiledModel, Shape, StaticRaggedCache, set_compiled
 
     target = build_tiny("llama", seed=10, layers=2)
     compiled = CompiledModel(target, 128)
     compiled.inductor = False
-    target._specdec_compiled = compiled
+    set_compiled(target, compiled)
     for rows in (1, 4):
         for tokens in (1, 4):
             compiled.warm(Shape(rows, tokens))

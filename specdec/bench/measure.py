@@ -220,7 +220,7 @@ def compiled_start(model: torch.nn.Module, context: torch.Tensor) -> tuple[objec
     """A compiled model's static cache holding ``context`` ([B, T]), prefilled eagerly and merged into it as a run
     does, and the greedy next token of each row [B, 1]."""
     from specdec.cache import RaggedCache
-    from specdec.compiled import decoding_cache
+    from specdec.seq2seq import decoding_cache
 
     prefill = RaggedCache(model, context.shape[0], context.device)
     out = prefill.forward(context)

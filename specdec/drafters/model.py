@@ -34,7 +34,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec.batch import PromptBatch, left_mask, left_padded
-from specdec.compiled import decoding_cache
+from specdec.cache import CacheFactory, registered_cache
 from specdec.config import DRAFTER_DTYPES
 from specdec.drafters.base import (
     ENDED_LIMIT,
@@ -49,7 +49,8 @@ from specdec.kernels import install
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
 from specdec.sampling import Sampler, check_finite
-from specdec.seq2seq import decoder_start_id, is_encoder_decoder, prefill_into, rows_apart
+from specdec.selfcheck import checked_for
+from specdec.seq2seq import decoder_start_id, decoding_cache, is_encoder_decoder, prefill_into, rows_apart
 
 # Vocabularies of different sizes are one vocabulary with padding when they differ by at most this
 # share of the target's (padding to a multiple of 64 or 128 adds far less on real vocabularies).
@@ -169,14 +170,12 @@ def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = Fal
     ("int8", "bf16", "float32", or its dtype's name). A model compiled by ``--compile on``
     (``specdec.compiled.prepare``) keeps its float32 form: an int8 copy cannot be compiled and runs eagerly,
     slower than the compiled step (docs/journal/drafter-form.md)."""
-    from specdec.compiled import compiled_for
-
     if dtype != "auto":
         return dtype
     if is_int8(model):
         return "int8"
     if (not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available()
-            and compiled_for(model) is None):
+            and registered_cache(model) is None):
         return "int8"
     return {torch.float32: "float32", torch.bfloat16: "bf16"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
@@ -205,9 +204,8 @@ def _convert(model: PreTrainedModel, form: str) -> PreTrainedModel:
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         int8 = quantize(source, {torch.nn.Linear}, dtype=torch.qint8, inplace=False).eval()
-    # the float model is what the self-check of the cached path checks (specdec.selfcheck.checked_as); kept
-    # outside the module tree (not a submodule)
-    object.__setattr__(int8, "_specdec_source", model)
+    # the float model is what the self-check of the cached path checks (specdec.selfcheck.checked_as)
+    checked_for(int8, model)
     return int8
 
 
@@ -356,17 +354,22 @@ class ModelDrafter(CachedDrafter):
 
     returns_hidden = True
 
-    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, kernels: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None, kernels: bool = True,
+                 caches: CacheFactory | None = None) -> None:
+        """``kernels``: install specdec's linear kernels on ``model`` (the caller's choice); ``caches``: the factory of
+        its cache handles (``specdec.compiled.prepare``'s ``CompileChoice.caches``); None: the one registered for
+        ``model``, else the eager cache (``seq2seq.decoding_cache``)."""
         self.model = model.eval()  # every module (a submodule left in training mode would decode wrong)
-        if kernels:  # the caller's choice (``ModelTarget``'s ``kernels``)
+        if kernels:
             install(model)  # its linear layers' fast kernels, used while specdec decodes (specdec.kernels)
+        self.caches = caches
         self.vocab_size = vocab_size  # the target's logits size; None = the drafter's own
         self.own_vocab_size = logits_size(model)  # rows of the drafter's own embedding
         self.context_limit = context_limit(model)
         self.hidden_size = model.config.get_text_config(decoder=True).hidden_size
         self.device = input_device(model)
         self.encoder_decoder = is_encoder_decoder(model)
-        self.cache = decoding_cache(model, self.device)
+        self.cache = decoding_cache(model, self.device, caches)
         self.pending: list[list[int]] = []  # per row: committed tokens not yet in the cache
         self.lengths: list[int] = []  # per row: its sequence's tokens so far
         self._drafts: list[list[int]] = []  # per row: the last proposal's drafts
@@ -481,5 +484,5 @@ class ModelDrafter(CachedDrafter):
         self._fed, self._mark = None, None
 
     def reset(self) -> None:
-        self.cache = decoding_cache(self.model, self.device)
+        self.cache = decoding_cache(self.model, self.device, self.caches)
         self.pending, self.lengths, self._drafts, self._fed, self._mark = [], [], [], None, None
