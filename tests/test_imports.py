@@ -244,16 +244,6 @@ def test_no_front_end_imports_the_chat_console() -> None:
         assert "specdec.console" not in reachable(graph, module), module
 
 
-def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    """Every module ``start`` imports, directly or through others."""
-    seen, todo = set(), [start]
-    while todo:
-        for name in graph[todo.pop()] - seen:
-            seen.add(name)
-            todo.append(name)
-    return seen
-
-
 @pytest.mark.parametrize("module, terminal", [("specdec.session", False), ("specdec.serve.app", False),
                                               ("specdec.serve.background", False), ("specdec.bench.harness", True)])
 def test_the_server_the_bench_and_the_session_do_not_import_the_terminal_ui(module: str, terminal: bool) -> None:

@@ -267,3 +267,16 @@ def test_quantize_help_and_flag_errors_import_no_torch(argv, status, tmp_path):
     assert out["status"] == status and not out["torch"]
     if status:
         assert out["err"].strip().splitlines()[-1].startswith("specdec quantize: error:")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_compiled_path_refuses_a_quantized_model_by_name_and_decodes_it_eagerly(folders, form):
+    from specdec import compiled
+
+    _, loaded = folders
+    model, _ = loaded["target", form]
+    reason = compiled.compile_refusal(model)
+    assert reason is not None and "quantized" in reason and "torchao" in reason and "--compile off" in reason
+    with pytest.warns(UserWarning, match="quantized"):
+        choice = compiled.prepare(model, "on")
+    assert not choice.compiled and compiled.compiled_for(model) is None

@@ -27,6 +27,7 @@ from specdec.architectures import attention_chunk, local_window
 from specdec.config import COMPILE_MODES, ModelConfig
 from specdec.folders import cache_root
 from specdec.positions import positions_for
+from specdec.quantized import compile_refusal as quantized_refusal
 
 SLOTS = 512  # slots per row of a static cache (at most the model's context): attention cost vs room
 SLOT_STEP = 32  # a forward attends the first S slots: the pointer plus its new tokens, rounded up to this
@@ -121,6 +122,8 @@ def compile_refusal(model: PreTrainedModel) -> str | None:
     """Why ``model`` decodes eagerly whatever ``--compile`` says, or None when it can be compiled."""
     name = type(model).__name__
     config = model.config
+    if (reason := quantized_refusal(model)) is not None:  # torchao's weight tensors (specdec.quantized)
+        return reason
     if getattr(config, "is_encoder_decoder", False):
         if (reason := seq2seq_refusal(model)) is not None:
             return reason

@@ -13,7 +13,6 @@ Why auto is off on a CPU, and the measured gains: docs/journal/compiled-path.md.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 import weakref
@@ -38,6 +37,7 @@ from specdec.compiled.policy import (
 )
 from specdec.compiled.seq2seq import CompiledSeq2Seq, StaticSeq2SeqCache
 from specdec.compiled.static_cache import StaticRaggedCache
+from specdec.config import switch
 from specdec.loading import context_limit, input_device
 
 
@@ -87,7 +87,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         limit = context_limit(model)
         width = slots or (SLOTS if limit is None else min(SLOTS, limit)) + SLOT_SLACK
         compiled = _compiled_class(model)(model, width)
-        if cuda and (missing is not None or os.environ.get("SPECDEC_CUDA_STEP", "eager") != "inductor"):
+        if cuda and (missing is not None or switch("SPECDEC_CUDA_STEP") != "inductor"):
             compiled.inductor = False  # CUDA graphs of the eager step (inductor's: SPECDEC_CUDA_STEP=inductor)
     loaded = compiled.loaded
     wanted = buckets(tokens, rows, hidden, last and not cuda)
