@@ -18,7 +18,8 @@ decodes with each step a CUDA graph (``specdec.compiled.prepare``). Compare ms p
 not pass through ``model.forward`` (only the prefill is "inside the forwards"), and CPU seconds include the host's
 waits for the device (CUDA spins). Two trees on one machine, e.g.
 
-    python benchmarks/batch1_loop.py --trees before=/tmp/before after=. --device cuda --compile on --methods plain lookup
+    python benchmarks/batch1_loop.py --trees before=/tmp/before after=. --device cuda --compile on --methods plain
+    lookup
 
 (``--run TREE METHOD`` is the per-process worker; it runs against whichever ``specdec`` is importable.)
 """

@@ -3,7 +3,8 @@ which calls ``specdec.quantized.quantize``."""
 
 from __future__ import annotations
 
-GROUP_SIZES = (32, 64, 128)  # int4's choices of input columns per scale: specdec.quantized.GROUP_SIZES (torch-free here)
+GROUP_SIZES = (32, 64, 128)  # int4's choices of input columns per scale:
+                             # specdec.quantized.GROUP_SIZES (torch-free here)
 
 
 def register(subparsers) -> None:

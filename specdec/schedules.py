@@ -331,7 +331,8 @@ class Crossover(Schedule, Listener):
         self.width: dict[int, int | None] = {}  # bucket -> the width kept (0: plain)
         self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
         self._racing: dict[int, list[int | None]] = {}  # bucket -> the widths its trial still measures
-        self._like: dict[int, int] = {}  # bucket -> the smaller bucket whose plain decoding it follows (``_plain_below``)
+        self._like: dict[int, int] = {}  # bucket -> the smaller bucket whose plain
+                                         # decoding it follows (``_plain_below``)
         self._rechecking: dict[int, int | None] = {}  # bucket -> the width it kept before its recheck, while rechecked
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
         self._turn: dict[int, int | None] = {}  # bucket -> the width measuring now

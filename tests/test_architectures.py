@@ -26,10 +26,11 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   self-check finds it by itself); the serving engine likewise, saying so at start; a cache driven directly
   with two such rows refuses them by name.
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, XLM,
-  RWKV with its ``ARGUMENT_STATES`` entry removed) or no cache (OpenAI GPT), a generate that depends on how tokens are fed (Moshi), hybrid cache layers holding recurrent state (Falcon-H1), a cached
-  path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
-  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet). The self-check is
-  skipped for known-good families (the shipped Llama's start-up makes no extra forward).
+  RWKV with its ``ARGUMENT_STATES`` entry removed) or no cache (OpenAI GPT), a generate that depends on how tokens are
+  fed (Moshi), hybrid cache layers holding recurrent state (Falcon-H1), a cached path that disagrees with the model's
+  own one-pass forward (FSMT, whose cached decoder drops its causal mask, and a model made to disagree) or fails inside
+  transformers (ProphetNet). The self-check is skipped for known-good families (the shipped Llama's start-up makes no
+  extra forward).
 """
 
 from __future__ import annotations

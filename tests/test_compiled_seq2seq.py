@@ -1,4 +1,5 @@
-"""The compiled decode step of encoder-decoder models (specdec.compiled, its encoder-decoder part): exact against ``generate``.
+"""The compiled decode step of encoder-decoder models (specdec.compiled, its encoder-decoder part): exact against
+``generate``.
 
 Tiny random Marian and BART pairs (tests/test_seq2seq.py's: the drafter is the target with one decoder
 layer) and the shipped translate pair, compiled for a few buckets once per module: greedy output equals

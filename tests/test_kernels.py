@@ -264,7 +264,8 @@ def test_auto_chooses_the_kernel_of_few_rows_and_of_many_apart(few_pays, fastest
     assert _fresh_install(model, monkeypatch, "auto")
     layers = [m for m in model.modules() if kernels._ours(m)]
     assert layers and all((m._specdec_packed.few, m._specdec_packed.many) == (few_pays, fastest) for m in layers)
-    blocked = fastest == "blocked"  # the blocked kernel serves every row count (it reads its copy once whatever the rows)
+    blocked = fastest == "blocked"  # the blocked kernel serves every row count
+                                    # (it reads its copy once whatever the rows)
     assert kernels.describe(model) == ("specdec blocked, every row count" if blocked else
                                        f"1-2 rows {'W @ x.T' if few_pays else 'torch'}, 3+ rows {kernels.NAMES[fastest]}")
     calls: list[int] = []

@@ -2,8 +2,8 @@
 
 One server runs for the module: the real command (`python -m specdec serve`) in a subprocess on a
 free loopback port, over the tiny pair of `tiny_models` (drafter `lookup+<tiny drafter>`, batch
-size 3, the heuristic schedule, an API key), driven by the official `openai` client and by raw HTTP. References come from
-the same code path as `specdec generate` (`session.Session.generate`) in this process, each prompt
+size 3, the heuristic schedule, an API key), driven by the official `openai` client and by raw HTTP. References come
+from the same code path as `specdec generate` (`session.Session.generate`) in this process, each prompt
 decoded alone, and once from the `specdec generate --json` command itself:
 
 - completion and chat, streaming and not, equal to the reference at temperature 0 (text and token

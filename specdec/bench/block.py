@@ -66,7 +66,8 @@ class MethodFigures:
     tokens: int = 0
     rounds: int = 0
     tokens_per_round: float = 0.0
-    acceptance_by_position: list[float] = field(default_factory=list)  # [i] share of the rounds drafting position i whose draft i was accepted
+    acceptance_by_position: list[float] = field(default_factory=list)  # [i] share of the rounds drafting
+                                                                       # position i whose draft i was accepted
     identical_share: float = 1.0  # outputs identical to plain decoding's
     mean_edit_distance: float = 0.0  # token edit distance to plain decoding's output, mean over prompts
 

@@ -72,7 +72,8 @@ class Recorded(Schedule):
 
     def __init__(self, inner: Ada) -> None:
         self.inner = inner
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([B, k] head values, [B, k] 1 accepted / 0 rejected / -1 unverified)
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([B, k] head values, [B, k] 1 accepted
+                                                                  # / 0 rejected / -1 unverified)
 
     @property
     def most(self) -> int | None:

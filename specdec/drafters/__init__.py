@@ -8,8 +8,8 @@
   LM: ``ModelDrafter``) and checked against the target (vocabulary, device);
 - a name or a ``DrafterConfig``: a registered model-free drafter ("ngram"), a model to load (a
   shipped name or a folder, through ``loader``: by default ``load_model`` on the target's device
-  and dtype; callers that keep models pass their own, which decides what a name means), or "lookup+NAME": prompt lookup first and
-  the drafter NAME when lookup finds nothing (``LookupDrafter``). A block drafter model (SpecDec,
+  and dtype; callers that keep models pass their own, which decides what a name means), or "lookup+NAME": prompt lookup
+  first and the drafter NAME when lookup finds nothing (``LookupDrafter``). A block drafter model (SpecDec,
   ``BlockDrafterModel``, or an encoder-decoder with ``config.block_drafter``) drafts through
   ``BlockDrafter``; "block" names the shipped block drafter for the target's kind
   (``code-block-drafter``, or ``translate-block-drafter`` for an encoder-decoder target) and

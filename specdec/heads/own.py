@@ -9,11 +9,12 @@ reads a record's prompt as the source of an encoder-decoder pair). The head is t
 ``measure_head(...)`` splits the held-out prompts in two (``split_held_out``). On the first part it tunes
 ``--schedule ada`` as SpecDec++ tunes its stop threshold on held-out data (``tune_head``): a few decodes of
 those prompts are timed (constant γ at the smallest and largest MAX of the grid, and ada's rule all but never
-stopping at the largest, whose paired time over that constant's is the rule's cost; interleaved per prompt) and a cost model is fitted to them (``fit_costs``: seconds per call, per round, per
-drafted token, per drafted token under ada's stop rule); every (threshold, MAX) of the grid is then counted exactly on the greedy text
-those decodes wrote (``grid_counts``: greedy decoding commits the target's greedy text, so a decoder-only pair's
-rounds are replayed offline by ``specdec.heads.evaluate``; an encoder-decoder pair decodes each setting once)
-and priced; the fastest is stored in the head's config.json, the defaults of ``--schedule ada --head DIR``
+stopping at the largest, whose paired time over that constant's is the rule's cost; interleaved per prompt) and a cost
+model is fitted to them (``fit_costs``: seconds per call, per round, per
+drafted token, per drafted token under ada's stop rule); every (threshold, MAX) of the grid is then counted exactly on
+the greedy text those decodes wrote (``grid_counts``: greedy decoding commits the target's greedy text, so a
+decoder-only pair's rounds are replayed offline by ``specdec.heads.evaluate``; an encoder-decoder pair decodes each
+setting once) and priced; the fastest is stored in the head's config.json, the defaults of ``--schedule ada --head DIR``
 (``--stop-threshold`` and ``--bound`` override them). The grid holds threshold 1, which never stops a round:
 ada with MAX m is then the constant γ m, so a head that predicts no better than a constant is tuned into the
 best constant γ rather than left slower than it. On the other part it is measured as ``specdec train drafter``
@@ -92,8 +93,8 @@ NEVER = 1 - 1e-6  # a stop threshold the rule (all but) never reaches: its round
 def rule_cost(rows: dict[str, list[dict]], probes: dict) -> float:
     """Seconds ada's stop rule adds per drafted token: the median over (prompt, pass) of the ``NEVER`` probe's
     time less constant γ MAX's on the same prompt in the same pass (the same rounds and drafts, the rule
-    aside; a prompt where a head predicting ~0 did stop it is left out), per drafted token; 0 without that probe. A paired difference: a regression over all the timings
-    lost this ~1-2 ms in the noise and fitted 0."""
+    aside; a prompt where a head predicting ~0 did stop it is left out), per drafted token; 0 without that probe. A
+    paired difference: a regression over all the timings lost this ~1-2 ms in the noise and fitted 0."""
     never = next((n for n, c in probes.items() if c is not None and c.stop_threshold == NEVER), None)
     if never is None:
         return 0.0

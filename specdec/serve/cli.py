@@ -3,7 +3,8 @@
 Flags come from ``ServeConfig`` (host, port, API key, model id, body limit) and from the core's
 config classes, exactly as for ``generate`` (``--target``, ``--drafter``, ``--gamma``,
 ``--batch-size``, ``--speculate``, ``--schedule``, ``--temperature``...): the decoding flags are the defaults of
-requests that do not set their own. One default differs: ``--speculate auto`` (``serve.config.SPECULATE``). FastAPI and uvicorn are the optional extra
+requests that do not set their own. One default differs: ``--speculate auto`` (``serve.config.SPECULATE``). FastAPI and
+uvicorn are the optional extra
 ``pip install -e ".[serve]"``; without them the command says so in one line.
 """
 

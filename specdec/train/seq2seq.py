@@ -67,9 +67,9 @@ class Example:
 def load_examples(cfg: Seq2SeqTrainConfig, tokenizer: PreTrainedTokenizerBase, split: str,
                   limit: int | None = None) -> list[Example]:
     """The split's pairs tokenized, in file order; pairs longer than ``cfg.max_tokens`` on either
-    side are left out (validation loss is measured in the regime trained on). With ``cfg.translations`` (distillation) the train targets are the
-    target's translations, and only the sources it has translated so far are used (a file still
-    being written by ``write_translations`` serves as far as it goes)."""
+    side are left out (validation loss is measured in the regime trained on). With ``cfg.translations`` (distillation)
+    the train targets are the target's translations, and only the sources it has translated so far are used (a file
+    still being written by ``write_translations`` serves as far as it goes)."""
     pairs = load_pairs(cfg.data, split)[:limit]
     if split == "train" and cfg.translations is not None:
         records = read_translations(cfg.translations)
