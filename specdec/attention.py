@@ -130,7 +130,8 @@ def covers(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, queries:
 def _chunked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
              scale: float) -> torch.Tensor:
     """One row's attention: ``query`` [H, q, D] against ``key``, ``value`` [Hkv, S, D] under ``mask`` [chunks, CHUNK,
-    S], as the operator's rows of ``CHUNK`` queries each (the last padded with zero queries, dropped) -> [1, q, H, D]."""
+    S], as the operator's rows of ``CHUNK`` queries each (the last padded with zero queries, dropped) -> [1, q, H,
+    D]."""
     heads, tokens, dim = query.shape
     chunks, full = len(mask), tokens // CHUNK
     q = query.new_empty(chunks, heads, CHUNK, dim)  # [chunks, H, CHUNK, D]

@@ -98,7 +98,8 @@ class ScheduleConfig:
         if self.stop_threshold is not None and (
                 not isinstance(self.stop_threshold, (int, float)) or not 0 < self.stop_threshold <= 1):
             raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold!r}")
-        if self.bound is not None and (not isinstance(self.bound, tuple) or len(self.bound) != 2 or not all(_is_int(b) for b in self.bound)
+        if self.bound is not None and (not isinstance(self.bound, tuple) or len(self.bound) != 2
+                                       or not all(_is_int(b) for b in self.bound)
                 or self.bound[0] < 1 or self.bound[0] > self.bound[1]):
             raise ValueError(f"bound must be MIN MAX with 1 <= MIN <= MAX, got {self.bound!r}")
 

@@ -212,7 +212,8 @@ def _sampling(model: PreTrainedModel, prepared: GenerationConfig | None, given: 
             sources[name] = GENERATION_CONFIG if explicit else TRANSFORMERS_DEFAULT
         else:
             values[name], sources[name] = getattr(SamplingConfig, name), SPECDEC_DEFAULT
-    sources["do_sample"] = USER if given["temperature"] is not None else GENERATION_CONFIG if samples else SPECDEC_DEFAULT
+    sources["do_sample"] = (USER if given["temperature"] is not None
+                            else GENERATION_CONFIG if samples else SPECDEC_DEFAULT)
     return SamplingConfig(**values, seed=seed, ignore_generation_config=ignore), sources
 
 

@@ -40,8 +40,8 @@ def check_torch(version: str) -> None:
     """Raise a clear ImportError for a torch ``version`` that specdec's transformers does not run with."""
     if _release(version) < FIRST_TORCH:
         raise ImportError(f"torch {version} is installed, but specdec needs torch >= {'.'.join(map(str, FIRST_TORCH))} "
-                          "(transformers 5.23 disables torch < 2.6, and torch 2.6-2.7 cannot compile its models). Install "
-                          f"a supported one: {INSTALL_TORCH}")
+                          "(transformers 5.23 disables torch < 2.6, and torch 2.6-2.7 cannot compile its models). "
+                          f"Install a supported one: {INSTALL_TORCH}")
 
 
 def installed(name: str) -> str | None:

@@ -103,7 +103,8 @@ def test_default_stop_token_is_the_targets_eos():
         res = specdec.speculative_generate(target, agree, prompt, max_new_tokens=12)
         plain = specdec.autoregressive_generate(target, prompt, max_new_tokens=12)
         assert res.tokens[-1] == stop and res.tokens == plain.tokens and res.stop_reason == "stop_token"
-        assert len(specdec.speculative_generate(target, agree, prompt, max_new_tokens=12, stop_token_ids=[]).tokens) == 12
+        assert len(specdec.speculative_generate(target, agree, prompt, max_new_tokens=12,
+                                                stop_token_ids=[]).tokens) == 12
     finally:
         target.generation_config.eos_token_id = 2
 

@@ -982,7 +982,8 @@ def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:3])))
     config = BenchConfig(target=str(pair.target), drafter=str(pair.drafter), serve=True, clients=(1, 2),
-                         speculate=("off", "on", "auto"), prompts=str(prompts), num_prompts=3, max_new_tokens=6, repeats=2,
+                         speculate=("off", "on", "auto"), prompts=str(prompts), num_prompts=3, max_new_tokens=6,
+                         repeats=2,
                          warmup=1, progress=False, device="cpu", output=str(tmp_path))
     run = run_serve_bench(config)
     assert sorted((c.mode, c.clients) for c in run.cells) == [("auto", 1), ("auto", 2), ("off", 1), ("off", 2),

@@ -105,7 +105,8 @@ def build_methods(config: BenchConfig, target, drafter_model, block_model) -> li
     return methods
 
 
-def _run(method: Method, target, ids: list[int], config: BenchConfig, stop: list[int]) -> tuple[float, GenerationResult]:
+def _run(method: Method, target, ids: list[int], config: BenchConfig,
+         stop: list[int]) -> tuple[float, GenerationResult]:
     start = time.perf_counter()
     result = specdec.speculative_generate(
         target, method.drafter if method.drafter is not None else "ngram", ids, max_new_tokens=config.max_new_tokens,

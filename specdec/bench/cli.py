@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 flag, dest=f.name, type=_comma_list(kind) if several else kind, nargs="+" if several else None,
                 default=None, metavar=kind.__name__.upper(), help=help_text,
             )
-    parser.add_argument("--quick", action="store_true", help="few prompts, short outputs, one repeat: < 1 minute on a CPU")
+    parser.add_argument("--quick", action="store_true",
+                        help="few prompts, short outputs, one repeat: < 1 minute on a CPU")
     parser.add_argument("--list", action="store_true", help="list the methods and exit")
 
 

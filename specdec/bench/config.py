@@ -114,7 +114,8 @@ class BenchConfig:
         SpecConfig(gamma=self.gamma[0], max_new_tokens=self.max_new_tokens)
         bad = [s for s in self.schedules if s not in SCHEDULED]
         if bad:
-            raise ValueError(f"schedules must be among {', '.join(SCHEDULED)} (constant is spec with --gamma), got {bad}")
+            raise ValueError(f"schedules must be among {', '.join(SCHEDULED)} (constant is spec with --gamma), got "
+                             f"{bad}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes must be ints >= 1, got {self.batch_sizes}")
         if not self.clients or any(c < 1 for c in self.clients):
@@ -131,7 +132,8 @@ class BenchConfig:
             ScheduleConfig(stop_threshold=t)  # ...and of the thresholds
         ModelConfig(threads=self.threads, compile=self.compile)  # the core's own checks of threads and compile
         if not self.drafter_dtype or any(d not in DRAFTER_DTYPES for d in self.drafter_dtype):
-            raise ValueError(f"drafter_dtype must be one or more of {', '.join(DRAFTER_DTYPES)}, got {self.drafter_dtype}")
+            raise ValueError(f"drafter_dtype must be one or more of {', '.join(DRAFTER_DTYPES)}, got "
+                             f"{self.drafter_dtype}")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.task == "translate" and self.data is None:

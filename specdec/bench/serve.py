@@ -290,7 +290,8 @@ def serve_peers(config: BenchConfig) -> list[str]:
     other = [n for n in names if n not in PEER_GROUPS["vllm"]]
     if other:
         raise ValueError(f"--serve runs only vLLM's servers as peers ({', '.join(PEER_GROUPS['vllm'])}), not "
-                         f"{', '.join(other)}: leave {'it' if len(other) == 1 else 'them'} out of --peers, or drop --serve")
+                         f"{', '.join(other)}: leave {'it' if len(other) == 1 else 'them'} out of --peers, or drop "
+                         "--serve")
     if names and config.temperature[0] != 0:
         raise ValueError(f"--serve with vLLM's peers runs greedy only (--temperature 0), got {config.temperature[0]:g}")
     return names

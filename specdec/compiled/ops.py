@@ -86,7 +86,8 @@ _PACKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # an instal
 
 @torch.library.custom_op("specdec::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x`` [n, in] @ ``weight``.T (+ bias) by oneDNN on the installed layer's prepacked weight (``specdec.kernels``)."""
+    """``x`` [n, in] @ ``weight``.T (+ bias) by oneDNN on the installed layer's prepacked weight
+    (``specdec.kernels``)."""
     packed = _PACKS.get(weight.data_ptr())
     if packed is None:
         raise KeyError("specdec::packed_linear: not the weight of a layer with specdec's linear kernels")

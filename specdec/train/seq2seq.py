@@ -299,7 +299,8 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
     train_examples = load_examples(cfg, tokenizer, "train")
     val_examples = load_examples(cfg, tokenizer, "validation", limit=cfg.eval_pairs)
     if len(train_examples) < cfg.batch_size:
-        raise ValueError(f"{cfg.data} has {len(train_examples)} usable train pairs, fewer than a batch of {cfg.batch_size}")
+        raise ValueError(f"{cfg.data} has {len(train_examples)} usable train pairs, fewer than a batch of "
+                         f"{cfg.batch_size}")
     lengths = [len(e.src) + len(e.tgt) for e in train_examples]
     model = build_model(cfg.shape, tokenizer, cfg.dropout)
     if cfg.init_from is not None:
@@ -374,7 +375,8 @@ def read_translations(path: str | Path) -> dict[int, dict]:
 
 
 def _load_for_inference(model_dir: str | Path, device: str):
-    model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(model_dir)).to(device=device, dtype=torch.float32).eval()
+    model = (AutoModelForSeq2SeqLM.from_pretrained(require_weights(model_dir))
+             .to(device=device, dtype=torch.float32).eval())
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return model, tokenizer
 
