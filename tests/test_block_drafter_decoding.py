@@ -155,8 +155,8 @@ def test_bad_input_is_refused_with_the_fix(target, tmp_path):
     # a schedule that may ask for more than the trained k is refused before any decoding, even behind lookup
     # and when the output would be too short to reach it
     calls = []
-    for drafter, schedule in ((BlockDrafter(block_model()), "constant"), (LookupDrafter(BlockDrafter(block_model())),
-                                                                          "heuristic")):
+    for drafter, schedule in ((BlockDrafter(block_model()), "constant"),
+                              (LookupDrafter(BlockDrafter(block_model())), "heuristic")):
         drafter.prefill = lambda *a, **k: calls.append(a)  # type: ignore[method-assign]
         with pytest.raises(ValueError, match=r"ask for 9 drafted tokens per round.*at most 8.* 8 or less"):
             specdec.speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=2, gamma=9,

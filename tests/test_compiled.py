@@ -240,9 +240,8 @@ def test_a_catch_up_computes_the_logits_of_its_last_real_token_only():
     static.merge(prefilled_cache(model, batch, "cpu")[0])
     ragged.merge(prefilled_cache(model, batch, "cpu")[0])
     with torch.no_grad():
-        for n, valid, hidden in ((4, None, True), (3, None, False), (2, torch.tensor([[False, True], [True, True]]),
-                                                                     True),
-                                 (1, None, False)):
+        for n, valid, hidden in ((4, None, True), (3, None, False),
+                                 (2, torch.tensor([[False, True], [True, True]]), True), (1, None, False)):
             ids = torch.randint(3, 96, (2, n))
             before = dict(step.calls)
             a = static.forward(ids, valid, output_hidden_states=hidden)
