@@ -84,7 +84,8 @@ SMALL = {
 # head dimensions equal in a default config stay equal once shrunk (the smallest small value): latent attention's
 # rotary part is its head_dim (DeepSeek-V3: head_dim = qk_rope_head_dim), its values as wide as its unrotated keys
 HEAD_DIMS = ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
-# field -> its usual meaning where a default config leaves it None though the model reads it (its default does not build)
+# field -> its usual meaning where a default config leaves it None though the
+# model reads it (its default does not build)
 NONE_MEANS: dict[str, Callable[[dict], object]] = {
     "head_dim": lambda d: d["hidden_size"] // d["num_attention_heads"],
     "num_key_value_heads": lambda d: d["num_attention_heads"],
@@ -102,11 +103,13 @@ OVERRIDES: dict[str, dict] = {  # hybrids: one recurrent and one attention layer
               "mamba_n_groups": 1, "mamba_chunk_size": 16},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
               "mamba_d_state": 8, "mamba_dt_rank": 4},
-    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1], "attention_hidden_size": 128,
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1],
+               "attention_hidden_size": 128,
                "attention_head_dim": 32, "num_key_value_heads": 4, "mamba_headdim": 16, "n_mamba_heads": 8,
                "mamba_d_state": 8},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2},
-    "zamba": {"layers_block_type": ["hybrid", "hybrid"], "attention_hidden_size": 128, "attention_head_dim": 32, "num_key_value_heads": 4, "n_mamba_heads": 2,
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"], "attention_hidden_size": 128, "attention_head_dim": 32,
+              "num_key_value_heads": 4, "n_mamba_heads": 2,
               "mamba_dt_rank": 8},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 64, "num_key_value_heads": 4},
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], "num_hidden_layers": 2,
@@ -120,7 +123,9 @@ OVERRIDES: dict[str, dict] = {  # hybrids: one recurrent and one attention layer
     # KV sharing: the last layers read the cache of the last earlier layer of their kind (one of each kind shared)
     "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2, "activation_sparsity_pattern": [0.0] * 4,
                      "intermediate_size": [128] * 4,
-                     "layer_types": ["sliding_attention", "full_attention"] * 2},  # its default config names no language: its forward refuses to run
+                     "layer_types": ["sliding_attention", "full_attention"] * 2},  # its default config
+                                                                                   # names no language: its
+                                                                                   # forward refuses to run
     # defaults that do not build in transformers (fields left None, or read where the config never writes them)
     "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},  # read by its attention, None by default
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
@@ -238,7 +243,8 @@ def tiny_config(model_type: str, encoder_decoder: bool):
     data = overridden(shrink(default.to_dict(), []))
     data.pop("transformers_version", None)
     if not encoder_decoder and "is_decoder" in data:
-        data["is_decoder"] = True  # BERT-family causal LMs (a user decoding with one sets it; else it attends both ways)
+        data["is_decoder"] = True  # BERT-family causal LMs (a user decoding with
+                                   # one sets it; else it attends both ways)
     return type(default).from_dict(data)
 
 

@@ -30,7 +30,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if not kernels.blocked_op():
-        raise SystemExit("specdec's operators do not build here (a C and a C++ compiler and torch's headers are needed)")
+        raise SystemExit("specdec's operators do not build here "
+                         "(a C and a C++ compiler and torch's headers are needed)")
     rows, slots, tokens = args.rows, args.slots, args.tokens
     keys = [torch.randn(rows, HEADS, SLOTS, DIM) for _ in range(LAYERS)]
     values = [torch.randn(rows, HEADS, SLOTS, DIM) for _ in range(LAYERS)]
@@ -62,8 +63,8 @@ def main() -> None:
                 run()
                 times.append(time.perf_counter() - start)
             ms = 1000 * statistics.median(times)
-            print(f"{rows} rows x {tokens} tokens, {slots} slots: {name} {ms:.2f} ms ({megabytes / ms:.1f} GB/s of keys "
-                  f"and values)", flush=True)
+            print(f"{rows} rows x {tokens} tokens, {slots} slots: {name} {ms:.2f} ms ({megabytes / ms:.1f} GB/s of "
+                  "keys and values)", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ decodes with each step a CUDA graph (``specdec.compiled.prepare``). Compare ms p
 not pass through ``model.forward`` (only the prefill is "inside the forwards"), and CPU seconds include the host's
 waits for the device (CUDA spins). Two trees on one machine, e.g.
 
-    python benchmarks/batch1_loop.py --trees before=/tmp/before after=. --device cuda --compile on --methods plain lookup
+    python benchmarks/batch1_loop.py --trees before=/tmp/before after=. --device cuda --compile on --methods \\
+        plain lookup
 
 (``--run TREE METHOD`` is the per-process worker; it runs against whichever ``specdec`` is importable.)
 """
@@ -160,7 +161,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--new", type=int, default=64, help="new tokens per prompt")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--compile", default="off", choices=("off", "on"), help="on: specdec.compiled.prepare each model")
+    parser.add_argument("--compile", default="off", choices=("off", "on"),
+                        help="on: specdec.compiled.prepare each model")
     parser.add_argument("--probe", action="store_true", help="print each tree's cProfile top and, on CUDA, its host "
                         "waits per round (torch's sync debug mode), from its first repeat")
     parser.add_argument("--run", nargs=2, metavar=("TREE", "METHOD"), help=argparse.SUPPRESS)
@@ -191,8 +193,8 @@ def main() -> None:
                 if "profile" in record:
                     print(f"-- {method} {name}: host waits per round {json.dumps(record['waits_per_round'])}\n"
                           + "\n".join(record["profile"].splitlines()[:30]), flush=True)
-                print(f"{method:6} {name:6} repeat {repeat + 1}: wall {record['wall']:.2f} s, cpu {record['cpu']:.2f} s, "
-                      f"outside the forwards {record['outside']:.3f} s (load {record['load']:.1f}; linear: "
+                print(f"{method:6} {name:6} repeat {repeat + 1}: wall {record['wall']:.2f} s, cpu {record['cpu']:.2f} "
+                      f"s, outside the forwards {record['outside']:.3f} s (load {record['load']:.1f}; linear: "
                       f"{record['linear']})", flush=True)
     print(f"\nmedians of {args.repeats} (1 thread, {args.device}, compile {args.compile}, {args.prompts} prompts x "
           f"{args.new} tokens); ratio = tree / {names[0]}")
@@ -203,11 +205,12 @@ def main() -> None:
         base = {key: statistics.median(r[key] for r in first) for key in ("wall", "cpu", "outside")}
         tokens = sum(len(t) for t in first[0]["tokens"])
         for name in names:
-            median = {key: statistics.median(r[key] for r in runs[(method, name)]) for key in ("wall", "cpu", "outside")}
+            median = {key: statistics.median(r[key] for r in runs[(method, name)])
+                      for key in ("wall", "cpu", "outside")}
             print(f"{method:6} {name:6} wall {median['wall']:6.2f} s ({median['wall'] / base['wall']:.3f}x)  "
                   f"cpu {median['cpu']:6.2f} s ({median['cpu'] / base['cpu']:.3f}x)  outside the forwards "
-                  f"{median['outside']:.3f} s  {1e3 * median['wall'] / tokens:.3f} ms/token  rounds {first[0]['rounds']}  "
-                  f"same tokens: {same}")
+                  f"{median['outside']:.3f} s  {1e3 * median['wall'] / tokens:.3f} ms/token  rounds "
+                  f"{first[0]['rounds']}  same tokens: {same}")
 
 
 if __name__ == "__main__":

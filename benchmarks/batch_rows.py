@@ -93,7 +93,8 @@ def main() -> None:
             tokens = sum(len(r.tokens) for r in results)
             wide = [s for s in seen if s[0] > args.batch_size // 2]
             print(f"{args.speculate} ({args.drafter}): {tokens / seconds:.1f} tokens/s; {len(seen)} target forwards, "
-                  f"{len(wide)} of more than {args.batch_size // 2} rows: slots in use {statistics.mean(s[2] for s in wide):.0f} "
+                  f"{len(wide)} of more than {args.batch_size // 2} rows: slots in use "
+                  f"{statistics.mean(s[2] for s in wide):.0f} "
                   f"on average, longest row {statistics.mean(s[3] for s in wide):.0f}; tokens per row "
                   f"{dict(sorted(Counter(s[1] for s in wide).items()))}", flush=True)
 
@@ -140,7 +141,8 @@ def time_steps(rows: int) -> None:
                 cache.compact()
                 packing.append(time.perf_counter() - start)
                 after.append(timed(cache, 5))
-            print(f"{rows} rows of 230 live tokens over {used} slots: 5 tokens a row {1000 * statistics.median(before):.1f} ms, "
+            print(f"{rows} rows of 230 live tokens over {used} slots: 5 tokens a row "
+                  f"{1000 * statistics.median(before):.1f} ms, "
                   f"re-pack {1000 * statistics.median(packing):.1f} ms, then {1000 * statistics.median(after):.1f} ms "
                   f"over {cache.used} slots", flush=True)
         for gone in (rows - 1, rows // 2, 0):  # one row leaves (the last, one in the middle, the first)

@@ -71,7 +71,8 @@ def main() -> None:
             print(f"{neighbour:8} " + " ".join(f"{r:.1f}" for r in rates) + " tokens/s", flush=True)
     base = statistics.median(found["none"])
     for neighbour, rates in found.items():
-        print(f"{neighbour}: median {statistics.median(rates):.1f} tokens/s, {statistics.median(rates) / base:.2f}x none")
+        print(f"{neighbour}: median {statistics.median(rates):.1f} tokens/s, "
+              f"{statistics.median(rates) / base:.2f}x none")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,8 @@ def compare(hf: dict, server: dict) -> dict:
     """Per request: the largest log-likelihood difference, is-greedy agreement; per generation: identical text."""
     out: dict = {"metrics": {}}
     for task in ("specdec_code_mc", "specdec_code_gen"):
-        out["metrics"][task] = {"hf": {k: v for k, v in hf["results"][task].items() if "stderr" not in k and k != "alias"},
+        out["metrics"][task] = {"hf": {k: v for k, v in hf["results"][task].items() if "stderr" not in k
+                                       and k != "alias"},
                                 "server": {k: v for k, v in server["results"][task].items()
                                            if "stderr" not in k and k != "alias"}}
     a, b = hf["samples"]["specdec_code_mc"], server["samples"]["specdec_code_mc"]

@@ -27,13 +27,15 @@ from specdec.loading import load_model
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="code-target", help="a shipped model name or a folder")
-    parser.add_argument("--tokens", type=int, default=173, help="the prompt's length (173: the bench's code prompts' mean)")
+    parser.add_argument("--tokens", type=int, default=173, help="the prompt's length (173: the bench's code prompts' "
+                                                                "mean)")
     parser.add_argument("--repeats", type=int, default=21)
     args = parser.parse_args()
     kernels.blocked_op()
     model = load_model(args.model, dtype="float32")
     kernels.install(model)
-    print(f"{args.model}, {args.tokens} tokens, {torch.get_num_threads()} thread(s), helper {'on' if kernels.helper() else 'off'}; "
+    print(f"{args.model}, {args.tokens} tokens, {torch.get_num_threads()} thread(s), helper "
+          f"{'on' if kernels.helper() else 'off'}; "
           f"shared attention wanted: {attention.wanted(model)}")
     prompt = torch.randint(3, model.config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
     spent = [0.0]

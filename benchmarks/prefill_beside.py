@@ -61,7 +61,8 @@ def main() -> None:
         thread.join()
         print(f"{args.rows}-row step alone {1e3 * statistics.median(steps_alone):.2f}, beside a prefill "
               f"{1e3 * statistics.median(steps_beside):.2f} ({len(steps_beside)} steps); {args.prompt}-token prefill "
-              f"alone {1e3 * statistics.median(prefills_alone):.1f}, beside the steps {1e3 * statistics.median(beside):.1f}")
+              f"alone {1e3 * statistics.median(prefills_alone):.1f}, beside the steps "
+              f"{1e3 * statistics.median(beside):.1f}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ PROMPTS = [
 SETTINGS = {"none": None, "penalty 1.00001": 1.00001, "penalty 1.2": 1.2}
 
 
-def run(target, drafter, prompts: list[list[int]], penalty: float | None, new: int, gamma: int) -> tuple[float, int, list]:
+def run(target, drafter, prompts: list[list[int]], penalty: float | None, new: int,
+        gamma: int) -> tuple[float, int, list]:
     processors = None if penalty is None else LogitsProcessorList([RepetitionPenaltyLogitsProcessor(penalty)])
     start = time.process_time()
     results = [specdec.speculative_generate(target, drafter, p, max_new_tokens=new, gamma=gamma, stop_token_ids=[],

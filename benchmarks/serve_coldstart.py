@@ -61,7 +61,8 @@ def main() -> None:
         endpoint = Endpoint(port)
         probe = {"prompt": prompts[0].input_ids.tolist(), "max_tokens": 1, "temperature": 0.0, "stream": True}
         print(f"XDG_CACHE_HOME={cache}; launch to first reply "
-              f"{first_reply_s(endpoint, probe, server.launched, server.alive, 'specdec serve', 600):.1f} s", flush=True)
+              f"{first_reply_s(endpoint, probe, server.launched, server.alive, 'specdec serve', 600):.1f} s",
+              flush=True)
         bodies = _bodies(prompts, max(args.num_prompts, args.clients), config, 0.0)
         first: dict[int, list[int]] | None = None
         after = None

@@ -52,7 +52,8 @@ def main() -> None:
     try:
         endpoint = Endpoint(port)
         probe = {"prompt": prompts[0].input_ids.tolist(), "max_tokens": 1, "temperature": 0.0, "stream": True}
-        print(f"launch to first reply {first_reply_s(endpoint, probe, server.launched, server.alive, 'specdec serve', 600):.1f} s")
+        print("launch to first reply "
+              f"{first_reply_s(endpoint, probe, server.launched, server.alive, 'specdec serve', 600):.1f} s")
         bodies = _bodies(prompts, max(args.num_prompts, args.clients), config, 0.0)
         drive(endpoint, bodies, args.clients)  # untimed
         for repeat in range(args.repeats):

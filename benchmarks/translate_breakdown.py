@@ -78,7 +78,8 @@ def raw_loop(model: PreTrainedModel, sources: list[list[int]], max_new_tokens: i
             encoded = model.get_encoder()(input_ids=torch.tensor([ids])).last_hidden_state
             cache, token, tokens = EncoderDecoderCache(DynamicCache(), DynamicCache()), torch.tensor([[start]]), []
             for _ in range(max_new_tokens):
-                out = model(encoder_outputs=(encoded,), decoder_input_ids=token, **cache_kwargs(model, cache), use_cache=True)
+                out = model(encoder_outputs=(encoded,), decoder_input_ids=token, **cache_kwargs(model, cache),
+                            use_cache=True)
                 token = out.logits[:, -1:].argmax(-1)
                 tokens.append(int(token))
                 if tokens[-1] == eos:
@@ -118,7 +119,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also time plain decoding with compiled decode steps")
     parser.add_argument("--float32-copy", action="store_true",
-                        help="with --compile: also a target compiled on float32 copies of its weights (not bfloat16 pairs)")
+                        help="with --compile: also a target compiled on float32 copies of its weights "
+                             "(not bfloat16 pairs)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -182,7 +184,8 @@ def main() -> None:
             checks["specdec plain compiled"] = lambda: [r.tokens for r in jobs["specdec plain compiled"]()]
             if full is not None:
                 for label, job in (("plain", specdec.autoregressive_generate),
-                                   ("ngram", lambda m, s, **c: specdec.speculative_generate(m, "ngram", s, gamma=4, **c))):
+                                   ("ngram",
+                                    lambda m, s, **c: specdec.speculative_generate(m, "ngram", s, gamma=4, **c))):
                     name = f"specdec {label} compiled, float32 copy"
                     jobs[name] = lambda job=job: job(full, sources, **common)
                     checks[name] = lambda name=name: [r.tokens for r in jobs[name]()]

@@ -82,7 +82,8 @@ class Settings:
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """The ``# comment`` after each field of a config dataclass, read from its source.
+    """The ``# comment`` after each field of a config dataclass, read from its source; a comment wrapped onto the
+    lines below it, each a comment alone starting in the same column, goes on.
 
     Only the class body's own annotated fields count, so a comment inside a method
     (``for t in self.temperature:  # ...``) is never taken for a field's help."""
@@ -90,11 +91,21 @@ def field_comments(cls: type) -> dict[str, str]:
     body = ast.parse(source).body[0].body
     field_at = {node.lineno: node.target.id for node in body
                 if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
-    return {
-        field_at[tok.start[0]]: tok.string.lstrip("#").strip()
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-        if tok.type == tokenize.COMMENT and tok.start[0] in field_at
-    }
+    comments: dict[str, str] = {}
+    field, at = None, (0, 0)  # the field whose comment goes on, and where its next line would start
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type != tokenize.COMMENT:
+            continue
+        text = tok.string.lstrip("#").strip()
+        if tok.start[0] in field_at:
+            field = field_at[tok.start[0]]
+            comments[field] = text
+        elif field is not None and tok.start == at and not tok.line[: tok.start[1]].strip():
+            comments[field] += " " + text  # a comment wrapped onto the lines below, in the same column
+        else:
+            field = None
+        at = (tok.start[0] + 1, tok.start[1])
+    return comments
 
 
 def _scalar_type(hint: object) -> type:

@@ -34,7 +34,8 @@ from specdec import kernels
 CHUNK = 16  # queries a row of the operator: 16 balanced the two cores better than 32 or 64 (3.5 ms, 4.6, 5.1)
 MIN_TOKENS = 32  # fewer queries: sdpa's (a short prompt's attention is not worth the chunks' set-up)
 # keyword inputs of transformers' attention functions that change what attention computes: a call with any of them
-# set is not the operator's to compute (here, and in a compiled step: ``compiled.specdec_attention``); sdpa's computes it
+# set is not the operator's to compute (here, and in a compiled step:
+# ``compiled.specdec_attention``); sdpa's computes it
 OTHER = ("position_bias", "cache", "softcap", "s_aux", "sinks", "head_mask", "alibi")
 DIMS = (32, 64, 80, 96, 128, 256)  # head dimensions csrc/attention.c computes (its HEAD_DIMS)
 ACC = 8192  # its MAX_ACC: query heads per key-value head x queries a row x head dimension at most
@@ -129,7 +130,8 @@ def covers(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, queries:
 def _chunked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
              scale: float) -> torch.Tensor:
     """One row's attention: ``query`` [H, q, D] against ``key``, ``value`` [Hkv, S, D] under ``mask`` [chunks, CHUNK,
-    S], as the operator's rows of ``CHUNK`` queries each (the last padded with zero queries, dropped) -> [1, q, H, D]."""
+    S], as the operator's rows of ``CHUNK`` queries each (the last padded with zero queries, dropped) -> [1, q, H,
+    D]."""
     heads, tokens, dim = query.shape
     chunks, full = len(mask), tokens // CHUNK
     q = query.new_empty(chunks, heads, CHUNK, dim)  # [chunks, H, CHUNK, D]

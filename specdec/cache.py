@@ -81,7 +81,8 @@ def plain(layer: object) -> object:
 
 def repack_pays(slots: int, longest: int) -> bool:
     """Whether re-packing rows pays when ``slots`` are in use and the longest row holds ``longest`` live tokens: the
-    slots it frees for every row (``slots - longest``) reach ``REPACK_WASTE`` of ``longest`` and ``COMPACT_MIN_SLOTS``."""
+    slots it frees for every row (``slots - longest``) reach ``REPACK_WASTE`` of ``longest`` and
+    ``COMPACT_MIN_SLOTS``."""
     return slots - longest >= max(COMPACT_MIN_SLOTS, REPACK_WASTE * longest)
 
 
@@ -98,7 +99,8 @@ def gather_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def causal_mask(valid: torch.Tensor, queries: int, dtype: torch.dtype, block: torch.Tensor | None = None) -> torch.Tensor:
+def causal_mask(valid: torch.Tensor, queries: int, dtype: torch.dtype,
+                block: torch.Tensor | None = None) -> torch.Tensor:
     """The 4D additive self-attention mask [B, 1, q, S] of a forward over the last ``queries`` of S slots.
 
     ``valid`` [B, S]: the slots that may be attended to (live cache slots and real new tokens); ``block``
@@ -335,7 +337,8 @@ class RaggedCache:
               logits_to_keep: int, kwargs: dict) -> ModelOutput:
         """The model's forward on new tokens at ``positions`` [B, n] (``attention_mask`` None: no holes)."""
         if attention_mask is not None:
-            kwargs["attention_mask"] = (causal_mask(attention_mask, input_ids.shape[1], self.model.dtype) if self.mask_4d
+            kwargs["attention_mask"] = (causal_mask(attention_mask, input_ids.shape[1], self.model.dtype)
+                                        if self.mask_4d
                                         else attention_mask.long())
         with self.positions.applied(kwargs, positions, attention_mask, self.slots + input_ids.shape[1]):
             return self.model(input_ids=input_ids, **cache_kwargs(self.model, self.cache), use_cache=True,
@@ -362,7 +365,8 @@ class RaggedCache:
         """Remove the last ``drop`` slots of every row."""
         if drop or self._sliding:  # sliding layers also shrink back to their window on crop(0)
             for layer in self._layers():  # a hybrid layer's keys only: its recurrent state is not cropped here
-                (DynamicLayer.crop if isinstance(layer, LinearAttentionCacheLayerMixin) else type(layer).crop)(layer, -drop)
+                (DynamicLayer.crop if isinstance(layer, LinearAttentionCacheLayerMixin)
+                 else type(layer).crop)(layer, -drop)
         if self._mask is None:
             self._all_live(self.rows, self.slots - drop)
         else:

@@ -21,7 +21,8 @@ class SamplingConfig:
     top_k: int = 0  # keep only the k most probable tokens; 0 = off
     top_p: float = 1.0  # nucleus sampling: keep the smallest set with mass >= top_p; 1.0 = off
     seed: int | None = None  # seed of the torch.Generator used for sampling; None = from torch's global RNG
-    ignore_generation_config: bool = False  # decode raw: not the target's generation config's sampling defaults and logits processors (repetition penalty, forced tokens, ...)
+    ignore_generation_config: bool = False  # decode raw: not the target's generation config's sampling defaults
+                                            # and logits processors (repetition penalty, forced tokens, ...)
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
@@ -59,7 +60,8 @@ class SpecConfig:
     gamma: int = 4  # tokens drafted per round (shrinks near the context limit and the token budget)
     max_new_tokens: int = 128  # upper bound on generated tokens, prompt excluded (at least 1)
     batch_size: int = 8  # prompts decoded together; more wait and join as rows finish
-    speculate: str = "on"  # on: draft every round; off: plain decoding; auto: per batch size, measure plain decoding and a few draft widths, keep the fastest
+    speculate: str = "on"  # on: draft every round; off: plain decoding; auto: per batch size,
+                           # measure plain decoding and a few draft widths, keep the fastest
 
     def __post_init__(self) -> None:
         if not _is_int(self.gamma) or self.gamma < 1:
@@ -80,9 +82,14 @@ DEFAULT_BOUND = (1, 16)  # ScheduleConfig.bound when it is not given (ada: MAX f
 class ScheduleConfig:
     """How many tokens each row drafts per round (see specdec.schedules); constant drafts gamma."""
 
-    schedule: str = "constant"  # constant (gamma every round), heuristic (transformers': +2 after a fully accepted round, -1 otherwise), confidence (stop below a drafter-probability threshold), ada (SpecDec++'s acceptance head)
-    stop_threshold: float | None = None  # ada: stop once P(some draft is rejected) > X (1 = never: MAX every round); confidence: stop when a draft's probability < X; None = the default (ada: the head's, confidence: 0.4)
-    bound: tuple[int, int] | None = None  # MIN MAX tokens drafted per round by heuristic, confidence and ada; None = 1 16 (ada: 1 and the head's tuned MAX)
+    schedule: str = "constant"  # constant (gamma every round), heuristic (transformers': +2 after
+                                # a fully accepted round, -1 otherwise), confidence (stop below a
+                                # drafter-probability threshold), ada (SpecDec++'s acceptance head)
+    stop_threshold: float | None = None  # ada: stop once P(some draft is rejected) > X (1 = never: MAX
+                                         # every round); confidence: stop when a draft's probability <
+                                         # X; None = the default (ada: the head's, confidence: 0.4)
+    bound: tuple[int, int] | None = None  # MIN MAX tokens drafted per round by heuristic, confidence
+                                          # and ada; None = 1 16 (ada: 1 and the head's tuned MAX)
     head: str | None = None  # the acceptance head's folder (ada); None = acceptance_head/ beside the drafter model
 
     def __post_init__(self) -> None:
@@ -91,7 +98,8 @@ class ScheduleConfig:
         if self.stop_threshold is not None and (
                 not isinstance(self.stop_threshold, (int, float)) or not 0 < self.stop_threshold <= 1):
             raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold!r}")
-        if self.bound is not None and (not isinstance(self.bound, tuple) or len(self.bound) != 2 or not all(_is_int(b) for b in self.bound)
+        if self.bound is not None and (not isinstance(self.bound, tuple) or len(self.bound) != 2
+                                       or not all(_is_int(b) for b in self.bound)
                 or self.bound[0] < 1 or self.bound[0] > self.bound[1]):
             raise ValueError(f"bound must be MIN MAX with 1 <= MIN <= MAX, got {self.bound!r}")
 
@@ -106,7 +114,8 @@ class ScheduleConfig:
 class VerifyConfig:
     """Which verification rule keeps drafted tokens (see specdec.acceptance)."""
 
-    rule: str | None = None  # exact (greedy), sampling (temperature > 0) or topk_tau (SpecDec); None = the one that fits
+    rule: str | None = None  # exact (greedy), sampling (temperature > 0) or
+                             # topk_tau (SpecDec); None = the one that fits
     beta: int = 1  # topk_tau: a draft passes if among the target's top-beta tokens (1 = exact greedy; SpecDec: 5)
     tau: float | None = None  # topk_tau: ...and its logit within tau of the top-1 logit (None = no limit; SpecDec: 3)
 
@@ -176,8 +185,11 @@ def check_kernels(kernels: object) -> bool:
 class DrafterConfig:
     """What drafts: parsed from a drafter name, built by ``specdec.drafters.make_drafter``."""
 
-    name: str = "lookup+code-drafter"  # "ngram" (prompt lookup), a model (a shipped name or a folder), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
-    dtype: str = "auto"  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation); exact in every form, since the target verifies
+    name: str = "lookup+code-drafter"  # "ngram" (prompt lookup), a model (a shipped name or a folder),
+                                       # or "lookup+NAME" (lookup first, the drafter NAME otherwise)
+    dtype: str = "auto"  # the form the drafter model runs in: auto (int8 on CPU for a model drafting
+                         # alone, as loaded behind lookup or elsewhere), float32, bf16 or int8
+                         # (dynamic quantisation); exact in every form, since the target verifies
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -204,13 +216,22 @@ class ModelConfig:
     """Which models to load and where (see specdec.loading)."""
 
     target: str = "code-target"  # target model: a shipped name (code-target) or a folder with config + safetensors
-    drafter: str = DrafterConfig.name  # drafter: a shipped name or a folder (a model), "ngram" (prompt lookup), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
+    drafter: str = DrafterConfig.name  # drafter: a shipped name or a folder (a model), "ngram" (prompt
+                                       # lookup), or "lookup+NAME" (lookup first, the drafter NAME otherwise)
     device: str | None = None  # None = cuda if available else cpu; also "cpu", "cuda", "cuda:N", "auto"
     dtype: str | None = None  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
-    drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU for a model drafting alone, as loaded behind lookup or elsewhere), float32, bf16 or int8 (dynamic quantisation of its linear layers); the target verifies, so output stays exact
-    threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small target and the physical cores for a large one (specdec.threads)
-    compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto (off on a CPU: measured not to repay its start, except in the server, which compiles beside serving; on for CUDA: CUDA graphs; specdec.compiled)
-    kernels: str = "auto"  # specdec's CPU linear kernels on the models' float32 linear layers: auto (as SPECDEC_LINEAR says: by default where a probe at load finds they pay) or off (torch's own; nothing built, probed or patched; specdec.kernels)
+    drafter_dtype: str = DrafterConfig.dtype  # the form the drafter model runs in: auto (int8 on CPU for a
+                                              # model drafting alone, as loaded behind lookup or elsewhere),
+                                              # float32, bf16 or int8 (dynamic quantisation of its linear
+                                              # layers); the target verifies, so output stays exact
+    threads: int | None = None  # torch CPU threads; None = $OMP_NUM_THREADS if set, else 1 for a small
+                                # target and the physical cores for a large one (specdec.threads)
+    compile: str = "auto"  # torch.compile the decode forwards over static shapes: on, off, or auto
+                           # (off on a CPU: measured not to repay its start, except in the server,
+                           # which compiles beside serving; on for CUDA: CUDA graphs; specdec.compiled)
+    kernels: str = "auto"  # specdec's CPU linear kernels on the models' float32 linear layers: auto
+                           # (as SPECDEC_LINEAR says: by default where a probe at load finds they pay)
+                           # or off (torch's own; nothing built, probed or patched; specdec.kernels)
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:

@@ -1,12 +1,13 @@
 """What the round loop tells the world: phases, rounds and finished rows, as events to listeners.
 
 The loop never times, counts or prints anything itself. It marks its phases (``prefill`` and
-``draft_prefill`` when rows join; ``propose``, ``verify``, ``accept``, ``commit`` in a round) with ``Events.phase(name)`` and announces each
-committed round (``round_committed``, one ``RoundEvent`` per row) and each round's summary
-(``round_ended``); for the figures it also tells of rows queued (``submitted``), rows prefilled as they join
-(``prefilled``) and each row's part of a round (``row_round``). Listeners do the rest: ``PhaseClock`` measures the phases (``Intervals``: on CUDA by events
-the device times, so asynchronous kernels are charged to the phase that queued them, without a wait per phase), the
-decoder's figures are a listener (``Tally``), the console prints tokens as they come, a server streams them, and the
+``draft_prefill`` when rows join; ``propose``, ``verify``, ``accept``, ``commit`` in a round) with
+``Events.phase(name)`` and announces each committed round (``round_committed``, one ``RoundEvent`` per row) and each
+round's summary (``round_ended``); for the figures it also tells of rows queued (``submitted``), rows prefilled as they
+join (``prefilled``) and each row's part of a round (``row_round``). Listeners do the rest: ``PhaseClock`` measures the
+phases (``Intervals``: on CUDA by events the device times, so asynchronous kernels are charged to the phase that queued
+them, without a wait per phase), the decoder's figures are a listener (``Tally``), the console prints tokens as they
+come, a server streams them, and the
 ``auto`` speculation policy times rounds with and without drafting.
 """
 

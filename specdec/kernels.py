@@ -78,7 +78,8 @@ BUILDING = f"specdec: building specdec's CPU kernels for this machine into {{roo
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
-_PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' shapes -> auto's plan (a model loaded again)
+_PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' shapes ->
+                                                   # auto's plan (a model loaded again)
 PLANS_FILE = "plans.json"  # auto's plans kept between processes, in the kernels' cache folder
 
 
@@ -189,8 +190,8 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
     list of stages, are run in a temporary folder, stage by stage, the commands of a stage at once (each with its
     timeout, s; the compiles of the sources side by side), the last writing ``built``, which is then renamed
     into place (atomic: another process building the same file is harmless). KEY hashes ``parts`` (the sources, ...),
-    each compiler's name and version and the CPU's flags; a build is said on a terminal's stderr, once a process. Raises OSError or
-    SubprocessError where it cannot be built."""
+    each compiler's name and version and the CPU's flags; a build is said on a terminal's stderr, once a process. Raises
+    OSError or SubprocessError where it cannot be built."""
     named = []
     for compiler in compilers:
         named += [compiler, subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,

@@ -4,8 +4,8 @@ Contract: ``load_model(path_or_name)`` takes a folder with a ``config.json`` and
 weights (``from_pretrained`` with ``use_safetensors=True``, ``trust_remote_code=False``), or one of
 the shipped names ("code-target", "code-drafter") that resolve to ``models/<name>`` at the repo
 root; ``None`` means the shipped default target. A path that does not exist is a ``ValueError``
-naming it, and so is a folder without safetensors weights. The model comes back in eval mode. Loading prints no progress bar unless asked
-(``progress=True``); a folder without tokenizer files is refused by ``load_tokenizer`` by name.
+naming it, and so is a folder without safetensors weights. The model comes back in eval mode. Loading prints no progress
+bar unless asked (``progress=True``); a folder without tokenizer files is refused by ``load_tokenizer`` by name.
 
 Devices: None = "cuda" when available, else "cpu"; "cpu", "cuda", "cuda:N"; "auto" spreads a
 model too large for one GPU over all of them (accelerate ``device_map="auto"``).

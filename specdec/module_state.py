@@ -35,8 +35,8 @@ first forward, so the model starts from its own initial state) and takes them ba
 -1e30, not zero). Registered in ``ARGUMENT_STATES`` by model type; whether such a family's multi-token forward
 equals single steps is checked once (``specdec.recurrent.multi_token_exact``). RWKV's one-token forward is wrong
 for more than one row (transformers mixes the token with every row's previous hidden state: ``[B, 1, H]`` against
-``[B, H]``), so such a forward is run a row at a time (``steps_apart``); its multi-token forward takes rows together. Both kinds of family are found by
-``module_state``, and the batch is dimension 0 of every tensor.
+``[B, H]``), so such a forward is run a row at a time (``steps_apart``); its multi-token forward takes rows together.
+Both kinds of family are found by ``module_state``, and the batch is dimension 0 of every tensor.
 """
 
 from __future__ import annotations

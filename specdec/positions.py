@@ -1,4 +1,5 @@
-"""Positions from one rule for every model: 0-based, counted in each row's live tokens, given the way its family reads them.
+"""Positions from one rule for every model: 0-based, counted in each row's live tokens, given the way its family reads
+them.
 
 A token's position is the number of live tokens before it in its row (``RaggedCache``: dead slots,
 left padding and rejected drafts, are not counted), which is what ``generate`` gives a row decoded
@@ -23,7 +24,8 @@ forward (holes or not, so a batch of one and a batch of many take the same path)
   sinusoids, ``embed_positions(inputs_embeds, past_length, position_ids)``): a forward hook calls it
   again for each row with that row's positions.
 - T5's relative position bias: the ``compute_bias`` of the self-attention layers that hold one (T5:
-  the first; UMT5: each) computed from the per-row positions of queries and keys ([B, heads, q, k], which broadcasts where T5 adds it).
+  the first; UMT5: each) computed from the per-row positions of queries and keys ([B, heads, q, k], which broadcasts
+  where T5 adds it).
 
 A model with none of these computes positions its own way: it is decoded without holes only
 (``supported`` False; batches of one prompt).
@@ -77,7 +79,8 @@ class Positions:
             self.needs_keys = True
         elif encoder_decoder and "decoder_position_ids" in inspect.signature(model.forward).parameters:
             self.argument = True  # T5Gemma 2: its decoder reads them
-        else:  # positions of its own (from the mask, like ALiBi, or none): the self-check tells whether holes shift them
+        else:  # positions of its own (from the mask, like ALiBi, or none): the
+               # self-check tells whether holes shift them
             self.supported = False
             self.loose = any(p.kind is inspect.Parameter.VAR_KEYWORD  # EncoderDecoderModel: decoder_* to its decoder
                              for p in inspect.signature(model.forward).parameters.values())

@@ -108,7 +108,8 @@ class GenerationSettings:
     """What decided a call's tokens besides the logits, and where each setting came from."""
 
     sampling: SamplingConfig  # the sampling in force (temperature 0 = greedy)
-    sources: dict[str, str]  # temperature / top_k / top_p / do_sample -> user, generation_config, transformers default, specdec default
+    sources: dict[str, str]  # temperature / top_k / top_p / do_sample -> user,
+                             # generation_config, transformers default, specdec default
     processors: tuple[str, ...] = ()  # "ClassName (field)" of each processor applied per position, in order
     generation_config: bool = True  # False: ignore_generation_config (decoded raw)
 
@@ -211,7 +212,8 @@ def _sampling(model: PreTrainedModel, prepared: GenerationConfig | None, given: 
             sources[name] = GENERATION_CONFIG if explicit else TRANSFORMERS_DEFAULT
         else:
             values[name], sources[name] = getattr(SamplingConfig, name), SPECDEC_DEFAULT
-    sources["do_sample"] = USER if given["temperature"] is not None else GENERATION_CONFIG if samples else SPECDEC_DEFAULT
+    sources["do_sample"] = (USER if given["temperature"] is not None
+                            else GENERATION_CONFIG if samples else SPECDEC_DEFAULT)
     return SamplingConfig(**values, seed=seed, ignore_generation_config=ignore), sources
 
 
@@ -283,7 +285,8 @@ class RowProcessors(LogitsProcessorList):
         return scores
 
 
-Rows = list[tuple[torch.Tensor | None, RowProcessors | None]]  # per row: (committed tokens [C], processors) or (None, None)
+Rows = list[tuple[torch.Tensor | None, RowProcessors | None]]  # per row: (committed tokens [C],
+                                                               # processors) or (None, None)
 
 
 def round_rows(rows: list[tuple[list[int], LogitsProcessorList | None]], device: torch.device | str) -> Rows:

@@ -3,7 +3,8 @@ which calls ``specdec.quantized.quantize``."""
 
 from __future__ import annotations
 
-GROUP_SIZES = (32, 64, 128)  # int4's choices of input columns per scale: specdec.quantized.GROUP_SIZES (torch-free here)
+GROUP_SIZES = (32, 64, 128)  # int4's choices of input columns per scale:
+                             # specdec.quantized.GROUP_SIZES (torch-free here)
 
 
 def register(subparsers) -> None:
@@ -40,6 +41,7 @@ def _run(args) -> int:
     figures = quantize(path, args.to, args.out, args.group_size, args.quantize_embeddings, args.quantize_head,
                        torch.float32 if args.dtype == "fp32" else torch.bfloat16, args.prompts, args.tokens)
     a = figures["agreement"]
-    print(f"wrote {args.out}: {figures['bytes'] / 2**20:.1f} MiB of weights ({figures['bytes'] / max(figures['source_bytes'], 1):.2f}x "
-          f"the source); greedy agreement {a['equal_prompts']}/{a['prompts']} prompts × {a['tokens']} tokens")
+    print(f"wrote {args.out}: {figures['bytes'] / 2**20:.1f} MiB of weights "
+          f"({figures['bytes'] / max(figures['source_bytes'], 1):.2f}x the source); greedy agreement "
+          f"{a['equal_prompts']}/{a['prompts']} prompts × {a['tokens']} tokens")
     return 0

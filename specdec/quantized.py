@@ -298,6 +298,7 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
 def card(figures: dict) -> str:
     a = figures["agreement"]
     size, src = figures["bytes"], figures["source_bytes"]
+    ratio = size / max(src, 1)
     scheme = ("int8 weight-only, one scale per output channel" if figures["to"] == "int8"
               else f"int4 weight-only, symmetric, one scale per {figures['group_size']} input columns")
     return f"""# {Path(figures['source']).name}, {figures['to']}
@@ -310,7 +311,7 @@ saved as safetensors. Input embeddings {'quantized' if figures['embeddings'] els
 | | bytes of weights on disk |
 |---|---|
 | this folder | {size:,} ({size / 2**20:.1f} MiB) |
-| the source (stored {figures['source_dtype']}) | {src:,} ({src / 2**20:.1f} MiB); this folder is {size / max(src, 1):.2f}x |
+| the source (stored {figures['source_dtype']}) | {src:,} ({src / 2**20:.1f} MiB); this folder is {ratio:.2f}x |
 
 Greedy agreement with the unquantized model (`generate`, {figures['dtype']}), on {a['prompts']} {a['source']}
 × {a['tokens']} new tokens each: **{a['equal_prompts']} of {a['prompts']} prompts** equal in all {a['tokens']}

@@ -119,7 +119,8 @@ States = dict[tuple[int, str, int], torch.Tensor]
 
 
 def read_states(cache: Cache, clone: bool = False) -> States:
-    """The initialised states of ``cache``'s linear-attention layers and of its own state list (cloned: a checkpoint)."""
+    """The initialised states of ``cache``'s linear-attention layers and of its own state list (cloned: a
+    checkpoint)."""
     states = {}
     for number, layer in enumerate(_state_layers(cache)):
         for kind in KINDS:
@@ -251,8 +252,9 @@ class RecurrentCache(RaggedCache):
             write_states(self.cache, self.held.collect(out))
         if not read_states(self.cache):  # the forward wrote no state into the cache: it keeps it elsewhere
             state = ", ".join(sorted({type(layer).__name__ for layer in _state_layers(self.cache)}))
-            raise TypeError(f"{type(self.model).__name__} keeps its recurrent state outside the transformers Cache (its "
-                            f"{state} layers stay empty after a forward: the state lives on its modules), so specdec "
+            raise TypeError(f"{type(self.model).__name__} keeps its recurrent state outside the transformers Cache "
+                            f"(its {state} layers stay empty after a forward: the state lives on its modules), so "
+                            "specdec "
                             "cannot checkpoint it or roll it back after a rejected draft (specdec.module_state "
                             f"carries it only for the families it names). {INSTEAD}")
         self._count(self.slots + input_ids.shape[1])

@@ -69,7 +69,8 @@ class Schedule(ABC):
 
     @abstractmethod
     def plan(self, rows: int, device: torch.device | str) -> DraftPlan:
-        """The plan of the coming round for ``rows`` rows (its limits on the host; a stop rule's state on ``device``)."""
+        """The plan of the coming round for ``rows`` rows (its limits on the host; a stop rule's state on
+        ``device``)."""
 
     def update(self, proposal: Proposal, verdict: Verdict) -> None:
         """Learn from a round's drafts and their verdict."""
@@ -235,7 +236,8 @@ class _AdaStop:
 class Ada(Bounded, Schedule):
     """SpecDec++: draft while the acceptance head predicts the drafts will all be accepted."""
 
-    def __init__(self, accept: Callable[[torch.Tensor], torch.Tensor], threshold: float, bound: tuple[int, int]) -> None:
+    def __init__(self, accept: Callable[[torch.Tensor], torch.Tensor], threshold: float,
+                 bound: tuple[int, int]) -> None:
         self.accept = accept  # hidden [B, H] -> P(accept) [B]
         self.threshold = threshold
         self.low, self.high = bound
@@ -331,7 +333,8 @@ class Crossover(Schedule, Listener):
         self.width: dict[int, int | None] = {}  # bucket -> the width kept (0: plain)
         self._trials: dict[int, dict[int | None, list[float]]] = {}  # bucket -> width -> [rounds, tokens, seconds]
         self._racing: dict[int, list[int | None]] = {}  # bucket -> the widths its trial still measures
-        self._like: dict[int, int] = {}  # bucket -> the smaller bucket whose plain decoding it follows (``_plain_below``)
+        self._like: dict[int, int] = {}  # bucket -> the smaller bucket whose plain
+                                         # decoding it follows (``_plain_below``)
         self._rechecking: dict[int, int | None] = {}  # bucket -> the width it kept before its recheck, while rechecked
         self._kept: dict[int, int] = {}  # bucket -> rounds run on its current choice
         self._turn: dict[int, int | None] = {}  # bucket -> the width measuring now

@@ -52,7 +52,8 @@ def decoder_start_id(model: PreTrainedModel) -> int:
             start = getattr(config, name, None)
             if start is not None:
                 return int(start)
-    raise ValueError(f"{type(model).__name__} declares no decoder_start_token_id (nor bos_token_id): set it in its config")
+    raise ValueError(f"{type(model).__name__} declares no decoder_start_token_id (nor bos_token_id): "
+                     "set it in its config")
 
 
 def source_limit(model: PreTrainedModel) -> int | None:

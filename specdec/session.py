@@ -175,13 +175,15 @@ class Session:
 
     def generate(self, prompt_ids: list[int] | list[list[int]], settings: Settings,
                  on_round: Callable[[RoundEvent], None] | None = None,
-                 on_result: Callable[[GenerationResult], None] | None = None) -> GenerationResult | list[GenerationResult]:
+                 on_result: Callable[[GenerationResult], None] | None = None
+                 ) -> GenerationResult | list[GenerationResult]:
         """Decode one prompt's ids (or a list of them) in ``settings.mode`` (speculative, target or drafter)."""
         from specdec import decode
 
         batch = bool(prompt_ids) and isinstance(prompt_ids[0], list)
         self.compile(settings.mode, settings.spec, settings.schedule, prompts=len(prompt_ids) if batch else 1)
-        sampling = {k: None if k in settings.from_model else v for k, v in dataclasses.asdict(settings.sampling).items()}
+        sampling = {k: None if k in settings.from_model else v
+                    for k, v in dataclasses.asdict(settings.sampling).items()}
         kwargs = dict(
             max_new_tokens=settings.spec.max_new_tokens,
             **sampling,

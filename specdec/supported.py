@@ -1,6 +1,7 @@
-"""The transformers and torch releases specdec runs on, checked when ``specdec`` is first imported (``specdec/__init__.py``),
-from the installed distribution's version, before any module of specdec imports transformers (so that no torch is
-imported for it, and an older release is named, not met as ``cannot import name 'DummyLayer'`` deep in an import).
+"""The transformers and torch releases specdec runs on, checked when ``specdec`` is first imported
+(``specdec/__init__.py``), from the installed distribution's version, before any module of specdec imports transformers
+(so that no torch is imported for it, and an older release is named, not met as ``cannot import name 'DummyLayer'`` deep
+in an import).
 
 Only releases known not to work are refused, each by name with the install command that fixes it:
 - transformers before 5.23 lacks cache classes specdec reads (``DummyLayer``: 5.17-5.22 fail at import). 5.24 renamed
@@ -39,8 +40,8 @@ def check_torch(version: str) -> None:
     """Raise a clear ImportError for a torch ``version`` that specdec's transformers does not run with."""
     if _release(version) < FIRST_TORCH:
         raise ImportError(f"torch {version} is installed, but specdec needs torch >= {'.'.join(map(str, FIRST_TORCH))} "
-                          "(transformers 5.23 disables torch < 2.6, and torch 2.6-2.7 cannot compile its models). Install "
-                          f"a supported one: {INSTALL_TORCH}")
+                          "(transformers 5.23 disables torch < 2.6, and torch 2.6-2.7 cannot compile its models). "
+                          f"Install a supported one: {INSTALL_TORCH}")
 
 
 def installed(name: str) -> str | None:

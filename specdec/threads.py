@@ -146,7 +146,8 @@ def physical_cores() -> int:
     for cpu in _cpus():
         topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
         except OSError:
             cores.add(("cpu", str(cpu)))
     return min(len(cores), usable_cores())

@@ -320,7 +320,8 @@ def drive_alike(static, reference, slots: int, join: Callable[[random.Random], N
             static.keep(keep)
             reference.keep(keep)
             compactions += static.used < before - n  # the pointer fell back past this step's slots
-            if step % 9 == 4 and static.rows > 1:  # a row leaves: the rest in order, as the decoder moves them, or mixed
+            if step % 9 == 4 and static.rows > 1:  # a row leaves: the rest in order, as
+                                                   # the decoder moves them, or mixed
                 stay = sorted(rng.sample(range(static.rows), static.rows - 1))
                 how = step // 9 % 3  # not drawn from rng: the joins and steps after stay those of before
                 order = stay if how == 0 else kept_order([i not in stay for i in range(static.rows)]) if how == 1 else \

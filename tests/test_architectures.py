@@ -26,10 +26,11 @@ Tiny random models built from each architecture's config (``AutoConfig.for_model
   self-check finds it by itself); the serving engine likewise, saying so at start; a cache driven directly
   with two such rows refuses them by name.
 - Refused before decoding, naming the class and the reason: state outside the cache (XLNet, XLM,
-  RWKV with its ``ARGUMENT_STATES`` entry removed) or no cache (OpenAI GPT), a generate that depends on how tokens are fed (Moshi), hybrid cache layers holding recurrent state (Falcon-H1), a cached
-  path that disagrees with the model's own one-pass forward (FSMT, whose cached decoder drops its
-  causal mask, and a model made to disagree) or fails inside transformers (ProphetNet). The self-check is
-  skipped for known-good families (the shipped Llama's start-up makes no extra forward).
+  RWKV with its ``ARGUMENT_STATES`` entry removed) or no cache (OpenAI GPT), a generate that depends on how tokens are
+  fed (Moshi), hybrid cache layers holding recurrent state (Falcon-H1), a cached path that disagrees with the model's
+  own one-pass forward (FSMT, whose cached decoder drops its causal mask, and a model made to disagree) or fails inside
+  transformers (ProphetNet). The self-check is skipped for known-good families (the shipped Llama's start-up makes no
+  extra forward).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                                    "initializer_range": 0.3}),
     "mistral": ("mistral", False, {**DECODER, "sliding_window": 6}),
     "gemma2": ("gemma2", False, {**DECODER, "sliding_window": 6, "head_dim": 8, "query_pre_attn_scalar": 8}),
-    "llama4_text": ("llama4_text", False, {**DECODER, "intermediate_size_mlp": 64, "head_dim": 8, "num_local_experts": 2,
+    "llama4_text": ("llama4_text", False, {**DECODER, "intermediate_size_mlp": 64, "head_dim": 8,
+                                           "num_local_experts": 2,
                                            "attention_chunk_size": 4}),
     "xlnet": ("xlnet", False, {"d_model": 32, "n_layer": 2, "n_head": 4, "d_inner": 64}),
     "rwkv": ("rwkv", False, {"hidden_size": 32, "attention_hidden_size": 32, "intermediate_size": 64,
@@ -118,7 +120,8 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
     "xlm": ("xlm", False, {"emb_dim": 32, "n_layers": 2, "n_heads": 4, "max_position_embeddings": 256}),
     "falcon_h1": ("falcon_h1", False, {**DECODER, "mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_d_head": 8,
                                        "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}),
-    "gemma3n_text": ("gemma3n_text", False, {**DECODER, "head_dim": 8, "num_hidden_layers": 4, "num_kv_shared_layers": 2,
+    "gemma3n_text": ("gemma3n_text", False, {**DECODER, "head_dim": 8, "num_hidden_layers": 4,
+                                             "num_kv_shared_layers": 2,
                                              "layer_types": ["sliding_attention", "full_attention"] * 2,
                                              "sliding_window": 6, "intermediate_size": [64] * 4,
                                              "activation_sparsity_pattern": [0.0] * 4, "laurel_rank": 8,
@@ -143,7 +146,8 @@ CONFIGS: dict[str, tuple[str, bool, dict]] = {
                            "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                                              "num_attention_heads": 4, "image_size": 32, "patch_size": 16}}),
 }
-EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5", "mpt",
+EXACT = ["roberta", "xlm-roberta", "bart", "pegasus", "trocr", "switch_transformers", "m2m_100", "pegasus_x", "umt5",
+         "mpt",
          "led", "git"]
 LENGTHS = (1, 7, 23, 12, 3)  # prompt lengths of the ragged batch
 NEW = 14  # new tokens per prompt
@@ -399,7 +403,8 @@ def test_recurrent_state_kept_on_unregistered_modules_is_refused_by_name(monkeyp
     drafter), naming the class and where the state lives. Registered, it decodes exactly (tests/test_recurrent.py)."""
     monkeypatch.delitem(MODULE_STATES, "recurrent_gemma")
     target = build("recurrent_gemma")
-    reason = r"RecurrentGemmaForCausalLM keeps its recurrent state outside the transformers Cache .* lives on its modules"
+    reason = (r"RecurrentGemmaForCausalLM keeps its recurrent state outside the transformers Cache .* "
+              r"lives on its modules")
     with pytest.raises(ValueError, match=reason) as refused:
         specdec.speculative_generate(target, "ngram", prompts()[2], max_new_tokens=4, stop_token_ids=[])
     assert str(refused.value).count(INSTEAD) == 1  # raised inside the self-check: its fix said once
@@ -435,7 +440,8 @@ def test_roformer_rows_decode_one_at_a_time_exact_greedy_and_seeded(monkeypatch)
             assert specdec.speculative_generate(target, noisy_copy(target), prompt, max_new_tokens=NEW, gamma=gamma,
                                                 stop_token_ids=[]).tokens == reference
     assert_row_by_row(target, noisy_copy(target), rows, references,
-                      r"RoFormerForCausalLM decodes rows one at a time: its rotary positions are the cache's slot count")
+                      r"RoFormerForCausalLM decodes rows one at a time: its rotary positions are the cache's "
+                      r"slot count")
     sampled = {"max_new_tokens": NEW, "temperature": 1.0, "seed": 5, "stop_token_ids": []}
     with pytest.warns(UserWarning, match="decodes rows one at a time"):
         batch = specdec.speculative_generate(target, noisy_copy(target), rows[:3], batch_size=3, **sampled)
@@ -607,7 +613,8 @@ def test_only_a_transformers_release_known_not_to_work_is_refused_by_name_with_t
     for version in ("5.23.0", "5.24.0", "5.25.0", "5.26.0.dev0"):
         check_transformers(version)
     for version in ("5.17.0", "5.22.1", "4.57.0"):
-        with pytest.raises(ImportError, match=r"transformers .* needs transformers >= 5\.23 .*pip install -U 'transformers>=5"):
+        with pytest.raises(ImportError, match=r"transformers .* needs transformers >= 5\.23 .*pip install -U "
+                                              r"'transformers>=5"):
             check_transformers(version)
 
 

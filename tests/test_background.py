@@ -185,7 +185,8 @@ def test_a_failed_compile_leaves_the_server_eager_and_says_why(pair, tmp_path, c
     assert engine._switching()
     engine._switch()  # as the worker does with no row in flight
     assert engine.beside is None and not engine._switching() and compiled_for(target.model) is None
-    assert beside.description["compile"] == "auto: the compile beside serving failed (inductor: no C++ compiler found); eager"
+    assert beside.description["compile"] == ("auto: the compile beside serving failed "
+                                             "(inductor: no C++ compiler found); eager")
     assert "the compile beside serving failed after" in capsys.readouterr().err
     assert not beside.log.exists()
 

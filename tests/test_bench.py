@@ -183,7 +183,8 @@ def test_full_run_records_and_figures(full_report) -> None:
     assert spec_record.spec_time == spec_record.wall_time_s and spec_record.target_time is None
     assert spec_record.num_mismatched_tokens == spec_record.drafted - spec_record.accepted
     plain_record = run.blocks[0].records[0]
-    assert plain_record.target_time is not None and plain_record.generated_length_target == plain_record.generated_length
+    assert (plain_record.target_time is not None
+            and plain_record.generated_length_target == plain_record.generated_length)
     assert plain_record.num_LM_call == plain_record.generated_length  # plain-hf: one forward per token
     # greedy: every method reproduces plain-hf token for token, on every prompt
     assert all(r.greedy_equal == r.greedy_total == 2 for r in rows)
@@ -326,7 +327,8 @@ def test_speedup_without_loops_leaves_out_the_looping_prompts(pair: tuple[Path, 
     speed = {(BASELINE, "p0"): 10.0, (BASELINE, "p1"): 10.0, ("plain", "p0"): 40.0, ("plain", "p1"): 15.0}
     for block in run.blocks:  # p0's plain-hf output loops; plain is fast there, less so on p1
         block.records = [
-            replace(r, tokens=loop if r.prompt_id == "p0" else fresh, tokens_per_s=speed[block.runner.name, r.prompt_id])
+            replace(r, tokens=loop if r.prompt_id == "p0" else fresh,
+                    tokens_per_s=speed[block.runner.name, r.prompt_id])
             for r in block.records
         ]
     report = build_report(run)
@@ -421,7 +423,8 @@ def test_the_cpu_is_described_by_the_features_that_decide_its_kernels() -> None:
              "model name\t: Intel(R) Xeon(R) Processor @ 2.50GHz\nstepping\t: {stepping}\nflags\t\t: {flags}\n\n")
     cascade = "fpu sse2 avx2 avx512f avx512_vnni"
     sapphire = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
-    one = block.format(n=0, model=85, stepping=7, flags=cascade) + block.format(n=1, model=85, stepping=7, flags=cascade)
+    one = (block.format(n=0, model=85, stepping=7, flags=cascade)
+           + block.format(n=1, model=85, stepping=7, flags=cascade))
     other = block.format(n=0, model=143, stepping=8, flags=sapphire)
     assert cpu_description(one) == "Intel(R) Xeon(R) Processor @ 2.50GHz; 6/85/7; avx2 avx512f avx512_vnni"
     assert cpu_description(other) == ("Intel(R) Xeon(R) Processor @ 2.50GHz; 6/143/8; avx2 avx512f avx512_vnni "

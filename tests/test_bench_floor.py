@@ -314,7 +314,8 @@ def test_a_llama_cpp_crash_is_caught_in_a_child_and_its_extra_buffers_left_out(t
 def test_llamacpp_gives_generates_tokens_or_is_refused(pair) -> None:
     config = _config(pair, methods=("plain-hf",), peers=("llamacpp",), repeats=1)
     if any(importlib.util.find_spec(m) is None for m in ("llama_cpp", "gguf", "sentencepiece")):
-        with pytest.raises(ValueError, match=r"peer 'llamacpp' needs .*pip install .*\(or pip install 'specdec\[peers\]'\)"):
+        with pytest.raises(ValueError, match=r"peer 'llamacpp' needs .*pip install .*\(or pip install "
+                                             r"'specdec\[peers\]'\)"):
             run_benchmark(config)
         return
     report = build_report(run_benchmark(config))

@@ -288,7 +288,8 @@ def test_ctranslate2_conversion_gives_generates_tokens(pair, layout):
     else:  # the start token (pad, 0) has a vector of its own, as the shipped translate-target's trained one
         assert target.config.decoder_start_token_id == target.config.pad_token_id == 0
         with torch.no_grad():
-            target.get_input_embeddings().weight[0] = torch.randn(target.config.d_model, generator=torch.Generator().manual_seed(1))
+            target.get_input_embeddings().weight[0] = torch.randn(target.config.d_model,
+                                                                  generator=torch.Generator().manual_seed(1))
     assert target.final_logits_bias.abs().sum() > 0  # the eos bias the fixture sets: converted too
     sources = [tokenizer(p["src"])["input_ids"] for p in sample_pairs(data, "test", 0, 0)]
     translator = ctranslate2_seq2seq.CTranslate2Translator(target, tokenizer, threads=1)

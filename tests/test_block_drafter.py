@@ -41,7 +41,8 @@ V = 40  # vocabulary of the tiny models
 
 
 def tiny_drafter(seed: int = 0, **kw) -> BlockDrafterModel:
-    settings = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    settings = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4,
                     "max_position_embeddings": 128, "pad_token_id": 0, "max_block_size": 6, "tie_word_embeddings": True,
                     "initializer_range": 0.3}
     settings.update(kw)

@@ -73,7 +73,8 @@ def test_factory_names_block_and_lookup_block_decode_exactly(target, references,
 
 def _committed_rounds(target, drafter: BlockDrafter, rounds: int, seed: int) -> tuple[list[list[int]], list]:
     """Run ``rounds`` rounds on PROMPTS with made-up verdicts (accepted counts and next tokens drawn at
-    random), some followed by tokens another drafter proposed; return each row's committed tokens and the last proposal's q [B, k, V]."""
+    random), some followed by tokens another drafter proposed; return each row's committed tokens and the last
+    proposal's q [B, k, V]."""
     gen = torch.Generator().manual_seed(seed)
     drafter.prefill(PromptBatch.from_lists(PROMPTS, "cpu"))
     committed = [list(p) for p in PROMPTS]
@@ -154,7 +155,8 @@ def test_bad_input_is_refused_with_the_fix(target, tmp_path):
     # a schedule that may ask for more than the trained k is refused before any decoding, even behind lookup
     # and when the output would be too short to reach it
     calls = []
-    for drafter, schedule in ((BlockDrafter(block_model()), "constant"), (LookupDrafter(BlockDrafter(block_model())), "heuristic")):
+    for drafter, schedule in ((BlockDrafter(block_model()), "constant"),
+                              (LookupDrafter(BlockDrafter(block_model())), "heuristic")):
         drafter.prefill = lambda *a, **k: calls.append(a)  # type: ignore[method-assign]
         with pytest.raises(ValueError, match=r"ask for 9 drafted tokens per round.*at most 8.* 8 or less"):
             specdec.speculative_generate(target, drafter, PROMPTS[0], max_new_tokens=2, gamma=9,

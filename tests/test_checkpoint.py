@@ -256,7 +256,8 @@ def test_dropping_an_unfinished_record_line_killed_at_its_syscall_keeps_the_reco
     path.write_bytes(b'{"id": 1}\n{"id": 2}\n{"id": 3')
     code = ("import sys; from specdec.train.checkpoint import drop_unfinished_line; "
             "drop_unfinished_line(sys.argv[1]); print('not killed')")
-    done = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "-P", str(path), "-e", "trace=write,truncate,ftruncate",
+    done = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "-P", str(path), "-e",
+                           "trace=write,truncate,ftruncate",
                            "-e", "inject=write,truncate,ftruncate:signal=KILL", sys.executable, "-c", code, str(path)],
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)

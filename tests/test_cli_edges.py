@@ -81,7 +81,8 @@ def test_generate_help_names_every_drafter_and_shipped_model(capsys, monkeypatch
     names = [*DRAFTERS, BLOCK, f"{BLOCK}:PATH", f"{LOOKUP}NAME", *SHIPPED_DRAFTERS]
     assert [name for name in names if name not in drafter] == []
     assert all(name in flag_help(text, "--target") for name in SHIPPED_TARGETS)
-    shipped = {p.name for p in models_dir().iterdir() if (p / "config.json").is_file()} if models_dir().is_dir() else set()
+    shipped = {p.name for p in models_dir().iterdir()
+               if (p / "config.json").is_file()} if models_dir().is_dir() else set()
     assert shipped <= set(SHIPPED_MODELS)  # every shipped model folder is one the help names
 
 
@@ -163,7 +164,8 @@ def test_another_target_without_a_drafter_is_told_the_default_drafter_and_ngram(
     says the drafter was the default and names --drafter ngram (issue 67)."""
     assert cli.main(["generate", PROMPT, "--target", str(pair.target), "--max-new-tokens", "2"]) == 2
     err = one_line(capsys.readouterr().err)
-    assert "vocabulary" in err and "the drafter was the default, lookup+code-drafter" in err and "--drafter ngram" in err
+    assert ("vocabulary" in err and "the drafter was the default, lookup+code-drafter" in err
+            and "--drafter ngram" in err)
     assert cli.main(["generate", PROMPT, "--target", str(pair.target), "--drafter", "ngram", "--max-new-tokens",
                      "2"]) == 0
 

@@ -240,8 +240,8 @@ def test_a_catch_up_computes_the_logits_of_its_last_real_token_only():
     static.merge(prefilled_cache(model, batch, "cpu")[0])
     ragged.merge(prefilled_cache(model, batch, "cpu")[0])
     with torch.no_grad():
-        for n, valid, hidden in ((4, None, True), (3, None, False), (2, torch.tensor([[False, True], [True, True]]), True),
-                                 (1, None, False)):
+        for n, valid, hidden in ((4, None, True), (3, None, False),
+                                 (2, torch.tensor([[False, True], [True, True]]), True), (1, None, False)):
             ids = torch.randint(3, 96, (2, n))
             before = dict(step.calls)
             a = static.forward(ids, valid, output_hidden_states=hidden)
@@ -505,8 +505,8 @@ def test_a_second_start_loads_the_compiled_step_from_disk(tmp_path):
 
 @saved_steps
 def test_an_unusable_compile_cache_file_is_compiled_again(monkeypatch, tmp_path):
-    """A graph file written by another torch version, or corrupted, or one that fails to run, is not used: the step is compiled again
-    (said once), the file overwritten, and the next start loads it; the tokens stay generate's."""
+    """A graph file written by another torch version, or corrupted, or one that fails to run, is not used: the step is
+    compiled again (said once), the file overwritten, and the next start loads it; the tokens stay generate's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("SPECDEC_LINEAR", "off")  # the same traced linears in every model below
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)

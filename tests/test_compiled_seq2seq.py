@@ -1,4 +1,5 @@
-"""The compiled decode step of encoder-decoder models (specdec.compiled, its encoder-decoder part): exact against ``generate``.
+"""The compiled decode step of encoder-decoder models (specdec.compiled, its encoder-decoder part): exact against
+``generate``.
 
 Tiny random Marian and BART pairs (tests/test_seq2seq.py's: the drafter is the target with one decoder
 layer) and the shipped translate pair, compiled for a few buckets once per module: greedy output equals
@@ -251,7 +252,8 @@ def test_a_second_start_loads_the_compiled_decoder_step_from_disk(tmp_path):
         done = subprocess.run([sys.executable, "-c", SECOND_START, str(hooks), str(Path(__file__).parent), str(seed)],
                               env=env, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "could not be compiled" not in done.stderr and "compiling it again" not in done.stderr, done.stderr[-3000:]
+        assert ("could not be compiled" not in done.stderr
+                and "compiling it again" not in done.stderr), done.stderr[-3000:]
         runs.append(json.loads(done.stdout.splitlines()[-1]))
         target = build("marian", seed=seed)
         assert runs[-1]["tokens"] == [generate(target, s, NEW, []) for s in SOURCES]

@@ -132,7 +132,8 @@ def test_batched_sampling_keeps_each_rows_distribution(drafter_kind):
     setting = SETTINGS[1]
     target = build_toy(vocab_size=8, seed=0, scale=0.8)
     toy = build_toy(vocab_size=8, seed=1, scale=0.8)
-    drafter = toy if drafter_kind == "model" else specdec.LookupDrafter(toy, specdec.NgramConfig(min_ngram=1, num_tokens=3))
+    drafter = (toy if drafter_kind == "model"
+               else specdec.LookupDrafter(toy, specdec.NgramConfig(min_ngram=1, num_tokens=3)))
     n_new = 2
     index = {seq: i for i, seq in enumerate(itertools.product(range(8), repeat=n_new))}
     counts = np.zeros((len(BATCH_PROMPTS), len(index)), dtype=np.int64)

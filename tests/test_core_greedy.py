@@ -103,7 +103,8 @@ def test_default_stop_token_is_the_targets_eos():
         res = specdec.speculative_generate(target, agree, prompt, max_new_tokens=12)
         plain = specdec.autoregressive_generate(target, prompt, max_new_tokens=12)
         assert res.tokens[-1] == stop and res.tokens == plain.tokens and res.stop_reason == "stop_token"
-        assert len(specdec.speculative_generate(target, agree, prompt, max_new_tokens=12, stop_token_ids=[]).tokens) == 12
+        assert len(specdec.speculative_generate(target, agree, prompt, max_new_tokens=12,
+                                                stop_token_ids=[]).tokens) == 12
     finally:
         target.generation_config.eos_token_id = 2
 
@@ -171,8 +172,10 @@ def test_prompt_lookup_copies_the_latest_earlier_occurrence():
     assert plain.propose(torch.tensor([2, 2]), None).drafts() == [[], [4, 5]]  # row 1: 4 5 4 5 4 5
     assert plain.propose(torch.tensor([2, 0]), None).drafts() == [[], []]  # a limit of 0 proposes nothing
     loop = specdec.NgramDrafter(specdec.NgramConfig(num_tokens=7))
-    loop.prefill(PromptBatch.from_lists([[9, 3, 4, 3, 4]], "cpu"))  # "3 4" last seen 2 tokens back: the copy runs into the end
-    assert loop.propose(torch.tensor([1]), None).tokens.tolist() == [[3, 4, 3, 4, 3, 4, 3]]  # and goes on copying itself
+    loop.prefill(PromptBatch.from_lists([[9, 3, 4, 3, 4]], "cpu"))  # "3 4" last seen 2 tokens back:
+                                                                    # the copy runs into the end
+    assert loop.propose(torch.tensor([1]), None).tokens.tolist() == [[3, 4, 3, 4, 3, 4, 3]]  # and goes on copying
+                                                                                             # itself
 
 
 def test_lookup_copies_beyond_gamma_and_ends_at_max_new_tokens():

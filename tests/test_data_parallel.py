@@ -55,7 +55,8 @@ def _launch(launcher: str, *argv: str) -> str:
     else:
         # accelerate's --cpu starts one process (or mpirun); --multi_gpu starts N with torchrun's launcher, and
         # the trainer's CPU device makes them gloo processes
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines",
                "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1",
                "--main_process_port", port, *program]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -179,7 +180,8 @@ def test_two_processes_train_the_encoder_decoders_as_one(tmp_path):
                   eval_every=5, save_every=5, eval_pairs=8)  # tiny: no dropout
     quiet = {"log": lambda m: None}
     one = train_seq2seq(cfg, tmp_path / "one", **quiet)
-    _launch("torchrun", "train", "seq2seq", "--preset", "tiny", "--data", str(data), "--tokenizer", str(tmp_path / "tok"),
+    _launch("torchrun", "train", "seq2seq", "--preset", "tiny", "--data", str(data), "--tokenizer",
+            str(tmp_path / "tok"),
             "--batch-size", "6", "--max-steps", "10", "--eval-every", "5", "--save-every", "5", "--eval-pairs", "8",
             "--out", str(tmp_path / "two"))
     history = json.loads((one / "training.json").read_text())["state"]["history"]

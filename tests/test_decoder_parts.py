@@ -77,7 +77,8 @@ def test_the_figures_are_the_sums_of_the_events():
         mine = [p for p in heard.parts if p.stats is row.stats]
         assert len(mine) == row.stats.rounds and sum(p.emitted for p in mine) == len(row.tokens)
         assert sum(p.drafted for p in mine) == row.stats.drafted and sum(p.accepted for p in mine) == row.stats.accepted
-        assert row.stats.target_calls > row.stats.rounds or not row.request.max_new_tokens  # its prefill, and a verify a round
+        assert row.stats.target_calls > row.stats.rounds or not row.request.max_new_tokens  # its prefill, and a
+                                                                                            # verify a round
     assert batch.new_tokens == sum(len(r.tokens) for r in rows) == sum(p.emitted for p in heard.parts)
     assert batch.drafted == sum(r.stats.drafted for r in rows) and batch.accepted == sum(r.stats.accepted for r in rows)
     assert batch.row_rounds == len(heard.parts) and batch.max_rows == 3

@@ -148,7 +148,8 @@ def free_port() -> int:
 def test_readme_is_a_short_front_door_with_working_links():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     lines = text.count("\n")
-    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/ (at most {README_MAX_LINES})"
+    assert lines <= README_MAX_LINES, (f"README.md has {lines} lines; move detail into docs/ "
+                                       f"(at most {README_MAX_LINES})")
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
     assert links, "the README links into docs/"
     broken = [link for link in links if "://" not in link and not (ROOT / link).exists()]
@@ -157,7 +158,8 @@ def test_readme_is_a_short_front_door_with_working_links():
 
 def test_site_builds_strictly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          check=False, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+                          check=False, cwd=ROOT, capture_output=True, text=True, env={**os.environ,
+                                                                                      "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     site = tmp_path / "site"
     reference = (site / "reference" / "index.html").read_text(encoding="utf-8")

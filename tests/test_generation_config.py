@@ -304,8 +304,8 @@ def test_no_processor_means_no_extra_work(pairs, monkeypatch):
 
 def test_cli_reports_the_settings_and_ignores_the_config_when_asked(tmp_path):
     """``specdec generate``: a target whose generation_config.json sets a repetition penalty and sampling
-    decodes with them (the API's tokens, its drafter in the form the CLI picks), says so in --json and the summary; --ignore-generation-config
-    decodes raw."""
+    decodes with them (the API's tokens, its drafter in the form the CLI picks), says so in --json and the summary;
+    --ignore-generation-config decodes raw."""
     import json
     import os
     import subprocess

@@ -28,7 +28,8 @@ from specdec.data.gettext import (
     write_corpus,
 )
 
-HEADER = "Project-Id-Version: demo 1.0\nContent-Type: text/plain; charset={charset}\nPlural-Forms: nplurals=2; plural=(n != 1);\n"
+HEADER = ("Project-Id-Version: demo 1.0\nContent-Type: text/plain; charset={charset}\n"
+          "Plural-Forms: nplurals=2; plural=(n != 1);\n")
 
 
 def write_mo(path: Path, messages: list[dict], charset: str = "UTF-8", big_endian: bool = False,
@@ -210,7 +211,8 @@ def test_missing_catalogue_is_a_clear_error_and_exit_2(tmp_path, capsys):
 def test_cli_writes_the_corpus(tmp_path, capsys):
     status = main(["data", "gettext", "--out", str(tmp_path / "out"), "--locale-dir", str(_locale(tmp_path, 12))])
     assert status == 0
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"train.jsonl", "validation.jsonl", "test.jsonl", "CARD.md"}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"train.jsonl", "validation.jsonl", "test.jsonl",
+                                                              "CARD.md"}
     assert "train:" in capsys.readouterr().out
 
 

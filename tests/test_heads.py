@@ -246,7 +246,8 @@ def test_batched_build_equals_each_record_from_scratch(llama_pair, kind):
                 continue
             label = float(d[j] == p[j].argmax()) if kind == "greedy" else min(1.0, float(p[j, d[j]] / q[j, d[j]]))
             with torch.no_grad():  # the state at z_j, computed on the prefix alone
-                h = drafter(torch.tensor([r.prompt + z[: j + 1].tolist()]), output_hidden_states=True).hidden_states[-1][0, -1]
+                h = drafter(torch.tensor([r.prompt + z[: j + 1].tolist()]),
+                            output_hidden_states=True).hidden_states[-1][0, -1]
             assert int(out["record"][at]) == r.index and int(out["position"][at]) == j
             assert float(out["label"][at]) == pytest.approx(label, abs=1e-5)
             assert torch.allclose(out["hidden"][at].float(), h, atol=2e-3)

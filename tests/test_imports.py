@@ -3,13 +3,15 @@
 The circle test reads every module's imports with ``ast`` (at any depth: a function's own import
 counts too; ``if TYPE_CHECKING:`` blocks do not), adds the imports made by name (``specdec.cli``'s
 ``SUBCOMMANDS`` and the package's re-exports), and looks for a cycle. The start-up tests run the
-command line in a fresh interpreter and check that torch and transformers were never imported.
+command line in a fresh interpreter and check that torch and transformers were never imported. One more
+check of the source rides along: no line over pyproject's line length (ruff's E501, where ruff is installed).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -171,6 +173,14 @@ def test_no_module_of_the_compiled_path_is_over_its_length() -> None:
     lengths = {path.name: len(path.read_text().splitlines()) for path in (PACKAGE / "compiled").glob("*.py")}
     assert len(lengths) >= 6  # the package's modules, found
     assert {name: n for name, n in lengths.items() if n > COMPILED_LINES} == {}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is in the dev extra")
+def test_no_line_is_over_the_line_length() -> None:
+    """pyproject's ``line-length`` (E501), on the package, the tests and the benchmarks, as ruff reads it."""
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "E501", "--output-format", "concise",
+                           "specdec", "tests", "benchmarks"], cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
 
 
 def test_preparing_a_model_sets_nothing_on_it_and_keeps_it_alive_no_longer(tmp_path, monkeypatch) -> None:

@@ -264,12 +264,15 @@ def test_auto_chooses_the_kernel_of_few_rows_and_of_many_apart(few_pays, fastest
     assert _fresh_install(model, monkeypatch, "auto")
     layers = [m for m in model.modules() if kernels._ours(m)]
     assert layers and all((m._specdec_packed.few, m._specdec_packed.many) == (few_pays, fastest) for m in layers)
-    blocked = fastest == "blocked"  # the blocked kernel serves every row count (it reads its copy once whatever the rows)
+    blocked = fastest == "blocked"  # the blocked kernel serves every row count
+                                    # (it reads its copy once whatever the rows)
     assert kernels.describe(model) == ("specdec blocked, every row count" if blocked else
-                                       f"1-2 rows {'W @ x.T' if few_pays else 'torch'}, 3+ rows {kernels.NAMES[fastest]}")
+                                       f"1-2 rows {'W @ x.T' if few_pays else 'torch'}, 3+ rows "
+                                       f"{kernels.NAMES[fastest]}")
     calls: list[int] = []
     real = kernels._Packed.__call__
-    monkeypatch.setattr(kernels._Packed, "__call__", lambda self, rows, *a: calls.append(len(rows)) or real(self, rows, *a))
+    monkeypatch.setattr(kernels._Packed, "__call__", lambda self, rows, *a: calls.append(len(rows)) or real(self, rows,
+                                                                                                            *a))
     ids = torch.randint(3, 90, (1, 5))
     with torch.inference_mode(), kernels.active():
         one, five = model(ids[:, :1]).logits, model(ids).logits
@@ -288,7 +291,8 @@ def test_the_blocked_kernel_is_offered_only_to_models_that_stream_their_weights(
     the blocked kernel: the probe times only oneDNN's for many rows; a larger one is offered both."""
     _needs("blocked")
     timed: set[str | None] = set()
-    monkeypatch.setattr(kernels, "_pass_time", lambda layers, inputs, kernel: timed.add(kernel) or (0.5 if kernel else 1.0))
+    monkeypatch.setattr(kernels, "_pass_time", lambda layers, inputs, kernel: timed.add(kernel) or (0.5 if kernel
+                                                                                                    else 1.0))
     model = build_tiny("llama", seed=17, hidden=64)
     assert _fresh_install(model, monkeypatch, "auto")
     assert timed == {None, "few", "onednn"} and kernels.describe(model) == "1-2 rows W @ x.T, 3+ rows oneDNN prepacked"

@@ -244,7 +244,8 @@ def test_bad_prompts_are_one_line_errors_and_write_nothing(targets, tmp_path, ca
     gpt2, _ = targets["gpt2"]
     out = tmp_path / "out.jsonl"
     data = ["data", "outputs", "--out", str(out), "--max-new-tokens", "4"]
-    files = {"empty.txt": b"\n  \n", "binary.txt": b"\x00\x01\xff\xfe", "lacking.jsonl": b'{"prompt": "a"}\n{"text": "b"}\n',
+    files = {"empty.txt": b"\n  \n", "binary.txt": b"\x00\x01\xff\xfe",
+             "lacking.jsonl": b'{"prompt": "a"}\n{"text": "b"}\n',
              "messages.jsonl": b'{"messages": [{"role": "user", "content": "hi"}]}\n'}
     for name, content in files.items():
         (tmp_path / name).write_bytes(content)

@@ -6,9 +6,9 @@ beside attention), MiniMax (lightning attention, its state in its own MiniMaxCac
 (convolution states beside sliding-window keys, window 4, and beside full-attention keys) and RecurrentGemma
 (RG-LRU blocks beside local attention, its state kept on its modules and carried by each cache:
 ``specdec.module_state``), RWKV and xLSTM (recurrent only, their state a forward argument: ``state``, an
-``xLSTMCache`` as ``cache_params``; held by each cache and handed to every forward). Mamba's, Jamba's and RecurrentGemma's multi-token cached forward is wrong in
-transformers (the scan, or the convolution, restarts from zero), so they are fed one token at a time once
-they hold state; the others verify in one forward and replay after a rejection.
+``xLSTMCache`` as ``cache_params``; held by each cache and handed to every forward). Mamba's, Jamba's and
+RecurrentGemma's multi-token cached forward is wrong in transformers (the scan, or the convolution, restarts from zero),
+so they are fed one token at a time once they hold state; the others verify in one forward and replay after a rejection.
 
 - Greedy: speculative output equals the model's own ``generate`` for one prompt and for a ragged
   batch of 5 (batches of 3: rows finish early at a stop token, others join), gamma 1 and 4, with
@@ -79,7 +79,8 @@ CONFIGS = {  # model type -> its own settings, small enough to build in millisec
     "lfm2": {"intermediate_size": 64, "block_ff_dim": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
              "layer_types": ["conv", "full_attention"]},
     "zamba2": {"layers_block_type": ["linear_attention", "hybrid"], "hybrid_layer_ids": [1],
-               "attention_hidden_size": 64, "attention_head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 4,
+               "attention_hidden_size": 64, "attention_head_dim": 16, "num_attention_heads": 4,
+               "num_key_value_heads": 4,
                "intermediate_size": 64, "mamba_headdim": 8, "n_mamba_heads": 8, "mamba_d_state": 8},
     "qwen3_next": {"intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
                    "layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 2,
@@ -96,7 +97,8 @@ CONFIGS = {  # model type -> its own settings, small enough to build in millisec
                 "layer_types": ["linear_attention", "full_attention"]},
     # Inkling: convolution states beside sliding-window keys (window 4) in one layer, and beside full-attention keys
     "inkling_text": {**INKLING, "intermediate_size": 64},
-    # its head's width is its own setting (transformers >= 5.24 sizes the head by it, default 200058, not the vocabulary)
+    # its head's width is its own setting (transformers >= 5.24 sizes the head by
+    # it, default 200058, not the vocabulary)
     "inkling2_text": {**INKLING, "unpadded_vocab_size": 96},
     # state passed as a forward argument (specdec.module_state.ARGUMENT_STATES): RWKV's `state` list, xLSTM's
     # xLSTMCache; xLSTM's config rounds its qk dims up to 64 and its layers do not: equal at width 64 only

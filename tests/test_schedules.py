@@ -394,7 +394,8 @@ def test_crossover_measures_again_and_follows_a_change():
 
 
 def _race(auto: Crossover, clock: FakeClock, rows: int, n: int, speed: dict) -> list[int | None]:
-    """``n`` rounds of ``rows`` rows, each width's round committing ``speed[width]`` tokens in 0.01 s: the widths run."""
+    """``n`` rounds of ``rows`` rows, each width's round committing ``speed[width]`` tokens in 0.01 s: the widths
+    run."""
     widths = []
     for _ in range(n):
         width = auto.plan(rows, "cpu").width
@@ -416,7 +417,8 @@ def test_crossover_stops_measuring_a_width_that_lost_by_far():
     assert None not in widths[8:] and auto.width == {4: 0}  # then uncapped no more; plain is kept
     assert [widths[8:20].count(w) for w in (2, 1, 0)] == [4, 4, 4] and widths[20] == 0
     [choice] = auto.choices()
-    assert choice.speculate == "off" and (choice.plain_tokens_per_s, choice.draft_tokens_per_s) == pytest.approx((1600, 1500))
+    assert choice.speculate == "off" and (choice.plain_tokens_per_s, choice.draft_tokens_per_s) == pytest.approx((1600,
+                                                                                                                  1500))
     assert _speeds(auto._trials[4])[None] == pytest.approx(500)  # its block's figure kept
     with pytest.raises(ValueError, match="include 0"):
         Crossover(Constant(4), widths=(None, 2), drop=0.5)

@@ -215,7 +215,8 @@ def test_bad_sources_and_mixed_kinds_are_refused():
     target, agree, _ = pair("marian")
     with pytest.raises(ValueError, match="the source is empty"):
         specdec.speculative_generate(target, agree, [], max_new_tokens=3)
-    with pytest.raises(ValueError, match="source 1 has 200 tokens but the encoder's positions hold 128: shorten it by 72"):
+    with pytest.raises(ValueError, match="source 1 has 200 tokens but the encoder's positions hold 128: shorten it by "
+                                         "72"):
         specdec.speculative_generate(target, agree, [[5, 6], [7] * 200], max_new_tokens=3)
     from conftest import build_tiny
 

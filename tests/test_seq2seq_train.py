@@ -122,7 +122,8 @@ def test_distillation_reads_translations_and_refuses_a_foreign_file(setup, tmp_p
     examples = load_examples(kd, tok, "train")
     records = read_translations(path)
     kept = [i for i in range(160) if 1 < len(records[i]["ids"]) <= cfg.max_tokens]
-    assert [e.tgt for e in examples] == [records[i]["ids"] for i in kept if len(tok(records[i]["src"])["input_ids"]) <= cfg.max_tokens]
+    assert [e.tgt for e in examples] == [records[i]["ids"] for i in kept
+                                         if len(tok(records[i]["src"])["input_ids"]) <= cfg.max_tokens]
     lines = path.read_text(encoding="utf-8").splitlines()
     partial = tmp_path / "partial.jsonl"  # a file still being written: only what it holds is used
     partial.write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")

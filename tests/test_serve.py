@@ -2,8 +2,8 @@
 
 One server runs for the module: the real command (`python -m specdec serve`) in a subprocess on a
 free loopback port, over the tiny pair of `tiny_models` (drafter `lookup+<tiny drafter>`, batch
-size 3, the heuristic schedule, an API key), driven by the official `openai` client and by raw HTTP. References come from
-the same code path as `specdec generate` (`session.Session.generate`) in this process, each prompt
+size 3, the heuristic schedule, an API key), driven by the official `openai` client and by raw HTTP. References come
+from the same code path as `specdec generate` (`session.Session.generate`) in this process, each prompt
 decoded alone, and once from the `specdec generate --json` command itself:
 
 - completion and chat, streaming and not, equal to the reference at temperature 0 (text and token
@@ -982,7 +982,8 @@ def test_bench_serve_runs_every_cell_and_checks_greedy_equality(pair, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:3])))
     config = BenchConfig(target=str(pair.target), drafter=str(pair.drafter), serve=True, clients=(1, 2),
-                         speculate=("off", "on", "auto"), prompts=str(prompts), num_prompts=3, max_new_tokens=6, repeats=2,
+                         speculate=("off", "on", "auto"), prompts=str(prompts), num_prompts=3, max_new_tokens=6,
+                         repeats=2,
                          warmup=1, progress=False, device="cpu", output=str(tmp_path))
     run = run_serve_bench(config)
     assert sorted((c.mode, c.clients) for c in run.cells) == [("auto", 1), ("auto", 2), ("off", 1), ("off", 2),

@@ -303,7 +303,8 @@ REFUSED = [  # (path, extra body, param, code)
 ]
 
 
-@pytest.mark.parametrize(("path", "extra", "param", "code"), REFUSED, ids=[f"{i}-{r[2]}" for i, r in enumerate(REFUSED)])
+@pytest.mark.parametrize(("path", "extra", "param", "code"), REFUSED, ids=[f"{i}-{r[2]}" for i,
+                                                                           r in enumerate(REFUSED)])
 def test_unsupported_fields_and_wrong_types_are_refused_by_name(server, path, extra, param, code):
     body = {"model": "target", **(CHAT if path.startswith("chat") else {"prompt": "x"}), **extra}
     status, reply = post(f"{server}/v1/{path}", body)

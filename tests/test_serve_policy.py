@@ -19,7 +19,8 @@ from specdec.serve.policy import Policy, hostname
 PORT = 8000
 
 
-def call(config: ServeConfig, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], dict, bool]:
+def call(config: ServeConfig, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], dict,
+                                                                                        bool]:
     """(status, response headers, JSON body or {}, whether the app behind the policy ran)."""
     ran = []
 
@@ -74,7 +75,8 @@ def test_a_cross_origin_request_is_refused_unless_allowed():
     evil = {"origin": "http://evil.example"}
     for path in ("/v1/completions", "/v1/models", "/metrics", "/stats"):
         method = "POST" if path == "/v1/completions" else "GET"
-        reply = call(ServeConfig(), method, path, {"host": "127.0.0.1:8000", "content-type": "application/json", **evil})
+        reply = call(ServeConfig(), method, path, {"host": "127.0.0.1:8000", "content-type": "application/json",
+                                                   **evil})
         assert error(reply) == (403, "origin_not_allowed", False), path
         assert "--allowed-origins" in reply[2]["error"]["message"]
     assert error(post(ServeConfig(), {"origin": "null"})) == (403, "origin_not_allowed", False)  # a sandboxed page

@@ -83,7 +83,8 @@ def test_the_plan_follows_the_drafter_and_the_mode():
     rows = row_buckets(16)
     assert mode_plan("speculative", 4, "on", "lookup+code-drafter", batch=16, schedule="ada") == Plan(
         Shapes((5, copy + 1), rows), Shapes((1, 2, copy + 2), rows, hidden=True, last=True))
-    assert mode_plan("speculative", 4, "on", "code-drafter") == Plan(Shapes((5,), (1,)), Shapes((1, 2), (1,), last=True))
+    assert mode_plan("speculative", 4, "on", "code-drafter") == Plan(Shapes((5,), (1,)), Shapes((1, 2), (1,),
+                                                                                                last=True))
     assert mode_plan("speculative", 4, "on", "ngram") == Plan(Shapes((5,), (1,)), None)  # no model to compile
     assert mode_plan("speculative", 4, "on", "lookup+block").drafter is None  # the block drafter runs eagerly
     assert mode_plan("speculative", 4, "auto", "code-drafter").target.tokens == (1, 5)  # it may decode plainly

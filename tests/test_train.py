@@ -204,7 +204,8 @@ def test_train_flags_parse_optional_numbers_as_numbers():
     args = parser.parse_args(["train", "lm", "--preset", "code-drafter-s4", "--out", "x", "--tokenizer", "t",
                               "--outputs-records", "100", "--outputs-share", "0.25"])
     cfg = _config_from(args)
-    assert cfg.outputs_records == 100 and cfg.outputs_share == 0.25 and cfg.outputs == PRESETS["code-drafter-s4"].outputs
+    assert (cfg.outputs_records == 100 and cfg.outputs_share == 0.25
+            and cfg.outputs == PRESETS["code-drafter-s4"].outputs)
 
 
 def test_card_pair_figures_read_spec_and_spec_lookup(tmp_path):

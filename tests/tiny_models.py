@@ -131,7 +131,8 @@ def save_tiny_pair_with_head(root: Path, threshold: float) -> tuple[TinyPair, Pa
 
     pair = save_tiny_pair(root)
     hidden = json.loads((pair.drafter / "config.json").read_text())["hidden_size"]
-    AcceptanceHead(HeadConfig(hidden_size=hidden, threshold=threshold)).save_pretrained(pair.drafter / "acceptance_head")
+    AcceptanceHead(HeadConfig(hidden_size=hidden,
+                              threshold=threshold)).save_pretrained(pair.drafter / "acceptance_head")
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
                                for i, p in enumerate(["def add(a, b):", "for i in range(10):"])))

@@ -39,7 +39,8 @@ if os.environ.get("SPECDEC_AUTO_LOG") and "serve" in sys.argv:
         decided = set(self.width.items())
         _close(self)
         for bucket, width in sorted(set(self.width.items()) - decided, key=str):
-            _log.write(f"# bucket {bucket} keeps width {width}; tokens/s {schedules._speeds(self._trials.get(bucket, {}))}\n")
+            _log.write(f"# bucket {bucket} keeps width {width}; tokens/s "
+                       f"{schedules._speeds(self._trials.get(bucket, {}))}\n")
         _log.flush()
 
     schedules.Crossover.plan, schedules.Crossover._close = plan, close

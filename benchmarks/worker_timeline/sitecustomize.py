@@ -24,8 +24,8 @@ if os.environ.get("SPECDEC_TIMELINE_LOG") and "serve" in sys.argv:
 
     def _write(kind: str, start: float, **fields: object) -> None:
         seconds = time.perf_counter() - start
-        _log.write(f"{start:.6f} {seconds:.6f} {kind} " + " ".join(f"{k}={v}".replace(" ", "") for k, v in fields.items())
-                   + "\n")
+        _log.write(f"{start:.6f} {seconds:.6f} {kind} "
+                   + " ".join(f"{k}={v}".replace(" ", "") for k, v in fields.items()) + "\n")
 
     def join(self):
         start, waiting, before = time.perf_counter(), len(self.waiting), len(self.rows)

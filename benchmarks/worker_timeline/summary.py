@@ -32,7 +32,8 @@ def main(path: str) -> None:
         print(f"{key}: {count[key]} x {1000 * seconds[key] / count[key]:.2f} ms = {seconds[key]:.2f} s "
               f"({100 * seconds[key] / span:.0f}%)")
     if seconds["beside"]:
-        print(f"prefilled {beside_tokens} prompt tokens beside decoding at {1000 * seconds['beside'] / beside_tokens:.3f} ms a "
+        print(f"prefilled {beside_tokens} prompt tokens beside decoding at "
+              f"{1000 * seconds['beside'] / beside_tokens:.3f} ms a "
               "token")
     if seconds["join"]:
         print(f"joined {prompt_tokens} prompt tokens at {1000 * seconds['join'] / prompt_tokens:.3f} ms a token")

@@ -224,7 +224,8 @@ def run_sweep(config: BenchConfig, console: Console | None = None) -> SweepRun:
         references = [specdec.autoregressive_generate(target, p.input_ids, **_decode_kwargs(models, config, 0.0)).tokens
                       for p in prompts] if temperature == 0 else []
         cells = []
-        progress = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        progress = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(),
                             console=console or Console(stderr=True), disable=not config.progress, transient=True)
         with progress:
             task = progress.add_task("batch sweep", total=len(config.batch_sizes) * len(names) * config.repeats)

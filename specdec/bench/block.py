@@ -66,7 +66,8 @@ class MethodFigures:
     tokens: int = 0
     rounds: int = 0
     tokens_per_round: float = 0.0
-    acceptance_by_position: list[float] = field(default_factory=list)  # [i] share of the rounds drafting position i whose draft i was accepted
+    acceptance_by_position: list[float] = field(default_factory=list)  # [i] share of the rounds drafting
+                                                                       # position i whose draft i was accepted
     identical_share: float = 1.0  # outputs identical to plain decoding's
     mean_edit_distance: float = 0.0  # token edit distance to plain decoding's output, mean over prompts
 
@@ -104,7 +105,8 @@ def build_methods(config: BenchConfig, target, drafter_model, block_model) -> li
     return methods
 
 
-def _run(method: Method, target, ids: list[int], config: BenchConfig, stop: list[int]) -> tuple[float, GenerationResult]:
+def _run(method: Method, target, ids: list[int], config: BenchConfig,
+         stop: list[int]) -> tuple[float, GenerationResult]:
     start = time.perf_counter()
     result = specdec.speculative_generate(
         target, method.drafter if method.drafter is not None else "ngram", ids, max_new_tokens=config.max_new_tokens,

@@ -2,11 +2,11 @@
 
 Each field of :class:`specdec.bench.config.BenchConfig` becomes ``--field-name`` with the field's
 comment as help; tuple fields take several values, spaced or comma-separated (``--gamma 1 2 4 8``
-or ``--gamma 1,2,4,8`` sweeps), booleans have a ``--no-`` form. ``--quick`` starts from :func:`specdec.bench.config.quick`; flags given explicitly
-win over it. Exit status: 0 when every method ran and every greedy output equals plain-hf's, 1
-otherwise (the report says which), 2 for bad input. The parser and the settings' checks import no torch: the
-harness, the peers and the report are imported once the settings hold (``--help`` and an argument error take
-a fraction of a second, not the seconds torch and transformers take to import).
+or ``--gamma 1,2,4,8`` sweeps), booleans have a ``--no-`` form. ``--quick`` starts from
+:func:`specdec.bench.config.quick`; flags given explicitly win over it. Exit status: 0 when every method ran and every
+greedy output equals plain-hf's, 1 otherwise (the report says which), 2 for bad input. The parser and the settings'
+checks import no torch: the harness, the peers and the report are imported once the settings hold (``--help`` and an
+argument error take a fraction of a second, not the seconds torch and transformers take to import).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 flag, dest=f.name, type=_comma_list(kind) if several else kind, nargs="+" if several else None,
                 default=None, metavar=kind.__name__.upper(), help=help_text,
             )
-    parser.add_argument("--quick", action="store_true", help="few prompts, short outputs, one repeat: < 1 minute on a CPU")
+    parser.add_argument("--quick", action="store_true",
+                        help="few prompts, short outputs, one repeat: < 1 minute on a CPU")
     parser.add_argument("--list", action="store_true", help="list the methods and exit")
 
 

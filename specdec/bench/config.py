@@ -33,14 +33,22 @@ SCHEDULED = ("heuristic", "confidence", "ada")  # the schedules --schedules runs
 class BenchConfig:
     """What to benchmark, on which prompts, and how to time it."""
 
-    task: str = "code"  # code: the stdlib code prompts and a decoder-only pair; translate: held-out gettext pairs and an encoder-decoder pair (specdec.bench.translate)
+    task: str = "code"  # code: the stdlib code prompts and a decoder-only pair; translate: held-out
+                        # gettext pairs and an encoder-decoder pair (specdec.bench.translate)
     data: str | None = None  # --task translate: a `specdec data gettext` folder (its test split is sampled)
     target: str = _MODELS.target  # target model: a shipped name or a folder with config + safetensors
     drafter: str = _MODELS.drafter_model  # drafter model used by `spec` and `hf-assisted` (a name or a folder)
-    drafter_dtype: tuple[str, ...] = (_MODELS.drafter_dtype,)  # the forms the drafter model runs in (auto, float32, bf16, int8); each form after the first runs spec and spec-lookup again as spec:FORM, spec-lookup:FORM
-    peers: tuple[str, ...] = ()  # other engines run beside ours on the same model and prompts, greedy (specdec.bench.peers): ctranslate2, llamacpp (= llamacpp-f32, llamacpp-q8_0 and each with -lookup); optional extras (pip install 'specdec[peers]'); vllm (= vllm-plain, vllm-ngram, vllm-draft: vLLM's CPU build from the venv SPECDEC_VLLM_PYTHON names; with --serve the only peers taken, as servers driven by the same clients, greedy)
+    drafter_dtype: tuple[str, ...] = (_MODELS.drafter_dtype,)  # the forms the drafter model runs in (auto, float32,
+                                                               # bf16, int8); each form after the first runs spec and
+                                                               # spec-lookup again as spec:FORM, spec-lookup:FORM
+    peers: tuple[str, ...] = ()  # other engines run beside ours on the same model and prompts, greedy
+                                 # (specdec.bench.peers): ctranslate2, llamacpp (= llamacpp-f32, llamacpp-q8_0 and each
+                                 # with -lookup); optional extras (pip install 'specdec[peers]'); vllm (= vllm-plain,
+                                 # vllm-ngram, vllm-draft: vLLM's CPU build from the venv SPECDEC_VLLM_PYTHON names;
+                                 # with --serve the only peers taken, as servers driven by the same clients, greedy)
     compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
-    schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada) as method spec-<name>; spec itself is the constant schedule (--gamma)
+    schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada)
+                                     # as method spec-<name>; spec itself is the constant schedule (--gamma)
     tokenizer: str | None = None  # folder of the tokenizer; None = the target's own folder
     methods: tuple[str, ...] = ()  # methods to run, by name or group (see --list); empty = all
     prompts: str | None = None  # a JSONL file with {"id", "prompt"} per line; None = built-in code prompts
@@ -55,23 +63,33 @@ class BenchConfig:
     warmup: int = 2  # untimed runs per method and setting before timing (first prompts of the set)
     device: str | None = _MODELS.device  # None = cuda if available else cpu; also "cpu", "cuda:N"
     dtype: str | None = _MODELS.dtype  # None = fp32 on CPU, bf16 on CUDA; also "bf16", "fp16", "fp32"
-    compile: str = "off"  # torch.compile our decode forwards (specdec.compiled): on compiles the target and drafter model for every method of ours before timing (the compile time is not timed); off (default) and auto decode eagerly
-    threads: int | None = _MODELS.threads  # torch CPU threads; None = $OMP_NUM_THREADS if set, else chosen from the target's size (specdec.threads)
+    compile: str = "off"  # torch.compile our decode forwards (specdec.compiled): on compiles the
+                          # target and drafter model for every method of ours before timing (the
+                          # compile time is not timed); off (default) and auto decode eagerly
+    threads: int | None = _MODELS.threads  # torch CPU threads; None = $OMP_NUM_THREADS if set,
+                                           # else chosen from the target's size (specdec.threads)
     seed: int = 0  # seeds prompt selection and sampling (the same seed for every method)
     output: str = "bench-out"  # directory for records.jsonl, summary.json and the plots
     plots: bool = True  # write the PNG plots
     progress: bool = True  # show a progress bar over prompts
-    batch_sizes: tuple[int, ...] = ()  # run the batch sweep at these batch sizes (e.g. 1,2,4,8,16) instead of the per-prompt comparison
-    speculate: tuple[str, ...] = SPECULATE  # batch sweep and --serve: our loop with speculation off (plain), on (spec-lookup) and auto
-    serve: bool = False  # drive `specdec serve` (one server per --speculate mode) with --clients concurrent clients instead
-    clients: tuple[int, ...] = (1, 4, 16)  # --serve: concurrent clients, each sending its next prompt when its reply ends
-    block: str | None = None  # a block drafter ("block" = code-block-drafter, or a folder): run its sweep (specdec.bench.block) instead
+    batch_sizes: tuple[int, ...] = ()  # run the batch sweep at these batch sizes (e.g.
+                                       # 1,2,4,8,16) instead of the per-prompt comparison
+    speculate: tuple[str, ...] = SPECULATE  # batch sweep and --serve: our loop with speculation
+                                            # off (plain), on (spec-lookup) and auto
+    serve: bool = False  # drive `specdec serve` (one server per --speculate
+                         # mode) with --clients concurrent clients instead
+    clients: tuple[int, ...] = (1, 4, 16)  # --serve: concurrent clients, each sending
+                                           # its next prompt when its reply ends
+    block: str | None = None  # a block drafter ("block" = code-block-drafter, or a
+                              # folder): run its sweep (specdec.bench.block) instead
     block_k: tuple[int, ...] = (4, 8, 12, 16, 25)  # --block: block sizes k swept (alone and behind prompt lookup)
-    lookup_block_k: tuple[int, ...] = ()  # --block: the k values also run behind prompt lookup (lookup+block); empty = every block_k
+    lookup_block_k: tuple[int, ...] = ()  # --block: the k values also run behind prompt
+                                          # lookup (lookup+block); empty = every block_k
     beta: tuple[int, ...] = (1, 3, 5)  # --block: top-beta values of SpecDec's topk_tau rule (1 = exact)
     tau: tuple[float, ...] = (1.0, 3.0)  # --block: logit gaps tau of the topk_tau rule
     relaxed_k: int = 8  # --block: the block size k the beta x tau grid runs at
-    pareto: bool = False  # run SpecDec++'s sweep of draft-length schedules (specdec.bench.pareto) at each --temperature instead
+    pareto: bool = False  # run SpecDec++'s sweep of draft-length schedules
+                          # (specdec.bench.pareto) at each --temperature instead
     pareto_gamma: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # --pareto: the constant schedule's K values
     pareto_confidence: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)  # --pareto: the confidence schedule's thresholds
     pareto_ada: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # --pareto: the ada schedule's stop thresholds
@@ -96,7 +114,8 @@ class BenchConfig:
         SpecConfig(gamma=self.gamma[0], max_new_tokens=self.max_new_tokens)
         bad = [s for s in self.schedules if s not in SCHEDULED]
         if bad:
-            raise ValueError(f"schedules must be among {', '.join(SCHEDULED)} (constant is spec with --gamma), got {bad}")
+            raise ValueError(f"schedules must be among {', '.join(SCHEDULED)} (constant is spec with --gamma), got "
+                             f"{bad}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes must be ints >= 1, got {self.batch_sizes}")
         if not self.clients or any(c < 1 for c in self.clients):
@@ -113,7 +132,8 @@ class BenchConfig:
             ScheduleConfig(stop_threshold=t)  # ...and of the thresholds
         ModelConfig(threads=self.threads, compile=self.compile)  # the core's own checks of threads and compile
         if not self.drafter_dtype or any(d not in DRAFTER_DTYPES for d in self.drafter_dtype):
-            raise ValueError(f"drafter_dtype must be one or more of {', '.join(DRAFTER_DTYPES)}, got {self.drafter_dtype}")
+            raise ValueError(f"drafter_dtype must be one or more of {', '.join(DRAFTER_DTYPES)}, got "
+                             f"{self.drafter_dtype}")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.task == "translate" and self.data is None:

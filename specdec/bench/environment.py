@@ -95,7 +95,8 @@ class Environment:
     device_name: str  # CPU model or GPU name
     dtype: str  # parameter dtype of the target
     torch_threads: int  # torch.get_num_threads()
-    threads_source: str  # where that count came from: --threads, OMP_NUM_THREADS or the default's reason (specdec.threads)
+    threads_source: str  # where that count came from: --threads, OMP_NUM_THREADS
+                         # or the default's reason (specdec.threads)
     cpu_count: int | None  # logical CPUs of the machine
     torch_version: str
     transformers_version: str
@@ -106,7 +107,8 @@ class Environment:
     target: ModelInfo
     drafter: ModelInfo | None  # None when no drafter model was loaded
     compared: dict[str, ModelInfo] = field(default_factory=dict)  # label -> a compared drafter (--compare)
-    linear: str = ""  # the target's linear kernels while specdec decodes, by row count, or "torch" (specdec.kernels.describe)
+    linear: str = ""  # the target's linear kernels while specdec decodes, by row
+                      # count, or "torch" (specdec.kernels.describe)
     compile: str = ""  # --compile: "off", or what was compiled and how long it took (specdec.compiled)
     helper: bool = False  # whether the target's products were shared with the helper thread (specdec.kernels.shares)
 

@@ -70,7 +70,8 @@ def _timed(repeats: list[float], started: float) -> None:
     repeats.append(time.perf_counter() - started)
 
 
-def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int, context: int = 100) -> dict[int, dict[str, float]]:
+def probe(model: torch.nn.Module, lengths: tuple[int, ...], repeats: int,
+          context: int = 100) -> dict[int, dict[str, float]]:
     """Median milliseconds per query length: the model's cached forward and both linear layouts."""
     linears = _linears(model)
     vocab = model.config.get_text_config().vocab_size

@@ -72,7 +72,8 @@ class Recorded(Schedule):
 
     def __init__(self, inner: Ada) -> None:
         self.inner = inner
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([B, k] head values, [B, k] 1 accepted / 0 rejected / -1 unverified)
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # ([B, k] head values, [B, k] 1 accepted
+                                                                  # / 0 rejected / -1 unverified)
 
     @property
     def most(self) -> int | None:
@@ -145,8 +146,9 @@ def make_method_schedule(method: Method, config: BenchConfig, drafter) -> Schedu
     if method.family == "plain":
         return None
     gamma = int(method.value) if method.family == "constant" else HEURISTIC_START
-    schedule_config = ScheduleConfig(method.family, stop_threshold=method.value if method.family in ("confidence", "ada")
-                                     else None, bound=tuple(config.pareto_bound), head=config.head)
+    schedule_config = ScheduleConfig(method.family,
+                                     stop_threshold=method.value if method.family in ("confidence", "ada") else None,
+                                     bound=tuple(config.pareto_bound), head=config.head)
     schedule = make_schedule(SpecConfig(gamma=gamma), schedule_config, drafter)
     return Recorded(schedule) if isinstance(schedule, Ada) else schedule
 
@@ -269,8 +271,8 @@ def goals(summary: dict) -> list[dict]:
                         and math.isclose(m["value"], default)), None)
         if shipped is not None:
             ratio = shipped["speed_vs_plain"] / ada["speed_vs_plain"]
-            out.append(Goal(temperature, f"default threshold {default:g} ({shipped['speed_vs_plain']:.2f}x) vs the best, "
-                            f"{ada['name']}: {ratio:.3f} (goal >= 0.98)", ratio >= 0.98))
+            out.append(Goal(temperature, f"default threshold {default:g} ({shipped['speed_vs_plain']:.2f}x) vs the "
+                                         f"best, {ada['name']}: {ratio:.3f} (goal >= 0.98)", ratio >= 0.98))
     return [asdict(g) for g in out]
 
 
@@ -290,7 +292,9 @@ def summary_markdown(summary: dict) -> str:
     lines += ["Goals:", ""]
     lines += [f"- {_kind(g['temperature'])}: {g['text']}: {'met' if g['met'] else 'MISSED'}" for g in summary["goals"]]
     if summary["calibration"]:
-        lines += ["", "Acceptance head calibration, online (drafts of the ada runs whose earlier drafts were accepted):", ""]
+        lines += ["",
+                  "Acceptance head calibration, online (drafts of the ada runs whose earlier drafts were accepted):",
+                  ""]
         for kind, c in summary["calibration"].items():
             lines.append(f"- {kind}: {sum(c['counts'])} drafts, Brier {c['brier']:.3f} (predicting the mean "
                          f"{c['mean_label']:.2f} everywhere: {c['brier_base']:.3f})")

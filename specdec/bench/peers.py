@@ -23,9 +23,9 @@ Registered (``PEERS``, ``register_peer``):
   ``n_threads`` and ``n_threads_batch`` are torch's thread count, ``n_ctx`` the target's positions
   (at most ``CONTEXT``); each prompt is decoded from an empty cache (no prefix kept from the previous run).
   Each file is first decoded in a child process (``extra_buffers``): where llama.cpp crashes with its extra
-  buffer types (q8_0 repacked for AMX int8 on an Intel Xeon here) the peer runs without them, said once. The converter ships only in llama-cpp-python's
-  source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a llama.cpp
-  checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
+  buffer types (q8_0 repacked for AMX int8 on an Intel Xeon here) the peer runs without them, said once. The converter
+  ships only in llama-cpp-python's source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a
+  llama.cpp checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
   the installed version (``pip download``).
 - ``vllm`` (a group: ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``): vLLM's CPU build through its
   OpenAI server, run from its own virtual environment (``SPECDEC_VLLM_PYTHON``), plain, with its n-gram

@@ -74,9 +74,11 @@ def describe_environment(run: BenchRun) -> str:
         f"{len(run.prompts)} prompts, max {cfg.max_new_tokens} new tokens, top-k {cfg.top_k}, top-p {cfg.top_p:g}, "
         f"{cfg.repeats} repeats (median), {cfg.warmup} warm-up runs; "
         f"step time target {run.target_step_s * 1e3:.2f} ms ({_path(run, 'target')})"
-        + (f", drafter {run.drafter_step_s * 1e3:.2f} ms ({_path(run, 'drafter')})" if run.drafter_step_s is not None else "")
+        + (f", drafter {run.drafter_step_s * 1e3:.2f} ms ({_path(run, 'drafter')})" if run.drafter_step_s is not None
+           else "")
         + "".join(
-            f"; compared drafter {label}: {info.parameters / 1e6:.2f}M params, step {run.compared_step_s[label] * 1e3:.2f} ms"
+            f"; compared drafter {label}: {info.parameters / 1e6:.2f}M params, step "
+            f"{run.compared_step_s[label] * 1e3:.2f} ms"
             for label, info in env.compared.items()
         )
     )
@@ -156,7 +158,8 @@ def floor_table(run: BenchRun) -> Table | None:
                   f"{run.target_step_s / floor.seconds:.2f}×", "–", "–", style="dim")
     for row in floor_rows(run.blocks, floor):
         table.add_row(row.method + (" (speculative)" if row.speculative else "")
-                      + (f", started in {row.startup_s:.0f} s" if row.startup_s is not None else ""), f"{row.ms_per_token:.2f}",
+                      + (f", started in {row.startup_s:.0f} s" if row.startup_s is not None else ""),
+                      f"{row.ms_per_token:.2f}",
                       f"{row.over_weight_pass:.2f}×", _f(row.over_fastest, ".2f", "×"), "yes" if row.exact else "no",
                       style=None if row.exact else "red")
     if run.drafter_pass is not None and run.drafter_step_s is not None:
@@ -219,7 +222,8 @@ def print_report(report: BenchReport, console: Console) -> None:
             gamma = f" γ={r.gamma}" if r.gamma is not None else ""
             console.print(f"[red]{r.method}{gamma} T={r.temperature:g} failed:[/red] {r.error}")
         if r.greedy_mismatches:
-            console.print(f"[red]{r.method}: greedy output differs from plain-hf on[/red] {', '.join(r.greedy_mismatches)}")
+            console.print(f"[red]{r.method}: greedy output differs from plain-hf on[/red] "
+                          f"{', '.join(r.greedy_mismatches)}")
 
 
 def summary_dict(report: BenchReport) -> dict:

@@ -47,7 +47,8 @@ from specdec.stats import AutoChoice
 
 REQUEST_TIMEOUT_S = 600.0  # one request, at most
 SPECDEC_SERVE = "specdec serve"  # the start-up figure of our own server (the real command, a subprocess)
-SERVE_START_TIMEOUT_S = 900.0  # `specdec serve` launched to its first reply, at most (compiling afresh after a change to
+SERVE_START_TIMEOUT_S = 900.0  # `specdec serve` launched to its first reply, at
+                               # most (compiling afresh after a change to
 # the traced code took 265 s for code-target alone on the AMD EPYC, 2026-11-28)
 STARTUP_GOAL_S = 20.0  # issue 28: start-up to serving
 POLL_S = 0.1  # between tries of a first reply while a server is not listening yet
@@ -289,7 +290,8 @@ def serve_peers(config: BenchConfig) -> list[str]:
     other = [n for n in names if n not in PEER_GROUPS["vllm"]]
     if other:
         raise ValueError(f"--serve runs only vLLM's servers as peers ({', '.join(PEER_GROUPS['vllm'])}), not "
-                         f"{', '.join(other)}: leave {'it' if len(other) == 1 else 'them'} out of --peers, or drop --serve")
+                         f"{', '.join(other)}: leave {'it' if len(other) == 1 else 'them'} out of --peers, or drop "
+                         "--serve")
     if names and config.temperature[0] != 0:
         raise ValueError(f"--serve with vLLM's peers runs greedy only (--temperature 0), got {config.temperature[0]:g}")
     return names

@@ -150,7 +150,8 @@ class _Summarizer:
         loops = _loop_prompts(baseline)
         tokens = sum(r.generated_length for r in records)
         per_forward = _ratio(tokens, sum(r.num_LM_call for r in records))
-        base_per_forward = _ratio(sum(r.generated_length for r in base_records), sum(r.num_LM_call for r in base_records))
+        base_per_forward = _ratio(sum(r.generated_length for r in base_records),
+                                  sum(r.num_LM_call for r in base_records))
         drafted = [r for r in records if r.drafted is not None]
         alpha = _ratio(sum(r.accepted or 0 for r in drafted), sum(r.drafted or 0 for r in drafted)) if drafted else None
         greedy = block.compared > 0
@@ -231,7 +232,8 @@ def _mark_peers(rows: list[Row], gammas: tuple[int, ...]) -> list[Row]:
                 candidates = [
                     i
                     for i, r in enumerate(rows)
-                    if r.group == group and r.temperature == temperature and r.gamma in (gamma, None) and r.mean_tokens_per_s
+                    if r.group == group and r.temperature == temperature and r.gamma in (gamma, None)
+                    and r.mean_tokens_per_s
                 ]
                 if candidates:
                     peers.add(max(candidates, key=lambda i: rows[i].mean_tokens_per_s or 0.0))

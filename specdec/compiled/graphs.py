@@ -55,7 +55,8 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     """What a compiled step of ``model`` depends on besides its bucket: the versions, the machine's vector
     instructions and threads (inductor's C++ is generated for them), inductor's options, the model's class,
     configuration, the names, shapes and dtypes of its weights (not their values: a graph reads the weights
-    at every call), which linears are traced in the kernels' formulation (and which kernels each takes), and the slots per row."""
+    at every call), which linears are traced in the kernels' formulation (and which kernels each takes), and the
+    slots per row."""
     import transformers
 
     traced = sorted((name, *((m._specdec_packed.few, m._specdec_packed.many) if hasattr(m, "_specdec_packed") else ()),
@@ -79,7 +80,8 @@ def graph_file(model: PreTrainedModel, slots: int, shape: Shape) -> Path:
 def _changed_source(graph: object) -> str | None:
     """The first source a loaded graph was traced from that has changed since (module and lines), or None."""
     for code in graph.source_info().inlined_sources:
-        lines = inspect.getsourcelines(importlib.import_module(code.module))[0][code.firstlineno - 1: code.lastlineno - 1]
+        lines = inspect.getsourcelines(importlib.import_module(code.module))[0][code.firstlineno - 1:
+                                                                                code.lastlineno - 1]
         if hashlib.sha256("".join(lines).encode()).hexdigest() != code.checksum:
             return f"{code.module} lines {code.firstlineno}-{code.lastlineno} changed"
     return None
@@ -130,7 +132,8 @@ def buckets(tokens: tuple[int, ...], rows: tuple[int, ...], hidden: bool = False
     return [Shape(r, n, h, last and n > 1) for r in rows for n in tokens for h in sorted({False, hidden})]
 
 
-ENCODER = Shape(1, 0)  # the graph file of an encoder-decoder model's compiled encoder (``CompiledSeq2Seq.warm_encoder``)
+ENCODER = Shape(1, 0)  # the graph file of an encoder-decoder model's compiled
+                       # encoder (``CompiledSeq2Seq.warm_encoder``)
 
 
 def step_inputs(ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,

@@ -31,9 +31,9 @@ def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     + mask) v`` by ``specdec::decode_attention`` (``csrc/attention.c``), which reads the keys and values of the slots
     some query of the row sees and skips the others (a shorter row's padding, the holes of ragged acceptance, a
     dead row); else, or for a call it does not cover (another head layout, a mask that is not additive per row,
-    dropout, a relative bias, soft-capping, sinks), transformers' ``sdpa`` attention on the same inputs. 16 rows of code prompts, 6 layers
-    of 288 slots (36% of them padding): 8.3 ms against SDPA's 13.8 (docs/benchmarks.md, "Attention over the live
-    slots")."""
+    dropout, a relative bias, soft-capping, sinks), transformers' ``sdpa`` attention on the same inputs. 16 rows of code
+    prompts, 6 layers of 288 slots (36% of them padding): 8.3 ms against SDPA's 13.8 (docs/benchmarks.md, "Attention
+    over the live slots")."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if (torch.compiler.is_compiling() and attention_mask is not None and not dropout and _covered(query, key, value,
@@ -86,7 +86,8 @@ _PACKS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # an instal
 
 @torch.library.custom_op("specdec::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x`` [n, in] @ ``weight``.T (+ bias) by oneDNN on the installed layer's prepacked weight (``specdec.kernels``)."""
+    """``x`` [n, in] @ ``weight``.T (+ bias) by oneDNN on the installed layer's prepacked weight
+    (``specdec.kernels``)."""
     packed = _PACKS.get(weight.data_ptr())
     if packed is None:
         raise KeyError("specdec::packed_linear: not the weight of a layer with specdec's linear kernels")

@@ -52,7 +52,8 @@ def check_mode(mode: object) -> str:
 
 def compiles(mode: str, device: torch.device | str | None = None) -> bool:
     """Whether a run on ``device`` compiles under ``--compile mode``: on; auto on a CUDA device (each step a CUDA
-    graph: measured to pay there, with a start of seconds) and off elsewhere, as measured (docs/journal/compiled-path.md)."""
+    graph: measured to pay there, with a start of seconds) and off elsewhere, as measured
+    (docs/journal/compiled-path.md)."""
     mode = check_mode(mode)
     return mode == "on" or (mode == "auto" and device is not None and str(device).startswith("cuda"))
 

@@ -59,9 +59,10 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on), or leave it
     eager (off, and auto: ``compiles``). Later caches of the model (``specdec.seq2seq.decoding_cache``, or the
     returned ``caches`` handed to a handle) are then static. A second call adds buckets. A model that cannot be
-    compiled decodes eagerly, told once by a warning; a missing compiler is a RuntimeError saying what to install. ``cached_only``: every bucket from the compile
-    cache (each checked as usual) or none: where one is not there, nothing is compiled and the model stays as it
-    was (eager, or with the buckets it had), silently (``specdec.serve.background`` compiles it elsewhere).
+    compiled decodes eagerly, told once by a warning; a missing compiler is a RuntimeError saying what to install.
+    ``cached_only``: every bucket from the compile cache (each checked as usual) or none: where one is not there,
+    nothing is compiled and the model stays as it was (eager, or with the buckets it had), silently
+    (``specdec.serve.background`` compiles it elsewhere).
     ``last``: the buckets of more than one token keep the logits of their last real token only (a drafter's
     catch-up, which reads no other: code-drafter's head is two thirds of its work a token; not on CUDA, whose graphs
     replay the buckets as they are); a forward that wants them all runs eagerly there."""
@@ -158,8 +159,8 @@ def token_buckets(gamma: int, drafter: str | None, speculating: bool, plain: boo
     prompts, the default ``lookup+code-drafter``: the target verified 5 tokens 97 times, 13 tokens 69 times and
     1-12 tokens 15 times; the drafter stepped 1 token 339 times, caught up 2 tokens 16 times and 3-14 tokens 26
     times). The target verifies ``gamma + 1`` tokens, and with prompt lookup up to its copy + 1 (``copy``: the
-    longest copy, ``drafters.hybrid.LOOKUP_NGRAM.num_tokens``); plain decoding steps 1; a drafter model steps 1, catches up 2, and
-    after a lookup round up to the copy + 2. A forward pads up to the next bucket (dead tokens, dropped)."""
+    longest copy, ``drafters.hybrid.LOOKUP_NGRAM.num_tokens``); plain decoding steps 1; a drafter model steps 1, catches
+    up 2, and after a lookup round up to the copy + 2. A forward pads up to the next bucket (dead tokens, dropped)."""
     from specdec.config import LOOKUP
 
     lookup = speculating and drafter is not None and drafter.startswith(LOOKUP)

@@ -260,7 +260,8 @@ class StaticSeq2SeqCache(StaticRaggedCache):
         width = other.encoded.shape[1]
         self._widen(width)
         new = slice(rows, rows + other.rows)
-        for layer, (keys, values) in zip(self.cache.cross_attention_cache.layers, cross_states(self.model, other.encoded)):
+        for layer, (keys, values) in zip(self.cache.cross_attention_cache.layers,
+                                         cross_states(self.model, other.encoded)):
             layer.keys[new, :, :width] = keys
             layer.values[new, :, :width] = values
         self.cache.encoded[new, :width] = other.encoded

@@ -243,7 +243,8 @@ def build_corpus(locale_dir: str | Path = LOCALE_DIR, language: str = "de",
                 if key in seen_pairs[split]:
                     dropped["duplicate in split"] += 1
                 elif any(pair.src in e for e in earlier):
-                    dropped["source seen in train" if pair.src in sources["train"] else "source seen in validation"] += 1
+                    dropped["source seen in train" if pair.src in sources["train"]
+                            else "source seen in validation"] += 1
                 else:
                     seen_pairs[split].add(key)
                     splits[split].append(pair)
@@ -294,7 +295,8 @@ def _table(rows: Iterable[Sequence[object]], header: Sequence[str]) -> str:
 def data_card(corpus: Corpus, source: str = LOCALE_DIR) -> str:
     """The data card: where the pairs come from, how they were filtered, counts per split."""
     stats = {s: split_stats(corpus.splits[s]) for s in SPLITS}
-    rows = [(s, stats[s]["catalogues"], stats[s]["pairs"], stats[s]["src_chars"], stats[s]["tgt_chars"]) for s in SPLITS]
+    rows = [(s, stats[s]["catalogues"], stats[s]["pairs"], stats[s]["src_chars"], stats[s]["tgt_chars"])
+            for s in SPLITS]
     total = [sum(r[i] for r in rows) for i in range(1, 5)]
     per_split = "\n".join(
         f"- **{s}** ({len(corpus.catalogues[s])}): "

@@ -36,7 +36,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTrainedT
     )
 
 
-def train_code_tokenizer(out_dir: str | Path, vocab_size: int = 8192, root: str | None = None) -> PreTrainedTokenizerFast:
+def train_code_tokenizer(out_dir: str | Path, vocab_size: int = 8192,
+                         root: str | None = None) -> PreTrainedTokenizerFast:
     """Train on the stdlib train split and save to ``out_dir``."""
     tokenizer = train_tokenizer((f.text for f in load_split("train", root)), vocab_size=vocab_size)
     tokenizer.save_pretrained(str(out_dir))

@@ -8,8 +8,8 @@
   LM: ``ModelDrafter``) and checked against the target (vocabulary, device);
 - a name or a ``DrafterConfig``: a registered model-free drafter ("ngram"), a model to load (a
   shipped name or a folder, through ``loader``: by default ``load_model`` on the target's device
-  and dtype; callers that keep models pass their own, which decides what a name means), or "lookup+NAME": prompt lookup first and
-  the drafter NAME when lookup finds nothing (``LookupDrafter``). A block drafter model (SpecDec,
+  and dtype; callers that keep models pass their own, which decides what a name means), or "lookup+NAME": prompt lookup
+  first and the drafter NAME when lookup finds nothing (``LookupDrafter``). A block drafter model (SpecDec,
   ``BlockDrafterModel``, or an encoder-decoder with ``config.block_drafter``) drafts through
   ``BlockDrafter``; "block" names the shipped block drafter for the target's kind
   (``code-block-drafter``, or ``translate-block-drafter`` for an encoder-decoder target) and
@@ -67,7 +67,8 @@ register_model_drafter(is_block_drafter, BlockDrafter)
 
 
 def _block_name(name: str, encoder_decoder: bool) -> tuple[str, bool]:
-    """A drafter model name with the block aliases resolved: (model name or folder, whether a block drafter is required)."""
+    """A drafter model name with the block aliases resolved: (model name or folder, whether a block drafter is
+    required)."""
     if name == BLOCK:
         return SHIPPED_BLOCK[encoder_decoder], True
     if name.startswith(BLOCK + ":"):
@@ -85,7 +86,8 @@ def model_drafter(model: PreTrainedModel, kernels: bool = True) -> Drafter:
         if accepts(model):
             return wrap(model) if kernels else wrap(model, kernels=False)
     raise TypeError(f"drafter {type(model).__name__} is a model that no drafter handles: draft with a language "
-                    "model with its head (load it with AutoModelForCausalLM, AutoModelForSeq2SeqLM or specdec.load_model)")
+                    "model with its head (load it with AutoModelForCausalLM, AutoModelForSeq2SeqLM or "
+                    "specdec.load_model)")
 
 
 def _check_name(name: str) -> None:
@@ -94,8 +96,8 @@ def _check_name(name: str) -> None:
 
     if name not in DRAFTERS and name not in SHIPPED_MODELS and not Path(name).expanduser().exists():
         raise ValueError(
-            f"unknown drafter {name!r}: use {', '.join(sorted(DRAFTERS))}, lookup+NAME, block, block:PATH, a shipped model "
-            f"({', '.join(SHIPPED_MODELS)}) or a model folder"
+            f"unknown drafter {name!r}: use {', '.join(sorted(DRAFTERS))}, lookup+NAME, block, block:PATH, a shipped "
+            f"model ({', '.join(SHIPPED_MODELS)}) or a model folder"
         )
 
 

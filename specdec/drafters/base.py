@@ -69,7 +69,8 @@ class Proposal:
     def empty(cls, rows: int, device: torch.device | str, ended: str = ENDED_NONE) -> Proposal:
         """No drafts for any row."""
         return cls(torch.zeros(rows, 0, dtype=torch.long, device=device),
-                   torch.zeros(rows, dtype=torch.long, device=device), ended=(ended,) * rows).knowing([[] for _ in range(rows)])
+                   torch.zeros(rows, dtype=torch.long, device=device),
+                   ended=(ended,) * rows).knowing([[] for _ in range(rows)])
 
     def select(self, rows: torch.Tensor) -> Proposal:
         """The proposal of the rows ``rows`` [B']."""

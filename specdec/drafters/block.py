@@ -117,9 +117,9 @@ class BlockDrafter(CachedDrafter):
             raise ValueError("this block drafter attends bidirectionally over its prefix (SpecDec's rule), which "
                              "cannot be cached across rounds: use one trained with prefix_attention='causal'")
         if model.config.target_hidden_size:
-            raise ValueError(f"this block drafter was trained to read the target's last hidden state (target_hidden_size "
-                             f"{model.config.target_hidden_size}), which the round loop does not pass to drafters: "
-                             "draft with one trained without --condition-on-target")
+            raise ValueError("this block drafter was trained to read the target's last hidden state "
+                             f"(target_hidden_size {model.config.target_hidden_size}), which the round loop does not "
+                             "pass to drafters: draft with one trained without --condition-on-target")
 
     def align(self, target, tokenizer: PreTrainedTokenizerBase | None = None) -> BlockDrafter:
         """Check the block drafter against the target (kind, vocabulary, device); adopt its vocabulary size."""

@@ -90,7 +90,8 @@ class BlockDrafterConfig(LlamaConfig):
         if self.max_block_size < 1:
             raise ValueError(f"max_block_size must be >= 1, got {self.max_block_size}")
         if not 0 <= self.draft_vocab_size <= self.vocab_size:
-            raise ValueError(f"draft_vocab_size must lie in 0..vocab_size ({self.vocab_size}), got {self.draft_vocab_size}")
+            raise ValueError(f"draft_vocab_size must lie in 0..vocab_size ({self.vocab_size}), got "
+                             f"{self.draft_vocab_size}")
         if self.draft_vocab_size and self.tie_word_embeddings:
             raise ValueError("a drafting head over part of the vocabulary (draft_vocab_size > 0) cannot be tied to "
                              "the input embeddings: set tie_word_embeddings=False")

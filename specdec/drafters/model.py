@@ -399,7 +399,8 @@ class ModelDrafter(CachedDrafter):
             return ids.clamp(max=self.own_vocab_size - 1)
         return ids
 
-    def _step(self, ids: torch.Tensor, valid: torch.Tensor | None, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _step(self, ids: torch.Tensor, valid: torch.Tensor | None,
+              hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Forward ``ids`` [B, n] -> (aligned logits of the last position [B, V], its hidden state [B, H] | None)."""
         out = self.cache.forward(self._ids(ids), valid, output_hidden_states=hidden)
         logits = out.logits[:, -1]  # [B, V_d]

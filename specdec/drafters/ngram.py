@@ -37,7 +37,8 @@ class Lookup:
     def __init__(self, config: NgramConfig, tokens: list[int], source: list[int] | None = None) -> None:
         self.config = config
         self.tokens: list[int] = []  # the committed sequence, prompt included
-        self._latest_end: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence before the last token
+        self._latest_end: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest
+                                                           # occurrence before the last token
         self.source = source or []  # the source a translation copies from (numbers, names, format markers)
         self._source_end: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence in the source
         for end in range(1, len(self.source)):  # n-grams of the source that have a continuation there

@@ -77,9 +77,12 @@ class HeadTrainConfig:
 class HeadTuneConfig:
     """How ``specdec train head --data`` tunes ada and measures it on the held-out prompts (after training)."""
 
-    tune_thresholds: tuple[float, ...] = (0.3, 0.5, 0.7, 0.8, 0.9, 1.0)  # ada stop thresholds tried (1 = never stop: ada is then the constant γ MAX)
-    tune_max_draft: tuple[int, ...] = (2, 3, 4, 6, 8)  # ada MAX values tried; the final measurement runs each as a constant γ too
-    tune_prompts: int | None = None  # the first N held-out prompts tune (the others measure); None = half of them; 0 = no tuning
+    tune_thresholds: tuple[float, ...] = (0.3, 0.5, 0.7, 0.8, 0.9, 1.0)  # ada stop thresholds tried (1 = never
+                                                                         # stop: ada is then the constant γ MAX)
+    tune_max_draft: tuple[int, ...] = (2, 3, 4, 6, 8)  # ada MAX values tried; the final
+                                                       # measurement runs each as a constant γ too
+    tune_prompts: int | None = None  # the first N held-out prompts tune (the others
+                                     # measure); None = half of them; 0 = no tuning
     tune_tokens: int = 64  # new tokens per tuning prompt (the greedy text the grid is replayed on)
     tune_repeats: int = 2  # interleaved passes of the timed decodes the costs are fitted to
     measure_prompts: int = 20  # held-out prompts (after the tuning ones) measured at the end

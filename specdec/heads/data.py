@@ -283,7 +283,8 @@ def build_head_data(cfg: HeadDataConfig, out_dir: str | Path, device: str | None
     shards = [records[i : i + cfg.shard_records] for i in range(0, len(records), cfg.shard_records)]
     todo = [(i, s) for i, s in enumerate(shards) if i % world == rank and not _shard_path(out, i, len(s)).exists()]
     log(f"{len(records)} records from {cfg.outputs} in {len(shards)} shards, {len(shards) - len(todo)} done; "
-        f"labels {', '.join(cfg.labels)}, inputs {cfg.inputs}" + (f", mixing {cfg.mixing}" if cfg.inputs == "mixed" else ""))
+        f"labels {', '.join(cfg.labels)}, inputs {cfg.inputs}"
+        + (f", mixing {cfg.mixing}" if cfg.inputs == "mixed" else ""))
     done = len(records) - sum(len(s) for _, s in todo)
     for i, shard in todo:
         parts: dict[str, list[torch.Tensor]] = {}

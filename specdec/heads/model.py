@@ -5,7 +5,8 @@ Contract: ``AcceptanceHead(HeadConfig(hidden_size=H))`` maps the drafter's last-
 gives the softmax's accept column ``[...]`` (what ``specdec.schedules.Ada`` calls with ``[B, H]``),
 ``default_threshold`` the stop threshold stored with it (``--stop-threshold`` overrides it) and
 ``config.max_draft`` ada's MAX (``--bound`` overrides it).
-``load_head(path, hidden_size)`` loads a head folder and checks it fits the drafter. The network is ``num_blocks`` residual blocks
+``load_head(path, hidden_size)`` loads a head folder and checks it fits the drafter. The network is ``num_blocks``
+residual blocks
 ``x + SiLU(Linear(x))``, each with its own weights, then ``Linear(H, 2)``. (SpecDec++'s released code
 builds ``[ResBlock(h)] * n``, which repeats ONE block object n times, so its "n layers" share one
 weight matrix; here every block is a separate module.)
@@ -50,7 +51,8 @@ class HeadConfig:
     labels: str = "greedy+sampling"  # the verification its labels came from: greedy, sampling or both
     drafter: str | None = None  # the drafter whose hidden states it was trained on (a note, not checked)
     inputs: str = "mixed"  # the data's inputs (specdec.heads.data): "mixed" (SpecDec++) or "response"
-    threshold: float = 0.5  # ada's stop threshold when --stop-threshold is not given (tuned on held-out prompts; 1 = never stop)
+    threshold: float = 0.5  # ada's stop threshold when --stop-threshold is not
+                            # given (tuned on held-out prompts; 1 = never stop)
     max_draft: int | None = None  # ada's MAX drafted per round when --bound is not given (tuned with it); None = 16
 
     def __post_init__(self) -> None:

@@ -9,11 +9,12 @@ reads a record's prompt as the source of an encoder-decoder pair). The head is t
 ``measure_head(...)`` splits the held-out prompts in two (``split_held_out``). On the first part it tunes
 ``--schedule ada`` as SpecDec++ tunes its stop threshold on held-out data (``tune_head``): a few decodes of
 those prompts are timed (constant γ at the smallest and largest MAX of the grid, and ada's rule all but never
-stopping at the largest, whose paired time over that constant's is the rule's cost; interleaved per prompt) and a cost model is fitted to them (``fit_costs``: seconds per call, per round, per
-drafted token, per drafted token under ada's stop rule); every (threshold, MAX) of the grid is then counted exactly on the greedy text
-those decodes wrote (``grid_counts``: greedy decoding commits the target's greedy text, so a decoder-only pair's
-rounds are replayed offline by ``specdec.heads.evaluate``; an encoder-decoder pair decodes each setting once)
-and priced; the fastest is stored in the head's config.json, the defaults of ``--schedule ada --head DIR``
+stopping at the largest, whose paired time over that constant's is the rule's cost; interleaved per prompt) and a cost
+model is fitted to them (``fit_costs``: seconds per call, per round, per drafted token, per drafted token under
+ada's stop rule); every (threshold, MAX) of the grid is then counted exactly on
+the greedy text those decodes wrote (``grid_counts``: greedy decoding commits the target's greedy text, so a
+decoder-only pair's rounds are replayed offline by ``specdec.heads.evaluate``; an encoder-decoder pair decodes each
+setting once) and priced; the fastest is stored in the head's config.json, the defaults of ``--schedule ada --head DIR``
 (``--stop-threshold`` and ``--bound`` override them). The grid holds threshold 1, which never stops a round:
 ada with MAX m is then the constant γ m, so a head that predicts no better than a constant is tuned into the
 best constant γ rather than left slower than it. On the other part it is measured as ``specdec train drafter``
@@ -92,8 +93,8 @@ NEVER = 1 - 1e-6  # a stop threshold the rule (all but) never reaches: its round
 def rule_cost(rows: dict[str, list[dict]], probes: dict) -> float:
     """Seconds ada's stop rule adds per drafted token: the median over (prompt, pass) of the ``NEVER`` probe's
     time less constant γ MAX's on the same prompt in the same pass (the same rounds and drafts, the rule
-    aside; a prompt where a head predicting ~0 did stop it is left out), per drafted token; 0 without that probe. A paired difference: a regression over all the timings
-    lost this ~1-2 ms in the noise and fitted 0."""
+    aside; a prompt where a head predicting ~0 did stop it is left out), per drafted token; 0 without that probe. A
+    paired difference: a regression over all the timings lost this ~1-2 ms in the noise and fitted 0."""
     never = next((n for n, c in probes.items() if c is not None and c.stop_threshold == NEVER), None)
     if never is None:
         return 0.0
@@ -241,8 +242,9 @@ def tune_head(target, drafter, head: Path, records: list[dict], cfg: HeadTuneCon
 
 def describe_costs(costs: dict[str, float]) -> str:
     """The fitted costs in words."""
-    return (f"{costs['calls'] * 1e3:.1f} ms a call, {costs['rounds'] * 1e3:.1f} ms a round, {costs['drafted'] * 1e3:.2f} "
-            f"ms a drafted token, {costs['ada_drafted'] * 1e3:.2f} ms more under ada's stop rule")
+    return (f"{costs['calls'] * 1e3:.1f} ms a call, {costs['rounds'] * 1e3:.1f} ms a round, "
+            f"{costs['drafted'] * 1e3:.2f} ms a drafted token, {costs['ada_drafted'] * 1e3:.2f} ms more under ada's "
+            "stop rule")
 
 
 def store_tuned(head: Path, threshold: float, max_draft: int) -> None:
@@ -318,8 +320,9 @@ def measure_head(target: str, drafter: str, head: Path, valid: list[dict], cfg: 
                figures["ada"]["spec_tokens_per_s_runs"], figures[best]["spec_tokens_per_s_runs"])]}
     log(f"  costs fitted to these decodes: {describe_costs(costs)}; modelled tokens/s: "
         + ", ".join(f"{n} {v:.1f}" for n, v in modelled.items()))
-    log(f"--schedule ada with this head: {spread[2]:.2f}x the speed of the best constant gamma ({out['best_constant']}, "
-        f"by the exact counts priced by the fitted costs; the fastest measured: {out['fastest_measured_constant']}) on "
+    log(f"--schedule ada with this head: {spread[2]:.2f}x the speed of the best constant gamma "
+        f"({out['best_constant']}, by the exact counts priced by the fitted costs; the fastest measured: "
+        f"{out['fastest_measured_constant']}) on "
         f"{figures['ada']['prompts']} held-out prompts not used for tuning (median of {len(ratios)} paired prompt-pass "
         f"ratios; quartiles {spread[1]:.2f}-{spread[3]:.2f}, range {spread[0]:.2f}-{spread[4]:.2f}); modelled from "
         f"the exact counts: {out['modelled_ada_over_best_constant']:.2f}x")
@@ -337,8 +340,9 @@ def head_card(target: str, drafter: str, data: str, own: TargetData, training: d
               "residual blocks on the drafter's last hidden state, predicting whether each draft is accepted; "
               "`--schedule ada` stops drafting once the predicted chance of a rejection passes the threshold."), "",
              "## Recipe", "",
-             (f"Labels {', '.join(cfg['labels'])} ({training['data']['config']['inputs']} inputs), {training['examples']} "
-              f"examples, {cfg['max_steps']} steps of {cfg['batch_size']}, peak learning rate {cfg['lr']}, reject "
+             (f"Labels {', '.join(cfg['labels'])} ({training['data']['config']['inputs']} inputs), "
+              f"{training['examples']} examples, {cfg['max_steps']} steps of {cfg['batch_size']}, peak learning rate "
+              f"{cfg['lr']}, reject "
               f"weight {cfg['reject_weight']}, seed {cfg['seed']}."), "",
              "## Data", "",
              (f"`{data}`: the target's own continuations of the user's prompts (`specdec data outputs`), "
@@ -352,8 +356,9 @@ def head_card(target: str, drafter: str, data: str, own: TargetData, training: d
             costs = tuning["costs"]
             lines += [(f"Tuned on {tuning['prompts']} held-out prompts ({tuning['tokens']} new tokens, greedy): "
                        f"{', '.join(tuning['probes'])} timed ({tuning['repeats']} interleaved passes), costs fitted to "
-                       f"those timings ({describe_costs(costs)}), every setting of the grid counted exactly on those prompts' greedy text and priced: stop "
-                       f"threshold **{chosen['threshold']:g}**, MAX **{chosen['max_draft']}** drafted per round, "
+                       f"those timings ({describe_costs(costs)}), every setting of the grid counted exactly on those "
+                       f"prompts' greedy text and priced: stop threshold **{chosen['threshold']:g}**, MAX "
+                       f"**{chosen['max_draft']}** drafted per round, "
                        "stored in `config.json` (`threshold`, `max_draft`) as `--schedule ada`'s defaults"
                        + (" (threshold 1: the head never stops a round, so ada drafts the constant γ MAX: the head "
                           "did not pay on these prompts)." if chosen["threshold"] >= 1 else ".")), "",
@@ -369,16 +374,19 @@ def head_card(target: str, drafter: str, data: str, own: TargetData, training: d
         lines += [(f"Beside it on the same prompts (none used for tuning), interleaved, medians of "
                    f"{figures['ada']['repeats']} passes, and the exact counts priced by costs fitted to these timings "
                    f"({describe_costs(figures['costs'])}):"), "",
-                  "| schedule | α | τ | rounds | tokens/s | × plain | tokens/s modelled |", "|---|---|---|---|---|---|---|"]
+                  "| schedule | α | τ | rounds | tokens/s | × plain | tokens/s modelled |",
+                  "|---|---|---|---|---|---|---|"]
         for name, f in {"ada": figures["ada"], **figures["constants"]}.items():
             lines.append(f"| {name.replace('constant', 'constant γ').replace('ada', 'ada (tuned)')} | "
-                         f"{f['greedy_alpha']:.3f} | {f['greedy_tau']:.2f} | {f['rounds']} | {f['spec_tokens_per_s']:.1f} | "
-                         f"{f['speedup']:.2f} | {figures['modelled_tokens_per_s'][name]:.1f} |")
+                         f"{f['greedy_alpha']:.3f} | {f['greedy_tau']:.2f} | {f['rounds']} | "
+                         f"{f['spec_tokens_per_s']:.1f} | {f['speedup']:.2f} | "
+                         f"{figures['modelled_tokens_per_s'][name]:.1f} |")
         lines += ["", verdict(figures), ""]
     else:
         lines += ["Not measured (`--no-measure`, or no held-out prompts).", ""]
     lines += ["## Use", "", "```",
-              f"specdec generate --target {target} --drafter {drafter} --schedule ada --head PATH_OF_THIS_FOLDER \"...\"",
+              (f"specdec generate --target {target} --drafter {drafter} --schedule ada "
+               "--head PATH_OF_THIS_FOLDER \"...\""),
               "```", ""]
     return "\n".join(lines)
 

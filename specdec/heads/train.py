@@ -37,7 +37,8 @@ from specdec.train.checkpoint import latest_checkpoint, load_checkpoint, save_ch
 from specdec.train.parallel import DataParallel
 
 
-def weighted_soft_ce(logits: torch.Tensor, label: torch.Tensor, reject_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_soft_ce(logits: torch.Tensor, label: torch.Tensor,
+                     reject_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, 2], soft labels [N] (P(accept)) -> (numerator, denominator) of SpecDec++'s loss
     (sums; the loss is their ratio, and the denominator does not depend on the weights)."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # [N, 2]

@@ -617,8 +617,8 @@ def load_of(model: ServedModel) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         return engine.ask("stats")
     t = engine.totals
     return {"id": model.id, **model.description, "speculate": engine.speculate, "batch_size": engine.batch_size,
-            "prefill_beside": engine.prefill_beside, "helper": engine.helper, "running": engine.running, "waiting": engine.waiting,
-            "batch": engine.batch, "totals": asdict(t),
+            "prefill_beside": engine.prefill_beside, "helper": engine.helper, "running": engine.running,
+            "waiting": engine.waiting, "batch": engine.batch, "totals": asdict(t),
             "acceptance_rate": t.accepted / t.drafted if t.drafted else 0.0,
             "mean_accepted_length": t.new_tokens / t.rounds if t.rounds else 0.0,
             "history": [asdict(s) for s in engine.load_history()], "memory": memory.usage(),

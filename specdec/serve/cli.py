@@ -3,8 +3,8 @@
 Flags come from ``ServeConfig`` (host, port, API key, model id, body limit) and from the core's
 config classes, exactly as for ``generate`` (``--target``, ``--drafter``, ``--gamma``,
 ``--batch-size``, ``--speculate``, ``--schedule``, ``--temperature``...): the decoding flags are the defaults of
-requests that do not set their own. One default differs: ``--speculate auto`` (``serve.config.SPECULATE``). FastAPI and uvicorn are the optional extra
-``pip install -e ".[serve]"``; without them the command says so in one line.
+requests that do not set their own. One default differs: ``--speculate auto`` (``serve.config.SPECULATE``). FastAPI and
+uvicorn are the optional extra ``pip install -e ".[serve]"``; without them the command says so in one line.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     beside = any(m.engine.beside is not None for m in served)
     compiling = "; compiling beside serving, eager until then" if beside else ""
     http = "HTTP in a process of its own" if front is not None else "HTTP on a thread of this process"
-    print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, schedule {schedule.schedule}, batch size "
-          f"{spec.batch_size}, {current_threads().describe()}{helper_note()}{compiling}; {http}) on "
+    print(f"specdec serve: {models.target} (drafter {drafter}, speculate {spec.speculate}, schedule "
+          f"{schedule.schedule}, batch size {spec.batch_size}, {current_threads().describe()}{helper_note()}"
+          f"{compiling}; {http}) on "
           f"{url_of(sock)}: the page at /, the API at /v1",
           file=sys.stderr, flush=True)
     if front is not None:

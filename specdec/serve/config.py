@@ -27,14 +27,19 @@ class ServeConfig:
 
     host: str = "127.0.0.1"  # address to bind; 0.0.0.0 or :: serves every interface (set an API key then)
     port: int = 8000  # TCP port; 0 = any free port
-    api_key: str | None = None  # require "Authorization: Bearer KEY" on the API, /metrics and /stats (not /health, nor the page's files); None = $SPECDEC_API_KEY, else none
+    api_key: str | None = None  # require "Authorization: Bearer KEY" on the API, /metrics and /stats
+                                # (not /health, nor the page's files); None = $SPECDEC_API_KEY, else none
     model_name: str | None = None  # the model id clients name; None = the target's shipped name or folder name
     max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
     log_level: str = "warning"  # uvicorn's log level: critical, error, warning, info, debug, trace
-    allowed_origins: str | None = None  # comma-separated origins (http://host:port) whose pages may call the API from a browser, "*" any; None = the server's own page only
-    allowed_hosts: str | None = None  # comma-separated Host names answered besides loopback's when bound to loopback (a proxy's); None = localhost and loopback addresses only
-    drain_s: float = 30.0  # on Ctrl-C or SIGTERM: seconds the requests in flight have to finish; those still running then get 503 (and the exit status is 1)
-    front: str = "process"  # where the HTTP app runs: process (one of its own, beside the engine's) or thread (in the engine's process)
+    allowed_origins: str | None = None  # comma-separated origins (http://host:port) whose pages may call
+                                        # the API from a browser, "*" any; None = the server's own page only
+    allowed_hosts: str | None = None  # comma-separated Host names answered besides loopback's when bound to
+                                      # loopback (a proxy's); None = localhost and loopback addresses only
+    drain_s: float = 30.0  # on Ctrl-C or SIGTERM: seconds the requests in flight have to
+                           # finish; those still running then get 503 (and the exit status is 1)
+    front: str = "process"  # where the HTTP app runs: process (one of its own, beside
+                            # the engine's) or thread (in the engine's process)
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:

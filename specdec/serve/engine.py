@@ -7,8 +7,9 @@ thread-safe queue; at the next round boundary the worker ``Decoder.submit``s it 
 lets it join the running batch (prefill, then rounds beside the others). Each row's committed tokens
 come back as ``RoundEvent``s: the engine is a ``Listener`` of its decoder and forwards each one, as a
 ``Round`` with the round's draft counts, to its request's asyncio queue
-(``loop.call_soon_threadsafe``), then a ``Finished`` item with the row's ``GenerationResult``. A finished row leaves the batch at once (the decoder does this); a
-request whose client went away is cancelled (``Decoder.cancel``) and leaves before its next round.
+(``loop.call_soon_threadsafe``), then a ``Finished`` item with the row's ``GenerationResult``. A finished row leaves the
+batch at once (the decoder does this); a request whose client went away is cancelled (``Decoder.cancel``) and leaves
+before its next round.
 
 Contracts:
 - Only the worker thread touches the decoder, its models and caches; handlers only enqueue. Where a core is spare

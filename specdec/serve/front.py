@@ -5,10 +5,10 @@ checks, each round's tokens detokenized, its JSON, the sockets) is Python too. I
 the GIL: whenever the worker's torch call lets the GIL go, the event loop's thread may take it, and the worker waits
 for it at the call's end. So ``specdec serve`` keeps its engines in its own process and runs the app in a child process
 (``multiprocessing``'s spawn), as vLLM runs its API server apart from its engine core. Measured on the AMD EPYC (2
-cores, 1 thread, the decoder alone at 4 rows of the shipped pair, ``--speculate auto``: ``benchmarks/gil_neighbour.py``):
-a Python thread busy 0.7 ms of every 6.7 took 17% of its tokens/s, the same work in another process 3%; the server at
-4 clients answered in 0.90-0.95x the time with its front apart (docs/benchmarks.md, "The HTTP front in a process of
-its own").
+cores, 1 thread, the decoder alone at 4 rows of the shipped pair, ``--speculate auto``:
+``benchmarks/gil_neighbour.py``): a Python thread busy 0.7 ms of every 6.7 took 17% of its tokens/s, the same work in
+another process 3%; the server at 4 clients answered in 0.90-0.95x the time with its front apart (docs/benchmarks.md,
+"The HTTP front in a process of its own").
 
 One pipe (``multiprocessing.Pipe``) joins them, each message a tuple:
 

@@ -39,7 +39,8 @@ MAX_PROMPTS = 64  # prompts in one completion request
 class APIError(Exception):
     """A refused request: HTTP ``status`` and OpenAI's error fields."""
 
-    TYPES: ClassVar[dict[int, str]] = {401: "authentication_error", 500: "server_error", 503: "server_error"}  # else invalid_request_error
+    TYPES: ClassVar[dict[int, str]] = {401: "authentication_error", 500: "server_error",
+                                       503: "server_error"}  # else invalid_request_error
 
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  type: str | None = None) -> None:

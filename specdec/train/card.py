@@ -4,7 +4,8 @@ Contract: ``write_cards(target_dir, drafter_dir, bench_dir)`` measures each mode
 perplexity on the stdlib test split, writes greedy and sampled sample completions of held-out
 prompts, and takes the pair's figures (acceptance, mean accepted length, cost ratio, speedups,
 the count of degenerate greedy loops) from a ``specdec bench`` run's ``summary.json``, so every
-figure in a card is reproducible by a command the card names. Training histories come from the run folders' checkpoint ``state.json``.
+figure in a card is reproducible by a command the card names. Training histories come from the run folders' checkpoint
+``state.json``.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ from safetensors.torch import load_file, save_file
 
 State = TypeVar("State")
 
-STATE_NAME = "state.json"  # written last: its presence (parsed, the files it lists at their sizes) marks a complete checkpoint
+STATE_NAME = "state.json"  # written last: its presence (parsed, the files it
+                           # lists at their sizes) marks a complete checkpoint
 RNG_NAME = "rng.safetensors"
 
 # Test hook: called with the name of each step of the save sequence just before it runs (a fault-injection

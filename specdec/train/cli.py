@@ -228,7 +228,8 @@ def _cmd_seq2seq(args: argparse.Namespace) -> int:
     if overrides.get("translations") == "references":  # distil from nothing: train on the reference translations
         overrides["translations"] = None
     cfg = dataclasses.replace(SEQ2SEQ_PRESETS[args.preset], **overrides)
-    final = train_seq2seq(cfg, args.out, device=args.device, stop_after_s=args.stop_after, stop_at_step=args.stop_at_step)
+    final = train_seq2seq(cfg, args.out, device=args.device, stop_after_s=args.stop_after,
+                          stop_at_step=args.stop_at_step)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")
     return 0
 
@@ -247,8 +248,8 @@ def _cmd_seq2seq_block(args: argparse.Namespace) -> int:
 def _cmd_translations(args: argparse.Namespace) -> int:
     from specdec.train.seq2seq import write_translations
 
-    n = write_translations(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size, chunk=args.chunk,
-                           device=args.device)
+    n = write_translations(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size,
+                           chunk=args.chunk, device=args.device)
     print(f"{args.out}: {n} translations")
     return 0
 
@@ -339,7 +340,8 @@ def register(subparsers) -> None:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_cmd_outputs)
 
-    dr = sub.add_parser("drafter", help="a small drafter for any target, distilled on its `specdec data outputs` (resumable)",
+    dr = sub.add_parser("drafter",
+                        help="a small drafter for any target, distilled on its `specdec data outputs` (resumable)",
                         description="Build a drafter from the target's own config class (--layers, --hidden, or "
                         "--init first-layers) and distil it on the target's outputs (KL to the target at every "
                         "position). OUT/checkpoint resumes (Ctrl-C writes one); OUT/final is a plain transformers "
@@ -388,7 +390,8 @@ def register(subparsers) -> None:
     _add_dataclass_flags(sblk, Seq2SeqBlockConfig, skip=())
     sblk.set_defaults(func=_cmd_seq2seq_block)
 
-    tr = sub.add_parser("translations", help="a model's greedy translations of a split's sources (distillation data; resumable)")
+    tr = sub.add_parser("translations",
+                        help="a model's greedy translations of a split's sources (distillation data; resumable)")
     tr.add_argument("--model", required=True, help="the target's folder")
     tr.add_argument("--data", default="data/gettext-de", help="a `specdec data gettext` folder")
     tr.add_argument("--out", required=True, help="JSONL file to append to (run again to resume)")
@@ -425,7 +428,8 @@ def register(subparsers) -> None:
     card.add_argument("--drafter-run", default="runs/code-drafter-s5",
                       help="the drafter's last training run folder (earlier stages are found via its --init-from)")
     card.add_argument("--bench-dir", default="bench-out/card",
-                      help="a `specdec bench --methods plain-hf,plain,spec,spec-lookup --temperature 0 1` output folder")
+                      help="a `specdec bench --methods plain-hf,plain,spec,spec-lookup --temperature 0 1` output "
+                           "folder")
     card.set_defaults(func=_cmd_card)
 
     from specdec.heads.cli import register as register_head

@@ -560,7 +560,8 @@ def block_card(target: str, what: str, recipe: str, data: str, records: int, hel
              (f"`{data}`: the target's own continuations of the user's prompts (`specdec data outputs`), {records} "
               f"records, {held} held out in `{valid_path(data).name}`; target fingerprint `{target_fingerprint}`."), "",
              "## Figures", ""]
-    lines += figures_lines(figures, "this block drafter") if figures else ["Not measured (`--no-measure`, or no held-out prompts).", ""]
+    lines += (figures_lines(figures, "this block drafter") if figures
+              else ["Not measured (`--no-measure`, or no held-out prompts).", ""])
     lines += ["## Use", "", "```", f"specdec generate --target {target} --drafter block:PATH_OF_THIS_FOLDER \"...\"",
               "```", ""]
     return "\n".join(lines)

@@ -158,7 +158,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
     parallel.broadcast(model)
     teacher = None
     if cfg.teacher is not None:
-        teacher = AutoModelForCausalLM.from_pretrained(require_weights(cfg.teacher), dtype=torch.float32).to(device).eval()
+        teacher = AutoModelForCausalLM.from_pretrained(require_weights(cfg.teacher),
+                                                       dtype=torch.float32).to(device).eval()
         if teacher.config.vocab_size != model.config.vocab_size:
             raise ValueError(f"teacher {cfg.teacher} has vocabulary {teacher.config.vocab_size}, "
                              f"the drafter's tokenizer {model.config.vocab_size}: use the teacher's tokenizer")
@@ -191,7 +192,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, tokenizer_dir: str | Path, devi
         with torch.autocast(amp_device, dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = model(input_ids=inputs).logits.float()  # [B, T, V]
             # means over the global batch's tokens (this process's share of them: specdec.train.parallel)
-            ce = parallel.share(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"), labels.numel())
+            ce = parallel.share(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum"),
+                                labels.numel())
             loss = ce
             if teacher is not None:
                 with torch.no_grad():

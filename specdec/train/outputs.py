@@ -246,7 +246,8 @@ def continue_prompts(model: PreTrainedModel, prompts: Sequence[Prompt], out: str
     if not todo:
         return 0
     handle = make_target(model)
-    decoder = Decoder(handle, NoDrafter(), make_schedule(SpecConfig(max_new_tokens=max_new_tokens, batch_size=batch_size)),
+    decoder = Decoder(handle, NoDrafter(), make_schedule(SpecConfig(max_new_tokens=max_new_tokens,
+                                                                    batch_size=batch_size)),
                       batch_size=batch_size)
     stops = frozenset(handle.stop_token_ids())
     for i, p in enumerate(todo):  # each row's own seed: a record does not depend on its batch

@@ -53,12 +53,15 @@ class TrainConfig:
 class BlockTrainConfig:
     """One block-drafter training run. Defaults are the shipped model's recipe."""
 
-    target: str = "code-target"  # the target distilled from, a folder or shipped name (embeddings, tokenizer, hidden states)
+    target: str = "code-target"  # the target distilled from, a folder or shipped
+                                 # name (embeddings, tokenizer, hidden states)
     outputs: str = "runs/code-target-outputs.jsonl"  # `specdec train outputs` file; its temperature-0 records
     outputs_records: int | None = None  # read only the file's first N lines (None: all there when the run starts)
     valid: str | None = None  # held-out `specdec train outputs --split validation` file for evaluation
     valid_records: int = 100  # greedy validation records measured at each evaluation
-    init_from: str | None = "code-drafter"  # a Llama causal LM of the target's vocabulary whose weights start the drafter (its shape replaces the four below); None: fresh layers, embeddings from the target
+    init_from: str | None = "code-drafter"  # a Llama causal LM of the target's vocabulary whose
+                                            # weights start the drafter (its shape replaces the four
+                                            # below); None: fresh layers, embeddings from the target
     hidden_size: int = 256  # drafter width
     num_hidden_layers: int = 2  # drafter decoder layers
     num_attention_heads: int = 4  # attention heads per layer
@@ -140,7 +143,8 @@ class DrafterTrainConfig:
     data: str = ""  # a `specdec data outputs` file written with that target
     layers: int = 2  # decoder layers of the drafter
     hidden: int | None = None  # width of a shrunk drafter (a multiple of the target's head count); None = the target's
-    init: str = "shrunk"  # shrunk: fresh layers, the target's embeddings; first-layers: the target's first --layers layers
+    init: str = "shrunk"  # shrunk: fresh layers, the target's embeddings;
+                          # first-layers: the target's first --layers layers
     steps: int = 300  # optimizer steps
     batch_size: int = 8  # records per step
     lr: float = 1e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
@@ -179,7 +183,8 @@ class Seq2SeqTrainConfig:
     shape: Seq2SeqShape = field(default_factory=lambda: Seq2SeqShape(256, 3, 3, 4, 768))
     data: str = "data/gettext-de"  # a `specdec data gettext` folder (train.jsonl, validation.jsonl)
     tokenizer: str = "runs/translate-tokenizer"  # a `specdec train seq2seq-tokenizer` folder
-    translations: str | None = None  # the target's translations of the train sources (distillation); None (CLI: `references`) = the reference translations
+    translations: str | None = None  # the target's translations of the train sources (distillation);
+                                     # None (CLI: `references`) = the reference translations
     init_from: str | None = None  # start from this trained model (a stage-2 run: fresh optimizer and schedule)
     batch_size: int = 64  # sentence pairs per step (batches group pairs of similar length)
     max_tokens: int = 128  # pairs longer than this on either side (eos included) are left out of training
@@ -228,13 +233,15 @@ SEQ2SEQ_PRESETS: dict[str, Seq2SeqTrainConfig] = {  # `specdec train seq2seq --p
 class Seq2SeqBlockConfig:
     """One encoder-decoder block-drafter training run. Defaults are the shipped model's recipe."""
 
-    target: str = "runs/translate-target-s2/final"  # the target distilled from (its encoder, embeddings, decoder layers)
+    target: str = "runs/translate-target-s2/final"  # the target distilled from (its
+                                                    # encoder, embeddings, decoder layers)
     data: str = "data/gettext-de"  # the `specdec data gettext` folder the translations were made from
     translations: str = "runs/translate-target-translations-train.jsonl"  # `specdec train translations` of the target
     outputs: str | None = None  # a `specdec data outputs` file of the target's (replaces data and translations)
     decoder_layers: int = 2  # the drafter's decoder layers (the target's first ones to start)
     max_block_size: int = 8  # largest block k trained (each step draws k uniformly from 1..this)
-    mask_token_id: int | None = None  # the block's input token (None: the tokenizer's unk, which byte-level BPE never emits)
+    mask_token_id: int | None = None  # the block's input token (None: the tokenizer's
+                                      # unk, which byte-level BPE never emits)
     prefix_loss: float = 0.5  # weight of the next-token loss at prefix positions
     batch_size: int = 64  # rows per step
     max_tokens: int = 128  # pairs longer than this on either side are left out

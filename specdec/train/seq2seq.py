@@ -67,9 +67,9 @@ class Example:
 def load_examples(cfg: Seq2SeqTrainConfig, tokenizer: PreTrainedTokenizerBase, split: str,
                   limit: int | None = None) -> list[Example]:
     """The split's pairs tokenized, in file order; pairs longer than ``cfg.max_tokens`` on either
-    side are left out (validation loss is measured in the regime trained on). With ``cfg.translations`` (distillation) the train targets are the
-    target's translations, and only the sources it has translated so far are used (a file still
-    being written by ``write_translations`` serves as far as it goes)."""
+    side are left out (validation loss is measured in the regime trained on). With ``cfg.translations`` (distillation)
+    the train targets are the target's translations, and only the sources it has translated so far are used (a file
+    still being written by ``write_translations`` serves as far as it goes)."""
     pairs = load_pairs(cfg.data, split)[:limit]
     if split == "train" and cfg.translations is not None:
         records = read_translations(cfg.translations)
@@ -299,7 +299,8 @@ def train_seq2seq(cfg: Seq2SeqTrainConfig, out_dir: str | Path, device: str = "c
     train_examples = load_examples(cfg, tokenizer, "train")
     val_examples = load_examples(cfg, tokenizer, "validation", limit=cfg.eval_pairs)
     if len(train_examples) < cfg.batch_size:
-        raise ValueError(f"{cfg.data} has {len(train_examples)} usable train pairs, fewer than a batch of {cfg.batch_size}")
+        raise ValueError(f"{cfg.data} has {len(train_examples)} usable train pairs, fewer than a batch of "
+                         f"{cfg.batch_size}")
     lengths = [len(e.src) + len(e.tgt) for e in train_examples]
     model = build_model(cfg.shape, tokenizer, cfg.dropout)
     if cfg.init_from is not None:
@@ -374,7 +375,8 @@ def read_translations(path: str | Path) -> dict[int, dict]:
 
 
 def _load_for_inference(model_dir: str | Path, device: str):
-    model = AutoModelForSeq2SeqLM.from_pretrained(require_weights(model_dir)).to(device=device, dtype=torch.float32).eval()
+    model = (AutoModelForSeq2SeqLM.from_pretrained(require_weights(model_dir))
+             .to(device=device, dtype=torch.float32).eval())
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return model, tokenizer
 

@@ -123,7 +123,8 @@ def block_rows(examples: list[Example], cuts: list[int], k: int, start: int, mas
 def block_logits(model: PreTrainedModel, rows: BlockRows) -> torch.Tensor:
     """[B, T, V] logits of every decoder position."""
     return model(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
-                 decoder_input_ids=rows.decoder_input_ids, decoder_attention_mask=rows.decoder_mask.to(model.dtype)).logits
+                 decoder_input_ids=rows.decoder_input_ids,
+                 decoder_attention_mask=rows.decoder_mask.to(model.dtype)).logits
 
 
 def draw_cuts(examples: list[Example], k: int, positions: int, rng: random.Random) -> list[int]:
@@ -260,7 +261,8 @@ def train_seq2seq_block(cfg: Seq2SeqBlockConfig, out_dir: str | Path, device: st
                 cfg.target, f"A {n / 1e6:.2f}M-parameter `{type(model).__name__}` (the target's encoder, "
                 f"{getattr(c, decoder_layers_key(c))} decoder layers, blocks of up to {cfg.max_block_size} tokens; it "
                 "loads with `AutoModelForSeq2SeqLM`)",
-                f"The target with its first {cfg.decoder_layers} decoder layers, trained on blocks of the target's greedy "
-                f"outputs, {cfg.max_steps} steps of {cfg.batch_size} rows, peak learning rate {cfg.lr}, seed {cfg.seed}.",
+                f"The target with its first {cfg.decoder_layers} decoder layers, trained on blocks of the target's "
+                f"greedy outputs, {cfg.max_steps} steps of {cfg.batch_size} rows, peak learning rate {cfg.lr}, seed "
+                f"{cfg.seed}.",
                 cfg.outputs, len(train), len(own.valid), own.fingerprint, figures), encoding="utf-8")
     return final
