@@ -18,23 +18,20 @@ from transformers import AutoConfig, AutoModel, DynamicCache
 
 import specdec
 from specdec.drafters.block_model import BlockDrafterConfig, BlockDrafterModel, BlockLayout
-from specdec.train.block import (
+from specdec.train.block import build_block_drafter, lr_at, make_optimizer, train_block_drafter
+from specdec.train.block_data import (
     HIDDEN_SPAN,
     IGNORE,
     Record,
     batch_at,
-    block_acceptance,
-    build_block_drafter,
     glance,
     glancing_loss,
     load_records,
-    lr_at,
-    make_optimizer,
     pack_blocks,
     step_generator,
     target_hidden_states,
-    train_block_drafter,
 )
+from specdec.train.block_eval import block_acceptance
 from specdec.train.presets import BlockTrainConfig
 
 V = 40  # vocabulary of the tiny models

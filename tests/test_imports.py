@@ -183,6 +183,15 @@ def test_no_line_is_over_the_line_length() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
 
 
+MODULE_LINES = 650  # the most lines a module of the package may hold: past it, it is split along its seams
+
+
+def test_no_module_of_the_package_is_over_its_length() -> None:
+    lengths = {str(path.relative_to(REPO)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert len(lengths) >= 100 and "specdec/train/block.py" in lengths  # every module, at any depth, found
+    assert {name: n for name, n in lengths.items() if n > MODULE_LINES} == {}
+
+
 def test_preparing_a_model_sets_nothing_on_it_and_keeps_it_alive_no_longer(tmp_path, monkeypatch) -> None:
     """``prepare`` compiles a model and decoding uses its static cache, with no ``_specdec_*`` attribute set on the
     model object (its state is in tables keyed weakly by the model), and the model dies when its user lets it go

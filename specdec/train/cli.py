@@ -136,7 +136,7 @@ def _cmd_block_eval(args: argparse.Namespace) -> int:
 
     import torch
 
-    from specdec.train.block import evaluate_block_drafter, format_evaluation
+    from specdec.train.block_eval import evaluate_block_drafter, format_evaluation
 
     torch.set_num_threads(args.threads)
     result = evaluate_block_drafter(args.model, args.valid, target=args.target, drafter=args.drafter or None,
