@@ -250,12 +250,16 @@ def prepare_call(target: PreTrainedModel | Target, drafter: object, prompts: obj
     ``compile`` says ("on", "auto": on CUDA only, "off": nothing). ``drafter`` None: plain decoding. A drafter named
     by a string or ``DrafterConfig`` is loaded (as the core would) and compiled before it is built; returns the
     target and drafter to decode with, and the plan compiled (None: nothing compiled)."""
+    import torch
+
     from specdec.compiled import compiles
     from specdec.loading import input_device, load_model
     from specdec.plan import decode_plan
     from specdec.target import Target, make_target
 
     model = target.model if isinstance(target, Target) else target
+    if not isinstance(model, torch.nn.Module):  # the core refuses it in its own words (a TypeError naming the fix)
+        return target, drafter, None
     _use_threads(threads, model)
     if not compiles(compile, input_device(model)):
         return target, drafter, None
