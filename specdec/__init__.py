@@ -10,9 +10,10 @@ from __future__ import annotations
 import typing
 
 from specdec.lazy import lazy_names
-from specdec.supported import check_installed, installed
+from specdec.supported import check_installed, installed, quiet_backends
 
 check_installed()  # the transformers release, named before any module imports it (specdec.supported)
+quiet_backends()  # torchao's import chatter (specdec.supported)
 __version__ = installed("specdec") or "unknown"  # from the package metadata (pyproject.toml's version)
 
 if typing.TYPE_CHECKING:

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import importlib
 import json
-import logging
 import sys
 import time
 import typing
@@ -364,14 +363,6 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def quiet_backends() -> None:
-    """Keep the optional quantization backend's import-time chatter off a command's output: with torchao installed
-    (the ``quant`` extra), transformers imports it with every model, and torchao logs each CUDA library it cannot
-    load on a CPU build and registers enums torch's pytree warns about. Errors still show."""
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``specdec`` with ``argv`` (default: ``sys.argv[1:]``); return the exit status. Ctrl-C at any
     moment (parsing, importing, loading models, generating) ends it with one line and status 130."""
@@ -379,7 +370,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     name = "specdec" + (f" {command}" if command in SUBCOMMANDS else "")
     keep_swallowed_interrupts()
-    quiet_backends()
     try:
         args = build_parser(command).parse_args(argv)
         try:

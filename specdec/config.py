@@ -173,6 +173,22 @@ DRAFTER_DTYPES = ("auto", "float32", "bf16", "int8")
 KERNEL_MODES = ("auto", "off")  # ModelConfig.kernels, speculative_generate(kernels=...) (see specdec.kernels)
 
 
+def check_mode(mode: object) -> str:
+    """``mode`` if it is one of ``COMPILE_MODES``, else a ValueError naming them."""
+    if mode not in COMPILE_MODES:
+        ModelConfig(compile=mode)  # raises the one message
+    return str(mode)
+
+
+def compiles(mode: str, device: object = None) -> bool:
+    """Whether a run on ``device`` (a ``torch.device`` or its name) compiles under ``--compile mode``: on; auto on a
+    CUDA device (each step a CUDA graph: measured to pay there, with a start of seconds) and off elsewhere, as
+    measured (docs/journal/compiled-path.md). Here, not in ``specdec.compiled``, so that deciding not to compile
+    imports nothing of the compiled path (torch's compiler takes a tenth of a second to import)."""
+    mode = check_mode(mode)
+    return mode == "on" or (mode == "auto" and device is not None and str(device).startswith("cuda"))
+
+
 def check_kernels(kernels: object) -> bool:
     """Whether ``kernels`` (one of ``KERNEL_MODES``) asks for specdec's linear kernels; a ValueError otherwise."""
     if kernels not in KERNEL_MODES:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from specdec.arguments import COMPARE, Settings, UsageError
-from specdec.config import DrafterConfig, ModelConfig, ScheduleConfig, SpecConfig, check_kernels
+from specdec.config import DrafterConfig, ModelConfig, ScheduleConfig, SpecConfig, check_kernels, compiles
 from specdec.plan import Plan, Shapes, mode_plan
 from specdec.threads import ThreadChoice, use_threads
 
@@ -95,7 +95,6 @@ class Session:
         kept), at most ``prompts`` rows where the caller knows how many it decodes (one prompt compiles rows of 1
         only). ``how`` overrides ``--compile``; ``cached_only`` takes each model's buckets from the compile cache
         only, all or none (``compiled.prepare``), saying nothing. Returns what was decided, per model."""
-        from specdec.compiled import compiles
         from specdec.loading import resolve_device
 
         how = how or self.models.compile
@@ -252,7 +251,6 @@ def prepare_call(target: PreTrainedModel | Target, drafter: object, prompts: obj
     target and drafter to decode with, and the plan compiled (None: nothing compiled)."""
     import torch
 
-    from specdec.compiled import compiles
     from specdec.loading import input_device, load_model
     from specdec.plan import decode_plan
     from specdec.target import Target, make_target

@@ -64,3 +64,14 @@ def check_installed() -> None:
     for name, check in (("transformers", check_transformers), ("torch", check_torch)):
         if (version := installed(name)) is not None:
             check(version)
+
+
+def quiet_backends() -> None:
+    """Keep the optional quantization backend's import-time chatter off a user's output: with torchao installed
+    (the ``quant`` extra), transformers imports it with every model, and on a CPU build of torch torchao logs each
+    CUDA library it cannot load and registers enums torch's pytree warns about. Its errors still show; a process
+    that imported torchao before specdec keeps what it printed."""
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)

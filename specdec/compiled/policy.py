@@ -24,7 +24,7 @@ from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from specdec.architectures import attention_chunk, local_window
-from specdec.config import COMPILE_MODES, ModelConfig
+from specdec.config import check_mode, compiles  # noqa: F401 (the package re-exports them)
 from specdec.folders import cache_root
 from specdec.positions import positions_for
 from specdec.quantized import compile_refusal as quantized_refusal
@@ -42,21 +42,6 @@ GRAPH_FORMAT = 2  # the layout of a graph file (``graph_file``; 2: the step read
 CHECK_TOLERANCE = 1e-3  # largest |compiled - eager| logit difference (relative to the logits' scale) at warm-up
 INSTALL = ("torch.compile on CPU needs a C++ compiler and Python's headers: install them (Debian/Ubuntu: "
            "apt-get install g++ python3-dev; or set CXX to a compiler), or use --compile off")
-
-def check_mode(mode: object) -> str:
-    """``mode`` if it is one of ``COMPILE_MODES``, else a ValueError naming them."""
-    if mode not in COMPILE_MODES:
-        ModelConfig(compile=mode)  # raises the one message
-    return str(mode)
-
-
-def compiles(mode: str, device: torch.device | str | None = None) -> bool:
-    """Whether a run on ``device`` compiles under ``--compile mode``: on; auto on a CUDA device (each step a CUDA
-    graph: measured to pay there, with a start of seconds) and off elsewhere, as measured
-    (docs/journal/compiled-path.md)."""
-    mode = check_mode(mode)
-    return mode == "on" or (mode == "auto" and device is not None and str(device).startswith("cuda"))
-
 
 def compiler_missing() -> str | None:
     """What torch.compile's CPU backend lacks here (a C++ compiler, Python's headers), or None."""
