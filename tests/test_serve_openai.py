@@ -326,18 +326,18 @@ def test_null_fields_are_absent(server):
 
 
 def test_prompt_scores_equal_each_prompt_alone_in_chunks_or_not(monkeypatch):
-    """``decode.prompt_logprobs`` pads prompts of several lengths into one forward (or several, past
+    """``logprobs.prompt_logprobs`` pads prompts of several lengths into one forward (or several, past
     ``SCORE_TOKENS``): each equals the target's forward over that prompt alone."""
     from conftest import build_tiny
 
-    from specdec import decode
+    from specdec import logprobs
     from specdec.target import make_target
     model = build_tiny(vocab_size=64, seed=0)
     target = make_target(model)
     prompts = [[1, 2, 3, 4, 5, 6], [7, 8], [3] * 11, [40, 41, 42]]
-    for budget in (decode.SCORE_TOKENS, 12):
-        monkeypatch.setattr(decode, "SCORE_TOKENS", budget)
-        for p, scored in zip(prompts, decode.prompt_logprobs(target, prompts, [3] * len(prompts))):
+    for budget in (logprobs.SCORE_TOKENS, 12):
+        monkeypatch.setattr(logprobs, "SCORE_TOKENS", budget)
+        for p, scored in zip(prompts, logprobs.prompt_logprobs(target, prompts, [3] * len(prompts))):
             alone = own_logprobs(model, p)
             assert scored[0] is None and len(scored) == len(p)
             for t in range(1, len(p)):

@@ -16,23 +16,23 @@ import sys
 import time
 
 if os.environ.get("SPECDEC_TIMELINE_LOG") and "serve" in sys.argv:
-    from specdec import decode
+    from specdec import admission, decode
     from specdec.serve import engine
 
     _log = open(os.environ["SPECDEC_TIMELINE_LOG"], "a", buffering=1)  # noqa: SIM115 - open for the process's life; a line at a time: a server stopped by a signal loses none
-    _join, _round, _take = decode.Decoder._join, decode.Decoder._round, engine.Engine._take_inbox
+    _join, _round, _take = admission.Admission.join, decode.Decoder._round, engine.Engine._take_inbox
 
     def _write(kind: str, start: float, **fields: object) -> None:
         seconds = time.perf_counter() - start
         _log.write(f"{start:.6f} {seconds:.6f} {kind} "
                    + " ".join(f"{k}={v}".replace(" ", "") for k, v in fields.items()) + "\n")
 
-    def join(self):
-        start, waiting, before = time.perf_counter(), len(self.waiting), len(self.rows)
-        out = _join(self)
+    def join(self, rows, add):  # the decoder's admission of waiting rows (``specdec.admission.Admission.join``)
+        start, waiting, before = time.perf_counter(), len(self.waiting), len(rows)
+        out = _join(self, rows, add)
         if waiting:
-            _write("join", start, rows=before, after=len(self.rows),
-                   prompts=[len(r.request.ids) for r in self.rows[before:]])
+            _write("join", start, rows=before, after=len(rows),
+                   prompts=[len(r.request.ids) for r in rows[before:]])
         return out
 
     def round_(self):
@@ -50,7 +50,7 @@ if os.environ.get("SPECDEC_TIMELINE_LOG") and "serve" in sys.argv:
 
     from specdec import target as _target
 
-    _beside, _split, _tokens = decode._beside, _target.ModelTarget.prefill_beside, {}
+    _beside, _split, _tokens = admission._beside, _target.ModelTarget.prefill_beside, {}
 
     def split(self, prompts):
         run = _split(self, prompts)
@@ -65,5 +65,5 @@ if os.environ.get("SPECDEC_TIMELINE_LOG") and "serve" in sys.argv:
 
     _target.ModelTarget.prefill_beside = split
 
-    decode.Decoder._join, decode.Decoder._round, engine.Engine._take_inbox = join, round_, take
-    decode._beside = beside
+    admission.Admission.join, decode.Decoder._round, engine.Engine._take_inbox = join, round_, take
+    admission._beside = beside
