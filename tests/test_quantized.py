@@ -280,3 +280,17 @@ def test_the_compiled_path_refuses_a_quantized_model_by_name_and_decodes_it_eage
     with pytest.warns(UserWarning, match="quantized"):
         choice = compiled.prepare(model, "on")
     assert not choice.compiled and compiled.compiled_for(model) is None
+
+
+def test_a_quantized_drafter_keeps_its_form_and_refuses_another_in_one_line(folders):
+    """``drafter_form`` "auto" would give a float32 CPU drafter torch's int8 dynamic quantisation; a torchao model is
+    kept as loaded (quantising its quantized weights again fails inside torch), and another form asked for is
+    refused by name."""
+    from specdec.drafters.model import drafter_form, drafter_in
+
+    _, loaded = folders
+    model, _ = loaded["drafter", "int8"]
+    form = drafter_form(model)
+    assert form == "float32" and drafter_in(model, form) is model
+    with pytest.raises(ValueError, match="quantized already"):
+        drafter_in(model, "int8")

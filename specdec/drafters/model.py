@@ -48,6 +48,7 @@ from specdec.drafters.base import (
 from specdec.kernels import install
 from specdec.loading import context_limit, input_device
 from specdec.loading import vocab_size as logits_size
+from specdec.quantized import describe
 from specdec.sampling import Sampler, check_finite
 from specdec.selfcheck import checked_for
 from specdec.seq2seq import decoder_start_id, decoding_cache, is_encoder_decoder, prefill_into, rows_apart
@@ -175,13 +176,17 @@ def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = Fal
     if is_int8(model):
         return "int8"
     if (not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available()
-            and registered_cache(model) is None):
+            and registered_cache(model) is None and describe(model) is None):  # torchao's: kept as loaded
         return "int8"
     return {torch.float32: "float32", torch.bfloat16: "bf16"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
 
 def _convert(model: PreTrainedModel, form: str) -> PreTrainedModel:
     """A copy of ``model`` in ``form`` (a form that needs no change returns ``model`` itself)."""
+    own = {torch.float32: "float32", torch.bfloat16: "bf16"}.get(model.dtype)
+    if (name := describe(model)) is not None and form != own:
+        raise ValueError(f"the drafter is quantized already ({name}): it drafts as it was loaded; leave "
+                         "--drafter-dtype at auto")
     if is_int8(model):
         if form == "int8":
             return model
