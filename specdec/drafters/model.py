@@ -178,13 +178,17 @@ def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = Fal
     if (not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available()
             and registered_cache(model) is None and describe(model) is None):  # torchao's: kept as loaded
         return "int8"
+    return _own_form(model)
+
+
+def _own_form(model: PreTrainedModel) -> str:
+    """The form ``model`` is in as loaded: "float32", "bf16", or its dtype's name."""
     return {torch.float32: "float32", torch.bfloat16: "bf16"}.get(model.dtype, str(model.dtype).removeprefix("torch."))
 
 
 def _convert(model: PreTrainedModel, form: str) -> PreTrainedModel:
     """A copy of ``model`` in ``form`` (a form that needs no change returns ``model`` itself)."""
-    own = {torch.float32: "float32", torch.bfloat16: "bf16"}.get(model.dtype)
-    if (name := describe(model)) is not None and form != own:
+    if (name := describe(model)) is not None and form != _own_form(model):
         raise ValueError(f"the drafter is quantized already ({name}): it drafts as it was loaded; leave "
                          "--drafter-dtype at auto")
     if is_int8(model):
