@@ -9,11 +9,13 @@
    peer that is unknown or not installed is refused before anything loads, naming what to install;
    CTranslate2, where installed, converts the tiny target and gives generate's tokens (else its
    refusal is what is tested).
-4. llama.cpp: ``--peers llamacpp`` runs its four configurations (f32, q8_0, each with and without
-   its prompt lookup, the lookups speculative), refused with every missing package named; the GGUF
-   driver lets through exactly GPT-2's pre-tokenizer; where llama-cpp-python is installed its f32
-   configurations give generate's tokens on the tiny target (else its refusal is what is tested); a
+4. llama.cpp: ``--peers llamacpp`` runs its six configurations (f32, q8_0, each with and without
+   its prompt lookup, the lookups speculative; q4_0 and q4_k_m quantized by llama.cpp), refused with every
+   missing package named; the GGUF driver lets through exactly GPT-2's pre-tokenizer; where llama-cpp-python
+   is installed its f32 configurations give generate's tokens on the tiny target (else its refusal is what is tested); a
    lossy peer (q8_0: other weights) that differs is counted and reported without failing the run.
+5. The floor gives each plain form the bytes it reads (the target's pass, a peer's own GGUF weights) and its time
+   over reading them; a GGUF file's bytes leave out the token embedding's gather unless the head is tied to it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from conftest import build_tiny
 from tiny_models import save_tiny_pair
 
 from specdec import compiled, kernels
-from specdec.bench import BenchConfig, build_report, run_benchmark
+from specdec.bench import BenchConfig, build_report, peers, run_benchmark
 from specdec.bench.cli import main
 from specdec.bench.floor import PassMeter, floor_rows, linear_layers, pass_over, weight_pass
 from specdec.bench.gguf_driver import gpt2_pre_tokenizer
@@ -220,14 +222,16 @@ def test_ctranslate2_gives_generates_tokens_or_is_refused(pair) -> None:
     assert row.error is None and row.greedy_equal == row.greedy_total == 3
 
 
-def test_llamacpp_runs_its_four_configurations(pair, monkeypatch) -> None:
+def test_llamacpp_runs_its_six_configurations(pair, monkeypatch) -> None:
     members = PEER_GROUPS["llamacpp"]
-    assert set(members) == {"llamacpp-f32", "llamacpp-q8_0", "llamacpp-f32-lookup", "llamacpp-q8_0-lookup"}
+    assert set(members) == {"llamacpp-f32", "llamacpp-q8_0", "llamacpp-f32-lookup", "llamacpp-q8_0-lookup",
+                            "llamacpp-q4_0", "llamacpp-q4_k_m"}
     for name in members:  # the registered ones: llama_cpp and the converter's packages, lookup speculative
         peer = PEERS[name]
         assert peer.module == "llama_cpp" and peer.package == "llama-cpp-python"
         assert {p for _, p in peer.needs} == {"gguf", "sentencepiece"}
-        assert peer.speculative == name.endswith("-lookup") and peer.lossy == ("q8_0" in name)
+        assert peer.speculative == name.endswith("-lookup") and peer.lossy == (name != "llamacpp-f32"
+                                                                                and "f32-" not in name)
     for name in members:  # the same plumbing with generate as the engine
         monkeypatch.setitem(PEERS, name, replace(PEERS[name], module="torch", needs=(), build=_HFGreedy))
     assert [r.name for r in peer_runners(["llamacpp", "llamacpp-f32"])] == list(members)  # each once
@@ -241,6 +245,50 @@ def test_llamacpp_runs_its_four_configurations(pair, monkeypatch) -> None:
     assert min(r.over_fastest for r in floor.values() if not r.speculative) == pytest.approx(1.0)
     lookup = floor["llamacpp-f32-lookup"]
     assert lookup.over_fastest == pytest.approx(lookup.ms_per_token / min(plain))  # against plain engines only
+    assert lookup.bytes_per_token is None and lookup.over_own_bytes is None  # a speculative step reads more
+
+
+class _Quantized(_HFGreedy):
+    bytes_read = 1000  # a peer whose form reads fewer bytes than the target's weights (a quantized GGUF file)
+
+
+def test_the_floor_gives_each_plain_form_its_own_bytes(pair, monkeypatch) -> None:
+    monkeypatch.setitem(PEERS, "small", Peer("small", "torch", "torch", "reads 1000 bytes", _Quantized, lossy=True))
+    report = build_report(run_benchmark(_config(pair, methods=("plain", "spec"), peers=("small",), repeats=1)))
+    run = report.run
+    floor = {r.method: r for r in floor_rows(run.blocks, run.target_pass)}
+    assert floor["plain"].bytes_per_token == run.target_pass.bytes  # our plain step reads the target's weights
+    assert floor["plain"].over_own_bytes == pytest.approx(floor["plain"].over_weight_pass)
+    assert floor["small"].bytes_per_token == 1000  # the peer's own form, not the target's
+    seconds_a_byte = run.target_pass.seconds / run.target_pass.bytes
+    assert floor["small"].over_own_bytes == pytest.approx(floor["small"].ms_per_token / (1e3 * 1000 * seconds_a_byte))
+    assert floor["spec γ=3"].bytes_per_token is None
+    table = floor_table(run)
+    assert table is not None and [c.header for c in table.columns][-2:] == ["MiB read", "× its own bytes"]
+
+
+def test_a_gguf_files_bytes_a_step_reads(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    if importlib.util.find_spec("gguf") is None:  # the floor then leaves a peer's bytes unknown
+        path.write_bytes(b"GGUF")
+        assert peers.gguf_bytes_read(path) is None
+        return
+    import numpy as np
+    from gguf import GGUFWriter
+
+    def write(names: list[str]) -> int:
+        writer = GGUFWriter(str(path), "llama")
+        for name in names:
+            writer.add_tensor(name, np.ones((16, 32), dtype=np.float32))
+        writer.add_tensor("blk.0.attn_norm.weight", np.ones(32, dtype=np.float32))  # a norm: one dimension
+        for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+            step()
+        writer.close()
+        return peers.gguf_bytes_read(path)
+
+    matrix = 16 * 32 * 4
+    assert write(["token_embd.weight", "blk.0.attn_q.weight", "output.weight"]) == 2 * matrix  # the gather left out
+    assert write(["token_embd.weight", "blk.0.attn_q.weight"]) == 2 * matrix  # tied: the head reads the embedding
 
 
 def test_a_peer_names_every_package_it_misses(monkeypatch) -> None:
@@ -284,7 +332,6 @@ def test_a_llama_cpp_crash_is_caught_in_a_child_and_its_extra_buffers_left_out(t
     project) and not without, the peer runs without them; where it crashes either way, its block fails."""
     import subprocess
 
-    from specdec.bench import peers
 
     runs: list[list[str]] = []
     crash_with = {"1"}  # the extra-buffer flags a fake llama.cpp crashes with

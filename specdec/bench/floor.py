@@ -21,7 +21,9 @@ of docs/benchmarks.md the first pass after the target's steps took 0.78 ms, the 
 ``floor_rows`` sets beside it, per method of a run: the median time per generated token (each
 prompt's median over repeats, then the median over prompts; for plain decoding, its step), its
 ratio to the target's weight pass and to the fastest exact plain engine of the run (plain-hf, our
-plain loop, the peers: those whose greedy outputs all equal plain-hf's).
+plain loop, the peers: those whose greedy outputs all equal plain-hf's), and for a plain method the bytes its
+form reads a step (the target's pass, or a peer's own file: a quantized GGUF reads fewer) with its time over
+reading those bytes at the rate the target's pass reached (its own floor).
 """
 
 from __future__ import annotations
@@ -149,6 +151,8 @@ class FloorRow:
     over_weight_pass: float  # ms_per_token / the target's weight pass
     over_fastest: float | None  # ms_per_token / the fastest exact plain engine's (None when there is none)
     startup_s: float | None = None  # a peer's start-up to serving (a server's), where it tells
+    bytes_per_token: int | None = None  # weight bytes a plain step of this form reads (None: speculative, unknown)
+    over_own_bytes: float | None = None  # ms_per_token / the time to read those bytes at the target pass's GB/s
 
 
 def ms_per_token(records) -> float | None:
@@ -171,10 +175,14 @@ def floor_rows(blocks, target_pass: WeightPass) -> list[FloorRow]:
             continue
         exact = not block.mismatches and block.compared == len({r.prompt_id for r in block.records})
         gamma = f" γ={block.setting.gamma}" if block.setting.gamma is not None else ""
-        measured.append((block.runner.name + gamma, bool(block.runner.speculative), exact, ms,
-                         getattr(block.runner, "startup_s", None)))
-    plain = [ms for _, speculative, exact, ms, _ in measured if exact and not speculative]
+        speculative = bool(block.runner.speculative)
+        read = None if speculative else getattr(block.runner, "bytes_read", None) or target_pass.bytes
+        measured.append((block.runner.name + gamma, speculative, exact, ms, getattr(block.runner, "startup_s", None),
+                         read))
+    plain = [ms for _, speculative, exact, ms, _, _ in measured if exact and not speculative]
     fastest = min(plain) if plain else None
     floor = 1e3 * target_pass.seconds
-    return [FloorRow(name, speculative, exact, ms, ms / floor, ms / fastest if fastest else None, startup)
-            for name, speculative, exact, ms, startup in measured]
+    per_byte = floor / target_pass.bytes if target_pass.bytes else None  # ms a byte at the target pass's rate
+    return [FloorRow(name, speculative, exact, ms, ms / floor, ms / fastest if fastest else None, startup, read,
+                     ms / (read * per_byte) if read and per_byte else None)
+            for name, speculative, exact, ms, startup, read in measured]

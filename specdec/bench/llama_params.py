@@ -3,7 +3,8 @@ file decodes (``specdec.bench.peers.extra_buffers``).
 
 Run as a script by path, in its own process (``python llama_params.py FILE EXTRA``, EXTRA 1 or 0): it loads FILE
 with llama.cpp's extra buffer types on or off and decodes a few tokens, so that a crash of llama.cpp (a signal, not
-an exception) ends that process, not the bench's. Imports nothing of specdec, nor torch.
+an exception) ends that process, not the bench's. ``python llama_params.py quantize SOURCE OUT FORM`` writes a
+quantized GGUF file (``FTYPES``) the same way. Imports nothing of specdec, nor torch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,24 @@ def model_params(extra_buffers: bool) -> Iterator[None]:
         bindings.llama_model_default_params = defaults
 
 
-if __name__ == "__main__":
+FTYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}  # a form -> llama.cpp's ftype
+
+
+def quantize(source: str, out: str, form: str) -> None:
+    """llama.cpp's quantizer (``llama_model_quantize``, as its ``llama-quantize`` tool runs it) from a GGUF file."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, FTYPES[form])
+    params.nthread = 1
+    failed = llama_cpp.llama_model_quantize(source.encode(), out.encode(), params)
+    if failed:
+        sys.exit(f"llama_model_quantize returned {failed}")
+
+
+if __name__ == "__main__" and sys.argv[1] == "quantize":  # llama_params.py quantize SOURCE OUT FORM
+    quantize(*sys.argv[2:5])
+elif __name__ == "__main__":
     from llama_cpp import Llama
 
     with model_params(sys.argv[2] == "1"):

@@ -17,7 +17,8 @@ Registered (``PEERS``, ``register_peer``):
   process by ``gguf_driver``, which lets through a tokenizer whose pre-tokenizer is GPT-2's) into a
   temporary folder at the first run, once per precision: ``llamacpp-f32`` (``--outtype f32``) and
   ``llamacpp-q8_0`` (``--outtype q8_0``: 8-bit weights, so not bound to give our tokens: ``lossy``,
-  the check says and a difference does not fail the run), each also with llama-cpp-python's prompt
+  the check says and a difference does not fail the run), ``llamacpp-q4_0`` and ``llamacpp-q4_k_m`` (the f32 file
+  quantized by llama.cpp's own ``llama_model_quantize``, in a child process), the first two also with its prompt
   lookup as its draft model (``-lookup``: the ``LlamaPromptLookupDecoding`` draft, n-grams of up to
   2 tokens, ``LOOKUP_TOKENS`` drafted, verified by the target in one batch: speculative).
   ``n_threads`` and ``n_threads_batch`` are torch's thread count, ``n_ctx`` the target's positions
@@ -159,11 +160,25 @@ def llama_cpp_source() -> Path:
 
 
 _GGUF: dict[tuple[str, str], tuple[tempfile.TemporaryDirectory, Path]] = {}  # (folder, outtype) -> its file
+CONVERTED = ("f32", "q8_0")  # forms llama.cpp's converter writes itself (--outtype)
+QUANTIZED = ("q4_0", "q4_k_m")  # forms llama.cpp's quantizer writes from the f32 file (llama_model_quantize)
 
 
 def gguf_file(folder: str, outtype: str) -> Path:
-    """The target folder converted to GGUF (``outtype`` f32 or q8_0), once per process, in a temporary folder."""
+    """The target folder converted to GGUF, once per process, in a temporary folder: ``outtype`` one of
+    ``CONVERTED`` (by the converter) or ``QUANTIZED`` (the f32 file quantized by llama.cpp, in a child process)."""
     key = (str(Path(folder).resolve()), outtype)
+    if key not in _GGUF and outtype in QUANTIZED:
+        source = gguf_file(folder, "f32")
+        tmp = tempfile.TemporaryDirectory(prefix="specdec-gguf-")  # removed at exit
+        out = Path(tmp.name) / f"model-{outtype}.gguf"
+        script = Path(__file__).with_name("llama_params.py")
+        done = subprocess.run([sys.executable, str(script), "quantize", str(source), str(out), outtype],
+                              check=False, capture_output=True, text=True)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"llama.cpp's quantizer failed on {folder} ({outtype}): "
+                               f"{(done.stderr or done.stdout).strip()[-800:]}")
+        _GGUF[key] = (tmp, out)
     if key not in _GGUF:
         tmp = tempfile.TemporaryDirectory(prefix="specdec-gguf-")  # removed at exit
         out = Path(tmp.name) / f"model-{outtype}.gguf"
@@ -216,6 +231,19 @@ def extra_buffers(path: Path, outtype: str) -> bool:
     return _EXTRA_BUFFERS[path]
 
 
+def gguf_bytes_read(path: Path) -> int | None:
+    """The bytes one decoding step reads of a GGUF file's weights, as stored (quantized blocks with their scales):
+    every tensor of two or more dimensions but the token embedding, a one-row gather, unless the file has no
+    ``output.weight`` (tied: the head reads the embedding whole). None where ``gguf`` is not installed."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    skip = {"token_embd.weight"} if "output.weight" in tensors else set()
+    return sum(int(t.n_bytes) for name, t in tensors.items() if name not in skip and len(t.shape) >= 2)
+
+
 class LlamaCppEngine:
     """llama.cpp's ``Llama`` on the target converted to GGUF, greedy, optionally with its prompt lookup."""
 
@@ -229,6 +257,7 @@ class LlamaCppEngine:
         # logits_all with a draft: llama-cpp-python then keeps every position's logits (it forces that
         # itself, but sizes its buffer by the flag given: n_batch rows, too few past n_batch tokens)
         path = gguf_file(folder, outtype)
+        self.bytes_read = gguf_bytes_read(path)  # the floor's "bytes per token" of this form
         with model_params(extra_buffers(path, outtype)):
             self.llm = Llama(model_path=str(path), n_ctx=self.context, n_threads=threads, n_threads_batch=threads,
                              draft_model=draft, logits_all=lookup, verbose=False)
@@ -271,8 +300,8 @@ def register_peer(peer: Peer) -> None:
 register_peer(Peer("ctranslate2", "ctranslate2", "ctranslate2", "CTranslate2's Generator, float32 (greedy)",
                    CTranslate2Engine))
 _CONVERTER_NEEDS = (("gguf", "gguf"), ("sentencepiece", "sentencepiece"))  # what convert_hf_to_gguf imports
-for _outtype in ("f32", "q8_0"):
-    for _lookup in (False, True):
+for _outtype in CONVERTED + QUANTIZED:
+    for _lookup in (False, True) if _outtype in CONVERTED else (False,):
         register_peer(Peer(
             f"llamacpp-{_outtype}" + ("-lookup" if _lookup else ""), "llama_cpp", "llama-cpp-python",
             f"llama.cpp (llama-cpp-python), GGUF {_outtype}" + (", its prompt lookup drafting" if _lookup else ""),

@@ -152,26 +152,30 @@ def floor_table(run: BenchRun) -> Table | None:
     floor = run.target_pass
     table = Table(title=f"the floor: one pass over the target's weights {floor.seconds * 1e3:.2f} ms "
                         f"({floor.bytes / 2**20:.0f} MiB, {floor.gb_per_s:.1f} GB/s)", title_justify="left")
-    for name in ("method", "ms/token", "× weight pass", "× fastest exact plain", "greedy exact"):
+    for name in ("method", "ms/token", "× weight pass", "× fastest exact plain", "greedy exact", "MiB read",
+                 "× its own bytes"):
         table.add_column(name, justify="left" if name == "method" else "right")
     table.add_row(f"target: one cached forward (step, {_path(run, 'target')})", f"{run.target_step_s * 1e3:.2f}",
-                  f"{run.target_step_s / floor.seconds:.2f}×", "–", "–", style="dim")
+                  f"{run.target_step_s / floor.seconds:.2f}×", "–", "–", f"{floor.bytes / 2**20:.0f}",
+                  f"{run.target_step_s / floor.seconds:.2f}×", style="dim")
     for row in floor_rows(run.blocks, floor):
         table.add_row(row.method + (" (speculative)" if row.speculative else "")
                       + (f", started in {row.startup_s:.0f} s" if row.startup_s is not None else ""),
                       f"{row.ms_per_token:.2f}",
                       f"{row.over_weight_pass:.2f}×", _f(row.over_fastest, ".2f", "×"), "yes" if row.exact else "no",
-                      style=None if row.exact else "red")
+                      "–" if row.bytes_per_token is None else f"{row.bytes_per_token / 2**20:.0f}",
+                      _f(row.over_own_bytes, ".2f", "×"), style=None if row.exact else "red")
     if run.drafter_pass is not None and run.drafter_step_s is not None:
         table.add_row(f"drafter: one pass over its weights ({run.drafter_pass.bytes / 2**20:.1f} MiB)",
-                      f"{run.drafter_pass.seconds * 1e3:.2f}", "–", "–", "–", style="dim")
+                      f"{run.drafter_pass.seconds * 1e3:.2f}", "–", "–", "–", "–", "–", style="dim")
         if run.drafter_round_pass_s is not None:
             table.add_row("drafter: the same pass after the target's steps, as its step is timed",
-                          f"{run.drafter_round_pass_s * 1e3:.2f}", "–", "–", "–", style="dim")
+                          f"{run.drafter_round_pass_s * 1e3:.2f}", "–", "–", "–", "–", "–", style="dim")
         in_round = (f" ({run.drafter_step_s / run.drafter_round_pass_s:.2f}× after the target's)"
                     if run.drafter_round_pass_s else "")
         table.add_row(f"drafter: one cached forward (step, {_path(run, 'drafter')})", f"{run.drafter_step_s * 1e3:.2f}",
-                      f"{run.drafter_step_s / run.drafter_pass.seconds:.2f}× its own{in_round}", "–", "–", style="dim")
+                      f"{run.drafter_step_s / run.drafter_pass.seconds:.2f}× its own{in_round}", "–", "–", "–", "–",
+                      style="dim")
     return table
 
 

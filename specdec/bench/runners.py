@@ -448,6 +448,7 @@ class PeerRunner:
         self.lossy = peer.lossy
         self.engine: PeerEngine | None = None
         self.startup_s: float | None = None  # seconds its engine took to start serving, where it tells (a server's)
+        self.bytes_read: int | None = None  # weight bytes a step of its engine reads, where it tells (a GGUF file's)
 
     def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
         if not setting.greedy:
@@ -456,6 +457,7 @@ class PeerRunner:
             self.engine = self.peer.build(models.target, torch.get_num_threads(),
                                           *((self.drafter,) if self.peer.drafted else ()))
             self.startup_s = getattr(self.engine, "startup_s", None)
+            self.bytes_read = getattr(self.engine, "bytes_read", None)
         tokens = self.engine.generate(input_ids.tolist(), setting.max_new_tokens, models.stop_token_ids)
         rounds = getattr(self.engine, "rounds", None) or len(tokens)
         return RunOutput(tokens=tokens, rounds=rounds, target_time_s=0.0, drafter_time_s=0.0)
