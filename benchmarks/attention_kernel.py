@@ -5,7 +5,8 @@ Six layers of code-target's attention shape (8 heads of 64, a static cache of 52
 (``--tokens``), every slot live: ``torch.ops.specdec.decode_attention`` (``csrc/attention.c``), a ``sum`` over the
 same keys and values (what reading them costs here), and ``F.scaled_dot_product_attention``; each timed from memory
 (a 64 MB buffer written before every pass), medians of 15, one thread. To compare two versions of the kernel, run it
-on each tree in turn (the operator is built once per source). Findings: docs/benchmarks.md, "Weights read as several
+on each tree in turn (the operator is built once per source). Findings:
+docs/journal/2026-11-29-weight-streams-server-time.md, "Weights read as several
 streams, and where the server's time goes at 4 clients".
 """
 

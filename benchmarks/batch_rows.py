@@ -12,7 +12,7 @@ lookup copy's bucket of 13 tokens). ``--steps`` times instead the compiled targe
 with 1, 5 and 13 tokens each over 60, 200 and 480 slots in use (medians of 6, each rolled back), and a forward of 5
 tokens over 360 and 480 slots of which each row holds 230 live (the others dead at random places), before and
 after a re-pack, and the re-pack, and a row leaving (``select``, the last, one in the middle, the first; medians of
-5). Findings: docs/benchmarks.md, "Rows leaving apart, and the holes
+5). Findings: docs/journal/server.md, "Rows leaving apart, and the holes
 of ragged acceptance".
 
     OMP_NUM_THREADS=1 python benchmarks/batch_rows.py --speculate on

@@ -6,7 +6,7 @@ compiled as the bench runs them (``--compile on``, 1-token buckets), the drafter
 or its compiled step (``--what step``) at positions 1-6 of a run that follows each of: 4 of the target's steps, 4
 passes over the target's weights, a read of 64 MiB (more than the last-level cache), 25 ms of arithmetic on data that
 stays in the caches (a 256 x 256 product), a 25 ms sleep, and nothing. Medians over ``--runs`` runs each, ms.
-Findings: docs/benchmarks.md, "llama.cpp on the AMD EPYC, the drafter after other work".
+Findings: docs/journal/2026-11-29-llamacpp-epyc.md, "llama.cpp on the AMD EPYC, the drafter after other work".
 
     OMP_NUM_THREADS=1 python benchmarks/drafter_warmth.py
     OMP_NUM_THREADS=1 python benchmarks/drafter_warmth.py --what step

@@ -6,7 +6,8 @@ The server's app (uvicorn, detokenizing, JSON) is Python beside the engine's wor
 ``--sleep`` ms, over and over (the app's share of a core at 4 clients, about 10%): none, on a thread of this process
 (it takes turns with the worker on the GIL), or in a process of its own (it only takes a core's time). The three
 take turns, ``--rounds`` times, each in a fresh process; every run's tokens/s is printed, then each neighbour's
-median over its runs against none's. Findings: docs/benchmarks.md, "The HTTP front in a process of its own".
+median over its runs against none's. Findings: docs/journal/2026-12-06-http-front-process.md, "The HTTP front in a
+process of its own".
 
     OMP_NUM_THREADS=1 python benchmarks/gil_neighbour.py
 """

@@ -5,7 +5,8 @@ bfloat16 pairs for the shipped models) through ``specdec::blocked_linear`` with 
 thread) and on (its shares taken by a second thread at the idle priority: ``csrc/blocked_op.cpp``), in turns, each
 pass after a read of a buffer larger than the last-level cache (the weights come from memory, as in decoding);
 medians of ``--repeats``. Every shared product is checked equal, bit for bit, to the one-thread product first.
-Prints the thread count and the load average beside the figures. Findings: docs/benchmarks.md, "A helper thread on
+Prints the thread count and the load average beside the figures. Findings: docs/journal/2026-12-04-helper-thread.md, "A
+helper thread on
 the idle core".
 
     OMP_NUM_THREADS=1 python benchmarks/helper_split.py

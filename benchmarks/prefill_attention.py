@@ -6,7 +6,7 @@ runs it: specdec's linear kernels installed, its operators loaded, the helper as
 where a core is left beside torch's threads). The prefill with the model's own sdpa attention and inside
 ``attention.prefilling`` take turns, ``--repeats`` times each; printed: the medians of the prefill's wall time and
 of its attention calls' time (summed over the layers), and the largest difference of the last position's logits.
-Findings: docs/benchmarks.md, "A prefill's attention on both cores".
+Findings: docs/journal/2026-12-06-prefill-attention.md, "A prefill's attention on both cores".
 """
 
 from __future__ import annotations

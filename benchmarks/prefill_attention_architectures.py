@@ -10,7 +10,8 @@ type: how many attention calls the operator took (one per layer and row where it
 difference of the real positions' logits from the float64 prefill for sdpa and for the operator, and OK where the
 operator's is within twice sdpa's (or 1e-4). Where the float64 copy cannot run (grouped expert products are
 float32 and half only), the operator's logits are set against sdpa's: OK within 1e-4 of the logits' largest size. A
-type that cannot be built is listed with its error. Findings: docs/benchmarks.md, "A prefill's attention on both cores".
+type that cannot be built is listed with its error. Findings: docs/journal/2026-12-06-prefill-attention.md, "A
+prefill's attention on both cores".
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Times ``ModelTarget.prefill`` of one of the bench's code prompts (the first of `
 tokens) joining a batch of 3 rows, as a server's join runs it: ``--model`` compiled with the shipped pair's buckets
 (the prefill itself is eager), specdec's kernels active (the helper where it is on). The two ways take turns
 (``specdec.tail.last_layer`` made to cover nothing for the whole layer), ``--repeats`` each, medians; then the
-cache of both ways compared float for float. Findings: docs/benchmarks.md, "The HTTP front in a process of its own".
+cache of both ways compared float for float. Findings: docs/journal/2026-12-06-http-front-process.md, "The HTTP front
+in a process of its own".
 
     OMP_NUM_THREADS=1 python benchmarks/prefill_tail.py
 """

@@ -2,7 +2,7 @@
 # The same tree's `specdec bench` under two Pythons (e.g. two transformers releases: the system one and a venv made
 # with `python -m venv --system-site-packages V && V/bin/pip install transformers==X`), in turn, ROUNDS rounds, so
 # both see the same machine load. Usage: benchmarks/releases_pair.sh PYTHON_A PYTHON_B [ROUNDS] [OUT]
-# Figures: docs/benchmarks.md, "Supported releases (2026-12-07)".
+# Figures: docs/journal/2026-12-07-supported-releases.md, "Supported releases (2026-12-07)".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 a=$1 b=$2 rounds=${3:-3} out=${4:-bench-out/releases}

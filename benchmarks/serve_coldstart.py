@@ -7,7 +7,7 @@ to its first reply, then drives passes of the bench's code prompts (closed-loop 
 tokens, as ``specdec bench --serve`` does) back to back, one line a pass: seconds since launch, what ``/stats`` says
 of the compile, the median latency, tokens/s; until the server has switched and ``--after`` more passes ran. Every
 reply is checked against the first pass's tokens (eager and compiled greedy decoding agree up to near ties).
-Findings: docs/benchmarks.md, "The server compiles beside serving".
+Findings: docs/journal/2026-12-06-background-compile.md, "The server compiles beside serving".
 
     OMP_NUM_THREADS=1 python benchmarks/serve_coldstart.py --clients 1
 """

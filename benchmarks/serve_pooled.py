@@ -5,7 +5,7 @@ Launches the real command (``--target``/``--drafter`` as given, the shipped pair
 each request times ``--repeats`` calls on one kept-alive ``httpx2`` client (the openai client's transport here) and
 as many on a new connection each, and prints the median and the 90th percentile of each in ms. A reply that waits
 on the peer's delayed ACK (Nagle's algorithm on a socket without TCP_NODELAY) shows as ~40 ms on the pooled
-connection only. Findings: docs/benchmarks.md, "Replies on a pooled connection".
+connection only. Findings: docs/journal/2026-12-07-tcp-nodelay.md, "Replies on a pooled connection".
 
     OMP_NUM_THREADS=1 python benchmarks/serve_pooled.py
 """

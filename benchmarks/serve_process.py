@@ -5,7 +5,7 @@ command (``python -m specdec serve``, the shipped pair, ``--compile``, ``--threa
 as the bench times a cell: closed-loop streaming clients (``specdec.bench.serve.drive``), the bench's built-in
 code prompts (``--num-prompts``, cycled to at least one request per client), greedy, 64 new tokens; one untimed
 pass, then ``--repeats`` timed ones, each printed (median latency, total tokens/s, median time to first token).
-Run it on the same tree before and after a change to the server's path (findings: docs/benchmarks.md, "Joining
+Run it on the same tree before and after a change to the server's path (findings: docs/journal/server.md, "Joining
 rows prefilled apart"):
 
     OMP_NUM_THREADS=1 python benchmarks/serve_process.py --speculate off --clients 16

@@ -26,7 +26,7 @@ client saw (done, an error event and its text, a status, a cut connection) and h
     OMP_NUM_THREADS=1 python benchmarks/serve_soak.py faults
     OMP_NUM_THREADS=1 python benchmarks/serve_soak.py soak --clients 4 --duration-s 30    # tests/test_serve_soak.py
 
-``--json PATH`` writes the whole report. Figures: docs/benchmarks.md, "Soak and faults".
+``--json PATH`` writes the whole report. Figures: docs/journal/2026-12-07-soak-and-faults.md, "Soak and faults".
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ ones, each step rolled back (``keep``) so every step sees the same cache, specde
 The two timed variants take turns step by step; medians over ``--repeats`` steps, of the thread's CPU time
 (``time.thread_time``: on a machine shared with other work, wall time also counts the spells this process
 waits for a core, which on a loaded 2-core machine are as long as a step). Run it with
-``PYTHONPATH`` set to another tree to compare trees. Findings: docs/benchmarks.md, "The work around the
+``PYTHONPATH`` set to another tree to compare trees. Findings: docs/journal/work-around-products.md, "The work around
+the
 products".
 """
 

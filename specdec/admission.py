@@ -11,7 +11,7 @@ Contracts:
 - ``prefill_beside``: rows joining a batch that is decoding are prefilled by the target on another thread
   (``Target.prefill_beside``) while the batch goes on, and join at the first round boundary after (at once where the
   batch has emptied meanwhile); one such prefill at a time; its error is raised on the decoding thread.
-  Measurements: docs/benchmarks.md, "Prompts prefilled beside the batch, on the second core".
+  Measurements: docs/journal/2026-11-29-prefill-beside.md, "Prompts prefilled beside the batch, on the second core".
 - The drafter sits out while the schedule has settled the batch's size as plain decoding
   (``Schedule.settled_plain``): it drops its rows and reads every row's committed sequence again (one prefill)
   before the next round that drafts. Measurements: docs/benchmarks.md (the drafter sitting out).
@@ -47,7 +47,8 @@ def prefill_beside(target: Target) -> bool:
     """Whether a server's decoder prefills rows joining its batch on another thread while the batch decodes:
     ``SPECDEC_PREFILL_BESIDE`` ``on`` / ``off``, else (``auto``) on a CPU target where the machine has cores for a
     second forward (``threads.room_beside``) and the target's products are not shared with the blocked operator's
-    helper thread already (``kernels.shares``; docs/benchmarks.md, "A helper thread on the idle core")."""
+    helper thread already (``kernels.shares``; docs/journal/2026-12-04-helper-thread.md, "A helper thread on the idle
+    core")."""
     mode = switch(BESIDE_ENV)
     if mode != "auto":
         return mode == "on"

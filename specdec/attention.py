@@ -7,7 +7,7 @@ code-target over a 173-token prompt took 5.8-6.4 ms of the prefill's 26-29. On a
 compiled step's attention, its rows shared with the helper) on chunks of ``CHUNK`` queries, each chunk a row of the
 operator: a chunk reads only the keys its queries see (causal: the slots up to its last query), and the chunks are
 shared between the two cores. On the AMD EPYC (AVX-512, 2 cores, 1 thread): the attention of that prefill 2.9 ms,
-the prefill 23.5 ms against 26.2 (docs/benchmarks.md, "A prefill's attention on both cores").
+the prefill 23.5 ms against 26.2 (docs/journal/2026-12-06-prefill-attention.md, "A prefill's attention on both cores").
 
 How: transformers' attention function "sdpa" is ``prefill_attention``, which hands every call to transformers' own
 sdpa attention (the function registered before it) except on a thread inside ``prefilling``, so the model's

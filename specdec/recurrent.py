@@ -41,7 +41,7 @@ KINDS = ("conv_states", "recurrent_states")  # the state dicts of a linear-atten
 # LISTED: a cache's own list of per-layer states (MiniMax's: [B, heads, d, d] each, None: none yet; an argument-state
 # family's flattened state, specdec.module_state.held_cache)
 # multi-token vs single-step logits, relative to the logits' scale, by dtype: rounding (the gaps measured per family:
-# docs/benchmarks.md, "Every architecture against its own generate")
+# docs/journal/architectures.md, "Every architecture against its own generate")
 EXACT_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 EXACT_TOL_HALF = 1e-3  # float16, bfloat16
 

@@ -7,7 +7,8 @@ reads. On a thread inside ``keys_only(model)``, the last layer of a Llama model 
 the rotary embedding of the keys, writes them to the cache, and hands its input on unchanged: the cache holds the
 same floats as after the whole layer (the same modules on the same rows), and the model's output is not to be read.
 On the AMD EPYC (1 thread, the helper on), a 137-token prompt joining 3 rows: code-target's ``ModelTarget.prefill``
-19.05 ms against 21.31, code-drafter's 1.59 against 2.21 (``benchmarks/prefill_tail.py``; docs/benchmarks.md, "The
+19.05 ms against 21.31, code-drafter's 1.59 against 2.21 (``benchmarks/prefill_tail.py``;
+docs/journal/2026-12-06-http-front-process.md, "The
 HTTP front in a process of its own").
 
 How: ``LlamaDecoderLayer.forward`` is wrapped once, when this module is imported (before any compile traces it). The

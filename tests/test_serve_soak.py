@@ -2,7 +2,8 @@
 pair, ``--compile off``) for 30 s at 4 clients: streaming and not, greedy and sampled, 10% of clients disconnecting
 at random moments, 5% fuzz cases. No good request fails (each greedy one equals the same request sent alone before
 the load), no 5xx at all, every kind of request was sent, and the engine's memory was sampled from outside
-(``/proc``) and inside (``/stats``' ``memory``). The long form and its figures: docs/benchmarks.md, "Soak and
+(``/proc``) and inside (``/stats``' ``memory``). The long form and its figures:
+docs/journal/2026-12-07-soak-and-faults.md, "Soak and
 faults"."""
 
 from __future__ import annotations

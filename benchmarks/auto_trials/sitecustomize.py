@@ -9,7 +9,8 @@ inherit both) then append one line per measured trial round and one per decision
 A round's line: the batch-size bucket, the width measured (None: uncapped, 0: plain), the batch's rows, the tokens it
 committed, its seconds as ``Crossover`` counts them (the prefill of joining rows left out), the decoding thread's CPU
 seconds over the round (``time.thread_time``: not counting waits for the GIL or for a core, counting the prefill) and
-the seconds left out. A decision's line starts with ``#``. Findings: docs/benchmarks.md, "``auto``'s trials at 3-4
+the seconds left out. A decision's line starts with ``#``. Findings: docs/journal/2026-11-29-auto-trials-3-4-rows.md,
+"``auto``'s trials at 3-4
 rows, and a drafter shorter than its target".
 """
 

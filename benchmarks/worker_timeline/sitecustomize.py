@@ -8,7 +8,8 @@ the batch's rows) and per idle wait for a request (``idle``), each as ``start se
     PYTHONPATH=benchmarks/worker_timeline SPECDEC_TIMELINE_LOG=timeline.log OMP_NUM_THREADS=1 \\
         python benchmarks/serve_process.py --speculate off --clients 4
 
-Findings: docs/benchmarks.md, "Weights read as several streams, and where the server's time goes at 4 clients".
+Findings: docs/journal/2026-11-29-weight-streams-server-time.md, "Weights read as several streams, and where the
+server's time goes at 4 clients".
 """
 
 import os

@@ -32,7 +32,8 @@ def specdec_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     some query of the row sees and skips the others (a shorter row's padding, the holes of ragged acceptance, a
     dead row); else, or for a call it does not cover (another head layout, a mask that is not additive per row,
     dropout, a relative bias, soft-capping, sinks), transformers' ``sdpa`` attention on the same inputs. 16 rows of code
-    prompts, 6 layers of 288 slots (36% of them padding): 8.3 ms against SDPA's 13.8 (docs/benchmarks.md, "Attention
+    prompts, 6 layers of 288 slots (36% of them padding): 8.3 ms against SDPA's 13.8
+    (docs/journal/2026-11-28-attention-live-slots.md, "Attention
     over the live slots")."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -69,8 +70,8 @@ def traced_attention(model: PreTrainedModel) -> str | None:
     model configured with sdpa, an encoder-decoder model configured with either); else the model's own, but
     ``eager`` for an encoder-decoder model: SDPA's CPU kernel makes 20-30 tensor calls around each of the step's self-
     and cross-attentions, which the eager formulation, fused by inductor, does not (the step took 0.87-0.97 of its time
-    with SDPA for the translation pair; docs/benchmarks.md, "The blocked kernel as a torch operator"). A compiled
-    encoder-decoder model's encoder is traced with ``eager`` (``CompiledSeq2Seq.warm_encoder``). Only the trace sees
+    with SDPA for the translation pair; docs/journal/linear-kernels.md, "The blocked kernel as a torch operator").
+    A compiled encoder-decoder model's encoder is traced with ``eager`` (``CompiledSeq2Seq.warm_encoder``). Only the trace sees
     it: the eager step and the prefill keep the model's own."""
     kept = getattr(model.config, "_attn_implementation", None)
     seq2seq = getattr(model.config, "is_encoder_decoder", False)
@@ -119,7 +120,7 @@ def blocked_traced(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | 
 # up to this many rows (an encoder's source, the cross-attention's keys and values, a short prefill, a step outside
 # the buckets): measured against torch's and oneDNN's kernels on translate-target's and code-target's shapes (one
 # thread, weights warm), it took 0.47-1.0 of the faster one's time at 3-30 rows and 0.97-1.38 at 64-150
-# (docs/benchmarks.md, "The translation pair's join").
+# (docs/journal/2026-11-28-translation-join.md, "The translation pair's join").
 EAGER_BLOCKED_ROWS = 32
 
 

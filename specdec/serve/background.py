@@ -2,7 +2,8 @@
 
 The compiled decode step pays in the server (the shipped pair on the AMD EPYC, 1 thread a forward,
 ``benchmarks/serve_process.py``: median latency 0.095-0.117 s compiled against 0.152-0.184 s eager at 1 client,
-0.277-0.309 against 0.369-0.394 at 4; docs/benchmarks.md, "The server compiles beside serving"), but compiling
+0.277-0.309 against 0.369-0.394 at 4; docs/journal/2026-12-06-background-compile.md, "The server compiles beside
+serving"), but compiling
 every bucket afresh took 150 s, where loading them all from the compile cache took 1-2 s. So with ``--compile
 auto`` (the default) on a CPU that compiles (a C++ compiler, a torch that saves its graphs):
 

@@ -7,7 +7,8 @@ for it at the call's end. So ``specdec serve`` keeps its engines in its own proc
 (``multiprocessing``'s spawn), as vLLM runs its API server apart from its engine core. Measured on the AMD EPYC (2
 cores, 1 thread, the decoder alone at 4 rows of the shipped pair, ``--speculate auto``:
 ``benchmarks/gil_neighbour.py``): a Python thread busy 0.7 ms of every 6.7 took 17% of its tokens/s, the same work in
-another process 3%; the server at 4 clients answered in 0.90-0.95x the time with its front apart (docs/benchmarks.md,
+another process 3%; the server at 4 clients answered in 0.90-0.95x the time with its front apart
+(docs/journal/2026-12-06-http-front-process.md,
 "The HTTP front in a process of its own").
 
 One pipe (``multiprocessing.Pipe``) joins them, each message a tuple:

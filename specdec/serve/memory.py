@@ -5,7 +5,7 @@ malloc's heap hands out now (``in_use``: live objects, tensors on the CPU includ
 its arenas (``free``: what a ``malloc_trim`` may give back) and those in separate mmaps. Resident memory that grows
 while ``in_use`` stays flat is the allocator keeping freed pages, not a leak. ``trim()`` gives the heap's free pages
 back to the system (glibc's ``malloc_trim(0)``); the engine's worker calls it between steps, at most every
-``TRIM_EVERY_S`` (it walks every arena; figures: docs/benchmarks.md, "Soak and faults").
+``TRIM_EVERY_S`` (it walks every arena; figures: docs/journal/2026-12-07-soak-and-faults.md, "Soak and faults").
 
 Both answer None where the platform does not say (not Linux, not glibc): they never raise.
 """
