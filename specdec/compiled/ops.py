@@ -71,8 +71,8 @@ def traced_attention(model: PreTrainedModel) -> str | None:
     ``eager`` for an encoder-decoder model: SDPA's CPU kernel makes 20-30 tensor calls around each of the step's self-
     and cross-attentions, which the eager formulation, fused by inductor, does not (the step took 0.87-0.97 of its time
     with SDPA for the translation pair; docs/journal/linear-kernels.md, "The blocked kernel as a torch operator").
-    A compiled encoder-decoder model's encoder is traced with ``eager`` (``CompiledSeq2Seq.warm_encoder``). Only the trace sees
-    it: the eager step and the prefill keep the model's own."""
+    A compiled encoder-decoder model's encoder is traced with ``eager`` (``CompiledSeq2Seq.warm_encoder``). Only the
+    trace sees it: the eager step and the prefill keep the model's own."""
     kept = getattr(model.config, "_attn_implementation", None)
     seq2seq = getattr(model.config, "is_encoder_decoder", False)
     if (kept in (("sdpa", "eager") if seq2seq else ("sdpa",)) and getattr(model, "_supports_sdpa", False)
