@@ -130,6 +130,22 @@ def test_weight_pass_of_an_int8_drafter_reads_its_int8_weights() -> None:
     assert weight_pass(int8, passes=2).bytes * 4 == weight_pass(model, passes=2).bytes  # 1 byte a weight, not 4
 
 
+@pytest.mark.parametrize("to", ["int8", "int4"])
+def test_weight_pass_of_a_torchao_model_counts_its_stored_bytes(to: str) -> None:
+    from torchao.quantization import quantize_
+
+    from specdec.quantized import torchao_config
+
+    model = build_tiny("llama", seed=0, layers=1).float()
+    plain = weight_pass(model, passes=1).bytes
+    quantize_(model, torchao_config(to, 32 if to == "int4" else None))
+    rows_and_columns = sum(m.weight.numel() for m, _ in linear_layers(model))  # one integer a weight, in a byte
+    scales = sum(m.weight.shape[0] * (m.weight.shape[1] // 32 if to == "int4" else 1) for m, _ in linear_layers(model))
+    read = weight_pass(model, passes=1).bytes
+    assert rows_and_columns == plain // 4  # float32 before
+    assert rows_and_columns + 4 * scales <= read <= rows_and_columns + 5 * scales  # + float32 scales (+ int8 zeros)
+
+
 class _HFGreedy:
     """A peer engine built on the model's own generate (the plumbing without a third-party engine)."""
 

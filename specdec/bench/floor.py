@@ -103,7 +103,17 @@ def _bytes_read(module: torch.nn.Module) -> int:
         if found is not None:
             return found
         copy = _weight(module)  # linear_layers found one
-    return copy.numel() * copy.element_size()
+    return stored_bytes(copy)
+
+
+def stored_bytes(tensor: torch.Tensor) -> int:
+    """The bytes a tensor holds: a quantized tensor subclass's (torchao's: its integer data, scales and zero points,
+    ``tensor_data_names``), whose ``element_size`` is its dequantised dtype's, else numel x element size."""
+    names = getattr(tensor, "tensor_data_names", None)
+    if names and type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        parts = [getattr(tensor, name) for name in names]
+        return sum(stored_bytes(part) for part in parts if isinstance(part, torch.Tensor))
+    return tensor.numel() * tensor.element_size()
 
 
 @torch.inference_mode()
