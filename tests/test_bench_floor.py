@@ -249,7 +249,8 @@ def test_llamacpp_runs_its_six_configurations(pair, monkeypatch) -> None:
         assert peer.speculative == name.endswith("-lookup") and peer.lossy == (name != "llamacpp-f32"
                                                                                 and "f32-" not in name)
     for name in members:  # the same plumbing with generate as the engine
-        monkeypatch.setitem(PEERS, name, replace(PEERS[name], module="torch", needs=(), build=_HFGreedy))
+        monkeypatch.setitem(PEERS, name, replace(PEERS[name], module="torch", needs=(), build=_HFGreedy,
+                                                 converts=False))
     assert [r.name for r in peer_runners(["llamacpp", "llamacpp-f32"])] == list(members)  # each once
     report = build_report(run_benchmark(_config(pair, methods=("plain-hf", "plain"), peers=("llamacpp",))))
     rows = {r.method: r for r in report.rows}
@@ -281,6 +282,24 @@ def test_the_floor_gives_each_plain_form_its_own_bytes(pair, monkeypatch) -> Non
     assert floor["spec γ=3"].bytes_per_token is None
     table = floor_table(run)
     assert table is not None and [c.header for c in table.columns][-2:] == ["MiB read", "× its own bytes"]
+
+
+def test_converting_peers_read_the_peer_source(pair, monkeypatch, tmp_path: Path) -> None:
+    tiny, _ = pair
+    seen = []
+
+    def build(target, threads, source=None):
+        seen.append(peers.converted_folder(target, source))
+        return _HFGreedy(target, threads)
+
+    monkeypatch.setitem(PEERS, "conv", Peer("conv", "torch", "torch", "converts", build, converts=True))
+    run_benchmark(_config(pair, methods=("plain-hf",), peers=("conv",), repeats=1))
+    run_benchmark(_config(pair, methods=("plain-hf",), peers=("conv",), repeats=1, peer_source=str(tiny.drafter)))
+    assert seen == [str(tiny.target), str(tiny.drafter)]  # the target's own folder, else --peer-source
+    quantized = build_tiny("llama", seed=0, layers=1)
+    quantized.config.quantization_config = {"quant_method": "torchao"}
+    with pytest.raises(ValueError, match="the target is quantized, .* give its float source with --peer-source DIR"):
+        peers.converted_folder(quantized, None)
 
 
 def test_a_gguf_files_bytes_a_step_reads(tmp_path: Path) -> None:

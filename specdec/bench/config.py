@@ -46,6 +46,8 @@ class BenchConfig:
                                  # with -lookup); optional extras (pip install 'specdec[peers]'); vllm (= vllm-plain,
                                  # vllm-ngram, vllm-draft: vLLM's CPU build from the venv SPECDEC_VLLM_PYTHON names;
                                  # with --serve the only peers taken, as servers driven by the same clients, greedy)
+    peer_source: str | None = None  # the folder the converting peers (llama.cpp, CTranslate2) convert; None = the
+                                    # target's own (give a quantized target's float source: llama.cpp quantizes it)
     compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
     schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada)
                                      # as method spec-<name>; spec itself is the constant schedule (--gamma)

@@ -300,7 +300,7 @@ def run_benchmark(
     labels = compare_labels(config.compare)
     selected = select_runners(config.methods, registry)
     runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels)
-               + scheduled_runners(config.schedules) + peer_runners(config.peers, config.drafter))
+               + scheduled_runners(config.schedules) + peer_runners(config.peers, config.drafter, config.peer_source))
     try:
         with _quiet_transformers():
             return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)

@@ -27,7 +27,8 @@ Registered (``PEERS``, ``register_peer``):
   buffer types (q8_0 repacked for AMX int8 on an Intel Xeon here) the peer runs without them, said once. The converter
   ships only in llama-cpp-python's source distribution: it is taken from the folder ``SPECDEC_LLAMA_CPP`` names (a
   llama.cpp checkout), else from ``~/.cache/specdec``, where it is unpacked at the first use from the sdist of
-  the installed version (``pip download``).
+  the installed version (``pip download``). The converting peers read ``--peer-source DIR`` where it is given (a
+  quantized target's float source: the converters read float checkpoints, and llama.cpp quantizes them itself).
 - ``vllm`` (a group: ``vllm-plain``, ``vllm-ngram``, ``vllm-draft``): vLLM's CPU build through its
   OpenAI server, run from its own virtual environment (``SPECDEC_VLLM_PYTHON``), plain, with its n-gram
   speculation, and with the bench's drafter model as its draft model (``specdec.bench.vllm_server``).
@@ -82,18 +83,19 @@ class Peer:
     needs: tuple[tuple[str, str], ...] = ()  # further (module, package) pairs it imports (a converter's)
     check: Callable[[], object] | None = None  # raises a ValueError saying what to do where the peer cannot run
     drafted: bool = False  # build takes the bench's --drafter (a folder or shipped name) as a third argument
+    converts: bool = False  # build converts the target's folder and takes source= (the bench's --peer-source)
 
 
 class CTranslate2Engine:
     """CTranslate2's generator on the target, converted (float32) into a temporary folder."""
 
-    def __init__(self, target: PreTrainedModel, threads: int) -> None:
+    def __init__(self, target: PreTrainedModel, threads: int, source: str | None = None) -> None:
         import ctranslate2
         from ctranslate2.converters import TransformersConverter
 
         from specdec.loading import load_tokenizer
 
-        folder = getattr(target, "name_or_path", "") or ""
+        folder = converted_folder(target, source)
         self.tokenizer = load_tokenizer(folder)
         self._dir = tempfile.TemporaryDirectory(prefix="specdec-ctranslate2-")  # removed with the engine
         TransformersConverter(folder).convert(self._dir.name, quantization="float32", force=True)
@@ -247,11 +249,12 @@ def gguf_bytes_read(path: Path) -> int | None:
 class LlamaCppEngine:
     """llama.cpp's ``Llama`` on the target converted to GGUF, greedy, optionally with its prompt lookup."""
 
-    def __init__(self, target: PreTrainedModel, threads: int, outtype: str, lookup: bool) -> None:
+    def __init__(self, target: PreTrainedModel, threads: int, outtype: str, lookup: bool,
+                 source: str | None = None) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        folder = getattr(target, "name_or_path", "") or ""
+        folder = converted_folder(target, source)
         draft = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=LOOKUP_TOKENS) if lookup else None
         self.context = min(getattr(target.config, "max_position_embeddings", None) or CONTEXT, CONTEXT)
         # logits_all with a draft: llama-cpp-python then keeps every position's logits (it forces that
@@ -284,8 +287,20 @@ class LlamaCppEngine:
         return tokens
 
 
-def _llama_cpp(outtype: str, lookup: bool) -> Callable[[PreTrainedModel, int], PeerEngine]:
-    return lambda target, threads: LlamaCppEngine(target, threads, outtype, lookup)
+def _llama_cpp(outtype: str, lookup: bool) -> Callable[..., PeerEngine]:
+    return lambda target, threads, source=None: LlamaCppEngine(target, threads, outtype, lookup, source)
+
+
+def converted_folder(target: PreTrainedModel, source: str | None) -> str:
+    """The folder a converting peer reads: ``source`` (the bench's --peer-source, resolved like --target) or the
+    target's own. A quantized target without a source is refused: a converter reads float checkpoints, and
+    llama.cpp quantizes them itself."""
+    if source:
+        return str(resolve_model_path(source))
+    if getattr(getattr(target, "config", None), "quantization_config", None) is not None:
+        raise ValueError("the target is quantized, which llama.cpp's and CTranslate2's converters do not read: give "
+                         "its float source with --peer-source DIR (the folder `specdec quantize` read)")
+    return getattr(target, "name_or_path", "") or ""
 
 
 PEERS: dict[str, Peer] = {}
@@ -298,14 +313,15 @@ def register_peer(peer: Peer) -> None:
 
 
 register_peer(Peer("ctranslate2", "ctranslate2", "ctranslate2", "CTranslate2's Generator, float32 (greedy)",
-                   CTranslate2Engine))
+                   CTranslate2Engine, converts=True))
 _CONVERTER_NEEDS = (("gguf", "gguf"), ("sentencepiece", "sentencepiece"))  # what convert_hf_to_gguf imports
 for _outtype in CONVERTED + QUANTIZED:
     for _lookup in (False, True) if _outtype in CONVERTED else (False,):
         register_peer(Peer(
             f"llamacpp-{_outtype}" + ("-lookup" if _lookup else ""), "llama_cpp", "llama-cpp-python",
             f"llama.cpp (llama-cpp-python), GGUF {_outtype}" + (", its prompt lookup drafting" if _lookup else ""),
-            _llama_cpp(_outtype, _lookup), speculative=_lookup, lossy=_outtype != "f32", needs=_CONVERTER_NEEDS))
+            _llama_cpp(_outtype, _lookup), speculative=_lookup, lossy=_outtype != "f32", needs=_CONVERTER_NEEDS,
+            converts=True))
 PEER_GROUPS["llamacpp"] = tuple(name for name in PEERS if name.startswith("llamacpp-"))
 
 

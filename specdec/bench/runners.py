@@ -439,9 +439,10 @@ class PeerRunner:
     greedy_only = True  # the harness runs it at temperature 0 only
     cost = DrafterCost.NONE
 
-    def __init__(self, peer: Peer, drafter: str | None = None) -> None:
+    def __init__(self, peer: Peer, drafter: str | None = None, source: str | None = None) -> None:
         self.peer = peer
         self.drafter = drafter  # the bench's --drafter, for a peer that drafts with it
+        self.source = source  # the bench's --peer-source, for a peer that converts the target's folder
         self.name = peer.name
         self.description = f"peer: {peer.description}"
         self.speculative = peer.speculative
@@ -455,7 +456,8 @@ class PeerRunner:
             raise ValueError(f"peer {self.name} runs greedy only")
         if self.engine is None:
             self.engine = self.peer.build(models.target, torch.get_num_threads(),
-                                          *((self.drafter,) if self.peer.drafted else ()))
+                                          *((self.drafter,) if self.peer.drafted else ()),
+                                          **({"source": self.source} if self.peer.converts else {}))
             self.startup_s = getattr(self.engine, "startup_s", None)
             self.bytes_read = getattr(self.engine, "bytes_read", None)
         tokens = self.engine.generate(input_ids.tolist(), setting.max_new_tokens, models.stop_token_ids)
@@ -469,8 +471,8 @@ class PeerRunner:
             engine.close()
 
 
-def peer_runners(names: Sequence[str], drafter: str | None = None) -> list[PeerRunner]:
+def peer_runners(names: Sequence[str], drafter: str | None = None, source: str | None = None) -> list[PeerRunner]:
     """A runner per peer named, groups expanded (checked first: known and installed); ``drafter`` the
-    bench's --drafter, for a peer that drafts with it."""
+    bench's --drafter, for a peer that drafts with it; ``source`` its --peer-source, for a peer that converts."""
     check_peers(names)
-    return [PeerRunner(PEERS[name], drafter) for name in expand_peers(names)]
+    return [PeerRunner(PEERS[name], drafter, source) for name in expand_peers(names)]
