@@ -15,6 +15,7 @@ from test_seq2seq import build as build_seq2seq
 
 import specdec
 from specdec.batch import PromptBatch
+from specdec.compiled import CompiledModel, Shape, buckets, compiled_for, set_compiled
 from specdec.config import SamplingConfig, SpecConfig
 from specdec.decode import Decoder, Request
 from specdec.drafters import Drafter, Proposal
@@ -162,6 +163,37 @@ def test_shipped_code_target_features():
                                    batch_size=2)
     assert_features_match(model, drafter, layers, 2)
     assert drafter.records[0].features[0].shape[1] == 3 * 512
+
+
+@pytest.mark.parametrize("step", ["inductor", "eager step"])
+def test_compiled_features_equal_eager(step):
+    """A compiled target (``specdec.compiled``: the static cache, its verify bucket warmed for the feature layers) logs
+    the features the eager target logs, to float32 rounding, and each equals the plain forward's. "eager step": the
+    step CUDA graphs capture by default, run uncaptured over the static cache."""
+    model = build_tiny("llama", layers=4, seed=7)
+    layers = (1, 2, 2, 4)  # a repeat, and the last layer's output
+    prompts, news = PROMPTS[:3], [10, 12, 7]
+    eager = decode_with_features(model, prompts, news, layers, batch_size=2)
+    compiled = CompiledModel(model, 128)
+    compiled.inductor = step == "inductor"
+    set_compiled(model, compiled)
+    try:
+        compiled.warm(Shape(2, 4, (1, 2, 4)))  # the verify bucket: 2 rows x gamma + 1 tokens, each layer once
+        compiled.rows, compiled.tokens = (2,), (4,)
+        ours = decode_with_features(model, prompts, news, layers, batch_size=2)
+        assert compiled_for(model).calls["compiled"] > 0 and compiled_for(model).calls["eager"] == 0
+    finally:
+        set_compiled(model, None)
+    assert_features_match(model, ours, layers, len(prompts))
+    for mine, theirs in zip(ours.records, eager.records):
+        assert mine.sequence == theirs.sequence
+        assert torch.allclose(torch.cat(mine.features), torch.cat(theirs.features), atol=1e-5)
+
+
+def test_feature_buckets_name_each_layer_once_in_order():
+    """``prepare(..., hidden=layers)`` warms the shape the target's verify asks for: its layers once each, sorted."""
+    assert {s.hidden for s in buckets((4,), (1,), hidden=(3, 2, 3))} == {False, (2, 3)}
+    assert {s.hidden for s in buckets((4,), (1,), hidden=True)} == {False, True}
 
 
 def test_eagle3_rule():
