@@ -12,9 +12,11 @@ import pytest
 import torch
 from conftest import build_tiny, hf_greedy
 from test_seq2seq import build as build_seq2seq
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import specdec
 from specdec.batch import PromptBatch
+from specdec.cache import joined
 from specdec.compiled import CompiledModel, Shape, buckets, compiled_for, set_compiled
 from specdec.config import SamplingConfig, SpecConfig
 from specdec.decode import Decoder, Request
@@ -152,6 +154,33 @@ def test_features_of_rows_prefilled_beside_the_batch():
     layers = resolve_layers(model, (1, 3))
     drafter = decode_with_features(model, PROMPTS, [6, 12, 8, 5], layers, batch_size=3, beside=True)
     assert_features_match(model, drafter, layers, len(PROMPTS))
+
+
+def test_a_one_token_prompt_joins_with_no_features():
+    """A one-token prompt caches nothing at its prefill (its token is the first verify's input): it joins with no
+    features, beside a longer row prefilled in the same call, and gains them round by round."""
+    model = build_tiny("qwen2", layers=4, seed=4)
+    layers = resolve_layers(model, "eagle3")
+    drafter = decode_with_features(model, [[1], [1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]], [8, 8], layers,
+                                   batch_size=2)
+    assert [r.features[0].shape[0] for r in drafter.records] == [0, 12]
+    assert_features_match(model, drafter, layers, 2)
+    target = ModelTarget(model, kernels=False)
+    target.want_features(layers)
+    with torch.inference_mode():
+        target.prefill(PromptBatch.from_lists([[1]], "cpu"))  # alone: no forward at all
+    features, lengths = target.take_features()
+    assert features.shape == (1, 0, 3 * 32) and lengths.tolist() == [0]
+
+
+def test_single_column_forwards_join_selected_hidden_states():
+    """A model fed one token at a time (``RaggedCache.one_at_a_time``: sparse attention) joins its forwards'
+    hidden states; the layers a selection left out stay None."""
+    outputs = [CausalLMOutputWithPast(logits=torch.full((1, 1, 3), float(j)),
+                                      hidden_states=(None, torch.full((1, 1, 2), float(j)), None)) for j in range(3)]
+    out = joined(outputs, 3)
+    assert out.hidden_states[0] is None and out.hidden_states[2] is None
+    assert out.hidden_states[1][0, :, 0].tolist() == [0, 1, 2]
 
 
 def test_shipped_code_target_features():
