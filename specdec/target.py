@@ -216,6 +216,7 @@ class ModelTarget(Target):
 
     def reset(self) -> None:
         self.cache = decoding_cache(self.model, self.device, self.caches)
+        self._verified = None
         if self.features is not None:
             self.features = self._new_log()
 

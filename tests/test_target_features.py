@@ -286,6 +286,23 @@ def test_nothing_is_passed_when_nobody_asks():
         target.take_features()
 
 
+def test_the_last_hidden_state_beside_the_features():
+    """A verify that also asks for the last hidden state (an acceptance head's) gets it, and the features alike."""
+    model = build_tiny("gpt2", layers=4, seed=6)
+    plain, featured = ModelTarget(model, kernels=False), ModelTarget(model, kernels=False)
+    featured.want_features((1, 3))
+    tokens, lengths = torch.tensor([[7, 3, 4], [8, 9, 0]]), torch.tensor([3, 2])
+    with torch.inference_mode():
+        for target in (plain, featured):
+            target.prefill(PromptBatch.from_lists([[1, 5, 6, 7], [1, 8]], "cpu"))
+        expected, ours = plain.verify(tokens, lengths, hidden=True), featured.verify(tokens, lengths, hidden=True)
+        featured.rollback(torch.tensor([3, 2]))
+    assert torch.allclose(ours.hidden, expected.hidden, atol=1e-6)
+    features, lengths = featured.take_features()
+    assert lengths.tolist() == [6, 3]
+    assert torch.allclose(features[0, 3:], reference(model, [1, 5, 6, 7, 3, 4, 0], (1, 3))[3:], atol=TOL)
+
+
 def test_feature_log_follows_rows():
     """``FeatureLog`` on its own: rows join, extend by what each keeps, leave in a new order, and are taken."""
     log = FeatureLog(2, torch.float32, "cpu")
