@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from conftest import build_tiny, hf_greedy
+from test_recurrent import build_recurrent
 from test_seq2seq import build as build_seq2seq
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -153,6 +154,16 @@ def test_features_of_rows_prefilled_beside_the_batch():
     model = build_tiny("llama", layers=4, seed=3)
     layers = resolve_layers(model, (1, 3))
     drafter = decode_with_features(model, PROMPTS, [6, 12, 8, 5], layers, batch_size=3, beside=True)
+    assert_features_match(model, drafter, layers, len(PROMPTS))
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "lfm2", "rwkv"])
+def test_features_of_recurrent_and_hybrid_targets(arch):
+    """Targets with recurrent layers (``specdec.recurrent``: checkpoints, replays, left-padded rows fed in groups;
+    state passed as an argument, RWKV) log the same features by the same rules."""
+    model = build_recurrent(arch)
+    layers = resolve_layers(model, "eagle3")
+    drafter = decode_with_features(model, PROMPTS, [6, 9, 5, 7], layers, batch_size=2)
     assert_features_match(model, drafter, layers, len(PROMPTS))
 
 
