@@ -62,6 +62,9 @@ def features_of(states: tuple[torch.Tensor | None, ...], layers: tuple[int, ...]
     if states is None or any(i >= len(states) or states[i] is None for i in layers):
         got = "none" if states is None else f"{len(states)} entries"
         raise RuntimeError(f"{who} returned no hidden states for feature layers {layers} ({got})")
+    if (odd := next((i for i in layers if states[i].dim() != 3), None)) is not None:  # Gemma 3n: [AltUp, B, n, H]
+        raise TypeError(f"{who}'s hidden state {odd} has shape {tuple(states[odd].shape)}, not [rows, tokens, "
+                        "hidden]: specdec cannot take its features; choose a target whose layers pass one hidden state")
     return torch.cat([states[i] for i in layers], dim=-1)
 
 

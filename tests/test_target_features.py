@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from conftest import build_tiny, hf_greedy
+from test_architectures import build as build_architecture
 from test_recurrent import build_recurrent
 from test_seq2seq import build as build_seq2seq
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -165,6 +166,26 @@ def test_features_of_recurrent_and_hybrid_targets(arch):
     layers = resolve_layers(model, "eagle3")
     drafter = decode_with_features(model, PROMPTS, [6, 9, 5, 7], layers, batch_size=2)
     assert_features_match(model, drafter, layers, len(PROMPTS))
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "llama4_text", "deepseek_v3"])
+def test_features_of_windowed_chunked_and_latent_attention_targets(name):
+    """Sliding windows (Mistral, Gemma-2: rows re-packed before a dead slot enters a window), Llama 4's attention
+    chunks and DeepSeek-V3's latent attention: the same features, by the same rules."""
+    model = build_architecture(name)
+    layers = resolve_layers(model, (0, 1, 2))
+    prompts = [[1, 5, 9, 14, 3, 22, 7, 8, 30, 31, 12], [1, 40], [1, 8, 8, 30, 31, 12, 50], [1, 70, 71, 3]]
+    drafter = decode_with_features(model, prompts, [6, 9, 5, 7], layers, batch_size=2)
+    assert_features_match(model, drafter, layers, len(prompts))
+
+
+def test_a_target_whose_layers_pass_several_hidden_states_is_refused_by_name():
+    """Gemma 3n's layers pass AltUp's stacked predictions [4, B, n, H], not one hidden state per position."""
+    target = ModelTarget(build_architecture("gemma3n_text"), kernels=False)
+    target.want_features("eagle3")
+    with pytest.raises(TypeError, match=r"Gemma3nForCausalLM's hidden state 1 has shape \(4, 1, 3, 32\)"), \
+            torch.inference_mode():
+        target.prefill(PromptBatch.from_lists([[1, 5, 6, 7]], "cpu"))
 
 
 def test_a_one_token_prompt_joins_with_no_features():
