@@ -447,6 +447,9 @@ def _scattered(parts: list[tuple[torch.Tensor, ModelOutput]], rows: int, n: int,
     if like.get("hidden_states") is not None:
         hidden = []
         for layer in range(len(like.hidden_states)):
+            if like.hidden_states[layer] is None:  # a layer the forward's selection left out
+                hidden.append(None)
+                continue
             states = like.hidden_states[layer].new_zeros(rows, n, like.hidden_states[layer].shape[-1])
             for index, out in parts:
                 states[index, n - out.hidden_states[layer].shape[1]:] = out.hidden_states[layer]
