@@ -267,6 +267,7 @@ def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
     parents = [torch.full((rows, k), -1, dtype=torch.long, device=device)]  # global node numbers, -1 = root
     levels_of = [torch.ones(rows, k, dtype=torch.long, device=device)]
     fed_nodes: list[torch.Tensor] = []  # per forwarded level: the global nodes forwarded [B, f]
+    fed_live: list[torch.Tensor] = []  # and which of them went in live [B, f] (the others are dead slots)
     cap = k + (levels - 1) * k * k
     anc = torch.zeros(rows, cap, cap, dtype=torch.bool, device=device)  # node -> its ancestors and itself
     anc[:, torch.arange(k), torch.arange(k)] = True
@@ -283,6 +284,7 @@ def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
         sees = anc.gather(1, frontier[:, :, None].expand(rows, f, cap)).gather(2, fed[:, None, :].expand(rows, f,
                                                                                                    fed.shape[1]))
         fed_nodes.append(frontier)
+        fed_live.append(live)
         ids = drafter._ids(torch.cat(tokens, dim=1).gather(1, frontier))
         positions = drafter._mark[:, None] + level - 1  # the root at live - 1: level 1 at live
         out = drafter.cache.tree_forward(ids, live, positions.expand(rows, f), sees)
@@ -319,7 +321,8 @@ def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
     slot = torch.full((rows, total), -1, dtype=torch.long, device=device)  # global node -> its tail slot
     if fed_nodes:
         fed = torch.cat(fed_nodes, dim=1)
-        slot.scatter_(1, fed, torch.arange(fed.shape[1], device=device).expand_as(fed))
+        numbers = torch.arange(fed.shape[1], device=device).expand_as(fed)
+        slot.scatter_(1, fed, torch.where(torch.cat(fed_live, dim=1), numbers, -1))
     drafter._tree = (slot.gather(1, safe), sum(x.shape[1] for x in fed_nodes))
     drafter._drafts = [[] for _ in range(rows)]
     return tree
