@@ -555,8 +555,9 @@ def speculative_generate(
     decodes); "off" leaves the models as they are. ``tree`` (a node count or a ``TreeConfig``; None: chains) drafts a
     token tree per row instead of a chain, ``gamma`` deep (``specdec.tree``: a model drafter, eager caches).
     """
+    spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate,
+                      tree=tree if tree is None or isinstance(tree, int) else tree.nodes)
     tree = TreeConfig(nodes=tree) if isinstance(tree, int) else tree
-    spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate)
     verify = verify if isinstance(verify, VerifyConfig) else VerifyConfig(rule=verify)
     fast = check_kernels(kernels)
     handle = make_target(target, fast)

@@ -233,7 +233,8 @@ def tree_refusal(target, drafter) -> str | None:
     from specdec.drafters.model import ModelDrafter
 
     if type(drafter) is not ModelDrafter:
-        return f"trees are drafted by a model drafter, not {type(drafter).__name__}"
+        return (f"trees are drafted by a model drafter alone (--drafter NAME or a model folder), not "
+                f"{type(drafter).__name__}")
     for who, cache in (("target", getattr(target, "cache", None)), ("drafter", drafter.cache)):
         if type(cache) is not RaggedCache:
             return f"the {who}'s cache ({type(cache).__name__}) is not the eager RaggedCache trees need"
