@@ -20,7 +20,9 @@ from specdec.tree import TreeConfig
 METHODS = {  # name -> (gamma, tree)
     "chain g4": (4, None),
     "chain g6": (6, None),
+    "tree 4x2 g4": (4, TreeConfig(4, 2)),
     "tree 8x2 g4": (4, TreeConfig(8, 2)),
+    "tree 8x4 g5": (5, TreeConfig(8, 4)),
     "tree 16x4 g5": (5, TreeConfig(16, 4)),
     "tree 32x4 g6": (6, TreeConfig(32, 4)),
 }

@@ -13,10 +13,12 @@ from conftest import assert_same_greedy, build_tiny, truncated_copy
 from scipy.stats import chisquare
 
 import specdec
-from specdec.batch import PromptBatch
-from specdec.config import SamplingConfig
-from specdec.decode import speculative_generate
+from specdec.batch import PromptBatch, left_mask, left_padded
+from specdec.config import SamplingConfig, SpecConfig
+from specdec.decode import Decoder, Request, speculative_generate
+from specdec.drafters.model import ModelDrafter
 from specdec.sampling import Sampler
+from specdec.schedules import make_schedule
 from specdec.target import ModelTarget
 from specdec.tree import Tree, TreeConfig, ancestors, candidate_chain, commit_target, sample_node, verify_tree
 
@@ -184,9 +186,39 @@ def test_greedy_trees_equal_generate(arch):
         assert_same_greedy(target, p, out.tokens, cut)
 
 
+def test_both_caches_hold_the_committed_tokens_after_tree_rounds():
+    """Through tree rounds on a ragged batch: the target caches every committed token but the newest, the drafter
+    caches or holds pending every committed token, and both models' next logits equal theirs on the committed
+    sequence alone (the kept path's entries are the right ones, in order)."""
+    target = build_tiny("llama", seed=0)
+    drafter_model = truncated_copy(target, 1)
+    handle = ModelTarget(target, kernels=False)
+    drafter = ModelDrafter(drafter_model, kernels=False).align(handle)
+    decoder = Decoder(handle, drafter, make_schedule(SpecConfig(gamma=3)), batch_size=3, tree=TreeConfig(10, 3))
+    prompts = [[1, 5, 7, 9, 11], [1, 3], [1, 8, 6, 4, 2, 9, 17]]
+    for i, p in enumerate(prompts):
+        decoder.submit(Request(p, 40, SamplingConfig(temperature=0.0), index=i))
+    with torch.inference_mode():
+        for _ in range(5):
+            decoder.step()
+            for b, row in enumerate(decoder.rows):
+                committed = row.request.ids + row.tokens
+                assert int(handle.cached()[b]) == len(committed) - 1
+                assert int(drafter.cache.live[b]) + len(drafter.pending[b]) == len(committed)
+        assert sum(len(r.tokens) for r in decoder.rows) > 5 * 3  # paths were accepted
+        committed = [r.request.ids + r.tokens for r in decoder.rows]
+        ids, counts = left_padded(drafter.pending, "cpu")
+        mine, _ = drafter._step(ids, left_mask(counts, ids.shape[1]), False)
+        scores = handle.verify(decoder.last[:, None], torch.ones(len(committed), dtype=torch.long)).logits[:, 0]
+        for b, sequence in enumerate(committed):
+            torch.testing.assert_close(mine[b], drafter_model(torch.tensor([sequence])).logits[0, -1],
+                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(scores[b], target(torch.tensor([sequence])).logits[0, -1], atol=1e-4, rtol=1e-4)
+
+
 def test_trees_are_drafted_and_accepted():
-    """Trees do what they are for: with a wild drafter a tree of 8 accepts more per round than a chain of the
-    same depth."""
+    """Trees do what they are for: a tree of 12 nodes commits the same tokens as a chain of the same depth in fewer
+    rounds."""
     target = build_tiny("llama", seed=0)
     drafter = truncated_copy(target, 1)
     prompt = [1, 5, 7, 9, 11]
@@ -204,9 +236,11 @@ def test_shipped_pair_greedy_with_trees():
     target, drafter = specdec.load_model("code-target"), specdec.load_model("code-drafter")
     tok = specdec.load_tokenizer("code-target")
     prompts = [tok(p["prompt"])["input_ids"] for p in code_completion_prompts(2, seed=5)]
-    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=20)
-    spec = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=20, gamma=4, tree=12, batch_size=2)
-    single = specdec.speculative_generate(target, drafter, prompts[0], max_new_tokens=20, gamma=4, tree=12)
+    plain = specdec.autoregressive_generate(target, prompts, max_new_tokens=20, kernels="off")
+    spec = specdec.speculative_generate(target, drafter, prompts, max_new_tokens=20, gamma=4, tree=12, batch_size=2,
+                                        kernels="off")
+    single = specdec.speculative_generate(target, drafter, prompts[0], max_new_tokens=20, gamma=4, tree=12,
+                                          kernels="off")
     assert [s.tokens for s in spec] == [p.tokens for p in plain]
     assert single.tokens == plain[0].tokens
 
