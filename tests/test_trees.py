@@ -275,3 +275,28 @@ def test_sampled_first_token_with_trees_is_the_targets():
         wanted = torch.cat([wanted, expected[~big].sum()[None]])
     assert chisquare(observed.numpy(), wanted.numpy()).pvalue > 1e-3
     assert sum(o.stats.accepted for o in outs) > n // 4  # the trees' candidates were accepted often
+
+
+# ------------------------------------------------------------------------------------------ the command line
+
+
+def test_generate_tree_switch(tmp_path, capsys):
+    """--tree N decodes (the same text as chains, greedy); bad input is one line and exit 2: a tree size below 1,
+    --compile on, a drafter that drafts no trees."""
+    from tiny_models import save_tiny_pair
+
+    from specdec import cli
+
+    pair = save_tiny_pair(tmp_path / "pair")
+    models = ["--target", str(pair.target), "--drafter", str(pair.drafter), "--max-new-tokens", "12",
+              "--temperature", "0", "--kernels", "off"]
+    assert cli.main(["generate", "def add(a, b):", *models]) == 0
+    chain = capsys.readouterr().out
+    assert cli.main(["generate", "def add(a, b):", *models, "--tree", "8"]) == 0
+    assert capsys.readouterr().out == chain
+    for extra, message in ((["--tree", "0"], "tree must be an int >= 1"),
+                           (["--tree", "8", "--compile", "on"], "--tree decodes on the eager path"),
+                           (["--tree", "8", "--drafter", "ngram"], "trees are drafted by a model drafter alone")):
+        assert cli.main(["generate", "def add(a, b):", *models, *extra]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
