@@ -20,7 +20,16 @@ from specdec.drafters.model import ModelDrafter
 from specdec.sampling import Sampler
 from specdec.schedules import make_schedule
 from specdec.target import ModelTarget
-from specdec.tree import Tree, TreeConfig, ancestors, candidate_chain, commit_target, sample_node, verify_tree
+from specdec.tree import (
+    Tree,
+    TreeConfig,
+    accept_tree,
+    ancestors,
+    candidate_chain,
+    commit_target,
+    sample_node,
+    verify_tree,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,6 +127,18 @@ def test_ancestors():
     a = ancestors(tree.parents)[0].int().tolist()
     assert a == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
     assert tree.depths.tolist() == [[1, 1, 2, 3]]
+
+
+def test_greedy_walk_takes_the_matching_child_and_the_argmax_after():
+    """Row 0: the root's argmax is node 2's token, whose argmax is node 4's token, whose argmax (7) has no child:
+    path [2, 4], next 7. Row 1: no child matches the root's argmax (9): path [], next 9."""
+    tree = Tree.from_lists([[(3, 0), (4, 0), (5, 1), (6, 2), (6, 1)], [(3, 0)]])
+    logits = torch.zeros(2, 6, 10)
+    logits[0, 0, 4] = logits[0, 2, 6] = logits[0, 4, 7] = 1.0
+    logits[0, 1, 5] = 1.0  # node 1's argmax: never reached
+    logits[1, 0, 9] = 1.0
+    sampler = Sampler.per_row([SamplingConfig(temperature=0.0)] * 2, [torch.Generator()] * 2)
+    assert accept_tree(tree, logits, sampler) == ([[2, 4], []], [7, 9])
 
 
 def _path(rows, b, node):
