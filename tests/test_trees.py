@@ -277,7 +277,7 @@ def test_trees_refused_in_one_line_for_a_drafter_without_trees():
 
 def test_sampled_first_token_with_trees_is_the_targets():
     """Temperature 1, trees of 6 nodes 2 deep: the first new token of 3000 seeded rows against the target's exact
-    distribution (chi-square on a 16-token vocabulary)."""
+    distribution, and the second after the commonest first (chi-square on a 16-token vocabulary)."""
     target = build_tiny("llama", seed=0, vocab_size=16, init_range=0.1)
     drafter = truncated_copy(target, 1)
     prompt = [1, 5, 7]
@@ -296,6 +296,19 @@ def test_sampled_first_token_with_trees_is_the_targets():
         wanted = torch.cat([wanted, expected[~big].sum()[None]])
     assert chisquare(observed.numpy(), wanted.numpy()).pvalue > 1e-3
     assert sum(o.stats.accepted for o in outs) > n // 4  # the trees' candidates were accepted often
+    # the second token, after the most frequent first one (accepted at depth 2 or drawn in the next round)
+    first = int(counts.argmax())
+    seconds = [o.tokens[1] for o in outs if o.tokens[0] == first]
+    with torch.inference_mode():
+        p2 = torch.softmax(target(torch.tensor([prompt + [first]])).logits[0, -1].double(), 0)
+    counts2 = torch.bincount(torch.tensor(seconds), minlength=16).double()
+    expected2 = p2 * len(seconds)
+    big = expected2 >= 5
+    observed, wanted = counts2[big], expected2[big]
+    if not bool(big.all()):
+        observed = torch.cat([observed, counts2[~big].sum()[None]])
+        wanted = torch.cat([wanted, expected2[~big].sum()[None]])
+    assert len(seconds) > 300 and chisquare(observed.numpy(), wanted.numpy()).pvalue > 1e-3
 
 
 # ------------------------------------------------------------------------------------------ the command line
