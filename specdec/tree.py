@@ -282,8 +282,8 @@ def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
         if not bool(live.any()):
             break
         fed = torch.cat([*fed_nodes, frontier], dim=1)  # [B, W] the nodes with slots in this round's tail
-        sees = anc.gather(1, frontier[:, :, None].expand(rows, f, cap)).gather(2, fed[:, None, :].expand(rows, f,
-                                                                                                   fed.shape[1]))
+        rows_of = anc.gather(1, frontier[:, :, None].expand(rows, f, cap))  # [B, f, cap] each frontier node's
+        sees = rows_of.gather(2, fed[:, None, :].expand(rows, f, fed.shape[1]))  # [B, f, W] its ancestors with slots
         fed_nodes.append(frontier)
         fed_live.append(live)
         ids = drafter._ids(torch.cat(tokens, dim=1).gather(1, frontier))
@@ -307,9 +307,9 @@ def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
     first = torch.where(torch.cat(levels_of, dim=1) <= allowed[:, None], value, ninf)
     order = torch.sort(-first, dim=1, stable=True).indices[:, : config.nodes]  # best first, parents before ties
     kept = torch.sort(order, dim=1).values  # creation order again: parents before children
-    sizes = torch.isfinite(first.gather(1, kept)).sum(dim=1)
-    kept_finite = torch.isfinite(first.gather(1, kept))
-    kept = torch.where(kept_finite, kept, total)  # padding sorts last
+    finite = torch.isfinite(first.gather(1, kept))
+    sizes = finite.sum(dim=1)
+    kept = torch.where(finite, kept, total)  # padding sorts last
     kept = torch.sort(kept, dim=1).values
     safe = kept.clamp_max(total - 1)
     local = torch.zeros(rows, total + 1, dtype=torch.long, device=device)  # global -> 1-based node, root 0
