@@ -196,4 +196,8 @@ def settings_from(args: argparse.Namespace) -> tuple[ModelConfig, Settings]:
         chat_template=args.chat_template,
         show_acceptance=args.show_acceptance,
     )
+    if settings.spec.tree is not None:  # token trees decode on the eager path (specdec.tree)
+        if models.compile == "on":
+            raise UsageError("--tree decodes on the eager path: drop --compile on (or --tree)")
+        models = dataclasses.replace(models, compile="off")
     return models, settings

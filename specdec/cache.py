@@ -344,6 +344,54 @@ class RaggedCache:
             return self.model(input_ids=input_ids, **cache_kwargs(self.model, self.cache), use_cache=True,
                               logits_to_keep=logits_to_keep, **kwargs)
 
+    def tree_refusal(self) -> str | None:
+        """Why this cache cannot verify a token tree (``tree_forward``), or None: a tree needs a model that takes
+        ``position_ids`` and a custom 4D mask over plain attention slots."""
+        name = type(self.model).__name__
+        if self.recurrent or self.one_at_a_time or self.two_token_steps or self.mask_4d or self._sliding:
+            return f"{name}'s cache is not plain attention slots fed several tokens at once"
+        if self.window is not None:
+            return f"{name} attends within a local window or chunk, which a tree's positions would misplace"
+        if not self.positions.argument:
+            return f"{name} does not take position_ids, which a tree's nodes need (positions by depth)"
+        return None
+
+    def tree_forward(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor,
+                     sees: torch.Tensor, **kwargs: object) -> ModelOutput:
+        """Run the model on the nodes of token trees ``input_ids`` [B, n] (``valid`` [B, n] the real ones) at
+        ``positions`` [B, n], each node attending to every live slot before the last ``W - n`` ones and, among those
+        and the new nodes (``sees`` [B, n, W], self included), only to what ``sees`` allows: its ancestors. Appends
+        the nodes (dead where not valid); returns the logits of every node [B, n, V]."""
+        rows, n = input_ids.shape
+        width = sees.shape[2]
+        before = self.slots - (width - n)  # slots every node may attend (their live ones)
+        tail = torch.cat([self.mask[:, before:], valid], dim=1)  # [B, W] live slots of the tree part
+        allowed = sees & tail[:, None, :]
+        allowed[:, :, width - n:] |= torch.eye(n, dtype=torch.bool, device=allowed.device)  # a dead node sees itself
+        allowed = torch.cat([self.mask[:, None, :before].expand(rows, n, before), allowed], dim=2)  # [B, n, S + n]
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed,
+                                                                                          torch.finfo(dtype).min)
+        slots = torch.cat([self.mask, valid], dim=1)
+        with self.positions.applied(kwargs, positions, slots, self.slots + n):
+            out = self.model(input_ids=input_ids, attention_mask=mask[:, None], **cache_kwargs(self.model, self.cache),
+                             use_cache=True, logits_to_keep=0, **kwargs)
+        self.mask, self.live = slots, self.live + valid.sum(dim=1)
+        self.holes = True
+        return out
+
+    def reorder_tail(self, order: torch.Tensor, n: torch.Tensor) -> None:
+        """Put the last ``W`` slots of each row in the order ``order`` [B, W] (a permutation of 0..W-1: a tree's kept
+        path first), then keep each row's first ``n[b]`` live tokens (``keep``)."""
+        width = order.shape[1]
+        base = self.slots - width
+        for layer in self._layers():
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                t[:, :, base:] = gather_slots(t[:, :, base:], order)
+        self.mask = torch.cat([self.mask[:, :base], self.mask[:, base:].gather(1, order)], dim=1)
+        self.keep(n)
+
     def keep(self, n: torch.Tensor) -> None:
         """Keep the first ``n[b]`` live tokens of each row ``b`` (``n <= live``); drop the rest."""
         counts = n.tolist()

@@ -62,8 +62,12 @@ class SpecConfig:
     batch_size: int = 8  # prompts decoded together; more wait and join as rows finish
     speculate: str = "on"  # on: draft every round; off: plain decoding; auto: per batch size,
                            # measure plain decoding and a few draft widths, keep the fastest
+    tree: int | None = None  # draft a token tree of this many nodes per row, gamma deep, instead of a chain
+                             # (a model drafter; eager caches); none: chains
 
     def __post_init__(self) -> None:
+        if self.tree is not None and (not _is_int(self.tree) or self.tree < 1):
+            raise ValueError(f"tree must be an int >= 1 (drafted nodes per row) or None (chains), got {self.tree!r}")
         if not _is_int(self.gamma) or self.gamma < 1:
             raise ValueError(f"gamma must be an int >= 1 (tokens drafted per round), got {self.gamma!r}")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:

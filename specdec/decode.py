@@ -101,6 +101,7 @@ from specdec.stats import (
     RoundEvent,
 )
 from specdec.target import Target, make_target
+from specdec.tree import TreeConfig, tree_refusal, tree_round
 
 OnRoundFn = Callable[[RoundEvent], None]
 OnResultFn = Callable[[GenerationResult], None]
@@ -203,8 +204,12 @@ class Decoder:
 
     def __init__(self, target: Target, drafter: Drafter, schedule: Schedule, *, verify: VerifyConfig | None = None,
                  batch_size: int = SpecConfig.batch_size, tokenizer: PreTrainedTokenizerBase | None = None,
-                 listeners: Sequence[Listener] = (), prefill_beside: bool = False) -> None:
+                 listeners: Sequence[Listener] = (), prefill_beside: bool = False,
+                 tree: TreeConfig | None = None) -> None:
         self.target, self.drafter, self.schedule = target, drafter, schedule
+        self.tree = tree  # token trees instead of chains (``specdec.tree``), where the models allow them
+        if tree is not None and (reason := tree_refusal(target, drafter)) is not None:
+            raise ValueError(f"token trees are not available here: {reason}")
         self.verifier = Verifier(verify or VerifyConfig())
         self.batch_size = batch_size
         self.tokenizer = tokenizer
@@ -314,8 +319,11 @@ class Decoder:
         return finished
 
     def _round(self) -> None:
-        """One round for every row: propose -> verify -> accept -> commit."""
+        """One round for every row: propose -> verify -> accept -> commit (of a token tree per row: ``tree_round``,
+        unless a row's logits processors need each position's prefix)."""
         self.clock.new_round()
+        if self.tree is not None and not self.processing:
+            return tree_round(self)
         rows = round_rows([(r.request.ids + r.tokens if r.request.processors else [], r.request.processors)
                            for r in self.rows], self.device) if self.processing else []
         with self.events.phase(PROPOSE):
@@ -483,11 +491,12 @@ def prompt_request(target: Target, ids: list[int], max_new_tokens: int, sampling
 
 def _decode(target: Target, drafter: Drafter, schedule: Schedule, requests: list[Request], *, verify: VerifyConfig,
             batch_size: int, tokenizer: PreTrainedTokenizerBase | None, on_round: OnRoundFn | None,
-            on_result: OnResultFn | None, settings: GenerationSettings | None = None) -> list[GenerationResult]:
+            on_result: OnResultFn | None, settings: GenerationSettings | None = None,
+            tree: TreeConfig | None = None) -> list[GenerationResult]:
     """Decode every request; results in input order, each with the run's batch figures and ``settings``
     (``on_result`` hears of each as its row finishes, with the figures so far)."""
     decoder = Decoder(target, drafter, schedule, verify=verify, batch_size=batch_size, tokenizer=tokenizer,
-                      listeners=[OnRound(on_round)] if on_round else [])
+                      listeners=[OnRound(on_round)] if on_round else [], tree=tree)
     rows = [decoder.submit(r) for r in requests]
     with torch.inference_mode():
         while decoder.busy:
@@ -521,6 +530,7 @@ def speculative_generate(
     logits_processor: LogitsProcessorList | None = None,
     ignore_generation_config: bool = SamplingConfig.ignore_generation_config,
     kernels: str = ModelConfig.kernels,
+    tree: int | TreeConfig | None = None,
 ) -> GenerationResult | list[GenerationResult]:
     """Generate with ``target``, drafting with ``drafter``, for one prompt or a list of prompts.
 
@@ -542,9 +552,12 @@ def speculative_generate(
     ``settings`` says what was in force and where it came from. ``kernels`` "auto" gives the models this call makes
     handles for specdec's CPU linear kernels (``specdec.kernels``, as ``SPECDEC_LINEAR`` says: it may build them
     once per machine, probe their timings and set the float32 CPU linear layers' forwards, used only while specdec
-    decodes); "off" leaves the models as they are.
+    decodes); "off" leaves the models as they are. ``tree`` (a node count or a ``TreeConfig``; None: chains) drafts a
+    token tree per row instead of a chain, ``gamma`` deep (``specdec.tree``: a model drafter, eager caches).
     """
-    spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate)
+    spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate,
+                      tree=tree if tree is None or isinstance(tree, int) else tree.nodes)
+    tree = TreeConfig(nodes=tree) if isinstance(tree, int) else tree
     verify = verify if isinstance(verify, VerifyConfig) else VerifyConfig(rule=verify)
     fast = check_kernels(kernels)
     handle = make_target(target, fast)
@@ -562,7 +575,7 @@ def speculative_generate(
         schedule = make_schedule(spec, ScheduleConfig(schedule) if isinstance(schedule, str) else schedule, chosen)
     results = _decode(handle, chosen, schedule, requests,
                       verify=verify, batch_size=spec.batch_size, tokenizer=tokenizer, on_round=on_round,
-                      on_result=on_result, settings=processing.settings)
+                      on_result=on_result, settings=processing.settings, tree=None if spec.speculate == "off" else tree)
     return results[0] if single else results
 
 

@@ -196,7 +196,8 @@ class Session:
         if settings.mode == "speculative":
             return decode.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
                                                gamma=settings.spec.gamma, speculate=settings.spec.speculate,
-                                               verify=settings.verify, schedule=settings.schedule, **kwargs)
+                                               verify=settings.verify, schedule=settings.schedule,
+                                               tree=settings.spec.tree, **kwargs)
         return decode.autoregressive_generate(self.model(self._name(settings.mode)), prompt_ids, **kwargs)
 
 

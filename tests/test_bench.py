@@ -300,6 +300,16 @@ def test_compared_drafters_run_beside_spec(pair: tuple[Path, Path, Path], tmp_pa
     assert rival_record.drafter_calls > 0
 
 
+def test_trees_run_beside_spec(pair: tuple[Path, Path, Path]) -> None:
+    """--trees: spec again with a token tree of each size, as spec-tree<N>, every greedy output equal."""
+    config = _config(pair, methods=("plain-hf", "spec"), trees=(1, 6), gamma=(3,))
+    rows = {r.method: r for r in build_report(run_benchmark(config)).rows}
+    assert set(rows) == {BASELINE, "spec", "spec-tree1", "spec-tree6"}
+    assert all(r.greedy_equal == r.greedy_total == 2 for r in rows.values())
+    with pytest.raises(ValueError, match="trees must be node counts >= 1"):
+        _config(pair, trees=(0,))
+
+
 def test_a_failing_method_is_reported_not_fatal(pair: tuple[Path, Path, Path], capsys) -> None:
     registry = {BASELINE: RUNNERS[BASELINE], "broken": _Broken(), "plain": RUNNERS["plain"]}
     report = build_report(run_benchmark(_config(pair, warmup=1), registry=registry))

@@ -51,6 +51,8 @@ class BenchConfig:
     compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
     schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada)
                                      # as method spec-<name>; spec itself is the constant schedule (--gamma)
+    trees: tuple[int, ...] = ()  # spec again drafting a token tree of each of these node counts, gamma deep, as
+                                 # method spec-tree<N> (specdec.tree: the drafter model alone, eager caches)
     tokenizer: str | None = None  # folder of the tokenizer; None = the target's own folder
     methods: tuple[str, ...] = ()  # methods to run, by name or group (see --list); empty = all
     prompts: str | None = None  # a JSONL file with {"id", "prompt"} per line; None = built-in code prompts
@@ -118,6 +120,8 @@ class BenchConfig:
         if bad:
             raise ValueError(f"schedules must be among {', '.join(SCHEDULED)} (constant is spec with --gamma), got "
                              f"{bad}")
+        if any(n < 1 for n in self.trees):
+            raise ValueError(f"trees must be node counts >= 1, got {self.trees}")
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError(f"batch_sizes must be ints >= 1, got {self.batch_sizes}")
         if not self.clients or any(c < 1 for c in self.clients):

@@ -60,6 +60,7 @@ from specdec.bench.runners import (
     peer_runners,
     scheduled_runners,
     select_runners,
+    tree_runners,
 )
 from specdec.drafters.model import drafter_form, drafter_in
 from specdec.kernels import install
@@ -300,7 +301,8 @@ def run_benchmark(
     labels = compare_labels(config.compare)
     selected = select_runners(config.methods, registry)
     runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels)
-               + scheduled_runners(config.schedules) + peer_runners(config.peers, config.drafter, config.peer_source))
+               + scheduled_runners(config.schedules) + tree_runners(config.trees)
+               + peer_runners(config.peers, config.drafter, config.peer_source))
     try:
         with _quiet_transformers():
             return _run(config, runners, dict(zip(labels, config.compare, strict=True)), console)

@@ -14,6 +14,7 @@ Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assiste
 - ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
 - ``spec-lookup``: ours with ``LookupDrafter``: prompt lookup first (up to 12 copied tokens),
   the drafter model (gamma tokens) when lookup finds nothing; no theoretical speedup (no fixed gamma).
+- ``spec-tree<N>`` (``--trees``, :func:`tree_runners`): ``spec`` drafting a token tree of N nodes a round.
 - ``spec-heuristic``, ``spec-confidence``, ``spec-ada`` (``--schedules``, :func:`scheduled_runners`):
   ``spec`` with a schedule deciding each round's length instead of a constant gamma
   (``specdec.schedules``, default bound 1..16): the +2/-1 heuristic from transformers' 20 tokens,
@@ -311,6 +312,22 @@ class Scheduled(Speculative):
         return _from_stats(res.tokens, res.stats)
 
 
+class Treed(Speculative):
+    """``spec`` drafting a token tree of ``nodes`` nodes per round, gamma deep (``specdec.tree``)."""
+
+    def __init__(self, nodes: int) -> None:
+        super().__init__(f"spec-tree{nodes}", "model")
+        self.nodes = nodes
+        self.description = f"our speculative_generate with the drafter model, a token tree of {nodes} nodes a round"
+        self.cost = DrafterCost.NONE  # a tree's drafter forwards carry several tokens each
+
+    def run(self, models: BenchModels, input_ids: torch.Tensor, setting: Setting, meters: Meters) -> RunOutput:
+        assert setting.gamma is not None
+        res = specdec.speculative_generate(models.target, self._drafter(models), input_ids, gamma=setting.gamma,
+                                           tree=self.nodes, **_decode_kwargs(models, setting))
+        return _from_stats(res.tokens, res.stats)
+
+
 class HFAssisted:
     """transformers' assisted generation with the drafter model, with our gamma or its defaults."""
 
@@ -413,6 +430,11 @@ def form_runners(forms: tuple[str, ...], selected: list[Runner]) -> list[Runner]
     kinds = {r.name: r.kind for r in selected if isinstance(r, Speculative) and r.name in ("spec", "spec-lookup")}
     return [Speculative(f"{name}:{form}", kind, drafter_label=form_label(form))
             for form in dict.fromkeys(forms[1:]) for name, kind in kinds.items()]
+
+
+def tree_runners(trees: tuple[int, ...]) -> list[Runner]:
+    """``spec-tree<N>`` for each node count of ``--trees``."""
+    return [Treed(n) for n in trees]
 
 
 def scheduled_runners(schedules: tuple[str, ...]) -> list[Runner]:
