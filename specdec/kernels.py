@@ -630,7 +630,7 @@ def install(model: torch.nn.Module) -> bool:
         return installed(model)
     chosen = mode()
     from specdec import qlinear  # torchao int8/int4 linears: the quantized kernel (qlinear), else their own forward
-    qlinear.install(model, chosen)
+    qlinear.install(model, chosen, blocked_op, _active)
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
     layers = {m: _Packed(many=None) for m in found}  # each layer once (a tied head is its own module); the plan sets
     # its kernels below: a smaller model than ``STREAMED_BYTES`` never asks for the blocked kernel, nor builds it

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import types
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 LANES = 16  # output columns per block of the re-laid weight (``csrc/quantized_linear.c``'s QL)
 MAGIC = 2.0**23  # int4: the kernel reads a nibble v as the float 2^23 + v and subtracts 2^23 + z + 8 (exact)
 _INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> layers given the kernels
+_ACTIVE: list[Callable[[], bool]] = [lambda: False]  # kernels' own test of ``active()`` (``install`` sets it)
 
 
 def form(weight: object) -> str | None:
@@ -107,10 +109,8 @@ def _key(weight: torch.Tensor) -> tuple:
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """An installed layer's forward: the quantized kernel inside ``kernels.active()``, else torchao's (``F.linear``)."""
-    from specdec.kernels import _active
-
     weight, bias = self.weight, self.bias
-    if (_active() and x.dtype is torch.float32 and x.is_cpu and not torch.compiler.is_compiling()
+    if (_ACTIVE[0]() and x.dtype is torch.float32 and x.is_cpu and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and x.requires_grad) and (bias is None or bias.dtype is torch.float32)):
         packed = vars(self).get("_specdec_qpacked")
         if packed is None or packed[0] != _key(weight):  # a new weight (loaded again, or written in place)
@@ -131,13 +131,15 @@ def eligible(module: torch.nn.Module) -> bool:
             and ("forward" not in vars(module) or _ours(module)) and form(module.weight) is not None)
 
 
-def install(model: torch.nn.Module, mode: str) -> int:
-    """Give ``model``'s eligible layers the quantized kernel (unless ``mode``, ``SPECDEC_LINEAR``, is off, or specdec's
-    operators cannot be built here); the number of layers that have it. The copies are packed at the first product
+def install(model: torch.nn.Module, mode: str, built: Callable[[], bool], active: Callable[[], bool]) -> int:
+    """Give ``model``'s eligible layers the quantized kernel (``kernels.install`` calls it with ``SPECDEC_LINEAR``'s
+    ``mode``, its ``blocked_op``, which builds the operators, and its test of ``active()``), unless the mode is off or
+    the operators cannot be built here; the number of layers that have it. The copies are packed at the first product
     inside ``active()``. Layers of another quantized form keep torchao's forward, said once (``quantized.note``)."""
-    from specdec import kernels, quantized
+    from specdec import quantized
 
-    layers = [m for m in model.modules() if eligible(m)] if mode != "off" and kernels.blocked_op() else []
+    _ACTIVE[0] = active
+    layers = [m for m in model.modules() if eligible(m)] if mode != "off" and built() else []
     for m in layers:
         if not _ours(m):
             m.forward = types.MethodType(_forward, m)

@@ -73,7 +73,8 @@ def test_int4_products_equal_the_dequantised_weights_in_float64(group, mapping):
     _check(layer, [*range(1, 17), 29, 40])
 
 
-def test_int4_packs_two_values_a_byte_from_the_tensors_own_data():
+def test_int4_packs_two_values_a_byte_from_the_tensors_own_data(monkeypatch):
+    monkeypatch.setenv("SPECDEC_LINEAR", "on")
     layer = _layer(128, 40, quantized.torchao_config("int4", 64))
     packed = qlinear.Packed(layer.weight)
     assert packed.weight.numel() * packed.weight.element_size() == 48 * 128 // 2  # 40 columns padded to 48
@@ -82,8 +83,7 @@ def test_int4_packs_two_values_a_byte_from_the_tensors_own_data():
     assert [(word >> (4 * i)) & 15 for i in range(8)] == (q[3, 8:16] + 8).tolist()
     with torch.no_grad():  # the kernel reads the tensor's own values: a changed qdata is packed again
         q[5].neg_().clamp_(-8, 7)
-    installed = torch.nn.Sequential(layer)
-    qlinear.install(installed, "on")
+    kernels.install(torch.nn.Sequential(layer))
     x = torch.randn(3, 128)
     with kernels.active(), torch.inference_mode():
         got = layer(x)
@@ -91,14 +91,15 @@ def test_int4_packs_two_values_a_byte_from_the_tensors_own_data():
     assert torch.allclose(got.double(), want, atol=1e-4)
 
 
-def test_forms_the_kernel_does_not_take_keep_torchaos_forward():
+def test_forms_the_kernel_does_not_take_keep_torchaos_forward(monkeypatch):
+    monkeypatch.setenv("SPECDEC_LINEAR", "on")
     assert qlinear.form(torch.randn(4, 4)) is None
     odd_group = _layer(48, 8, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(12)))
     assert qlinear.form(odd_group.weight) is None  # a group the words cannot hold whole
     int2 = _layer(64, 8, IntxWeightOnlyConfig(weight_dtype=torch.int2, granularity=PerGroup(32)))
     assert qlinear.form(int2.weight) is None
     model = torch.nn.Sequential(odd_group)
-    qlinear.install(model, "on")
+    kernels.install(model)
     assert "forward" not in vars(odd_group) and qlinear.installed(model) == 0
     with pytest.raises(ValueError, match="not a weight-only int8/int4 form"):
         qlinear.Packed(odd_group.weight)
