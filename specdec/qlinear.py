@@ -14,7 +14,8 @@ built with the other kernels: ``kernels.blocked_op``) on a copy of ITS OWN quant
   (the same bytes) and float32 scales;
 - int4 (``IntxUnpackedToInt8Tensor`` with ``target_dtype=torch.int4``, groups of an even size, int8 zero points):
   the stored form keeps one value a byte (torchao 0.18's only int4 the CPU writes and reads back), the copy packs two
-  a byte, so the kernel reads half the stored bytes; the layer then holds both (RAM: stored + packed copy).
+  a byte (eight a 32-bit word), so the kernel reads half the stored bytes; the layer then holds both (RAM: the stored
+  tensor + the packed copy).
 
 Contract: activations stay float32 (the model is unchanged); the products are those of the dequantised weights
 (int8: ``x @ q.T * s``, as torchao's product; int4: ``(q - z) * s`` in float32, as torchao's ``dequantize_affine``)
@@ -68,9 +69,9 @@ def _columns(values: torch.Tensor, fill: float) -> torch.Tensor:
 
 class Packed:
     """A torchao weight's quantized data re-laid for ``specdec::quantized_linear`` (see ``csrc/quantized_linear.c``):
-    ``weight`` (int8 [blocks, K, 16] or int4 two a byte, uint8 [blocks, K / 2, 16]), ``scales`` and (int4) ``zeros``
-    as float32, ``group`` (int4's group size, else 0), ``out_features``; read off the tensor's own ``qdata``, ``scale``
-    and ``zero_point``, never quantized again from float."""
+    ``weight`` (int8 [blocks, K, 16], or int4 eight a 32-bit word, int32 [blocks, K / 8, 16]), ``scales`` and (int4,
+    where a zero point is not zero) ``zeros`` as float32, ``group`` (int4's group size, else 0), ``out_features``;
+    read off the tensor's own ``qdata``, ``scale`` and ``zero_point``, never quantized again from float."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         kind = form(weight)

@@ -4,21 +4,24 @@
  *   int8 (torchao Int8Tensor, one scale per output column): W[n, k] = q[n, k] * s[n]; the column's sum of x * q is
  *        scaled once at its end, as torchao's own product does (x @ q.T, then * s);
  *   int4 (torchao IntxUnpackedToInt8Tensor, int4 in groups of G input columns): W[n, k] = (q[n, k] - z[n, g]) * s[n, g],
- *        g = k / G, computed in float32 in registers exactly as torchao's dequantize_affine computes it (q and z are
- *        small integers, so q - z is exact; one rounding in the product), then multiplied into the rows.
+ *        g = k / G; q - z is formed exactly in float32 in registers (small integers), multiplied into the rows and
+ *        summed over the group, and the group's sum is scaled once (the product distributed: float rounding only).
  *
  * Activations stay float32 (quantizing them would change the model); the sums are float32, column by column in the
- * order of k: the results are the dequantised weights' up to float summation order. The weight is re-laid by
- * qlinear.py in blocks of QL = 16 output columns, k-major within a block, so each pass streams it once and
- * contiguously, however many rows: int8 [ceil(N / 16), K, 16] bytes; int4 [ceil(N / 16), K / 2, 16] bytes, the byte
- * (b, j, l) holding q[16b + l, 2j] + 8 in its low nibble and q[16b + l, 2j + 1] + 8 in its high one (two values a
- * byte: half an int8's bytes). The scales: int8 [16 ceil(N / 16)] float32; int4 [K / G, 16 ceil(N / 16)] float32, and
- * the zero points + 8 likewise, so that (q + 8) - (z + 8) = q - z. Padding columns have scale 0.
+ * order of k. The weight is re-laid by qlinear.py in blocks of QL = 16 output columns, k-major within a block, so
+ * each pass streams it once and contiguously, however many rows: int8 [ceil(N / 16), K, 16] bytes; int4
+ * [ceil(N / 16), K / 8, 16] 32-bit words, the word (b, j, l) holding q[16b + l, 8j + i] + 8 in its nibble i (eight
+ * values a word, two a byte: half an int8's bytes). The scales: int8 [16 ceil(N / 16)] float32; int4
+ * [K / G, 16 ceil(N / 16)] float32, and the zero points as 2^23 + z + 8 likewise (or none where every zero point is
+ * zero). A nibble v becomes q - z either by one table lookup (v - 8 = q, zero points zero: torchao's symmetric int4)
+ * or by ORing v into the mantissa of the float 2^23 and subtracting 2^23 + z + 8 (both exact). Padding columns have
+ * scale 0.
  *
- * Two blocks a pass (two weight streams, each prefetched ahead), up to ROWS rows at a time: more rows take the same
- * two blocks again, read from the core's L2 (a pair of blocks is at most 32 K bytes of int8 per 1024 k), so the weight
- * is read from memory once per product. GCC/Clang vector extensions, no intrinsics: the same source builds for
- * AVX-512 (one register a block) and AVX2 (two). Built into specdec's operator library (kernels.blocked_op). */
+ * Two blocks a pass (two weight streams, each prefetched ahead), up to ROWS (int8) or ROWS4 (int4) rows at a time:
+ * more rows take the same two blocks again, read from the core's L2 (a pair of blocks is at most 32 K bytes of int8
+ * per 1024 k), so the weight is read from memory once per product. AVX-512 intrinsics, and GCC/Clang vector
+ * extensions for AVX2 and other CPUs (compiled, not timed here). Built into specdec's operator library
+ * (kernels.blocked_op); the measurements: docs/journal/2026-12-07-quantized-kernels.md. */
 #include <stdint.h>
 #include <string.h>
 
@@ -194,8 +197,7 @@ static inline __attribute__((always_inline)) void q4_pass(const float *x, const 
     case 4: CALL(4); break; \
     case 5: CALL(5); break; \
     case 6: CALL(6); break; \
-    case 7: CALL(7); break; \
-    default: CALL(6); break; \
+    default: CALL(7); break; \
     }
 
 #define ROW_CASES4(CALL) \
