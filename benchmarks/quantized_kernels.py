@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="kernel names to time (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    kernels.blocked_op()  # built and loaded first: the helper's state printed is the one the kernels run with
     print(f"{args.threads} threads, helper {'on' if kernels.helper() else 'off'}, torch {torch.__version__}, "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     buffer = torch.ones(64 << 20)  # 256 MiB
