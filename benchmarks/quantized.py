@@ -9,12 +9,22 @@ the same weights, each decoded by specdec's plain loop (``autoregressive_generat
 - ``int8``: torchao's ``Int8WeightOnlyConfig`` (one scale per output channel), float32 compute;
 - ``int4``: torchao's ``IntxWeightOnlyConfig(int4, PerGroup(--group-size))``, float32 compute;
 
+the quantized forms run specdec's int8 / int4 kernel inside the engine (``specdec.qlinear``) unless
+``SPECDEC_LINEAR=off``;
+
 each quantized from the bf16 weights with ``torchao.quantization.quantize_`` (what transformers' ``TorchAoConfig``
 applies on load; ``specdec quantize`` writes the same tensors). The forms take turns, prompt by prompt within a
-repeat, the order rotating per repeat; the figure is the median over repeats of the ms per new token; the load
+repeat, the order rotating per repeat; the figure is the median over repeats of the ms per decoded token: a run of
+``--tokens`` new tokens less a run of one (the prompt's prefill and its first token), over ``--tokens`` - 1. Beside
+each form, its floor: one pass over its stored bytes (the linear layers' weights as stored: bfloat16, or the
+torchao tensors' int8 values, scales and zero points; the tied head counted once, as the model holds it) and one
+pass over the bytes its kernels read (``kernels.bytes_read`` / ``qlinear.bytes_read``: int4 packed two a byte), at
+the read bandwidth measured at each repeat (the fastest of a sum, a max and a copy of a 256 MiB buffer), and the time
+of one pass over its linear layers with one-row inputs and its kernels (``bench.floor.weight_pass``: the products
+alone, no attention, norms or Python of the step), three a repeat, median. The load
 average is printed at each repeat. Every output is checked against that form's own ``generate``.
 
-    OMP_NUM_THREADS=2 python benchmarks/quantized.py --threads 2 --prompts 2 --tokens 16 --repeats 3
+    OMP_NUM_THREADS=2 python benchmarks/quantized.py --threads 2 --prompts 2 --tokens 17 --repeats 3
 
 Needs torchao (``pip install 'specdec[quant]'``). The figures go in docs/journal/.
 """
@@ -31,7 +41,34 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec
-from specdec import kernels, quantized
+from specdec import kernels, qlinear, quantized
+from specdec.bench.floor import weight_pass
+
+
+def stored_and_read(model: torch.nn.Module) -> tuple[int, int]:
+    """The bytes of ``model``'s linear weights as stored (bfloat16 for a float model: it was stored so) and as its
+    kernels read them in a decoding step (installed by a first decode)."""
+    stored = read = 0
+    for m in {id(m): m for m in model.modules() if isinstance(m, torch.nn.Linear)}.values():
+        w = m.weight
+        if type(w) in (torch.Tensor, torch.nn.Parameter):
+            stored += w.numel() * 2
+            read += kernels.bytes_read(m) or w.numel() * w.element_size()
+        else:
+            own = sum(getattr(w, n).numel() * getattr(w, n).element_size() for n in w.tensor_data_names)
+            stored += own
+            read += qlinear.bytes_read(m) or own
+    return stored, read
+
+
+def bandwidth(buffer: torch.Tensor, copy: torch.Tensor) -> float:
+    """The fastest of three plain reads of ``buffer`` (bytes/s; a copy counts its write too)."""
+    rates = []
+    for read, moved in ((buffer.sum, 1), (buffer.max, 1), (lambda: copy.copy_(buffer), 2)):
+        start = time.perf_counter()
+        read()
+        rates.append(moved * buffer.numel() * buffer.element_size() / (time.perf_counter() - start))
+    return max(rates)
 
 
 def build(seed: int) -> LlamaForCausalLM:
@@ -48,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=17)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--group-size", type=int, default=128)
     args = parser.parse_args()
@@ -68,8 +105,8 @@ def main() -> None:
                       if t is not None and type(t) in (torch.Tensor, torch.nn.Parameter))
         weights += sum(sum(getattr(t, n).numel() * getattr(t, n).element_size() for n in t.tensor_data_names)
                        for t in quantized._weights(model))
-        print(f"{name}: {quantized.describe(model) or 'plain'}, {weights / 2**20:.0f} MiB of weights in memory; "
-              f"{quantized.slow_line(model) or 'no note'}", flush=True)
+        print(f"{name}: {quantized.describe(model) or 'plain'}, {weights / 2**20:.0f} MiB of weights in memory",
+              flush=True)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 8192, (24,), generator=generator).tolist() for _ in range(args.prompts)]
     times: dict[str, list[float]] = {name: [] for name in forms}
@@ -82,27 +119,45 @@ def main() -> None:
                                  min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
             ours = specdec.autoregressive_generate(model, prompt, max_new_tokens=args.tokens, stop_token_ids=[]).tokens
             assert ours == ref, f"{name}: plain decoding differs from generate\nours {ours}\nref  {ref}"
-        print(f"{name}: plain decoding equals generate on {len(prompts)} prompts; kernels installed: "
-              f"{kernels.installed(model)}", flush=True)
+        print(f"{name}: plain decoding equals generate on {len(prompts)} prompts; kernels: {kernels.describe(model)}, "
+              f"{qlinear.installed(model)} layers on specdec's int8/int4 kernel; helper {kernels.helper_on()}",
+              flush=True)
+    sizes = {name: stored_and_read(model) for name, model in forms.items()}
+    buffer = torch.ones(64 << 20)
+    copy_to = torch.empty_like(buffer)
+    rates: list[float] = []
+    passes: dict[str, list[float]] = {name: [] for name in names}  # one pass over the linear layers, its kernels
+
+    def run(name: str, prompt: list[int], tokens: int) -> float:
+        start = time.perf_counter()
+        res = specdec.autoregressive_generate(forms[name], prompt, max_new_tokens=tokens, stop_token_ids=[])
+        assert len(res.tokens) == tokens
+        return time.perf_counter() - start
+
     for repeat in range(args.repeats):
         order = names[repeat % len(names):] + names[:repeat % len(names)]
         spent = {name: 0.0 for name in names}
         for prompt in prompts:
             for name in order:
-                start = time.perf_counter()
-                res = specdec.autoregressive_generate(forms[name], prompt, max_new_tokens=args.tokens,
-                                                      stop_token_ids=[])
-                spent[name] += time.perf_counter() - start
-                assert len(res.tokens) == args.tokens
+                spent[name] += run(name, prompt, args.tokens) - run(name, prompt, 1)
+        rates.append(bandwidth(buffer, copy_to))
+        for name in order:
+            passes[name].append(weight_pass(forms[name], passes=3).seconds * 1e3)
         for name in names:
-            times[name].append(spent[name] * 1e3 / (args.tokens * len(prompts)))
+            times[name].append(spent[name] * 1e3 / ((args.tokens - 1) * len(prompts)))
         print(f"repeat {repeat}: " + ", ".join(f"{n} {times[n][-1]:.1f}" for n in names)
-              + f" ms/token; load {os.getloadavg()[0]:.2f}", flush=True)
+              + f" ms/token; read {rates[-1] / 1e9:.1f} GB/s; load {os.getloadavg()[0]:.2f}", flush=True)
     base = statistics.median(times["bf16"])
+    rate = statistics.median(rates)
+    print(f"read bandwidth (median) {rate / 1e9:.1f} GB/s")
     for name in names:
         med = statistics.median(times[name])
-        print(f"{name:5s} median {med:7.1f} ms/token ({med / base:.2f}x bf16)  "
-              f"[{', '.join(f'{t:.1f}' for t in times[name])}]")
+        stored, read = sizes[name]
+        each = ", ".join(f"{t:.1f}" for t in times[name])
+        print(f"{name:5s} median {med:7.1f} ms/token ({med / base:.2f}x bf16)  [{each}]"
+              f"  stored {stored / 2**20:.0f} MiB: {med / (stored / rate * 1e3):.2f}x one pass;"
+              f"  read {read / 2**20:.0f} MiB: {med / (read / rate * 1e3):.2f}x one pass;"
+              f"  its linear layers' pass {statistics.median(passes[name]):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -214,6 +214,7 @@ def _cached_library(stem: str, parts: list[str], compilers: list[str],
 
 _OP_SOURCE = Path(__file__).with_name("csrc") / "blocked_op.cpp"  # the blocked kernel as a torch operator
 _ATTENTION_SOURCE = Path(__file__).with_name("csrc") / "attention.c"  # specdec::decode_attention's kernel
+_QUANT_SOURCE = Path(__file__).with_name("csrc") / "quantized_linear.c"  # specdec::quantized_linear's (qlinear)
 _OP_LOADED: list[Path] = []  # the operator's library, once loaded into this process
 
 
@@ -269,24 +270,25 @@ def _build_op() -> bool:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
 
     def commands(folder: Path, built: Path) -> list[list[tuple[list[str], int]]]:
-        objects = [folder / "blocked_linear.o", folder / "attention.o", folder / "blocked_op.o"]
+        objects = [folder / "blocked_linear.o", folder / "attention.o", folder / "quantized.o", folder / "op.o"]
         compiles = [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 300)
-                    for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE), objects)]
+                    for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE, _QUANT_SOURCE), objects)]
         compiles.append(([cxx, "-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
                           f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-c", str(_OP_SOURCE), "-o",
-                          str(objects[2])], 300))
+                          str(objects[3])], 300))
         link = [cxx, "-shared", *map(str, objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o",
                 str(built)]
         return [compiles, [(link, 120)]]
 
     try:
-        sources = [_SOURCE.read_text(), _ATTENTION_SOURCE.read_text(), _OP_SOURCE.read_text()]
+        sources = [s.read_text() for s in (_SOURCE, _ATTENTION_SOURCE, _QUANT_SOURCE, _OP_SOURCE)]
         path = _cached_library("blocked_op", [*sources, torch.__version__, str(abi)],
                                [compiler, cxx], commands)
         if not _OP_LOADED:  # an operator is registered once per process (a second library defining it aborts)
             torch.ops.load_library(str(path))
             torch.library.register_fake("specdec::blocked_linear")(_blocked_fake)
             torch.library.register_fake("specdec::decode_attention")(_attention_fake)
+            torch.library.register_fake("specdec::quantized_linear")(lambda x, *a: x.new_empty(x.shape[0], a[-2]))
             _OP_LOADED.append(path)
         _set_helper(helper_wanted())
         _BUILT["kernel"] = Blocked(int(torch.ops.specdec.lanes()), path)
@@ -467,7 +469,9 @@ def _install_on(module: torch.nn.Linear, packed: _Packed) -> None:
 
 def installed(model: torch.nn.Module) -> bool:
     """Whether ``install`` gave ``model``'s linear layers any of the fast kernels."""
-    return any(_DECIDED.get(model, (False, None)))
+    from specdec.qlinear import installed as quantized
+
+    return any(_DECIDED.get(model, (False, None))) or quantized(model) > 0
 
 
 def bytes_read(module: torch.nn.Module) -> int | None:
@@ -624,9 +628,9 @@ def install(model: torch.nn.Module) -> bool:
     helper()
     if model in _DECIDED:
         return installed(model)
-    from specdec import quantized  # its quantized linears keep their own forward: say once where that is slow
-    quantized.note(model)
     chosen = mode()
+    from specdec import qlinear  # torchao int8/int4 linears: the quantized kernel (qlinear), else their own forward
+    qlinear.install(model, chosen, blocked_op, _active)
     found = [m for m in model.modules() if _eligible(m)] if chosen != "off" and available() else []
     layers = {m: _Packed(many=None) for m in found}  # each layer once (a tied head is its own module); the plan sets
     # its kernels below: a smaller model than ``STREAMED_BYTES`` never asks for the blocked kernel, nor builds it

@@ -2,9 +2,10 @@
 
 A model quantized the way transformers loads it (one of its quantizers: torchao, compressed-tensors, ...) is a
 target like any other: speculation is exact with respect to the model *as the user runs it*, so specdec's greedy
-output is that quantized model's own ``generate`` and its sampling keeps that model's distribution. specdec changes
-nothing in how such a model computes: its kernels (``specdec.kernels``) skip every linear whose weight is a
-quantized tensor subclass (they are for plain float32 weights), and its forward is transformers' own.
+output is that quantized model's own ``generate`` and its sampling keeps that model's distribution. specdec's float32
+kernels (``specdec.kernels``) skip every linear whose weight is a quantized tensor subclass; torchao's weight-only
+int8 / int4 linears get specdec's own kernel instead (``specdec.qlinear``: the same dequantised weights, read at the
+memory floor), and every other form runs transformers' forward.
 
 - ``describe(model)`` names a model's quantization format (None for a plain model), for messages, and
   ``compile_refusal(model)`` the compiled path's one line refusing it (the eager path runs it);
@@ -95,10 +96,11 @@ def compile_refusal(model: torch.nn.Module) -> str | None:
 
 
 def slow_line(model: torch.nn.Module) -> str | None:
-    """The one line saying that ``model``'s format has no fast kernel on its device (None where it has one or the
-    model is not quantized). torchao's weight-only tensors have none in eager mode on any device: an int8
+    """The one line saying that ``model``'s format has no fast kernel on its device (None where the model is not
+    quantized). torchao's weight-only tensors have none of torchao's in eager mode on any device: an int8
     (``Int8Tensor``) product converts the whole weight to the activations' dtype first, an int4
-    (``IntxUnpackedToInt8Tensor``) product dequantises it (their fast forms come from ``torch.compile``)."""
+    (``IntxUnpackedToInt8Tensor``) product dequantises it. ``specdec.qlinear`` says it (``note``) only where its own
+    kernel does not serve the model (``SPECDEC_LINEAR=off``, a form it does not take, no C compiler)."""
     kinds = sorted({type(t).__name__ for t in _weights(model)})
     if not kinds:
         return None

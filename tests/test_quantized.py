@@ -4,7 +4,8 @@ A quantized model is a target like any other: specdec's greedy output equals tha
 ``generate``, its sampling keeps that model's distribution (chi-square against enumeration, as
 tests/test_core_sampling.py), with quantized targets and quantized drafters. The models are tiny ones of the fixtures,
 quantized the way users get them (``specdec quantize`` writes a folder; ``from_pretrained`` loads it back), and the
-shipped code-drafter through the CLI. specdec's float32 kernels leave the quantized linears alone. Bad input to
+shipped code-drafter through the CLI. The quantized linears take specdec's int8 / int4 kernel inside the engine
+(``specdec.qlinear``; its own tests: tests/test_quantized_kernels.py). Bad input to
 ``specdec quantize`` is one line, status 2, nothing written. torchao comes with the dev extra (pyproject: ``quant``).
 """
 
@@ -119,7 +120,7 @@ def test_a_float_target_with_a_quantized_drafter_stays_exact(folders):
             assert_same_greedy(target, prompt, res.tokens, hf_greedy(target, prompt, 24, []))
 
 
-def test_the_kernels_leave_quantized_linears_alone_and_the_slow_form_is_said_once(folders, monkeypatch):
+def test_the_quantized_linears_take_specdecs_kernel_else_the_slow_form_is_said_once(folders, monkeypatch):
     _, loaded = folders
     model = loaded["target", "int8"][0]
     monkeypatch.setenv("SPECDEC_LINEAR", "on")  # every eligible layer takes the fast kernels
@@ -128,13 +129,17 @@ def test_the_kernels_leave_quantized_linears_alone_and_the_slow_form_is_said_onc
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         kernels.install(fresh)
+    assert not [w for w in caught if "no fast" in str(w.message)]  # specdec.qlinear's kernel serves them
+    for name, module in fresh.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            assert "forward" in vars(module), name  # the quantized layers (qlinear) and the float head (kernels)
+    monkeypatch.setenv("SPECDEC_LINEAR", "off")  # no kernels: torchao's forward, said once a process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernels.install(AutoModelForCausalLM.from_pretrained(loaded["target", "int8"][1]).eval())
         kernels.install(AutoModelForCausalLM.from_pretrained(loaded["target", "int8"][1]).eval())
     lines = [str(w.message) for w in caught if "no fast" in str(w.message)]
     assert lines == [quantized.slow_line(model)] and "torchao (Int8Tensor)" in lines[0]
-    for name, module in fresh.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            ours = "forward" in vars(module)
-            assert ours == (type(module.weight) is torch.nn.Parameter), name  # only the float head
     assert quantized.slow_line(build_tiny("llama", seed=0)) is None
 
 

@@ -6,7 +6,8 @@ floor here is the median time of that pass alone: each linear layer once (a tied
 input embedding, a one-row gather, left out) applied to a one-token input as the model runs it
 (``module(x)``: ``F.linear`` or specdec's own float32 kernels where ``specdec.kernels`` installed them, on the
 copies they read, bfloat16 pairs for the blocked kernel where the weights are bfloat16 numbers (the shipped
-models), transformers' ``Conv1D``, or an int8 drafter's quantised kernel), back to back, with nothing else: no
+models), transformers' ``Conv1D``, an int8 drafter's quantised kernel, or a torchao int8 / int4 linear's packed
+copy for specdec's kernel, ``specdec.qlinear``), back to back, with nothing else: no
 attention, norms, cache or Python around them. A step's time over its floor is what the engine adds;
 an engine below it has faster kernels than ours here. The bench samples the pass after each prompt
 (``PassMeter``) and takes the median, so on a busy machine the floor and the methods are timed over the
@@ -36,6 +37,7 @@ import torch
 
 from specdec.bench.measure import Clock
 from specdec.kernels import active, bytes_read
+from specdec.qlinear import bytes_read as quantized_bytes
 
 PASSES = 20  # timed passes per model (after two untimed)
 
@@ -99,7 +101,7 @@ def _bytes_read(module: torch.nn.Module) -> int:
     its operator serves eager rows too), the copy ``specdec.kernels`` installed, else the weight."""
     copy = module._buffers.get("_specdec_blocked")
     if copy is None:
-        found = bytes_read(module)
+        found = bytes_read(module) or quantized_bytes(module)  # the int8/int4 kernel's packed copy (qlinear)
         if found is not None:
             return found
         copy = _weight(module)  # linear_layers found one

@@ -34,6 +34,12 @@ extern "C" void specdec_blocked_linear(const float *x, const float *w, const flo
 extern "C" void specdec_blocked_linear_bf16(const float *x, const uint32_t *w, const float *bias, float *y, int64_t M,
                                             int64_t N, int64_t K);
 extern "C" int specdec_lanes(void);
+extern "C" int specdec_q_lanes(void);
+extern "C" void specdec_q8_range(const float *x, const int8_t *w, const float *scale, const float *bias, float *y,
+                                 int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1, int64_t ys);
+extern "C" void specdec_q4_range(const float *x, const uint32_t *w, const float *scales, const float *zeros,
+                                 const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t G,
+                                 int64_t stride, int64_t b0, int64_t b1, int64_t ys);
 extern "C" void specdec_blocked_range(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N,
                                       int64_t K, int64_t b0, int64_t b1, int64_t ys, int half);
 extern "C" void specdec_attention(const float *q, const float *k, const float *v, const float *mask, float *out,
@@ -66,6 +72,9 @@ struct Work {
     at::Tensor key, value, mask;               // attention: in = q, out = out
     int64_t M = 0, N = 0, K = 0, lanes = 8;    // linear: rows, out and in features
     int half = 0;
+    int bits = 0;                              // linear: 8 or 4 for the quantized kernels (quantized_linear.c)
+    at::Tensor scales, zeros;                  // their scales and zero points
+    int64_t group = 0;                         // int4's group size
     int64_t R = 0, H = 0, Hkv = 0, n = 0, S = 0, D = 0, strides[4] = {};  // attention's shapes; k, v row and head strides
     float scale = 1.0f;
     int shares = 0;
@@ -89,6 +98,19 @@ struct Work {
 
     // share i into ``to``, whose rows are ``ys`` floats apart (linear); ``scratch`` the attention's scores and runs
     void compute(int i, float *to, int64_t ys, std::vector<float> &scores, std::vector<int64_t> &runs) const {
+        if (kind == LINEAR && bits == 8) {
+            specdec_q8_range(in.const_data_ptr<float>(), static_cast<const int8_t *>(weight.const_data_ptr()),
+                             scales.const_data_ptr<float>(), bias.defined() ? bias.const_data_ptr<float>() : nullptr,
+                             to, M, N, K, bounds[i], bounds[i + 1], ys);
+            return;
+        }
+        if (kind == LINEAR && bits == 4) {
+            specdec_q4_range(in.const_data_ptr<float>(), static_cast<const uint32_t *>(weight.const_data_ptr()),
+                             scales.const_data_ptr<float>(), zeros.defined() ? zeros.const_data_ptr<float>() : nullptr,
+                             bias.defined() ? bias.const_data_ptr<float>() : nullptr, to, M, N, K, group,
+                             scales.size(1), bounds[i], bounds[i + 1], ys);
+            return;
+        }
         if (kind == LINEAR) {
             specdec_blocked_range(in.const_data_ptr<float>(), weight.const_data_ptr(),
                                   bias.defined() ? bias.const_data_ptr<float>() : nullptr, to, M, N, K, bounds[i],
@@ -309,6 +331,50 @@ static at::Tensor blocked_linear(const at::Tensor &x, const at::Tensor &packed, 
     return y;
 }
 
+// x [M, K] @ W.T (+ bias) -> [M, N] for a torchao weight-only weight re-laid by specdec/qlinear.py: int8 [ceil(N / 16),
+// K, 16] with scales [16 ceil(N / 16)] (zeros undefined), or int4 eight a 32-bit word, int32 [ceil(N / 16), K / 8, 16],
+// with scales and 2^23 + zero points + 8 [K / group, 16 ceil(N / 16)] (none where the zero points are all zero)
+// (quantized_linear.c); shared with the helper as
+// blocked_linear's products are
+static at::Tensor quantized_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &scales,
+                                   const std::optional<at::Tensor> &zeros, const std::optional<at::Tensor> &bias,
+                                   int64_t out_features, int64_t group) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+                "specdec::quantized_linear: x must be a 2-D float32 CPU tensor");
+    const bool four = packed.scalar_type() == at::kInt, zeroed = zeros.has_value() && zeros->defined();
+    const int64_t lanes = specdec_q_lanes(), K = x.size(1), blocks = (out_features + lanes - 1) / lanes;
+    TORCH_CHECK(packed.is_contiguous() && packed.dim() == 3 && packed.size(0) == blocks && packed.size(2) == lanes &&
+                    packed.scalar_type() == (four ? at::kInt : at::kChar) && packed.size(1) == (four ? K / 8 : K) &&
+                    scales.is_contiguous() && scales.scalar_type() == at::kFloat &&
+                    scales.size(-1) == blocks * lanes,
+                "specdec::quantized_linear: the weight is not laid out for this kernel and input");
+    TORCH_CHECK(!four || (group > 0 && group % 8 == 0 && K % group == 0 && scales.dim() == 2 &&
+                          scales.size(0) == K / group &&
+                          (!zeroed || (zeros->sizes() == scales.sizes() && zeros->is_contiguous() &&
+                                       zeros->scalar_type() == at::kFloat))),
+                "specdec::quantized_linear: bad int4 groups, scales or zero points");
+    at::Tensor rows = x.contiguous();
+    at::Tensor b;
+    if (bias.has_value() && bias->defined()) {
+        b = bias->contiguous();
+        TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == out_features, "specdec::quantized_linear: bad bias");
+    }
+    at::Tensor y = at::empty({rows.size(0), out_features}, rows.options());
+    if (rows.size(0) == 0) return y;
+    Work work;
+    work.kind = Work::LINEAR;
+    work.in = rows, work.weight = packed, work.bias = b, work.out = y, work.scales = scales;
+    if (four && zeroed) work.zeros = *zeros;
+    work.M = rows.size(0), work.N = out_features, work.K = K, work.lanes = lanes;
+    work.bits = four ? 4 : 8, work.group = group;
+    if (packed.nbytes() >= static_cast<size_t>(kMinSharedBytes) && Helper::get().share(Work(work))) return y;
+    std::vector<float> scores;
+    std::vector<int64_t> runs;
+    work.cut();
+    for (int i = 0; i < work.shares; ++i) work.compute(i, y.data_ptr<float>() + work.offset(i), work.stride(), scores, runs);
+    return y;
+}
+
 // softmax(q k^T * scale + mask) v for q [R, H, n, D] against k, v [R, Hkv, S, D] (the cache's first S slots: each slot's
 // D floats contiguous), mask [R, n, S] additive (a slot at float32's lowest for every query of its row is not read)
 // -> [R, n, H, D], the layout transformers' attention functions return
@@ -371,12 +437,15 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
     m.def("helper_hold(bool on) -> ()");
     m.def("lanes() -> int");
     m.def("blocked_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+    m.def("quantized_linear(Tensor x, Tensor packed, Tensor scales, Tensor? zeros, Tensor? bias, int out_features, "
+          "int group) -> Tensor");
     m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
     m.impl("blocked_linear", &blocked_linear);
     m.impl("decode_attention", &decode_attention);
+    m.impl("quantized_linear", &quantized_linear);
 }
 
 TORCH_LIBRARY_IMPL(specdec, CompositeExplicitAutograd, m) {
