@@ -71,6 +71,9 @@ def test_a_target_of_another_shape_is_refused_in_one_line_naming_both(pair, tmp_
     message = str(err.value)
     assert "\n" not in message and "tiny-llama" in message and "other-llama" in message
     assert "hidden 64, 4 layers" in message and "hidden 32, 5 layers" in message
+    for folder, needle in ((tmp_path / "none", "no feature drafter at"), ("models/code-drafter", "not a feature")):
+        with pytest.raises(ValueError, match=needle):
+            load_feature_drafter(str(folder), target)
     with pytest.raises(ValueError, match="fingerprint"):
         FeatureDrafterModel.from_pretrained(tmp_path).bind(target, fingerprint="not-the-same")
 
@@ -203,3 +206,58 @@ def test_features_of_reads_the_chosen_layers_outputs(pair):
         h.remove()
     got = features_of(out.hidden_states, [0, 1, 2])
     assert torch.equal(got, torch.cat([seen[0], seen[1], seen[2]], dim=-1))
+
+
+def _rounds(accepted: list[tuple[int, int]], depth: int) -> list[float | None]:
+    """Acceptance per depth from (drafts accepted, depths scorable) per round."""
+    out = []
+    for d in range(1, depth + 1):
+        reached = sum(1 for n, room in accepted if n >= d - 1 and room >= d)
+        hits = sum(1 for n, room in accepted if n >= d and room >= d)
+        out.append(round(hits / reached, 4) if reached else None)
+    return out
+
+
+def test_acceptance_per_depth_equals_greedy_rounds_drafted_one_by_one():
+    """``measure`` (feature drafter) and ``lm_depths`` (a drafter model), teacher-forced in one pass, against rounds
+    drafted token by token from each anchor of the target's greedy continuation, each draft checked against the
+    target's greedy next token (a vocabulary of 5, so that random models agree often enough to reach depth 4)."""
+    from specdec.train.feature_drafter import measure
+    from specdec.train.feature_eval import lm_depths
+
+    target = _llama(vocab=5, seed=3)
+    drafter = new_feature_drafter(target, seed=10).eval()
+    lm = _llama(layers=1, vocab=5, seed=5)
+    depth, prompt = 4, torch.tensor([[1, 3, 4, 2, 1]])
+    with torch.no_grad():
+        ids = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
+                              pad_token_id=0, eos_token_id=None)
+        row = ids[0].tolist()
+        nxt = target(ids).logits[0].argmax(-1).tolist()  # the target's greedy token after each position
+        features, _ = target_pass(target, drafter.config.feature_layers, ids, torch.ones_like(ids))
+        rounds, lm_rounds = [], []
+        for anchor in range(prompt.shape[1] - 1, len(row) - 1):
+            room = len(row) - 1 - anchor  # depths d whose target token (after position anchor + d) is known
+            cache = DynamicCache()
+            out = drafter(ids[:, 1: anchor + 2], drafter.fuse_features(features[:, : anchor + 1]),
+                          past_key_values=cache, use_cache=True)
+            n = 0
+            for k in range(min(depth, room)):
+                draft = int(out.logits[0, -1].argmax())
+                if draft != nxt[anchor + k + 1]:
+                    break
+                n += 1
+                out = drafter(torch.tensor([[draft]]), out.hidden[:, -1:], past_key_values=cache, use_cache=True,
+                              position_ids=torch.tensor([[anchor + k + 1]]))
+            rounds.append((n, room))
+            seq, m = row[: anchor + 2], 0
+            for k in range(min(depth, room)):
+                draft = int(lm(torch.tensor([seq])).logits[0, -1].argmax())
+                if draft != nxt[anchor + k + 1]:
+                    break
+                seq, m = seq + [draft], m + 1
+            lm_rounds.append((m, room))
+    expected, lm_expected = _rounds(rounds, depth), _rounds(lm_rounds, depth)
+    assert all(a is not None and 0 < a < 1 for a in expected + lm_expected), (expected, lm_expected)
+    assert measure(drafter, target, [(row, prompt.shape[1])], depth)["acceptance"] == expected
+    assert lm_depths(lm, target, [(row, prompt.shape[1])], depth)["acceptance"] == lm_expected

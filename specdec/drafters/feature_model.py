@@ -39,7 +39,9 @@ a 4D boolean mask is taken as given (training-time test builds one). The cache i
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -295,6 +297,14 @@ def new_feature_drafter(target: PreTrainedModel, feature_layers: list[int] | Non
 def load_feature_drafter(path: str, target: PreTrainedModel, fingerprint: str | None = None,
                          name: str = "this target", dtype: torch.dtype | None = None) -> FeatureDrafterModel:
     """The feature drafter saved in ``path``, bound to ``target`` (refused, one line, when made for another)."""
+    saved = Path(path) / "config.json"
+    if not saved.is_file():
+        raise ValueError(f"no feature drafter at {path}: give the folder `specdec train feature-drafter` wrote "
+                         "(its OUT/final)")
+    kind = json.loads(saved.read_text()).get("model_type")
+    if kind != MODEL_TYPE:
+        raise ValueError(f"{path} holds a {kind} model, not a feature drafter ({MODEL_TYPE}): train one with "
+                         "`specdec train feature-drafter`")
     config = FeatureDrafterConfig.from_pretrained(path)
     why = target_mismatch(config, target.config, fingerprint, drafter=f"feature drafter {path}", target=name)
     if why:

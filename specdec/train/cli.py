@@ -189,6 +189,25 @@ def _cmd_feature_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_feature_eval(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from specdec.train.feature_eval import evaluate
+
+    torch.set_num_threads(args.threads)
+    figures = evaluate(args.drafter, args.target, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                       depth=args.depth, compare=[c for c in args.compare if c], seed=args.seed)
+    text = json.dumps(figures, indent=1)
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from specdec.train.lm import export
 
@@ -391,6 +410,20 @@ def register(subparsers) -> None:
                     help="checkpoint and stop after this long (resume later)")
     _add_config_flags(fd, FeatureDrafterTrainConfig, suffix=" (default: {default})")
     fd.set_defaults(func=_cmd_feature_drafter)
+
+    fe = sub.add_parser("feature-eval",
+                        help="a feature drafter's held-out greedy acceptance per depth (teacher-forced), beside a "
+                             "drafter model's")
+    fe.add_argument("--drafter", required=True, help="the feature drafter's folder")
+    fe.add_argument("--target", default="models/code-target")
+    fe.add_argument("--compare", nargs="*", default=["code-drafter"], help="drafter models measured beside it")
+    fe.add_argument("--prompts", type=int, default=50, help="held-out test-split prompts (default: %(default)s)")
+    fe.add_argument("--max-new-tokens", type=int, default=128, help="the target's greedy continuation per prompt")
+    fe.add_argument("--depth", type=int, default=8, help="drafting depths measured (default: %(default)s)")
+    fe.add_argument("--seed", type=int, default=0, help="which prompts (one per test file)")
+    fe.add_argument("--threads", type=int, default=1)
+    fe.add_argument("--output", default=None, help="also write the figures (JSON) here")
+    fe.set_defaults(func=_cmd_feature_eval)
 
     exp = sub.add_parser("export", help="save a trained model for shipping (bf16 safetensors shards)")
     exp.add_argument("src")

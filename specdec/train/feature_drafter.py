@@ -157,48 +157,61 @@ def collate(batch: Sequence[Example], device: torch.device | str) -> tuple[torch
     return ids.to(device), live.to(device)
 
 
-@torch.no_grad()
-def measure(drafter: FeatureDrafterModel, target: PreTrainedModel, rows: Sequence[tuple[list[int], int]], steps: int,
-            device: torch.device | str = "cpu", batch_size: int = 8) -> dict:
-    """Held-out figures per drafting depth over ``rows`` (ids, first position to score: the prompt's length).
-
-    ``kl`` and ``agreement``: teacher-forced, every scored slot. ``acceptance``: for rounds anchored after each
-    scored position (greedy: a draft is accepted when it equals the target's argmax, and a round goes on only
-    through accepted drafts), the share of depth-d drafts accepted among the rounds that reached depth d, where
-    the window's tokens are the target's greedy ones that far (then the teacher-forced chain is the round's).
-    ``tau``: 1 + the expected accepted drafts of a round of gamma drafts, for gamma in ``GAMMAS`` (<= steps)."""
-    was = drafter.training
-    drafter.eval()
-    kl, agree, count = [0.0] * steps, [0.0] * steps, [0.0] * steps
-    reached, accepted = [0.0] * steps, [0.0] * steps
-    for i in range(0, len(rows), batch_size):
-        chunk = rows[i: i + batch_size]
-        ids, live = collate([Example(r[0]) for r in chunk], device)
-        start = torch.tensor([max(0, r[1] - 1) for r in chunk], device=device)  # anchor after the prompt's last token
-        terms = ttt_terms(drafter, target, ids, live, steps, start)
+def depth_figures(depths: Sequence[Sequence[dict[str, torch.Tensor]]]) -> dict:
+    """Per-depth figures from, per batch, one dict per drafting depth d = 1, 2, ... of [B, n] tensors over the
+    round anchors: ``valid`` (depth d is scored there), ``hit`` (the depth-d draft is the target's argmax), ``chain``
+    (the window's token after depth d is the target's argmax: a greedy round goes on through it), and optionally
+    ``kl``. A round reaches depth d when depths 1..d-1 were hits on a greedy chain (module docstring of
+    ``measure``)."""
+    steps = max(len(d) for d in depths)
+    kl, agree, count, reached, accepted = ([0.0] * steps for _ in range(5))
+    for terms in depths:
         alive = torch.ones_like(terms[0]["valid"])
         for k, t in enumerate(terms):
             v = t["valid"]
-            kl[k] += float((t["kl"] * v).sum())
+            if "kl" in t:
+                kl[k] += float((t["kl"] * v).sum())
             agree[k] += float((t["hit"] & v).sum())
             count[k] += float(v.sum())
             alive = alive & v
             reached[k] += float(alive.sum())
             alive = alive & t["hit"]
             accepted[k] += float(alive.sum())
-            alive = alive & t["chain"]  # deeper only where the window went on as the greedy round would
-    drafter.train(was)
+            alive = alive & t["chain"]
     alpha = [round(a / r, 4) if r else None for a, r in zip(accepted, reached)]
-    tau, run = {}, 1.0
-    prefix = 1.0
+    tau, run, prefix = {}, 1.0, 1.0
     for d, a in enumerate(alpha, start=1):
         prefix *= a or 0.0
         run += prefix
         if d in GAMMAS:
             tau[d] = round(run, 3)
-    return {"kl": [round(x / max(1.0, c), 4) for x, c in zip(kl, count)],
-            "agreement": [round(x / max(1.0, c), 4) for x, c in zip(agree, count)],
-            "acceptance": alpha, "tau": tau, "slots": int(count[0])}
+    out = {"agreement": [round(x / max(1.0, c), 4) for x, c in zip(agree, count)], "acceptance": alpha, "tau": tau,
+           "slots": int(count[0])}
+    if "kl" in depths[0][0]:
+        out["kl"] = [round(x / max(1.0, c), 4) for x, c in zip(kl, count)]
+    return out
+
+
+@torch.no_grad()
+def measure(drafter: FeatureDrafterModel, target: PreTrainedModel, rows: Sequence[tuple[list[int], int]], steps: int,
+            device: torch.device | str = "cpu", batch_size: int = 8) -> dict:
+    """Held-out figures per drafting depth over ``rows`` (ids, first position to score: the prompt's length).
+
+    ``kl`` and ``agreement``: teacher-forced, every scored slot. ``acceptance``: for rounds anchored after each
+    continuation position (greedy: a draft is accepted when it equals the target's argmax, and a round goes on only
+    through accepted drafts), the share of depth-d drafts accepted among the rounds that reached depth d, counted
+    where the window's tokens are the target's greedy ones that far (there the teacher-forced chain is the round's
+    chain). ``tau``: 1 + the expected accepted drafts of a round of gamma drafts, for gamma in ``GAMMAS`` (<= steps)."""
+    was = drafter.training
+    drafter.eval()
+    depths = []
+    for i in range(0, len(rows), batch_size):
+        chunk = rows[i: i + batch_size]
+        ids, live = collate([Example(r[0]) for r in chunk], device)
+        start = torch.tensor([max(0, r[1] - 1) for r in chunk], device=device)  # anchor after the prompt's last token
+        depths.append(ttt_terms(drafter, target, ids, live, steps, start))
+    drafter.train(was)
+    return depth_figures(depths)
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -212,6 +225,8 @@ def _check(cfg: FeatureDrafterTrainConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.seq_len < 2:
         raise ValueError(f"--seq-len must be >= 2 (a token and the next), got {cfg.seq_len}")
+    if cfg.autocast not in ("", "bf16"):
+        raise ValueError(f"--autocast {cfg.autocast!r}: give bf16, or leave it out for float32")
     if not 0 < cfg.step_decay <= 1:
         raise ValueError(f"--step-decay must lie in (0, 1], got {cfg.step_decay}")
 
@@ -256,10 +271,13 @@ def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *
         f"{cfg.batch_size}, {cfg.ttt_steps} unrolled steps, device {device}, {torch.get_num_threads()} threads"
         + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     lengths = [len(e.ids) for e in train_data]
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         ids, live = collate([train_data[i] for i in parallel.shard(batch_indices(lengths, cfg, step))], device)
-        total, count = loss_of(ttt_terms(drafter, target, ids, live, cfg.ttt_steps), cfg.step_decay)
+        with autocast:
+            terms = ttt_terms(drafter, target, ids, live, cfg.ttt_steps)
+        total, count = loss_of(terms, cfg.step_decay)
         return parallel.share(total, count), int(count)
 
     def evaluate() -> dict:
