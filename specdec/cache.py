@@ -276,7 +276,7 @@ class RaggedCache:
                                logits_to_keep, **kwargs)
             for name in ("hidden_states", "decoder_hidden_states"):  # the real token's only, as asked
                 if out.get(name) is not None:
-                    out[name] = tuple(h[:, -1:] for h in out[name])
+                    out[name] = tuple(h if h is None else h[:, -1:] for h in out[name])  # None: not selected
             return out
         if holes:
             self._check_rows()
@@ -463,5 +463,6 @@ def joined(outputs: list[ModelOutput], logits_to_keep: int) -> ModelOutput:
     keep = outputs[-logits_to_keep:] if logits_to_keep else outputs
     hidden = None
     if outputs[0].get("hidden_states") is not None:
-        hidden = tuple(torch.cat(layer, dim=1) for layer in zip(*(out.hidden_states for out in outputs)))
+        hidden = tuple(None if layer[0] is None else torch.cat(layer, dim=1)  # None: a layer not selected
+                       for layer in zip(*(out.hidden_states for out in outputs)))
     return CausalLMOutputWithPast(logits=torch.cat([out.logits for out in keep], dim=1), hidden_states=hidden)

@@ -23,6 +23,7 @@ The decoder's start token begins every row's committed sequence and is never par
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 
@@ -35,6 +36,7 @@ from specdec.attention import prefilling
 from specdec.batch import PromptBatch, prefill_groups
 from specdec.cache import CacheFactory, CacheHandle, RaggedCache, causal_mask, registered_cache
 from specdec.compat import cache_kwargs
+from specdec.features import Capture
 from specdec.recurrent import RecurrentCache, is_recurrent
 from specdec.selfcheck import check_cached_path
 from specdec.tail import keys_only
@@ -184,55 +186,60 @@ def rows_apart(model: PreTrainedModel, prompts: PromptBatch, device: torch.devic
 
 
 def prefilled_cache(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
-                    ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[RaggedCache, int]:
+                    ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids,
+                    capture: Capture | None = None) -> tuple[RaggedCache, int]:
     """A cache of ``model`` for the new rows ``prompts``: each row's source encoded once (an encoder-decoder
     model), then every prompt token but the last fed (as ``ids(...)`` maps them); the last stays for the
     next forward. Rows of unlike lengths are fed in separate forwards (``prefilled_caches``), their caches
     merged in order, pairs of neighbours level by level: each row is copied about log2(groups) times (merging each
     group into the first had cost 0.23 of 1.38 s for 16 code prompts in 7 groups, every merge copying every row so
     far; docs/benchmarks.md, "Attention over the live slots"). Returns the cache (to merge into the running batch's)
-    and the model calls made."""
-    parts, calls = prefilled_caches(model, prompts, device, ids)
+    and the model calls made. ``capture``: each forward's features go to it (``features.Capture``: a target asked
+    for them)."""
+    parts, calls = prefilled_caches(model, prompts, device, ids, capture)
     while len(parts) > 1:
         parts = [parts[i] if i + 1 == len(parts) else _merged(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
     return parts[0], calls
 
 
 def prefilled_caches(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
-                     ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[list[RaggedCache], int]:
+                     ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids,
+                     capture: Capture | None = None) -> tuple[list[RaggedCache], int]:
     """``prefilled_cache``'s caches before they are merged: one per group of rows fed in one forward
     (``batch.prefill_groups``: rows of like lengths share a forward), in the rows' order; and the model calls made."""
     check_cached_path(model, prompts, device, cache_for, ids)
     groups = prefill_groups(prompts.widths()) if prompts.size > 1 else [(0, prompts.size)]
     parts, calls = [], 0
     for start, end in groups:
-        part, more = _prefilled(model, prompts if len(groups) == 1 else prompts.part(start, end), device, ids)
+        part, more = _prefilled(model, prompts if len(groups) == 1 else prompts.part(start, end), device, ids,
+                                capture)
         parts.append(part)
         calls += more
     return parts, calls
 
 
 def prefill_into(cache: object, model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
-                 ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> int:
+                 ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids, capture: Capture | None = None) -> int:
     """Prefill the new rows ``prompts`` and append them to ``cache``, a running batch's cache handle; the model calls
     made (``prefilled_parts``, then each part merged in order)."""
-    parts, calls = prefilled_parts(cache, model, prompts, device, ids)
+    parts, calls = prefilled_parts(cache, model, prompts, device, ids, capture)
     for part in parts:
         cache.merge(part)
     return calls
 
 
 def prefilled_parts(cache: object, model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
-                    ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids) -> tuple[list[RaggedCache], int]:
+                    ids: Callable[[torch.Tensor], torch.Tensor] = lambda ids: ids,
+                    capture: Capture | None = None) -> tuple[list[RaggedCache], int]:
     """The caches of the new rows ``prompts`` that ``cache`` (a running batch's cache handle) merges, in order, to
     append them, and the model calls made; ``cache`` itself is only read (whether it ``merges_rows``), so they may be
     computed while the batch decodes on another thread. A handle whose merge copies only the new rows (``merges_rows``:
     a compiled model's static cache) takes each group's cache in turn (``prefilled_caches``); another takes them
     merged first (``prefilled_cache``), so its running rows are copied once."""
     if not getattr(cache, "merges_rows", False):
-        new, calls = prefilled_cache(model, prompts, device, ids)
+        new, calls = prefilled_cache(model, prompts, device, ids, capture)
         return [new], calls
-    return prefilled_caches(model, prompts, device, ids)
+    return prefilled_caches(model, prompts, device, ids, capture)
 
 
 def _merged(first: RaggedCache, second: RaggedCache) -> RaggedCache:
@@ -241,7 +248,7 @@ def _merged(first: RaggedCache, second: RaggedCache) -> RaggedCache:
 
 
 def _prefilled(model: PreTrainedModel, prompts: PromptBatch, device: torch.device | str,
-               ids: Callable[[torch.Tensor], torch.Tensor]) -> tuple[RaggedCache, int]:
+               ids: Callable[[torch.Tensor], torch.Tensor], capture: Capture | None = None) -> tuple[RaggedCache, int]:
     """``prefilled_cache`` of rows fed in one forward (and one encoder pass)."""
     new = cache_for(model, prompts.size, device)
     calls = 0
@@ -250,9 +257,17 @@ def _prefilled(model: PreTrainedModel, prompts: PromptBatch, device: torch.devic
         calls += new.encode(prompts.source, prompts.source_valid())
     if prompts.ids.shape[1] > 1:
         valid = prompts.valid()[:, :-1]  # [B, T-1]
+        valid = None if bool(valid.all()) else valid
+        asked = {} if capture is None else {"output_hidden_states": capture.asks}
         # its attention on both cores where the helper shares the products; its last layer's keys and values only
-        with prefilling(model), keys_only(model):
-            new.forward(ids(prompts.ids[:, :-1]), None if bool(valid.all()) else valid)
+        # (unless a capture reads that layer's output)
+        tail = keys_only(model) if capture is None or not capture.whole_last else contextlib.nullcontext()
+        with prefilling(model), tail:
+            out = new.forward(ids(prompts.ids[:, :-1]), valid, **asked)
         calls += 1
+        if capture is not None:
+            capture.took(out.hidden_states, valid)
+    elif capture is not None:
+        capture.nothing(prompts.size)
     return new, calls
 

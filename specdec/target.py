@@ -9,7 +9,9 @@ it has:
   first ``lengths[b]`` are real: its newest committed token, then its drafts) and returns the
   logits of every position [B, m, V] (and the last hidden states [B, m, H] when asked);
 - ``rollback(keep [B])`` keeps the first ``keep[b]`` of the tokens just verified in row b's cache;
-- ``select(rows)`` keeps some rows (finished rows leave), ``reset()`` drops them all.
+- ``select(rows)`` keeps some rows (finished rows leave), ``reset()`` drops them all;
+- ``want_features(layers)`` / ``take_features()``: the hidden states of chosen layers at every position the target
+  keeps in its cache, captured on the same forwards, for a feature drafter (``ModelTarget.take_features``).
 
 Invariant after every round, per row: cached tokens == committed tokens - 1.
 
@@ -31,6 +33,7 @@ from transformers import PreTrainedModel
 
 from specdec.batch import PromptBatch
 from specdec.cache import CacheFactory
+from specdec.features import Capture, FeatureLog, decoder_layers, features_of, resolve_layers, selection
 from specdec.kernels import install
 from specdec.loading import context_limit, input_device, vocab_size
 from specdec.sampling import check_finite
@@ -115,6 +118,16 @@ class Target(ABC):
     def cached(self) -> torch.Tensor:
         """[B] tokens in each row's cache (for tests of the invariant)."""
 
+    def want_features(self, layers: tuple[int, ...] | str | None) -> tuple[int, ...] | None:
+        """Capture the hidden states of ``layers`` from now on (``ModelTarget.want_features``); a target that
+        cannot refuses by name."""
+        raise TypeError(f"{type(self).__name__} does not capture the target's features: a feature drafter needs "
+                        "a ModelTarget")
+
+    def take_features(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The features kept since they were last taken (``ModelTarget.take_features``)."""
+        raise TypeError(f"{type(self).__name__} does not capture the target's features")
+
 
 class ModelTarget(Target):
     """A transformers model with a language-model head behind its cache handle (decoder-only or
@@ -138,27 +151,34 @@ class ModelTarget(Target):
         self.device = input_device(model)
         self.cache = decoding_cache(model, self.device, caches)
         self._mark: torch.Tensor | None = None  # [B] live tokens before the last verify
+        self.feature_layers: tuple[int, ...] | None = None  # the layers captured (``want_features``); None: none
+        self.features: FeatureLog | None = None  # per row, the features kept and not yet taken
+        self._verified: torch.Tensor | None = None  # [B, m, F] the last verify's features, until its rollback
 
     @property
     def rows(self) -> int:
         return self.cache.rows
 
     def prefill(self, prompts: PromptBatch) -> int:
-        return prefill_into(self.cache, self.model, prompts, self.device)
+        capture = self._capture()
+        calls = prefill_into(self.cache, self.model, prompts, self.device, capture=capture)
+        self._log_rows(capture)
+        return calls
 
     def prefill_beside(self, prompts: PromptBatch) -> Callable[[], Callable[[], int]] | None:
         if type(self).prefill is not ModelTarget.prefill:  # a subclass's own prefill: not split here
             return None
-        cache = self.cache
+        cache, capture = self.cache, self._capture()
 
         def run() -> Callable[[], int]:
-            parts, calls = prefilled_parts(cache, self.model, prompts, self.device)
+            parts, calls = prefilled_parts(cache, self.model, prompts, self.device, capture=capture)
 
             def add() -> int:
                 if self.cache is not cache:
                     raise RuntimeError("the target's cache was replaced while joining rows were prefilled beside it")
                 for part in parts:
                     cache.merge(part)
+                self._log_rows(capture)
                 return calls
             return add
         return run
@@ -172,21 +192,110 @@ class ModelTarget(Target):
         if width > 1 and any(n != width for n in lengths.tolist()):  # one token per row: every row is full
             valid = torch.arange(width, device=tokens.device)[None, :] < lengths[:, None]  # [B, m]
         self._mark = self.cache.live.clone()
-        out = self.cache.forward(tokens, valid, logits_to_keep=width, output_hidden_states=hidden)
+        layers = self.feature_layers
+        asked = hidden if layers is None else selection(layers, decoder_layers(self.model) if hidden else None)
+        out = self.cache.forward(tokens, valid, logits_to_keep=width, output_hidden_states=asked)
         check_finite(out.logits, "target", valid)
-        states = (out.decoder_hidden_states if self.encoder_decoder else out.hidden_states) if hidden else None
-        return Scores(out.logits, states[-1] if states is not None else None)
+        states = (out.decoder_hidden_states if self.encoder_decoder else out.hidden_states) if asked else None
+        if layers is not None:
+            self._verified = features_of(states, layers, type(self.model).__name__)
+        return Scores(out.logits, states[-1] if hidden else None)
 
     def rollback(self, keep: torch.Tensor) -> None:
         assert self._mark is not None, "rollback() follows verify()"
         self.cache.keep(self._mark + keep)
         self._mark = None
+        if self._verified is not None:  # the kept positions' features, as their cache entries
+            self.features.extend(self._verified, keep)
+            self._verified = None
 
     def select(self, rows: torch.Tensor) -> None:
         self.cache.select(rows.to(self.device))
+        if self.features is not None:
+            self.features.select(rows)
 
     def reset(self) -> None:
         self.cache = decoding_cache(self.model, self.device, self.caches)
+        if self.features is not None:
+            self.features = self._new_log()
+
+    # ------------------------------------------------------------------------------------ features
+
+    def want_features(self, layers: tuple[int, ...] | str | None = "eagle3") -> tuple[int, ...] | None:
+        """Capture, from now on, the hidden states of decoder ``layers`` on the prefill and every verify forward
+        (the same forwards, no second pass): ``"eagle3"`` (``features.eagle3_layers``: L = 32 layers give
+        (2, 16, 29)) or indices of transformers' ``hidden_states`` (0: the embeddings' output, i: decoder layer
+        i - 1's output, i.e. layer i's input; L: the last layer's output after the final norm), kept in layer order
+        (sorted, repeats kept); None: capture nothing again. Returns the layers. Asked again with other layers while
+        rows are held: a ValueError (their features would mix). Rows held before the call have no features for the
+        positions cached before it. A target nobody asked passes its model nothing more (no ``output_hidden_states``,
+        no hook). Encoder-decoder targets are refused (a TypeError naming the model)."""
+        if layers is None:
+            self.feature_layers, self.features, self._verified = None, None, None
+            return None
+        if self.encoder_decoder:
+            raise TypeError(f"{type(self.model).__name__} is an encoder-decoder model: specdec captures the features "
+                            "of decoder-only targets")
+        chosen = resolve_layers(self.model, layers)
+        if chosen == self.feature_layers:
+            return chosen
+        if self.feature_layers is not None and self.rows:
+            raise ValueError(f"the target captures layers {self.feature_layers} for its {self.rows} rows; asking for "
+                             f"{chosen} would mix them: reset() first")
+        self.feature_layers = chosen
+        self.features = self._new_log()
+        return chosen
+
+    @property
+    def feature_size(self) -> int | None:
+        """F, the size of a position's features: len(layers) x the hidden size (None: no features asked)."""
+        if self.feature_layers is None:
+            return None
+        return len(self.feature_layers) * int(self.model.config.get_text_config().hidden_size)
+
+    def take_features(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The features of the positions each row's cache kept since they were last taken, and the log emptied:
+        ``(features [B, n, F] right-padded with zeros, lengths [B])``, rows in the batch's (cache-row) order, F =
+        ``feature_size``, the chosen layers concatenated in layer order.
+
+        Alignment: row b's committed sequence is x_0 .. x_{N-1}; the target caches x_0 .. x_{N-2} (its
+        invariant) and has computed, for each of them, f_p = the chosen layers' hidden states at position p
+        (causal: over x_0 .. x_p), from the forward that cached it. ``features[b, :lengths[b]]`` is f_t .. f_{N-2},
+        t being the positions taken before (0 for a row that joined since). So after a prefill of prompt
+        x_0 .. x_{T-1}, the row holds f_0 .. f_{T-2}; after a round that kept a accepted drafts (committing a + 1
+        tokens: the drafts, then the recovered or bonus token), it holds the newest committed token's before the
+        round and the a accepted drafts' (a + 1 positions; the rejected drafts' are dropped with their cache
+        entries). Its newest committed token x_{N-1} has no features yet: it is the next verify's first input.
+        An EAGLE-style drafter pairs f_p with the token x_{p+1} to draft x_{p+2}: after taking, f_{N-2} with
+        x_{N-1} drafts x_N, the first token of the next round.
+
+        When: the target logs features in ``prefill`` (and, beside the batch, when the joining rows are added) and
+        ``rollback``; the round loop calls those before the drafter's ``prefill`` and ``commit``, so a drafter
+        that takes them there gets its rows' new positions. Rows leaving (``select``) and ``reset`` drop theirs.
+        Features not taken accumulate (a drafter sitting out a plain stretch takes them all when it drafts
+        again)."""
+        if self.features is None:
+            raise ValueError("the target captures no features: call want_features(layers) first")
+        return self.features.take()
+
+    def _new_log(self) -> FeatureLog:
+        """An empty log for the rows held (none of their positions so far has features)."""
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        log = FeatureLog(self.feature_size, dtype, self.device)
+        log.add_rows(torch.zeros(self.rows, 0, log.size, dtype=dtype, device=self.device),
+                     torch.zeros(self.rows, dtype=torch.long, device=self.device))
+        return log
+
+    def _capture(self) -> Capture | None:
+        """What a prefill captures (``features.Capture``), or None: no features asked."""
+        if self.feature_layers is None:
+            return None
+        return Capture(self.feature_layers, decoder_layers(self.model), type(self.model).__name__)
+
+    def _log_rows(self, capture: Capture | None) -> None:
+        """The prefilled rows' features join the log (after the rows held), as their cache rows joined."""
+        if capture is not None and self.features is not None:
+            self.features.add_rows(*capture.rows(self.feature_size, self.features.dtype, self.device))
 
     def cached(self) -> torch.Tensor:
         return self.cache.live

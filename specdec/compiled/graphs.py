@@ -72,7 +72,9 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
 
 def graph_file(model: PreTrainedModel, slots: int, shape: Shape) -> Path:
     """Where the compiled step of ``model`` for ``shape`` is kept between runs (``cache_folder("graphs")``)."""
-    name = (f"{model_digest(model, slots)}-r{shape.rows}-n{shape.tokens}{'-hidden' if shape.hidden else ''}"
+    states = ("" if not shape.hidden else "-hidden" if shape.hidden is True
+              else f"-layers{'_'.join(map(str, shape.hidden))}")
+    name = (f"{model_digest(model, slots)}-r{shape.rows}-n{shape.tokens}{states}"
             f"{'-last' if shape.last else ''}.bin")
     return cache_folder("graphs") / name
 
@@ -115,21 +117,30 @@ def attended(end: int, slots: int) -> int:
 
 @dataclass(frozen=True)
 class Shape:
-    """One bucket: rows, new tokens per row, whether the last hidden state is returned (every slot width
-    shares it: the slot dimension is dynamic), and whether only the last real token's logits are (``last``: a
-    drafter's catch-up, ``prepare(..., last=True)``)."""
+    """One bucket: rows, new tokens per row, which hidden states are returned (every slot width shares it: the slot
+    dimension is dynamic): False none, True the last, a tuple of layer indices (``hidden_key``) those layers'
+    concatenated (a target's features, ``specdec.features``), and whether only the last real token's logits are
+    (``last``: a drafter's catch-up, ``prepare(..., last=True)``)."""
 
     rows: int
     tokens: int
-    hidden: bool = False
+    hidden: bool | tuple[int, ...] = False
     last: bool = False
 
 
-def buckets(tokens: tuple[int, ...], rows: tuple[int, ...], hidden: bool = False, last: bool = False) -> list[Shape]:
+def hidden_key(hidden: object) -> bool | tuple[int, ...]:
+    """``Shape.hidden`` for a forward's ``output_hidden_states``: a flag as it is, indices once each, in order (the
+    layers a target's features read: ``features.selection``)."""
+    return tuple(sorted(set(hidden))) if isinstance(hidden, (list, tuple)) else bool(hidden)
+
+
+def buckets(tokens: tuple[int, ...], rows: tuple[int, ...], hidden: bool | tuple[int, ...] = False,
+            last: bool = False) -> list[Shape]:
     """The shapes ``prepare`` warms for these buckets: every rows x tokens, without the hidden states and, where
-    ``hidden``, with them too; where ``last``, the forwards of more than one token keep the logits of their last real
-    token only."""
-    return [Shape(r, n, h, last and n > 1) for r in rows for n in tokens for h in sorted({False, hidden})]
+    ``hidden`` (True: the last; layer indices: those layers', ``hidden_key``), with them too; where ``last``, the
+    forwards of more than one token keep the logits of their last real token only."""
+    kinds = dict.fromkeys([False, hidden_key(hidden)])  # each once, in order
+    return [Shape(r, n, h, last and n > 1) for r in rows for n in tokens for h in kinds]
 
 
 ENCODER = Shape(1, 0)  # the graph file of an encoder-decoder model's compiled
@@ -404,9 +415,11 @@ class CompiledModel:
         if len(spare) < SPARE_CACHES:
             spare.append(cache)
 
-    def _step(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache, hidden: bool,
+    def _step(self, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache, hidden: bool | tuple[int, ...],
               last: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [R, n, V] (and the last hidden states [R, n, H]) of ``ids`` [R, n] written at slots
+        """Logits [R, n, V] (and, ``hidden`` True, the last hidden states [R, n, H]; layer indices, those layers'
+        hidden states concatenated [R, n, k H], the rest of them never leaving the graph) of ``ids`` [R, n] written at
+        slots
         ``start + 0..n-1`` (``start``: the cache's write pointer); ``live`` [R, S] marks the slots each row
         attends (its new real tokens included), the first S of the cache's. A token's position is the number
         of live slots before its own (RaggedCache's rule: live tokens before it), counted here in the graph.
@@ -414,8 +427,12 @@ class CompiledModel:
         n = ids.shape[1]
         positions, mask = step_inputs(ids, live, cache, self.layout[0][3])
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{self.keyword: cache},
-                         use_cache=True, logits_to_keep=n if last is None else last, output_hidden_states=hidden)
-        return out.logits, out.hidden_states[-1] if hidden else None
+                         use_cache=True, logits_to_keep=n if last is None else last, output_hidden_states=bool(hidden))
+        if not hidden:
+            return out.logits, None
+        if hidden is True:
+            return out.logits, out.hidden_states[-1]
+        return out.logits, torch.cat([out.hidden_states[i] for i in hidden], dim=-1)
 
     @torch.inference_mode()
     def run(self, shape: Shape, ids: torch.Tensor, live: torch.Tensor, cache: StaticCache,

@@ -54,7 +54,7 @@ class CompileChoice:
 
 
 def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...] = (1,), rows: tuple[int, ...] = (1,),
-            hidden: bool = False, last: bool = False, slots: int | None = None,
+            hidden: bool | tuple[int, ...] = False, last: bool = False, slots: int | None = None,
             cached_only: bool = False) -> CompileChoice:
     """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on), or leave it
     eager (off, and auto: ``compiles``). Later caches of the model (``specdec.seq2seq.decoding_cache``, or the
@@ -65,7 +65,9 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     (``specdec.serve.background`` compiles it elsewhere).
     ``last``: the buckets of more than one token keep the logits of their last real token only (a drafter's
     catch-up, which reads no other: code-drafter's head is two thirds of its work a token; not on CUDA, whose graphs
-    replay the buckets as they are); a forward that wants them all runs eagerly there."""
+    replay the buckets as they are); a forward that wants them all runs eagerly there.
+    ``hidden``: the buckets are also warmed returning hidden states: True the last (an acceptance head's), a tuple of
+    layer indices those layers' (a target's features: ``ModelTarget.feature_layers``, ``specdec.features``)."""
     device = input_device(model)
     cuda = device.type == "cuda"
     if not compiles(mode, device):

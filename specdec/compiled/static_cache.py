@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from specdec.cache import RaggedCache, gather_slots, repack_pays
-from specdec.compiled.graphs import CompiledModel, Shape, _bucket, attended
+from specdec.compiled.graphs import CompiledModel, Shape, _bucket, attended, hidden_key
 from specdec.compiled.ops import refresh_blocked
 
 
@@ -36,12 +36,27 @@ def moved_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     return torch.tensor(places, dtype=torch.long, device=rows.device), rows[places]
 
 
+def _states(hidden: torch.Tensor | None, kind: bool | tuple[int, ...]) -> tuple[torch.Tensor | None, ...] | None:
+    """``StepOutput.hidden_states`` of a step's ``hidden`` output: (the last hidden states,), or, for layers by
+    index (``kind``), each layer's part of the concatenation at its index."""
+    if hidden is None:
+        return None
+    if kind is True:
+        return (hidden,)
+    states: list[torch.Tensor | None] = [None] * (max(kind) + 1)
+    for index, part in zip(kind, hidden.chunk(len(kind), dim=-1)):
+        states[index] = part
+    return tuple(states)
+
+
 class StepOutput(NamedTuple):
     """A static cache forward's output: what callers read of ``RaggedCache.forward``'s ``CausalLMOutputWithPast``,
     without its construction (about 10-40 us a step, measured: as much as the rest of the bookkeeping)."""
 
     logits: torch.Tensor  # [B, k, V]
-    hidden_states: tuple[torch.Tensor] | None  # (the last hidden states [B, k, H],) when asked for
+    # (the last hidden states [B, k, H],) when asked for; asked for layers by index, the tuple's entries at those
+    # indices are theirs (the others None), as transformers returns a selection
+    hidden_states: tuple[torch.Tensor | None, ...] | None
 
 
 class _Lease:
@@ -143,8 +158,9 @@ class StaticRaggedCache:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 1,
-                output_hidden_states: bool = False, **kwargs: object) -> StepOutput:
-        """Run the model on ``input_ids`` [B, n] (``valid`` [B, n] marks the real ones), as ``RaggedCache.forward``."""
+                output_hidden_states: bool | list[int] = False, **kwargs: object) -> StepOutput:
+        """Run the model on ``input_ids`` [B, n] (``valid`` [B, n] marks the real ones), as ``RaggedCache.forward``
+        (``output_hidden_states``: a flag, or the indices of the hidden states wanted, ``graphs.hidden_key``)."""
         if kwargs:
             raise TypeError(f"the compiled path takes no {', '.join(kwargs)}")
         rows, n = input_ids.shape
@@ -157,7 +173,7 @@ class StaticRaggedCache:
             self._room(width)
         span = attended(self.used + width, self.compiled.slots)  # S: the slots this forward attends
         keep = min(logits_to_keep, n) if logits_to_keep else n
-        shape, last = Shape(self.capacity, width, bool(output_hidden_states)), None
+        shape, last = Shape(self.capacity, width, hidden_key(output_hidden_states)), None
         if keep == 1 and width > 1 and (tail := Shape(shape.rows, width, shape.hidden, True)) in self.compiled.shapes:
             shape, last = tail, self._lasts.get(n)  # the head's product for the last real token only
             if last is None:
@@ -172,8 +188,8 @@ class StaticRaggedCache:
         self._point(self.used + n)  # the dead columns' slots are free again, as a rejected draft's
         self.live = self.live + (n if valid is None else valid.sum(dim=1))
         if rows == self.capacity and keep == n == width:  # the whole output: no slicing (a torch call each)
-            return StepOutput(logits, (hidden,) if hidden is not None else None)
-        states = (hidden[:rows, n - keep: n],) if hidden is not None else None
+            return StepOutput(logits, _states(hidden, shape.hidden))
+        states = _states(hidden[:rows, n - keep: n], shape.hidden) if hidden is not None else None
         if last is not None:  # [R, 1, V] already
             return StepOutput(logits if rows == self.capacity else logits[:rows], states)
         return StepOutput(logits[:rows, n - keep: n], states)
