@@ -46,7 +46,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 
 from specdec.compat import LAYER_KEYWORD
@@ -81,7 +81,7 @@ class FeatureDrafterConfig(PretrainedConfig):
 
     target_config: dict | None = None  # the target's config (less how it was saved); builds the drafter's layer
     feature_layers: list[int] | None = None  # 0-based decoder layers of the target whose outputs are read
-    target_fingerprint: str = ""  # specdec.train.outputs.fingerprint of the target (config + tokenizer); "" = unknown
+    target_fingerprint: str = ""  # specdec.fingerprint.fingerprint of the target (config + tokenizer); "" = unknown
     target_name: str = ""  # the target as the trainer was given it (for messages)
     ttt_steps: int = 0  # drafting depth trained by training-time test (0 = unknown)
 
@@ -123,7 +123,7 @@ class FeatureDrafterConfig(PretrainedConfig):
 def target_mismatch(config: FeatureDrafterConfig, target_config: PretrainedConfig, fingerprint: str | None = None,
                     drafter: str = "the feature drafter", target: str = "this target") -> str | None:
     """Why a drafter of ``config`` cannot draft for a target of ``target_config`` (one line naming both), or None.
-    ``fingerprint``: the target's ``specdec.train.outputs.fingerprint``, compared where both are known."""
+    ``fingerprint``: the target's ``specdec.fingerprint.fingerprint``, compared where both are known."""
     saved = config.target_config or {}
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
     differ = [k for k in keys if saved.get(k) != getattr(target_config, k, None)]
@@ -250,8 +250,10 @@ class FeatureDrafterModel(PreTrainedModel):
 
     def forward(self, input_ids: torch.LongTensor, hidden: torch.Tensor, position_ids: torch.LongTensor | None = None,
                 attention_mask: torch.Tensor | None = None, past_key_values: DynamicCache | None = None,
-                use_cache: bool = False, logits: bool = True, **kwargs: object) -> FeatureDrafterOutput:
-        """One drafting step over ``n`` slots (module docstring: the contract). ``logits=False`` skips the head."""
+                use_cache: bool = False, logits: bool = True, logits_to_keep: int = 0,
+                **kwargs: object) -> FeatureDrafterOutput:
+        """One drafting step over ``n`` slots (module docstring: the contract). ``logits=False`` skips the head;
+        ``logits_to_keep`` > 0: the logits of the last that many slots only."""
         batch, n = input_ids.shape
         embed = self.shared()[0]
         dtype = self.proj.weight.dtype
@@ -276,7 +278,8 @@ class FeatureDrafterModel(PreTrainedModel):
                          position_embeddings=self.rotary_emb(x, position_ids=position_ids), use_cache=use_cache,
                          **{LAYER_KEYWORD: past_key_values})
         out = out[0] if isinstance(out, tuple) else out
-        return FeatureDrafterOutput(logits=self.head(out) if logits else None, hidden=out,
+        kept = out[:, -logits_to_keep:] if logits_to_keep else out
+        return FeatureDrafterOutput(logits=self.head(kept) if logits else None, hidden=out,
                                     past_key_values=past_key_values if use_cache else None)
 
 
@@ -315,3 +318,6 @@ def load_feature_drafter(path: str, target: PreTrainedModel, fingerprint: str | 
 
 AutoConfig.register(MODEL_TYPE, FeatureDrafterConfig)
 AutoModel.register(FeatureDrafterConfig, FeatureDrafterModel)
+# so that `load_model` (AutoModelForCausalLM) loads a feature drafter folder too (`--drafter PATH`); it drafts only once
+# bound to its target (``FeatureDrafter.align``)
+AutoModelForCausalLM.register(FeatureDrafterConfig, FeatureDrafterModel)
