@@ -113,3 +113,22 @@ def test_rounds_draft_what_the_model_drafts_on_the_targets_features(target):
         handle.rollback(keep + 1)
         drafter.commit(keep, torch.tensor(nxt))
         rows = [row + d[:n] + [t] for row, d, n, t in zip(rows, proposal.drafts(), accepted, nxt)]
+
+
+def test_sampled_rounds_carry_the_drafters_q(target):
+    """A sampled proposal's q is the drafter's warped distribution at each drafted position (rows of sum 1, the
+    drafted token with probability > 0), as verification's rejection rule needs."""
+    from specdec.batch import PromptBatch
+    from specdec.config import SamplingConfig
+    from specdec.sampling import Sampler
+
+    handle = make_target(target)
+    drafter = make_drafter(FeatureDrafter(_drafter_model(target)), handle)
+    batch = PromptBatch.from_lists([p for p in PROMPTS if len(p) > 1], "cpu")
+    handle.prefill(batch)
+    drafter.prefill(batch)
+    proposal = drafter.propose(torch.tensor([3, 3, 3]), Sampler.create(SamplingConfig(temperature=1.0, seed=1), "cpu",
+                                                                       rows=3))
+    assert proposal.q is not None and proposal.q.shape == (3, 3, 6)
+    assert torch.allclose(proposal.q.sum(-1), torch.ones(3, 3), atol=1e-5)
+    assert bool((proposal.q.gather(-1, proposal.tokens[..., None]) > 0).all())

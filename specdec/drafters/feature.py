@@ -119,13 +119,14 @@ class FeatureDrafter(FollowingDrafter):
         self.tokens, self.features = [[] for _ in range(rows)], [[] for _ in range(rows)]
         self._mark = self.cache.live.clone()
         limit_t = torch.tensor(limits, device=self.device)
-        drafted = []
+        drafted, probs = [], []
         logits, state = out.logits[:, -1], out.hidden[:, -1:]
         for i in range(steps):
             check_finite(logits, "drafter")
             active = None if min(limits) > i else limit_t > i
-            token, _ = sampler.draft(logits, active)
+            token, q = sampler.draft(logits, active)  # q [B, V] | None (greedy rows)
             drafted.append(token)
+            probs.append(q)
             if i == steps - 1:
                 break
             fits = self._fits(i)
@@ -134,7 +135,8 @@ class FeatureDrafter(FollowingDrafter):
         tokens = torch.stack(drafted, dim=1)
         lengths = torch.tensor(limits, dtype=torch.long, device=self.device)
         ended = tuple(ENDED_NONE if n == 0 else ENDED_LIMIT for n in limits)
-        proposal = Proposal(tokens, lengths, None, None, calls=len(drafted), ended=ended)
+        q = None if probs[0] is None else torch.stack(probs, dim=1)  # [B, k, V]
+        proposal = Proposal(tokens, lengths, q, None, calls=len(drafted), ended=ended)
         self._drafts = proposal.knowing([row[:n] for row, n in zip(tokens.tolist(), limits)]).drafts()
         return proposal
 
