@@ -261,3 +261,17 @@ def test_acceptance_per_depth_equals_greedy_rounds_drafted_one_by_one():
     assert all(a is not None and 0 < a < 1 for a in expected + lm_expected), (expected, lm_expected)
     assert measure(drafter, target, [(row, prompt.shape[1])], depth)["acceptance"] == expected
     assert lm_depths(lm, target, [(row, prompt.shape[1])], depth)["acceptance"] == lm_expected
+
+
+def test_init_from_starts_a_stage_from_an_earlier_drafter(run, tmp_path):
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    first = _train(replace(run["cfg"], steps=3), tmp_path / "one")
+    second = _train(replace(run["cfg"], steps=1, lr=0.0, init_from=str(first)), tmp_path / "two")  # lr 0: unchanged
+    a, b = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "Continued from" in (second / "README.md").read_text()
+    with pytest.raises(ValueError, match="--feature-layers"):
+        _train(replace(run["cfg"], steps=1, init_from=str(first), feature_layers="0,1,3"), tmp_path / "three")

@@ -261,6 +261,14 @@ def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *
         raise ValueError(f"{cfg.data}: every continuation is empty; make new data with a larger --max-new-tokens")
     drafter = new_feature_drafter(target, layers, own.fingerprint, cfg.target, cfg.seed).to(device)
     drafter.config.ttt_steps = cfg.ttt_steps
+    if cfg.init_from:  # a new stage from an earlier run's drafter (fresh optimizer and schedule)
+        from specdec.drafters.feature_model import load_feature_drafter
+
+        start = load_feature_drafter(cfg.init_from, target, own.fingerprint, name=cfg.target)
+        if start.config.feature_layers != layers:
+            raise ValueError(f"--init-from {cfg.init_from} reads layers {start.config.feature_layers}, not {layers}: "
+                             f"give --feature-layers {','.join(map(str, start.config.feature_layers))}")
+        drafter.load_state_dict(start.state_dict())
     parallel.broadcast(drafter)
     out.mkdir(parents=True, exist_ok=True)
     optimizer = adamw(drafter, cfg.lr, cfg.weight_decay)
@@ -336,7 +344,8 @@ def render_card(cfg: FeatureDrafterTrainConfig, drafter: FeatureDrafterModel, hi
          "(fused 3H -> H) and the next token's embedding; the target's embedding and LM head are shared, not "
          "saved here (bound at load)."), "",
         "## Recipe", "",
-        (f"Training-time test over {cfg.ttt_steps} unrolled steps, loss KL(p_target || q_drafter) at every slot and "
+        ((f"Continued from `{cfg.init_from}` (fresh optimizer). " if cfg.init_from else "")
+         + f"Training-time test over {cfg.ttt_steps} unrolled steps, loss KL(p_target || q_drafter) at every slot and "
          f"step (step k weighted {cfg.step_decay}^k). AdamW, peak learning rate {cfg.lr}, {cfg.warmup_steps} warm-up "
          f"steps then cosine decay to {cfg.min_lr_ratio:.0%}, {cfg.steps} steps of {cfg.batch_size} records (at most "
          f"{cfg.seq_len} tokens each), seed {cfg.seed}."), "",

@@ -174,6 +174,7 @@ class FeatureDrafterTrainConfig:
     ttt_steps: int = 4  # drafting steps unrolled by training-time test (>= 1; EAGLE-3 trains >= 3)
     step_decay: float = 0.8  # weight of unrolled step k is step_decay ** k (EAGLE-3's)
     autocast: str = ""  # "bf16": both models' forwards under bf16 autocast (CPUs with avx512_bf16, GPUs); "" = fp32
+    init_from: str = ""  # a feature drafter folder (a run's final) whose weights start this run: a new stage
     steps: int = 300  # optimizer steps
     batch_size: int = 8  # records per step
     lr: float = 1e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
