@@ -1,10 +1,10 @@
-"""The shipped feature drafter beside code-drafter on held-out prompts, decoded (issue 68's chain goal).
+"""A feature drafter beside code-drafter on held-out prompts, decoded (issue 68's chain goal).
 
 Greedy, batch 1, each prompt decoded by every method in turn (interleaved), each output checked against plain
 decoding: tau (new tokens per round), alpha (accepted / drafted) and tokens/s per method, medians over prompts of
 the per-prompt time ratios to plain decoding. Prints one JSON object.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/feature_drafter.py --prompts 20 --max-new-tokens 64
+    OMP_NUM_THREADS=1 python benchmarks/feature_drafter.py --feature DIR --prompts 20 --max-new-tokens 64
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from specdec.loading import load_model, load_tokenizer
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", default="models/code-target")
-    parser.add_argument("--feature", default="models/code-feature-drafter")
+    parser.add_argument("--feature", required=True, help="a feature drafter folder (specdec train feature-drafter)")
     parser.add_argument("--baseline", default="code-drafter")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=64)

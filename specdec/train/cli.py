@@ -198,7 +198,8 @@ def _cmd_feature_eval(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     figures = evaluate(args.drafter, args.target, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                       depth=args.depth, compare=[c for c in args.compare if c], seed=args.seed)
+                       depth=args.depth, compare=[c for c in args.compare if c], seed=args.seed,
+                       rows_file=args.rows)
     text = json.dumps(figures, indent=1)
     if args.output:
         from pathlib import Path
@@ -414,7 +415,7 @@ def register(subparsers) -> None:
     fe = sub.add_parser("feature-eval",
                         help="a feature drafter's held-out greedy acceptance per depth (teacher-forced), beside a "
                              "drafter model's")
-    fe.add_argument("--drafter", required=True, help="the feature drafter's folder")
+    fe.add_argument("--drafter", required=True, help="the feature drafter's folder ('' for the compared ones alone)")
     fe.add_argument("--target", default="models/code-target")
     fe.add_argument("--compare", nargs="*", default=["code-drafter"], help="drafter models measured beside it")
     fe.add_argument("--prompts", type=int, default=50, help="held-out test-split prompts (default: %(default)s)")
@@ -423,6 +424,8 @@ def register(subparsers) -> None:
     fe.add_argument("--seed", type=int, default=0, help="which prompts (one per test file)")
     fe.add_argument("--threads", type=int, default=1)
     fe.add_argument("--output", default=None, help="also write the figures (JSON) here")
+    fe.add_argument("--rows", default=None, metavar="JSON",
+                    help="keep the target's continuations here (read when it exists): measure several drafters on them")
     fe.set_defaults(func=_cmd_feature_eval)
 
     exp = sub.add_parser("export", help="save a trained model for shipping (bf16 safetensors shards)")

@@ -16,8 +16,10 @@ which anchors it visits.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -75,21 +77,30 @@ def _at(t: torch.Tensor, d: int, n: int) -> torch.Tensor:
 
 
 def evaluate(drafter: str, target: str, prompts: int = 50, max_new_tokens: int = 128, depth: int = 8,
-             compare: Sequence[str] = ("code-drafter",), seed: int = 0, log=print) -> dict:
+             compare: Sequence[str] = ("code-drafter",), seed: int = 0, rows_file: str | None = None,
+             log=print) -> dict:
     """Figures of the feature drafter ``drafter`` (a folder) and of each drafter model of ``compare`` for ``target``
-    on held-out test-split prompts (module docstring)."""
+    on held-out test-split prompts (module docstring). ``rows_file``: where the target's continuations are kept
+    (JSON; read when it exists, else written), so that measuring another drafter does not continue them again."""
     from specdec.drafters.feature_model import load_feature_drafter
     from specdec.train.outputs import target_fingerprint
 
     started = time.perf_counter()
     model = load_model(target, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(target)
-    feature = load_feature_drafter(drafter, model, target_fingerprint(target), name=target).eval()
-    rows = heldout_rows(model, tokenizer, prompts, max_new_tokens, seed=seed)
+    feature = load_feature_drafter(drafter, model, target_fingerprint(target), name=target).eval() if drafter else None
+    key = {"target": target_fingerprint(target), "prompts": prompts, "max_new_tokens": max_new_tokens, "seed": seed}
+    kept = json.loads(Path(rows_file).read_text()) if rows_file and Path(rows_file).is_file() else None
+    if kept is not None and kept["key"] != key:
+        raise ValueError(f"{rows_file} holds continuations for {kept['key']}, not {key}: give another --rows file")
+    rows = ([tuple(r) for r in kept["rows"]] if kept is not None
+            else heldout_rows(model, tokenizer, prompts, max_new_tokens, seed=seed))
+    if rows_file and kept is None:
+        Path(rows_file).write_text(json.dumps({"key": key, "rows": rows}))
     log(f"{len(rows)} held-out prompts continued by the target ({sum(len(r[0]) - r[1] for r in rows)} tokens) in "
         f"{time.perf_counter() - started:.0f} s")
     out = {"prompts": len(rows), "max_new_tokens": max_new_tokens, "split": "test", "seed": seed,
-           drafter: measure(feature, model, rows, depth)}
+           **({drafter: measure(feature, model, rows, depth)} if feature is not None else {})}
     for name in compare:
         out[name] = lm_depths(load_model(name, dtype=torch.float32).eval(), model, rows, depth)
     out["seconds"] = round(time.perf_counter() - started, 1)
