@@ -83,8 +83,9 @@ class Session:
             from specdec.loading import load_model
 
             model = load_model(name, device=self.models.device, dtype=self.models.dtype)
-            autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[],
-                                    kernels=self.models.kernels)  # warm-up
+            if model.get_output_embeddings() is not None:  # a feature drafter has no head of its own until bound
+                autoregressive_generate(model, [0], max_new_tokens=1, stop_token_ids=[],
+                                        kernels=self.models.kernels)  # warm-up
             self._models[name] = model
         return self._models[name]
 

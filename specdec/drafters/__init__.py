@@ -33,6 +33,8 @@ from specdec.config import BLOCK, LOOKUP, DrafterConfig
 from specdec.drafters import block_model  # noqa: F401  (registers the block drafter with the Auto classes)
 from specdec.drafters.base import Drafter, FollowingDrafter, NoDrafter, Proposal, StopRule
 from specdec.drafters.block import BlockDrafter, is_block_drafter
+from specdec.drafters.feature import FeatureDrafter
+from specdec.drafters.feature_model import is_feature_drafter
 from specdec.drafters.hybrid import LookupDrafter
 from specdec.drafters.model import ModelDrafter, drafter_in
 from specdec.drafters.ngram import NgramDrafter
@@ -64,6 +66,7 @@ def _language_model(model: PreTrainedModel) -> bool:
 
 register_model_drafter(_language_model, ModelDrafter)
 register_model_drafter(is_block_drafter, BlockDrafter)
+register_model_drafter(is_feature_drafter, FeatureDrafter)  # EAGLE-3 style: reads the target's features
 
 
 def _block_name(name: str, encoder_decoder: bool) -> tuple[str, bool]:
@@ -145,6 +148,7 @@ __all__ = [
     "MODEL_DRAFTERS",
     "BlockDrafter",
     "Drafter",
+    "FeatureDrafter",
     "FollowingDrafter",
     "LookupDrafter",
     "ModelDrafter",

@@ -16,6 +16,7 @@
     specdec train drafter --target MODEL --data runs/outputs.jsonl --out runs/my-drafter --layers 2  # any target,
         # on `specdec data outputs --target MODEL --prompts FILE --out runs/outputs.jsonl` (see drafter.py)
     specdec train block-drafter --target MODEL --data runs/outputs.jsonl --out runs/my-block-drafter  # any target
+    specdec train feature-drafter --target MODEL --data runs/outputs.jsonl --out runs/my-feature-drafter  # EAGLE-3
     specdec train head --target MODEL --drafter runs/my-drafter/final --data runs/outputs.jsonl --out runs/my-head
         # SpecDec's block drafter and SpecDec++'s head for any target (pair), on the same data; measured at the end
     specdec train export runs/code-drafter-s5/final models/code-drafter --dtype bf16
@@ -52,6 +53,7 @@ from specdec.train.presets import (
     SEQ2SEQ_PRESETS,
     BlockTrainConfig,
     DrafterTrainConfig,
+    FeatureDrafterTrainConfig,
     Seq2SeqBlockConfig,
     Seq2SeqTrainConfig,
     TrainConfig,
@@ -170,6 +172,40 @@ def _cmd_drafter(args: argparse.Namespace) -> int:
                           stop_after_s=args.stop_after, measure=not args.no_measure,
                           measure_prompts=args.measure_prompts, measure_tokens=args.measure_tokens)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
+def _cmd_feature_drafter(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.train.feature_drafter import train_feature_drafter
+
+    torch.set_num_threads(args.threads)
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(FeatureDrafterTrainConfig)
+                 if getattr(args, f.name, None) is not None}
+    final = train_feature_drafter(FeatureDrafterTrainConfig(**overrides), args.out, device=args.device,
+                                  stop_at_step=args.stop_at_step, stop_after_s=args.stop_after)
+    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
+def _cmd_feature_eval(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from specdec.train.feature_eval import evaluate
+
+    torch.set_num_threads(args.threads)
+    figures = evaluate(args.drafter, args.target, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                       depth=args.depth, compare=[c for c in args.compare if c], seed=args.seed,
+                       rows_file=args.rows)
+    text = json.dumps(figures, indent=1)
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(text + "\n")
+    print(text)
     return 0
 
 
@@ -357,6 +393,40 @@ def register(subparsers) -> None:
     _add_measure_flags(dr)
     _add_config_flags(dr, DrafterTrainConfig, suffix=" (default: {default})")
     dr.set_defaults(func=_cmd_drafter)
+
+    fd = sub.add_parser("feature-drafter",
+                        help="an EAGLE-3-style feature drafter for any target, on its `specdec data outputs` "
+                             "(resumable)",
+                        description="One decoder layer of the target's class reading three of the target's layers "
+                        "and the next token, trained with training-time test (EAGLE-3): KL to the target at every "
+                        "drafted depth. OUT/checkpoint resumes (Ctrl-C writes one); OUT/final holds the drafter "
+                        "(its own weights; the target's embedding and head are bound at load) and a model card with "
+                        "the held-out KL, agreement and greedy acceptance per depth.")
+    fd.add_argument("--out", required=True, help="run folder: checkpoint/ (resume) and final/")
+    fd.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    fd.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    fd.add_argument("--stop-at-step", type=int, default=None, metavar="STEP",
+                    help="checkpoint and stop at this step (resume later)")
+    fd.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="checkpoint and stop after this long (resume later)")
+    _add_config_flags(fd, FeatureDrafterTrainConfig, suffix=" (default: {default})")
+    fd.set_defaults(func=_cmd_feature_drafter)
+
+    fe = sub.add_parser("feature-eval",
+                        help="a feature drafter's held-out greedy acceptance per depth (teacher-forced), beside a "
+                             "drafter model's")
+    fe.add_argument("--drafter", required=True, help="the feature drafter's folder ('' for the compared ones alone)")
+    fe.add_argument("--target", default="models/code-target")
+    fe.add_argument("--compare", nargs="*", default=["code-drafter"], help="drafter models measured beside it")
+    fe.add_argument("--prompts", type=int, default=50, help="held-out test-split prompts (default: %(default)s)")
+    fe.add_argument("--max-new-tokens", type=int, default=128, help="the target's greedy continuation per prompt")
+    fe.add_argument("--depth", type=int, default=8, help="drafting depths measured (default: %(default)s)")
+    fe.add_argument("--seed", type=int, default=0, help="which prompts (one per test file)")
+    fe.add_argument("--threads", type=int, default=1)
+    fe.add_argument("--output", default=None, help="also write the figures (JSON) here")
+    fe.add_argument("--rows", default=None, metavar="JSON",
+                    help="keep the target's continuations here (read when it exists): measure several drafters on them")
+    fe.set_defaults(func=_cmd_feature_eval)
 
     exp = sub.add_parser("export", help="save a trained model for shipping (bf16 safetensors shards)")
     exp.add_argument("src")

@@ -42,12 +42,10 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec.fingerprint import VOLATILE_CONFIG_KEYS, fingerprint  # noqa: F401  (re-exported: their old home)
 from specdec.loading import context_limit, load_model, load_tokenizer, resolve_model_path
 from specdec.train.checkpoint import append_error, drop_unfinished_line
 
-# config keys that say how a model was saved or loaded, not what it computes
-VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "dtype", "torch_dtype", "_commit_hash",
-                        "_attn_implementation_autoset", "use_cache")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
                    "source.spm", "vocab.txt")  # any of these: the folder holds a tokenizer
 
@@ -60,16 +58,6 @@ class Prompt:
     ids: list[int]  # token ids given to the target (an encoder-decoder target: its source)
     temperature: float = 0.0  # 0 = greedy, 1 = sampled
     held_out: bool = False  # written to the held-out file (measurements), not trained on
-
-
-def fingerprint(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> str:
-    """A short hash of what a model computes with (its config, less how it was saved or loaded) and its
-    tokenizer (vocabulary, special tokens, chat template): data made for one target is refused by another."""
-    cfg = {k: v for k, v in config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
-    tok = {"vocab": sorted(tokenizer.get_vocab().items()), "special": sorted(map(str, tokenizer.all_special_tokens)),
-           "chat_template": getattr(tokenizer, "chat_template", None)}
-    blob = json.dumps([cfg, tok], sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def target_tokenizer(target: str) -> PreTrainedTokenizerBase:

@@ -165,6 +165,36 @@ class DrafterTrainConfig:
 
 
 @dataclass(frozen=True)
+class FeatureDrafterTrainConfig:
+    """One feature drafter run (EAGLE-3, ``specdec.train.feature_drafter``): its data, depth and optimizer."""
+
+    target: str = ""  # the target model's folder
+    data: str = ""  # a `specdec data outputs` file written with that target
+    feature_layers: str = ""  # the target's 3 decoder layers read, e.g. 1,3,4 ("" = EAGLE-3's low, middle, high)
+    ttt_steps: int = 4  # drafting steps unrolled by training-time test (>= 1; EAGLE-3 trains >= 3)
+    step_decay: float = 0.8  # weight of unrolled step k is step_decay ** k (EAGLE-3's)
+    autocast: str = ""  # "bf16": both models' forwards under bf16 autocast (CPUs with avx512_bf16, GPUs); "" = fp32
+    init_from: str = ""  # a feature drafter folder (a run's final) whose weights start this run: a new stage
+    steps: int = 300  # optimizer steps
+    batch_size: int = 8  # records per step
+    lr: float = 1e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
+    warmup_steps: int = 20  # linear warm-up
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seq_len: int = 256  # tokens per record trained on (a longer one keeps its last seq_len)
+    records: int | None = None  # records of --data trained on (None: all there are when the run starts; kept on resume)
+    eval_every: int = 50  # steps between held-out measurements (KL and agreement per depth)
+    save_every: int = 25  # steps between checkpoints (resume point)
+    eval_records: int = 32  # held-out records measured each time
+    seed: int = 0
+
+    @property
+    def max_steps(self) -> int:  # the name the shared optimizer loop and schedule read
+        return self.steps
+
+
+@dataclass(frozen=True)
 class Seq2SeqShape:
     """A Marian encoder-decoder (what ``transformers.MarianConfig`` needs)."""
 

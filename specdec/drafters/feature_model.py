@@ -1,0 +1,323 @@
+"""An EAGLE-3-style feature drafter as a transformers model: one decoder layer that reads the target's features.
+
+Follows EAGLE-3 (Li et al. 2025): the drafter reads the hidden states of three of the target's layers (a low,
+a middle and a high one, ``config.feature_layers``), fused by a linear map (3H -> H), together with the
+embedding of the next token, and predicts the target's next distribution through the target's own LM head.
+
+Alignment (slot ``t`` of a sequence x_0 .. x_{T-1}): the drafter's input at slot t is the target's fused
+feature f_t (the target's state at position t, the one whose logits gave x_{t+1}) and the embedding of
+x_{t+1}; its output at slot t, at position id t, predicts the target's distribution at position t + 1
+(over x_{t+2}). A drafting step after the first reads the drafter's own output hidden state instead of f_t
+(EAGLE-3 at inference), which training-time test trains for (``specdec.train.feature_drafter``).
+
+Parameters (the drafter's own, all saved): ``fuse`` Linear(3H -> H) on the concatenated target features;
+``embed_norm``, ``hidden_norm`` and ``proj`` Linear(2H -> H) on concat(norm(embedding), norm(hidden));
+one decoder ``layer`` of the target's own class (built from the target's config: its attention, MLP,
+norms and rotary embedding); a final ``norm``. The token embedding and the LM head are the target's,
+frozen and shared: not saved in the drafter's folder, bound at load (``bind``), so the folder is small
+and a drafter given another target is refused (``target_mismatch``: hidden size, layer count,
+vocabulary, architecture, and the target's fingerprint where the caller knows it).
+
+Why one layer of the target's class: the drafter's inputs are the target's own features, so the
+target's layer already speaks their language, and every engine that runs the target runs this layer.
+Departure from EAGLE-3: EAGLE-3 widens the layer's q/k/v projections to 2H; here a projection 2H -> H
+feeds an unchanged layer of the target's class (its residual stream starts from the projection).
+
+The forward contract::
+
+    out = model(input_ids [B, n], hidden [B, n, H], position_ids [B, n] | None,
+                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] bool (True = may attend),
+                past_key_values=None | Cache, use_cache=False)
+    out.logits  # [B, n, V] the target's vocabulary
+    out.hidden  # [B, n, H] the layer's output (before the final norm): the hidden state of the next step
+
+A 2D mask is causal over the cache's slots and the inputs (dead slots anywhere, each query sees itself);
+a 4D boolean mask is taken as given (training-time test builds one). The cache is a transformers
+``Cache`` (one layer), so it is cropped and rolled back like every other drafter's cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput
+
+from specdec.compat import LAYER_KEYWORD
+
+MODEL_TYPE = "specdec-feature-drafter"
+# config keys that say how the target was saved or loaded, not what it computes (as specdec.train.outputs)
+_VOLATILE = ("transformers_version", "_name_or_path", "dtype", "torch_dtype", "_commit_hash",
+             "_attn_implementation_autoset", "use_cache", "architectures")
+
+
+def default_feature_layers(layers: int) -> list[int]:
+    """EAGLE-3's choice of a low, a middle and a high layer (0-based decoder layers whose outputs are read):
+    layer 1, the middle one and the last but one (the first three where the target has fewer than 5)."""
+    if layers < 3:
+        raise ValueError(f"a feature drafter reads three layers of the target, which has {layers}")
+    if layers < 5:
+        return [0, 1, 2]
+    return [1, layers // 2, layers - 2]
+
+
+def _describe(config: PretrainedConfig | dict) -> str:
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    return (f"{get('model_type')}, hidden {get('hidden_size')}, {get('num_hidden_layers')} layers, "
+            f"vocabulary {get('vocab_size')}")
+
+
+class FeatureDrafterConfig(PretrainedConfig):
+    """The feature drafter's config: the target's config (to build its layer and to recognise the target) and
+    which of its layers are read."""
+
+    model_type = MODEL_TYPE
+
+    target_config: dict | None = None  # the target's config (less how it was saved); builds the drafter's layer
+    feature_layers: list[int] | None = None  # 0-based decoder layers of the target whose outputs are read
+    target_fingerprint: str = ""  # specdec.fingerprint.fingerprint of the target (config + tokenizer); "" = unknown
+    target_name: str = ""  # the target as the trainer was given it (for messages)
+    ttt_steps: int = 0  # drafting depth trained by training-time test (0 = unknown)
+
+    @classmethod
+    def for_target(cls, target_config: PretrainedConfig, feature_layers: list[int] | None = None,
+                   target_fingerprint: str = "", target_name: str = "", **kwargs) -> FeatureDrafterConfig:
+        """The config of a feature drafter for a target of ``target_config``."""
+        saved = {k: v for k, v in target_config.to_dict().items() if k not in _VOLATILE}
+        layers = list(feature_layers or default_feature_layers(target_config.num_hidden_layers))
+        return cls(target_config=saved, feature_layers=layers, target_fingerprint=target_fingerprint,
+                   target_name=target_name, vocab_size=target_config.vocab_size,
+                   hidden_size=target_config.hidden_size, **kwargs)
+
+    def validate_architecture(self) -> None:
+        super().validate_architecture()
+        if self.target_config is None:
+            return  # a bare config (AutoConfig's registry builds one): nothing to check yet
+        n = self.target_config.get("num_hidden_layers")
+        layers = self.feature_layers or []
+        if len(layers) != 3 or len(set(layers)) != 3 or not all(0 <= i < (n or 0) for i in layers):
+            raise ValueError(f"feature_layers must be 3 distinct decoder layers of the target (0..{(n or 1) - 1}), "
+                             f"got {layers}")
+
+    def layer_config(self) -> PretrainedConfig:
+        """The target's config with one decoder layer: what the drafter's layer and rotary embedding are built from."""
+        if self.target_config is None:
+            raise ValueError("this feature drafter config has no target_config: build it with "
+                             "FeatureDrafterConfig.for_target(target.config)")
+        cfg = dict(self.target_config)
+        model_type = cfg.pop("model_type")
+        config = AutoConfig.for_model(model_type, **cfg)
+        config.num_hidden_layers = 1
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:1]
+        config._attn_implementation = self._attn_implementation or "sdpa"
+        return config
+
+
+def target_mismatch(config: FeatureDrafterConfig, target_config: PretrainedConfig, fingerprint: str | None = None,
+                    drafter: str = "the feature drafter", target: str = "this target") -> str | None:
+    """Why a drafter of ``config`` cannot draft for a target of ``target_config`` (one line naming both), or None.
+    ``fingerprint``: the target's ``specdec.fingerprint.fingerprint``, compared where both are known."""
+    saved = config.target_config or {}
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+    differ = [k for k in keys if saved.get(k) != getattr(target_config, k, None)]
+    if not differ and fingerprint and config.target_fingerprint and fingerprint != config.target_fingerprint:
+        differ = ["fingerprint"]
+    if not differ:
+        return None
+    what = ("its tokenizer or config differs: fingerprint " + f"{config.target_fingerprint} != {fingerprint}"
+            if differ == ["fingerprint"] else f"{_describe(saved)} != {_describe(target_config)}")
+    return (f"{drafter} was trained for {config.target_name or 'another target'}, not for {target} ({what}): train one "
+            f"for it with `specdec train feature-drafter --target {target} --data OUTPUTS.jsonl --out DIR`")
+
+
+def _classes(config: PretrainedConfig) -> tuple[type, type, type]:
+    """(decoder layer, rotary embedding, final norm) classes of the architecture of ``config`` (one layer)."""
+    with torch.device("meta"):
+        base = AutoModel.from_config(config)
+    layers, rotary, norm = (getattr(base, k, None) for k in ("layers", "rotary_emb", "norm"))
+    if layers is None or rotary is None or norm is None:
+        raise ValueError(f"a feature drafter needs a target with rotary decoder layers (model.layers, "
+                         f"model.rotary_emb, model.norm, like Llama or Qwen2); {config.model_type} has none")
+    return type(layers[0]), type(rotary), type(norm)
+
+
+def features_of(hidden_states: tuple[torch.Tensor, ...], layers: list[int]) -> torch.Tensor:
+    """The concatenated outputs of decoder ``layers`` from a transformers ``output_hidden_states`` tuple (entry 0 is
+    the embeddings, entry i + 1 layer i's output; transformers 5 puts the final norm's output in the last entry, so
+    the last layer is read after the norm). [B, T, 3H]"""
+    return torch.cat([hidden_states[i + 1] for i in layers], dim=-1)
+
+
+@dataclass
+class FeatureDrafterOutput(ModelOutput):
+    """What the feature drafter returns."""
+
+    logits: torch.Tensor | None = None  # [B, n, V] (None where not asked)
+    hidden: torch.Tensor | None = None  # [B, n, H] the layer's output, fed to the next drafting step
+    past_key_values: DynamicCache | None = None  # the cache, with the inputs' slots appended (when use_cache)
+
+
+class FeatureDrafterModel(PreTrainedModel):
+    """One decoder layer of the target's class over the target's features (see the module docstring)."""
+
+    config: FeatureDrafterConfig
+    config_class = FeatureDrafterConfig
+    base_model_prefix = "drafter"
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _no_split_modules: ClassVar[list[str]] = []
+
+    def __init__(self, config: FeatureDrafterConfig) -> None:
+        super().__init__(config)
+        layer_config = config.layer_config()
+        layer_class, rotary_class, norm_class = _classes(layer_config)
+        width = layer_config.hidden_size
+        eps = getattr(layer_config, "rms_norm_eps", 1e-6)
+        self.fuse = nn.Linear(len(config.feature_layers) * width, width, bias=False)
+        self.embed_norm = norm_class(width, eps=eps)
+        self.hidden_norm = norm_class(width, eps=eps)
+        self.proj = nn.Linear(2 * width, width, bias=False)
+        self.layer = layer_class(layer_config, layer_idx=0)
+        self.rotary_emb = rotary_class(config=layer_config)
+        self.norm = norm_class(width, eps=eps)
+        self._shared: tuple[nn.Module, nn.Module] | None = None  # the bound target's (embedding, LM head)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=self.config.target_config.get("initializer_range", 0.02))
+
+    def get_input_embeddings(self) -> nn.Module | None:
+        return self._shared[0] if self._shared else None
+
+    def get_output_embeddings(self) -> None:
+        return None  # the LM head is the target's: this is not a language model of its own
+
+    # ------------------------------------------------------------------------------------ the target
+
+    def bind(self, target: PreTrainedModel, fingerprint: str | None = None, name: str = "this target"
+             ) -> FeatureDrafterModel:
+        """Draft for ``target``: read its token embedding and LM head (frozen, shared, not copied). A target of
+        another shape (or fingerprint, where given) is refused with one line naming both."""
+        why = target_mismatch(self.config, target.config, fingerprint, target=name,
+                              drafter=f"feature drafter {self.name_or_path or ''}".strip())
+        if why:
+            raise ValueError(why)
+        head = target.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{name} has no LM head (get_output_embeddings()): load it as a causal LM")
+        self._shared = (target.get_input_embeddings(), head)
+        return self
+
+    def shared(self) -> tuple[nn.Module, nn.Module]:
+        if self._shared is None:
+            raise ValueError("the feature drafter is not bound to its target: call drafter.bind(target) first")
+        return self._shared
+
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """[B, n, 3H] target features -> [B, n, H], the hidden input of a first drafting step."""
+        return self.fuse(features.to(self.fuse.weight.dtype))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [B, n, V] of output hidden states [B, n, H] (final norm, then the target's LM head)."""
+        lm_head = self.shared()[1]
+        return lm_head(self.norm(hidden).to(lm_head.weight.dtype))
+
+    # ------------------------------------------------------------------------------------ forward
+
+    @staticmethod
+    def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """A boolean pattern [B, 1, n, S] as the additive mask eager and sdpa attention both read."""
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min)
+
+    @staticmethod
+    def causal(live: torch.Tensor, n: int) -> torch.Tensor:
+        """Boolean [B, 1, n, S]: query i (slot S - n + i) sees live slots up to itself, and always itself."""
+        total = live.shape[1]
+        slot = torch.arange(total, device=live.device)
+        query = (total - n + torch.arange(n, device=live.device))[:, None]  # [n, 1]
+        allowed = (slot[None, :] <= query) & live[:, None, :].bool()  # [B, n, S]
+        return (allowed | (slot[None, :] == query))[:, None]
+
+    def forward(self, input_ids: torch.LongTensor, hidden: torch.Tensor, position_ids: torch.LongTensor | None = None,
+                attention_mask: torch.Tensor | None = None, past_key_values: DynamicCache | None = None,
+                use_cache: bool = False, logits: bool = True, logits_to_keep: int = 0,
+                **kwargs: object) -> FeatureDrafterOutput:
+        """One drafting step over ``n`` slots (module docstring: the contract). ``logits=False`` skips the head;
+        ``logits_to_keep`` > 0: the logits of the last that many slots only."""
+        batch, n = input_ids.shape
+        embed = self.shared()[0]
+        dtype = self.proj.weight.dtype
+        x = torch.cat([self.embed_norm(embed(input_ids).to(dtype)), self.hidden_norm(hidden.to(dtype))], dim=-1)
+        x = self.proj(x)  # [B, n, H]
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = (past + torch.arange(n, device=x.device)).expand(batch, n)
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, past + n, dtype=torch.long, device=x.device)
+        if attention_mask.dim() == 2:
+            if attention_mask.shape != (batch, past + n):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the cache holds {past} "
+                                 f"slots and {n} inputs: pass a 2D mask [{batch}, {past + n}] (1 = live slot)")
+            allowed = self.causal(attention_mask, n)
+        else:
+            allowed = attention_mask.bool()
+        mask = self.additive_mask(allowed, x.dtype)
+        out = self.layer(x, attention_mask=mask, position_ids=position_ids,
+                         position_embeddings=self.rotary_emb(x, position_ids=position_ids), use_cache=use_cache,
+                         **{LAYER_KEYWORD: past_key_values})
+        out = out[0] if isinstance(out, tuple) else out
+        kept = out[:, -logits_to_keep:] if logits_to_keep else out
+        return FeatureDrafterOutput(logits=self.head(kept) if logits else None, hidden=out,
+                                    past_key_values=past_key_values if use_cache else None)
+
+
+def is_feature_drafter(model: object) -> bool:
+    """Whether ``model`` is a feature drafter (by its config's model type)."""
+    return getattr(getattr(model, "config", None), "model_type", None) == MODEL_TYPE
+
+
+def new_feature_drafter(target: PreTrainedModel, feature_layers: list[int] | None = None, fingerprint: str = "",
+                        name: str = "", seed: int = 0) -> FeatureDrafterModel:
+    """A fresh feature drafter for ``target`` (float32, bound to it), its weights drawn from ``seed``."""
+    config = FeatureDrafterConfig.for_target(target.config, feature_layers, fingerprint, name)
+    torch.manual_seed(seed)
+    drafter = FeatureDrafterModel(copy.deepcopy(config)).float()
+    return drafter.bind(target, fingerprint or None, name or "the target")
+
+
+def load_feature_drafter(path: str, target: PreTrainedModel, fingerprint: str | None = None,
+                         name: str = "this target", dtype: torch.dtype | None = None) -> FeatureDrafterModel:
+    """The feature drafter saved in ``path``, bound to ``target`` (refused, one line, when made for another)."""
+    saved = Path(path) / "config.json"
+    if not saved.is_file():
+        raise ValueError(f"no feature drafter at {path}: give the folder `specdec train feature-drafter` wrote "
+                         "(its OUT/final)")
+    kind = json.loads(saved.read_text()).get("model_type")
+    if kind != MODEL_TYPE:
+        raise ValueError(f"{path} holds a {kind} model, not a feature drafter ({MODEL_TYPE}): train one with "
+                         "`specdec train feature-drafter`")
+    config = FeatureDrafterConfig.from_pretrained(path)
+    why = target_mismatch(config, target.config, fingerprint, drafter=f"feature drafter {path}", target=name)
+    if why:
+        raise ValueError(why)
+    drafter = FeatureDrafterModel.from_pretrained(path, dtype=dtype or torch.float32)
+    return drafter.bind(target, fingerprint, name)
+
+
+AutoConfig.register(MODEL_TYPE, FeatureDrafterConfig)
+AutoModel.register(FeatureDrafterConfig, FeatureDrafterModel)
+# so that `load_model` (AutoModelForCausalLM) loads a feature drafter folder too (`--drafter PATH`); it drafts only once
+# bound to its target (``FeatureDrafter.align``)
+AutoModelForCausalLM.register(FeatureDrafterConfig, FeatureDrafterModel)

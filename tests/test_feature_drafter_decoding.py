@@ -1,0 +1,134 @@
+"""The feature drafter behind the Drafter contract (``specdec.drafters.feature.FeatureDrafter``): greedy output equal
+to the target's own ``generate``, one row and ragged batches (a one-token prompt among them), by object, by folder
+and behind prompt lookup. A vocabulary of 6, so that a random drafter's drafts are accepted often enough for the
+rollback after a partial acceptance to run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_same_greedy, hf_greedy
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specdec
+from specdec.drafters import FeatureDrafter, LookupDrafter, make_drafter
+from specdec.drafters.feature_model import FeatureDrafterModel
+from specdec.target import make_target
+
+PROMPTS = [[3, 4, 5, 1, 2], [2, 1, 3, 5, 4, 4, 1, 2, 3], [5], [1, 2, 3, 1, 2, 3, 1]]
+
+
+def _target() -> LlamaForCausalLM:
+    torch.manual_seed(3)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=6, max_position_embeddings=256, tie_word_embeddings=True,
+                         initializer_range=0.2, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return _target()
+
+
+@pytest.fixture(scope="module")
+def references(target):
+    return [hf_greedy(target, p, 24, []) for p in PROMPTS]
+
+
+def _drafter_model(target, seed: int = 10) -> FeatureDrafterModel:
+    from specdec.drafters.feature_model import new_feature_drafter
+
+    return new_feature_drafter(target, seed=seed).eval()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_output_equals_the_targets_single_and_ragged(target, references, gamma):
+    for batch_size in (1, 4):
+        results = specdec.speculative_generate(target, FeatureDrafter(_drafter_model(target)), PROMPTS,
+                                               max_new_tokens=24, gamma=gamma, stop_token_ids=[],
+                                               batch_size=batch_size)
+        for prompt, result, reference in zip(PROMPTS, results, references):
+            assert_same_greedy(target, prompt, result.tokens, reference)
+        drafted = sum(r.stats.drafted for r in results)
+        accepted = sum(r.stats.accepted for r in results)
+        assert 0 < accepted < drafted, (accepted, drafted)  # some accepted, some rejected: rollback ran
+
+
+def test_a_folder_and_lookup_plus_folder_decode_exactly(target, references, tmp_path):
+    _drafter_model(target, seed=4).save_pretrained(tmp_path / "fd")
+    handle = make_target(target)
+    assert isinstance(make_drafter(str(tmp_path / "fd"), handle), FeatureDrafter)
+    hybrid = make_drafter(f"lookup+{tmp_path / 'fd'}", make_target(target))
+    assert isinstance(hybrid, LookupDrafter) and isinstance(hybrid.fallback, FeatureDrafter)
+    for name in (str(tmp_path / "fd"), f"lookup+{tmp_path / 'fd'}"):
+        results = specdec.speculative_generate(target, name, PROMPTS, max_new_tokens=24, gamma=4, stop_token_ids=[],
+                                               batch_size=4)
+        for prompt, result, reference in zip(PROMPTS, results, references):
+            assert_same_greedy(target, prompt, result.tokens, reference)
+
+
+def _unrolled(model, target, row: list[int], gamma: int) -> list[int]:
+    """The drafts of a round after ``row`` by the model alone, on the features of a plain forward of ``row``."""
+    from transformers import DynamicCache
+
+    from specdec.train.feature_drafter import target_pass
+
+    ids = torch.tensor([row])
+    features, _ = target_pass(target, model.config.feature_layers, ids, torch.ones_like(ids))
+    cache = DynamicCache()
+    out = model(ids[:, 1:], model.fuse_features(features[:, :-1]), past_key_values=cache, use_cache=True)
+    drafts = []
+    for k in range(gamma):
+        drafts.append(int(out.logits[0, -1].argmax()))
+        out = model(torch.tensor([[drafts[-1]]]), out.hidden[:, -1:], past_key_values=cache, use_cache=True,
+                    position_ids=torch.tensor([[len(row) - 1 + k]]))
+    return drafts
+
+
+def test_rounds_draft_what_the_model_drafts_on_the_targets_features(target):
+    """Two rounds of a ragged batch driven by hand: each proposal equals the model unrolled alone on the features of
+    a plain forward of the row's committed tokens (the features reached the drafter, paired with the right tokens,
+    and the rollback kept the context's slots only)."""
+    from specdec.batch import PromptBatch
+    from specdec.config import SamplingConfig
+    from specdec.sampling import Sampler
+
+    model = _drafter_model(target)
+    handle = make_target(target)
+    drafter = make_drafter(FeatureDrafter(model), handle)
+    rows = [list(p) for p in PROMPTS if len(p) > 1]
+    batch = PromptBatch.from_lists(rows, "cpu")
+    handle.prefill(batch)
+    drafter.prefill(batch)
+    sampler = Sampler.create(SamplingConfig(temperature=0.0), "cpu", rows=len(rows))
+    for accepted in ([1, 0, 2], [0, 3, 1]):
+        proposal = drafter.propose(torch.tensor([3, 3, 3]), sampler)
+        assert proposal.drafts() == [_unrolled(model, target, row, 3) for row in rows]
+        # verify the newest committed token and the drafts; commit a made-up number of them plus the target's token
+        tokens = torch.tensor([[row[-1], *d] for row, d in zip(rows, proposal.drafts())])
+        scores = handle.verify(tokens, torch.tensor([4, 4, 4]))
+        keep = torch.tensor(accepted)
+        nxt = [int(scores.logits[b, n].argmax()) for b, n in enumerate(accepted)]
+        handle.rollback(keep + 1)
+        drafter.commit(keep, torch.tensor(nxt))
+        rows = [row + d[:n] + [t] for row, d, n, t in zip(rows, proposal.drafts(), accepted, nxt)]
+
+
+def test_sampled_rounds_carry_the_drafters_q(target):
+    """A sampled proposal's q is the drafter's warped distribution at each drafted position (rows of sum 1, the
+    drafted token with probability > 0), as verification's rejection rule needs."""
+    from specdec.batch import PromptBatch
+    from specdec.config import SamplingConfig
+    from specdec.sampling import Sampler
+
+    handle = make_target(target)
+    drafter = make_drafter(FeatureDrafter(_drafter_model(target)), handle)
+    batch = PromptBatch.from_lists([p for p in PROMPTS if len(p) > 1], "cpu")
+    handle.prefill(batch)
+    drafter.prefill(batch)
+    proposal = drafter.propose(torch.tensor([3, 3, 3]), Sampler.create(SamplingConfig(temperature=1.0, seed=1), "cpu",
+                                                                       rows=3))
+    assert proposal.q is not None and proposal.q.shape == (3, 3, 6)
+    assert torch.allclose(proposal.q.sum(-1), torch.ones(3, 3), atol=1e-5)
+    assert bool((proposal.q.gather(-1, proposal.tokens[..., None]) > 0).all())
