@@ -38,6 +38,8 @@ from specdec.drafters.feature_model import is_feature_drafter
 from specdec.drafters.hybrid import LookupDrafter
 from specdec.drafters.model import ModelDrafter, drafter_in
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.parallel import ParallelDrafter
+from specdec.drafters.parallel_model import is_parallel_drafter
 
 # name -> factory taking no arguments: the model-free drafters a name selects
 DRAFTERS: dict[str, Callable[[], Drafter]] = {"ngram": NgramDrafter}
@@ -67,6 +69,7 @@ def _language_model(model: PreTrainedModel) -> bool:
 register_model_drafter(_language_model, ModelDrafter)
 register_model_drafter(is_block_drafter, BlockDrafter)
 register_model_drafter(is_feature_drafter, FeatureDrafter)  # EAGLE-3 style: reads the target's features
+register_model_drafter(is_parallel_drafter, ParallelDrafter)  # PARD / DFlash style: a block from the features
 
 
 def _block_name(name: str, encoder_decoder: bool) -> tuple[str, bool]:
@@ -154,6 +157,7 @@ __all__ = [
     "ModelDrafter",
     "NgramDrafter",
     "NoDrafter",
+    "ParallelDrafter",
     "Proposal",
     "StopRule",
     "drafter_in",

@@ -1,0 +1,262 @@
+"""A target-conditioned parallel drafter (PARD / DFlash style) as a transformers model: k draft tokens in one forward.
+
+Follows SpecDec's block drafter (k mask positions drafted in one non-autoregressive forward) and DFlash (the block
+conditioned on the target's hidden features). For one round of a row whose committed tokens are x_0 .. x_{N-1}:
+
+- context slots: as the feature drafter's (``specdec.drafters.feature_model``), slot t holds the pair (f_t, x_{t+1})
+  at position id t, f_t the target's fused features (``fuse``: Linear(3H -> H) of the three chosen layers) at
+  position t; the last one is (f_{N-2}, x_{N-1}). They are cached: a round forwards only its new pairs;
+- k mask slots after them, at position ids N - 1 .. N + k - 2; mask slot j's input is a learned ``mask_embed``
+  plus a learned block-position embedding ``block_embed[j]``; its output, through the target's LM head, is the
+  draft distribution of x_{N+j}.
+
+Attention: context slots causally among themselves (they never see a mask slot); mask slots see every live context
+slot and every mask slot of their block (bidirectional). The mask slots' keys and values are dropped after the round
+(``specdec.drafters.parallel``).
+
+Parameters (the drafter's own, all saved): ``fuse``; ``embed_norm``, ``hidden_norm`` and ``proj`` Linear(2H -> H)
+on concat(norm(embedding of x_{t+1}), norm(f_t)), the feature drafter's pairing; ``mask_embed`` [H] and
+``block_embed`` [block_size, H]; ``config.draft_layers`` decoder layers of the target's own class; a final
+``norm``. The token embedding and LM head are the target's, frozen and shared: bound at load (``bind``), not saved,
+and a drafter given another target is refused in one line (``target_mismatch``).
+
+The forward contract::
+
+    out = model(input_ids [B, n], hidden [B, n, H] | None, position_ids [B, n] | None, mask_tokens=k,
+                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] (bool: True = may attend;
+                float: additive), past_key_values=None | Cache, use_cache=False)
+    out.logits  # [B, k, V] the mask slots' draft logits (k = 0: every slot's, or the last ``logits_to_keep``)
+
+The last ``mask_tokens`` of the n inputs are mask slots (their ids and ``hidden`` are ignored); a 2D mask gives the
+pattern above (``pattern``); a 4D mask is taken as given.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput
+
+from specdec.compat import LAYER_KEYWORD
+from specdec.drafters.feature_model import FeatureDrafterConfig, FeatureDrafterModel, _classes, _describe
+
+MODEL_TYPE = "specdec-parallel-drafter"
+
+
+class ParallelDrafterConfig(FeatureDrafterConfig):
+    """The parallel drafter's config: the feature drafter's (the target's config, its fingerprint, the three layers
+    read) plus the block size and the number of decoder layers."""
+
+    model_type = MODEL_TYPE
+
+    block_size: int = 8  # mask slots per round at most (k)
+    draft_layers: int = 1  # decoder layers of the target's class
+
+    def layer_config(self) -> PretrainedConfig:
+        config = super().layer_config()
+        config.num_hidden_layers = self.draft_layers
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = (config.layer_types * self.draft_layers)[:self.draft_layers]
+        return config
+
+
+def target_mismatch(config: ParallelDrafterConfig, target_config: PretrainedConfig, fingerprint: str | None = None,
+                    drafter: str = "the parallel drafter", target: str = "this target") -> str | None:
+    """Why a drafter of ``config`` cannot draft for a target of ``target_config`` (one line naming both), or None."""
+    saved = config.target_config or {}
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+    differ = [k for k in keys if saved.get(k) != getattr(target_config, k, None)]
+    if not differ and fingerprint and config.target_fingerprint and fingerprint != config.target_fingerprint:
+        what = f"its tokenizer or config differs: fingerprint {config.target_fingerprint} != {fingerprint}"
+    elif differ:
+        what = f"{_describe(saved)} != {_describe(target_config)}"
+    else:
+        return None
+    return (f"{drafter} was made for {config.target_name or 'another target'}, not for {target} ({what}): train one "
+            f"for it with `specdec train parallel-drafter --target {target} --data OUTPUTS.jsonl --out DIR`")
+
+
+@dataclass
+class ParallelDrafterOutput(ModelOutput):
+    """What the parallel drafter returns."""
+
+    logits: torch.Tensor | None = None  # [B, k, V] the mask slots' (k = 0: as ``logits_to_keep`` says)
+    hidden: torch.Tensor | None = None  # [B, n, H] the last layer's output (before the final norm)
+    past_key_values: DynamicCache | None = None
+
+
+class ParallelDrafterModel(PreTrainedModel):
+    """Decoder layers of the target's class over cached context slots and a block of mask slots (module docstring)."""
+
+    config: ParallelDrafterConfig
+    config_class = ParallelDrafterConfig
+    base_model_prefix = "drafter"
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _no_split_modules: ClassVar[list[str]] = []
+
+    def __init__(self, config: ParallelDrafterConfig) -> None:
+        super().__init__(config)
+        layer_config = config.layer_config()
+        layer_class, rotary_class, norm_class = _classes(layer_config)
+        width = layer_config.hidden_size
+        eps = getattr(layer_config, "rms_norm_eps", 1e-6)
+        self.fuse = nn.Linear(len(config.feature_layers) * width, width, bias=False)
+        self.embed_norm = norm_class(width, eps=eps)
+        self.hidden_norm = norm_class(width, eps=eps)
+        self.proj = nn.Linear(2 * width, width, bias=False)
+        self.mask_embed = nn.Parameter(torch.zeros(width))
+        self.block_embed = nn.Embedding(config.block_size, width)
+        self.layers = nn.ModuleList(layer_class(layer_config, layer_idx=i) for i in range(config.draft_layers))
+        self.rotary_emb = rotary_class(config=layer_config)
+        self.norm = norm_class(width, eps=eps)
+        self._shared: tuple[nn.Module, nn.Module] | None = None  # the bound target's (embedding, LM head)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        std = self.config.target_config.get("initializer_range", 0.02)
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+        if module is self:
+            nn.init.normal_(self.mask_embed, std=std)
+
+    def get_input_embeddings(self) -> nn.Module | None:
+        return self._shared[0] if self._shared else None
+
+    def get_output_embeddings(self) -> None:
+        return None  # the LM head is the target's: this is not a language model of its own
+
+    # the target's embedding and head: bound, shared, refused for another target (as the feature drafter's)
+    shared = FeatureDrafterModel.shared
+    fuse_features = FeatureDrafterModel.fuse_features
+    head = FeatureDrafterModel.head
+    additive_mask = staticmethod(FeatureDrafterModel.additive_mask)
+    causal = staticmethod(FeatureDrafterModel.causal)
+
+    def bind(self, target: PreTrainedModel, fingerprint: str | None = None, name: str = "this target"
+             ) -> ParallelDrafterModel:
+        """Draft for ``target``: read its token embedding and LM head (frozen, shared, not copied). A target of
+        another shape (or fingerprint, where given) is refused with one line naming both."""
+        why = target_mismatch(self.config, target.config, fingerprint, target=name,
+                              drafter=f"parallel drafter {self.name_or_path or ''}".strip())
+        if why:
+            raise ValueError(why)
+        head = target.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{name} has no LM head (get_output_embeddings()): load it as a causal LM")
+        self._shared = (target.get_input_embeddings(), head)
+        return self
+
+    @staticmethod
+    def pattern(live: torch.Tensor, n: int, mask_tokens: int) -> torch.Tensor:
+        """Boolean [B, 1, n, S] over S = ``live.shape[1]`` slots whose last ``n`` are new, the last ``mask_tokens``
+        of them mask slots: causal over live slots (each query sees itself), and each mask slot also sees every
+        live mask slot of its block."""
+        allowed = FeatureDrafterModel.causal(live, n).clone()
+        if mask_tokens:
+            total = live.shape[1]
+            block = live[:, None, total - mask_tokens:].bool()  # [B, 1, k]
+            allowed[:, 0, n - mask_tokens:, total - mask_tokens:] |= block
+        return allowed
+
+    def inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, mask_tokens: int) -> torch.Tensor:
+        """The layers' input [B, n, H]: context pairs, then ``mask_tokens`` mask slots."""
+        batch, n = input_ids.shape
+        context = n - mask_tokens
+        dtype = self.proj.weight.dtype
+        if mask_tokens > self.config.block_size:
+            raise ValueError(f"{mask_tokens} mask slots, but this drafter has {self.config.block_size} block "
+                             "positions: draft at most block_size tokens a round")
+        parts = []
+        if context:
+            if hidden is None:
+                raise ValueError("context slots need the target's fused features: pass hidden [B, n, H]")
+            embed = self.shared()[0]
+            pairs = torch.cat([self.embed_norm(embed(input_ids[:, :context]).to(dtype)),
+                               self.hidden_norm(hidden[:, :context].to(dtype))], dim=-1)
+            parts.append(self.proj(pairs))
+        if mask_tokens:
+            slots = self.mask_embed + self.block_embed.weight[:mask_tokens]  # [k, H]
+            parts.append(slots.to(dtype)[None].expand(batch, mask_tokens, -1))
+        return torch.cat(parts, dim=1)
+
+    def forward(self, input_ids: torch.LongTensor, hidden: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                past_key_values: DynamicCache | None = None, use_cache: bool = False, mask_tokens: int = 0,
+                logits: bool = True, logits_to_keep: int = 0, **kwargs: object) -> ParallelDrafterOutput:
+        """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (module docstring)."""
+        batch, n = input_ids.shape
+        x = self.inputs(input_ids, hidden, mask_tokens)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = (past + torch.arange(n, device=x.device)).expand(batch, n)
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, past + n, dtype=torch.long, device=x.device)
+        if attention_mask.dim() == 2:
+            if attention_mask.shape != (batch, past + n):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the cache holds {past} "
+                                 f"slots and {n} inputs: pass a 2D mask [{batch}, {past + n}] (1 = live slot)")
+            mask = self.additive_mask(self.pattern(attention_mask, n, mask_tokens), x.dtype)
+        elif attention_mask.dtype == torch.bool:
+            mask = self.additive_mask(attention_mask, x.dtype)
+        else:
+            mask = attention_mask.to(x.dtype)  # additive, as given (``RaggedCache.tree_forward`` builds one)
+        rotary = self.rotary_emb(x, position_ids=position_ids)
+        for layer in self.layers:
+            x = layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=rotary,
+                      use_cache=use_cache, **{LAYER_KEYWORD: past_key_values})
+            x = x[0] if isinstance(x, tuple) else x
+        keep = mask_tokens or logits_to_keep
+        kept = x[:, -keep:] if keep else x
+        return ParallelDrafterOutput(logits=self.head(kept) if logits else None, hidden=x,
+                                     past_key_values=past_key_values if use_cache else None)
+
+
+def is_parallel_drafter(model: object) -> bool:
+    """Whether ``model`` is a parallel drafter (by its config's model type)."""
+    return getattr(getattr(model, "config", None), "model_type", None) == MODEL_TYPE
+
+
+def new_parallel_drafter(target: PreTrainedModel, block_size: int = 8, draft_layers: int = 1,
+                         feature_layers: list[int] | None = None, fingerprint: str = "", name: str = "",
+                         seed: int = 0) -> ParallelDrafterModel:
+    """A fresh parallel drafter for ``target`` (float32, bound to it), its weights drawn from ``seed``."""
+    config = ParallelDrafterConfig.for_target(target.config, feature_layers, fingerprint, name,
+                                              block_size=block_size, draft_layers=draft_layers)
+    torch.manual_seed(seed)
+    drafter = ParallelDrafterModel(copy.deepcopy(config)).float()
+    return drafter.bind(target, fingerprint or None, name or "the target")
+
+
+def load_parallel_drafter(path: str, target: PreTrainedModel, fingerprint: str | None = None,
+                          name: str = "this target", dtype: torch.dtype | None = None) -> ParallelDrafterModel:
+    """The parallel drafter saved in ``path``, bound to ``target`` (refused, one line, when made for another)."""
+    saved = Path(path) / "config.json"
+    if not saved.is_file():
+        raise ValueError(f"no parallel drafter at {path}: give the folder `specdec train parallel-drafter` wrote")
+    kind = json.loads(saved.read_text()).get("model_type")
+    if kind != MODEL_TYPE:
+        raise ValueError(f"{path} holds a {kind} model, not a parallel drafter ({MODEL_TYPE})")
+    config = ParallelDrafterConfig.from_pretrained(path)
+    why = target_mismatch(config, target.config, fingerprint, drafter=f"parallel drafter {path}", target=name)
+    if why:
+        raise ValueError(why)
+    drafter = ParallelDrafterModel.from_pretrained(path, dtype=dtype or torch.float32)
+    return drafter.bind(target, fingerprint, name)
+
+
+AutoConfig.register(MODEL_TYPE, ParallelDrafterConfig)
+AutoModel.register(ParallelDrafterConfig, ParallelDrafterModel)
+# so that `load_model` (AutoModelForCausalLM) loads a parallel drafter folder too (`--drafter PATH`); it drafts only
+# once bound to its target (``ParallelDrafter.align``)
+AutoModelForCausalLM.register(ParallelDrafterConfig, ParallelDrafterModel)
