@@ -230,3 +230,126 @@ def test_sampled_proposals_carry_the_drafters_q(target):
     assert proposal.q is not None and proposal.q.shape == (3, 3, 6)
     assert torch.allclose(proposal.q.sum(-1), torch.ones(3, 3), atol=1e-5)
     assert bool((proposal.q.gather(-1, proposal.tokens[..., None]) > 0).all())
+
+
+# ------------------------------------------------------------------------------------------ the trainer
+
+
+@torch.no_grad()
+def test_each_trained_block_is_the_inference_round_at_its_anchor(target):
+    """The trainer's one forward over a window's context and its blocks (cut at an offset) gives, at each anchor a and
+    block position j, the KL of the model run alone as at inference after x_0 .. x_a (a block of k, or fewer where the
+    window ends) against the target's distribution at a + j: the training pattern, positions and block positions are
+    inference's."""
+    import torch.nn.functional as F
+
+    from specdec.train.parallel_drafter import anchors_of, block_terms
+
+    model = _model(target, layers=2, block=4)
+    row = [3, 4, 5, 1, 2, 2, 1, 3, 5, 4, 4, 1, 2]
+    ids = torch.tensor([row, row[:9] + [0] * 4])
+    live = torch.tensor([[1] * 13, [1] * 9 + [0] * 4])
+    for offset in (1, 3):
+        terms = block_terms(model, target, ids, live, offset)
+        _, p_log = target_pass(target, model.config.feature_layers, ids[:1], live[:1])
+        for m, a in enumerate(anchors_of(13, 4, offset)):
+            k = min(4, 13 - a)
+            prefix = torch.tensor([row[: a + 1]])
+            features, _ = target_pass(target, model.config.feature_layers, prefix, torch.ones_like(prefix))
+            fused = model.fuse_features(features[:, :-1])
+            inputs = torch.cat([prefix[:, 1:], torch.zeros(1, k, dtype=torch.long)], dim=1)
+            q_log = F.log_softmax(model(inputs, torch.cat([fused, fused.new_zeros(1, k, 64)], dim=1),
+                                        mask_tokens=k).logits[0], dim=-1)
+            for j in range(4):
+                assert bool(terms[j]["valid"][0, m]) == (j < k)
+                assert bool(terms[j]["valid"][1, m]) == (a + j < 9)
+                if j < k:
+                    p = p_log[0, a + j]
+                    kl = float((p.exp() * (p - q_log[j])).sum())
+                    assert abs(float(terms[j]["kl"][0, m]) - kl) < 1e-4, (offset, a, j)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from tiny_models import build_tokenizer
+
+    from specdec.train.outputs import user_outputs
+    from specdec.train.parallel_drafter import ParallelDrafterTrainConfig
+
+    root = tmp_path_factory.mktemp("parallel")
+    tok = build_tokenizer()
+    target = _llama(vocab=len(tok))
+    target.config.pad_token_id = target.config.bos_token_id = target.config.eos_token_id = tok.eos_token_id
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    prompts = [f"def f{i}(x{i}):" for i in range(12)] + [f"for i in range({i}):" for i in range(12)]
+    (root / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    user_outputs(str(root / "target"), root / "prompts.txt", root / "data.jsonl", max_new_tokens=12, batch_size=8,
+                 valid_share=0.2, progress=False, log=lambda m: None)
+    cfg = ParallelDrafterTrainConfig(target=str(root / "target"), data=str(root / "data.jsonl"), steps=8,
+                                     batch_size=4, save_every=2, eval_every=4, block_size=4, lr=3e-3, warmup_steps=1)
+    return {"root": root, "cfg": cfg}
+
+
+def _train(cfg, out, **kw):
+    from specdec.train.parallel_drafter import train_parallel_drafter
+
+    return train_parallel_drafter(cfg, out, progress=False, log=lambda m: None, **kw)
+
+
+def test_the_loss_falls_and_a_resumed_run_equals_the_uninterrupted_one(run, tmp_path):
+    import json
+    import random
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from specdec.train.drafter import Example
+
+    cfg = replace(run["cfg"], steps=40, eval_every=20, save_every=10, lr=1e-2)
+    whole = _train(cfg, tmp_path / "whole")
+    history = json.loads((whole / "training.json").read_text())["state"]["history"]
+    losses = [h["train_loss"] for h in history if "train_loss" in h]
+    assert losses[-1] < 0.85 * losses[0], losses  # averages of steps 1-20 and 21-40
+    # and on one batch, the trained drafter's KL against the untrained one's (the same seed)
+    from specdec.train.feature_drafter import collate
+    from specdec.train.parallel_drafter import block_terms
+
+    target = specdec.load_model(cfg.target)
+    rows = [json.loads(line) for line in (run["root"] / "data.jsonl").read_text().splitlines()[:8]]
+    ids, live = collate([Example(r["prompt_ids"] + r["ids"]) for r in rows], "cpu")
+    trained = load_parallel_drafter(str(whole), target).eval()
+    fresh = new_parallel_drafter(target, block_size=4, seed=cfg.seed).eval()
+
+    def mean_kl(model) -> float:
+        with torch.no_grad():
+            terms = block_terms(model, target, ids, live, 1)
+        return float(sum((t["kl"] * t["valid"]).sum() for t in terms) / sum(t["valid"].sum() for t in terms))
+
+    assert mean_kl(trained) < 0.6 * mean_kl(fresh)  # measured here: 1.31 vs 2.42 nats
+    assert (whole / "README.md").read_text().count("| 4 |") == 1  # the card's per-position table
+    assert _train(cfg, tmp_path / "split", stop_at_step=13) is None
+    torch.manual_seed(99)
+    random.random()
+    split = _train(cfg, tmp_path / "split")
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    again = [h["train_loss"] for h in json.loads((split / "training.json").read_text())["state"]["history"]
+             if "train_loss" in h]
+    assert again[-1] == losses[-1]  # the record after the resume averages steps 21-40 in both runs
+    assert is_parallel_drafter(trained) and trained.config.block_size == 4
+
+
+def test_bad_input_is_one_line(run, tmp_path):
+    from dataclasses import replace
+
+    from specdec.train.parallel_drafter import train_parallel_drafter
+
+    cfg = run["cfg"]
+    for bad, needle in ((replace(cfg, data=str(tmp_path / "none.jsonl")), "no data at"),
+                        (replace(cfg, feature_layers="1,2"), "--feature-layers"),
+                        (replace(cfg, draft_layers=3), "--draft-layers"),
+                        (replace(cfg, block_size=0), "--block-size")):
+        with pytest.raises(ValueError, match=needle) as err:
+            train_parallel_drafter(bad, tmp_path / "out", progress=False, log=lambda m: None)
+        assert "\n" not in str(err.value)

@@ -27,6 +27,9 @@ The forward contract::
                 float: additive), past_key_values=None | Cache, use_cache=False)
     out.logits  # [B, k, V] the mask slots' draft logits (k = 0: every slot's, or the last ``logits_to_keep``)
 
+``block_positions`` [k] (optional): each mask slot's block position (default 0 .. k - 1); a trainer packs several
+blocks after one context with a 4D mask.
+
 The last ``mask_tokens`` of the n inputs are mask slots (their ids and ``hidden`` are ignored); a 2D mask gives the
 pattern above (``pattern``); a 4D mask is taken as given.
 """
@@ -167,14 +170,18 @@ class ParallelDrafterModel(PreTrainedModel):
             allowed[:, 0, n - mask_tokens:, total - mask_tokens:] |= block
         return allowed
 
-    def inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, mask_tokens: int) -> torch.Tensor:
-        """The layers' input [B, n, H]: context pairs, then ``mask_tokens`` mask slots."""
+    def inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, mask_tokens: int,
+               block_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The layers' input [B, n, H]: context pairs, then ``mask_tokens`` mask slots, slot i at block position
+        ``block_positions[i]`` (default: 0 .. mask_tokens - 1, one block; the trainer packs several blocks)."""
         batch, n = input_ids.shape
         context = n - mask_tokens
         dtype = self.proj.weight.dtype
-        if mask_tokens > self.config.block_size:
-            raise ValueError(f"{mask_tokens} mask slots, but this drafter has {self.config.block_size} block "
-                             "positions: draft at most block_size tokens a round")
+        if block_positions is None:
+            block_positions = torch.arange(mask_tokens, device=input_ids.device)
+        if mask_tokens and int(block_positions.max()) >= self.config.block_size:
+            raise ValueError(f"block position {int(block_positions.max())}, but this drafter has "
+                             f"{self.config.block_size} block positions: draft at most block_size tokens a round")
         parts = []
         if context:
             if hidden is None:
@@ -184,17 +191,18 @@ class ParallelDrafterModel(PreTrainedModel):
                                self.hidden_norm(hidden[:, :context].to(dtype))], dim=-1)
             parts.append(self.proj(pairs))
         if mask_tokens:
-            slots = self.mask_embed + self.block_embed.weight[:mask_tokens]  # [k, H]
+            slots = self.mask_embed + self.block_embed(block_positions)  # [k, H]
             parts.append(slots.to(dtype)[None].expand(batch, mask_tokens, -1))
         return torch.cat(parts, dim=1)
 
     def forward(self, input_ids: torch.LongTensor, hidden: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 past_key_values: DynamicCache | None = None, use_cache: bool = False, mask_tokens: int = 0,
-                logits: bool = True, logits_to_keep: int = 0, **kwargs: object) -> ParallelDrafterOutput:
+                block_positions: torch.Tensor | None = None, logits: bool = True, logits_to_keep: int = 0,
+                **kwargs: object) -> ParallelDrafterOutput:
         """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (module docstring)."""
         batch, n = input_ids.shape
-        x = self.inputs(input_ids, hidden, mask_tokens)
+        x = self.inputs(input_ids, hidden, mask_tokens, block_positions)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0

@@ -17,6 +17,7 @@
         # on `specdec data outputs --target MODEL --prompts FILE --out runs/outputs.jsonl` (see drafter.py)
     specdec train block-drafter --target MODEL --data runs/outputs.jsonl --out runs/my-block-drafter  # any target
     specdec train feature-drafter --target MODEL --data runs/outputs.jsonl --out runs/my-feature-drafter  # EAGLE-3
+    specdec train parallel-drafter --target MODEL --data runs/outputs.jsonl --out runs/my-parallel-drafter  # block
     specdec train head --target MODEL --drafter runs/my-drafter/final --data runs/outputs.jsonl --out runs/my-head
         # SpecDec's block drafter and SpecDec++'s head for any target (pair), on the same data; measured at the end
     specdec train export runs/code-drafter-s5/final models/code-drafter --dtype bf16
@@ -54,6 +55,7 @@ from specdec.train.presets import (
     BlockTrainConfig,
     DrafterTrainConfig,
     FeatureDrafterTrainConfig,
+    ParallelDrafterTrainConfig,
     Seq2SeqBlockConfig,
     Seq2SeqTrainConfig,
     TrainConfig,
@@ -185,6 +187,20 @@ def _cmd_feature_drafter(args: argparse.Namespace) -> int:
                  if getattr(args, f.name, None) is not None}
     final = train_feature_drafter(FeatureDrafterTrainConfig(**overrides), args.out, device=args.device,
                                   stop_at_step=args.stop_at_step, stop_after_s=args.stop_after)
+    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
+    return 0
+
+
+def _cmd_parallel_drafter(args: argparse.Namespace) -> int:
+    import torch
+
+    from specdec.train.parallel_drafter import train_parallel_drafter
+
+    torch.set_num_threads(args.threads)
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(ParallelDrafterTrainConfig)
+                 if getattr(args, f.name, None) is not None}
+    final = train_parallel_drafter(ParallelDrafterTrainConfig(**overrides), args.out, device=args.device,
+                                   stop_at_step=args.stop_at_step, stop_after_s=args.stop_after)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")
     return 0
 
@@ -411,6 +427,22 @@ def register(subparsers) -> None:
                     help="checkpoint and stop after this long (resume later)")
     _add_config_flags(fd, FeatureDrafterTrainConfig, suffix=" (default: {default})")
     fd.set_defaults(func=_cmd_feature_drafter)
+
+    pd = sub.add_parser("parallel-drafter",
+                        help="a target-conditioned parallel drafter (k tokens in one forward) for any target, on its "
+                             "`specdec data outputs` (resumable)",
+                        description="Decoder layers of the target's class over the target's features and a block of "
+                        "mask slots, trained on blocks cut at random offsets: KL to the target at every mask slot. "
+                        "OUT/checkpoint resumes (Ctrl-C writes one); OUT/final holds the drafter and a model card.")
+    pd.add_argument("--out", required=True, help="run folder: checkpoint/ (resume) and final/")
+    pd.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    pd.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    pd.add_argument("--stop-at-step", type=int, default=None, metavar="STEP",
+                    help="checkpoint and stop at this step (resume later)")
+    pd.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="checkpoint and stop after this long (resume later)")
+    _add_config_flags(pd, ParallelDrafterTrainConfig, suffix=" (default: {default})")
+    pd.set_defaults(func=_cmd_parallel_drafter)
 
     fe = sub.add_parser("feature-eval",
                         help="a feature drafter's held-out greedy acceptance per depth (teacher-forced), beside a "

@@ -195,6 +195,34 @@ class FeatureDrafterTrainConfig:
 
 
 @dataclass(frozen=True)
+class ParallelDrafterTrainConfig:
+    """One parallel drafter run (``specdec.train.parallel_drafter``): its data, shape and optimizer."""
+
+    target: str = ""  # the target model's folder
+    data: str = ""  # a `specdec data outputs` file written with that target
+    feature_layers: str = ""  # the target's 3 decoder layers read, e.g. 1,3,4 ("" = EAGLE-3's low, middle, high)
+    block_size: int = 8  # mask slots per block: the most tokens drafted per round
+    draft_layers: int = 1  # decoder layers of the target's class (1 or 2)
+    steps: int = 300  # optimizer steps
+    batch_size: int = 8  # records per step
+    lr: float = 1e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
+    warmup_steps: int = 20  # linear warm-up
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seq_len: int = 256  # tokens per record trained on (a longer one keeps its last seq_len)
+    records: int | None = None  # records of --data trained on (None: all there are when the run starts; kept on resume)
+    eval_every: int = 50  # steps between held-out measurements
+    save_every: int = 25  # steps between checkpoints (resume point)
+    eval_records: int = 32  # held-out records measured each time
+    seed: int = 0
+
+    @property
+    def max_steps(self) -> int:  # the name the shared optimizer loop and schedule read
+        return self.steps
+
+
+@dataclass(frozen=True)
 class Seq2SeqShape:
     """A Marian encoder-decoder (what ``transformers.MarianConfig`` needs)."""
 
