@@ -189,10 +189,11 @@ def test_a_folder_is_recognised_and_round_trips(target, references, tmp_path):
     assert is_parallel_drafter(again) and (again.config.block_size, again.config.draft_layers) == (4, 2)
     drafter = make_drafter(str(tmp_path / "pd"), make_target(target))
     assert isinstance(drafter, ParallelDrafter)
-    results = specdec.speculative_generate(target, str(tmp_path / "pd"), PROMPTS, max_new_tokens=24, gamma=4,
-                                           stop_token_ids=[], batch_size=4)
-    for prompt, result, reference in zip(PROMPTS, results, references):
-        assert_same_greedy(target, prompt, result.tokens, reference)
+    for name in (str(tmp_path / "pd"), f"lookup+{tmp_path / 'pd'}"):
+        results = specdec.speculative_generate(target, name, PROMPTS, max_new_tokens=24, gamma=4, stop_token_ids=[],
+                                               batch_size=4)
+        for prompt, result, reference in zip(PROMPTS, results, references):
+            assert_same_greedy(target, prompt, result.tokens, reference)
 
 
 def test_a_drafter_for_another_target_is_refused_by_name(target, tmp_path):
