@@ -354,3 +354,30 @@ def test_bad_input_is_one_line(run, tmp_path):
         with pytest.raises(ValueError, match=needle) as err:
             train_parallel_drafter(bad, tmp_path / "out", progress=False, log=lambda m: None)
         assert "\n" not in str(err.value)
+
+
+def test_sampling_with_it_matches_the_targets_distribution(target):
+    """Lossless sampling: the first two tokens sampled with the parallel drafter (temperature, top-k and top-p) follow
+    the target's exact distribution of them, by enumeration (chi-square), with drafts both accepted and rejected."""
+    import itertools
+
+    import numpy as np
+    from test_core_sampling import SETTINGS, chi2_pvalue, exact_sequence_probs
+
+    setting = SETTINGS[1]
+    prompt, n_new = [3, 4, 3, 5, 3], 2
+    exact = exact_sequence_probs(target, prompt, n_new, setting)
+    index = {seq: i for i, seq in enumerate(itertools.product(range(6), repeat=n_new))}
+    counts = np.zeros(len(index), dtype=np.int64)
+    drafter = ParallelDrafter(_model(target))
+    torch.manual_seed(4321)
+    accepted = drafted = 0
+    for _ in range(1_500):
+        res = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=n_new, gamma=2,
+                                           temperature=setting[0], top_k=setting[1], top_p=setting[2],
+                                           stop_token_ids=[])
+        counts[index[tuple(res.tokens)]] += 1
+        accepted += res.stats.accepted
+        drafted += res.stats.drafted
+    assert 0 < accepted < drafted  # drafts were accepted and rejected
+    assert chi2_pvalue(counts, np.array([exact.get(s, 0.0) for s in index])) > 1e-3
