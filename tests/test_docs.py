@@ -69,6 +69,9 @@ SHORTENED: dict[str, list[str]] = {
     "--out runs/my-head": ["--max-steps", "2", "--batch-size", "64", "--warmup-steps", "1", "--measure-prompts", "1",
                            "--measure-tokens", "4", "--measure-repeats", "1", "--tune-thresholds", "0.5", "1",
                            "--tune-max-draft", "2", "--tune-tokens", "4", "--tune-repeats", "1"],
+    "specdec quantize code-target --to int8 --out code-target-int8": ["--prompts", "1", "--tokens", "4"],
+    "specdec quantize code-target --to int4 --group-size 64 --out code-target-int4": ["--prompts", "1",
+                                                                                     "--tokens", "4"],
     "OMP_NUM_THREADS=1 specdec bench --task translate --data data/gettext-de --num-prompts 120 --seed 19 "
     "--max-new-tokens 64 --repeats 3": BENCH_SHORT,
 }
