@@ -233,8 +233,12 @@ def tree_refusal(target, drafter) -> str | None:
     from specdec.drafters.model import ModelDrafter
 
     if type(drafter) is not ModelDrafter:
-        return (f"trees are drafted by a model drafter alone (--drafter NAME or a model folder), not "
-                f"{type(drafter).__name__}")
+        kinds = {"LookupDrafter": "prompt lookup with a model (the default, lookup+NAME)", "NgramDrafter":
+                 "prompt lookup (ngram)", "FeatureDrafter": "a feature drafter", "ParallelDrafter":
+                 "a parallel drafter", "BlockDrafter": "a block drafter"}
+        given = kinds.get(type(drafter).__name__, type(drafter).__name__)
+        return (f"trees are drafted by a drafter model alone, not {given}: pass --drafter code-drafter "
+                "(or a model folder)")
     for who, cache in (("target", getattr(target, "cache", None)), ("drafter", drafter.cache)):
         if type(cache) is not RaggedCache:
             return f"the {who}'s cache ({type(cache).__name__}) is not the eager RaggedCache trees need"
