@@ -231,12 +231,11 @@ def _check(cfg: FeatureDrafterTrainConfig) -> None:
         raise ValueError(f"--step-decay must lie in (0, 1], got {cfg.step_decay}")
 
 
-def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *, device: str = "cpu",
-                          stop_at_step: int | None = None, stop_after_s: float | None = None, progress: bool = True,
-                          log: Callable[[str], None] = print) -> Path | None:
-    """Train or resume a feature drafter in ``out_dir``; the ``final`` folder once ``cfg.steps`` are done, else None
-    (stopped by ``stop_at_step``, ``stop_after_s`` or Ctrl-C with a checkpoint written: call again to resume)."""
-    _check(cfg)
+def start_run(cfg, out_dir: str | Path, device: str, log: Callable[[str], None], shortest: int, empty: str):
+    """What a run of a trainer on the target's features starts with (this one's and the parallel drafter's): data
+    parallel started, the config resumed from ``out_dir``, the target's data checked and pinned, the frozen target,
+    the training examples of at least ``shortest`` tokens (none: a ValueError saying ``empty``) and the held-out
+    rows. Returns (parallel, device, log, out, cfg, data, layers, target, train_data, valid_rows)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -253,12 +252,23 @@ def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *
                          "started with")
     target = load_model(cfg.target, device=device, dtype=torch.float32).eval()
     target.requires_grad_(False)
-    train_data = [e for e in examples(own.records[: cfg.records], target, cfg.seq_len) if len(e.ids) >= 2]
+    train_data = [e for e in examples(own.records[: cfg.records], target, cfg.seq_len) if len(e.ids) >= shortest]
     valid_rows = [((r["prompt_ids"] + r["ids"])[-cfg.seq_len:],
                    max(0, len(r["prompt_ids"]) - max(0, len(r["prompt_ids"]) + len(r["ids"]) - cfg.seq_len)))
                   for r in own.valid if r["ids"]][: cfg.eval_records]
     if not train_data:
-        raise ValueError(f"{cfg.data}: every continuation is empty; make new data with a larger --max-new-tokens")
+        raise ValueError(f"{cfg.data}: {empty}; make new data with a larger --max-new-tokens")
+    return parallel, device, log, out, cfg, own, layers, target, train_data, valid_rows
+
+
+def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *, device: str = "cpu",
+                          stop_at_step: int | None = None, stop_after_s: float | None = None, progress: bool = True,
+                          log: Callable[[str], None] = print) -> Path | None:
+    """Train or resume a feature drafter in ``out_dir``; the ``final`` folder once ``cfg.steps`` are done, else None
+    (stopped by ``stop_at_step``, ``stop_after_s`` or Ctrl-C with a checkpoint written: call again to resume)."""
+    _check(cfg)
+    parallel, device, log, out, cfg, own, layers, target, train_data, valid_rows = start_run(
+        cfg, out_dir, device, log, 2, "every continuation is empty")
     drafter = new_feature_drafter(target, layers, own.fingerprint, cfg.target, cfg.seed).to(device)
     drafter.config.ttt_steps = cfg.ttt_steps
     if cfg.init_from:  # a new stage from an earlier run's drafter (fresh optimizer and schedule)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -30,12 +30,10 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specdec.drafters.parallel_model import ParallelDrafterModel, new_parallel_drafter
-from specdec.loading import load_model
 from specdec.train.checkpoint import writing
-from specdec.train.drafter import Example, _Interrupt, _resumed_config, _TrainBar, examples
-from specdec.train.feature_drafter import collate, depth_figures, figures_table, parse_layers, target_pass
-from specdec.train.outputs import target_data, valid_path
-from specdec.train.parallel import DataParallel
+from specdec.train.drafter import Example, _Interrupt, _TrainBar
+from specdec.train.feature_drafter import collate, depth_figures, figures_table, start_run, target_pass
+from specdec.train.outputs import valid_path
 from specdec.train.presets import ParallelDrafterTrainConfig
 from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume, run_steps
 
@@ -151,28 +149,8 @@ def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path,
     """Train or resume a parallel drafter in ``out_dir``; the ``final`` folder once ``cfg.steps`` are done, else None
     (stopped by ``stop_at_step``, ``stop_after_s`` or Ctrl-C with a checkpoint written: call again to resume)."""
     _check(cfg)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    parallel = DataParallel.start(device)
-    device, log = parallel.device, parallel.log(log)
-    out = Path(out_dir)
-    cfg = _resumed_config(cfg, out)
-    own = target_data(cfg.target, cfg.data)  # refuses a missing file, another target's data, before any work
-    layers = parse_layers(cfg.feature_layers, own.config.num_hidden_layers)
-    if cfg.records is None:
-        cfg = replace(cfg, records=len(own.records))  # pin the data: the file may grow while this run lives
-    if cfg.records > len(own.records):
-        raise ValueError(f"{cfg.data} holds {len(own.records)} records, fewer than the {cfg.records} this run "
-                         "started with")
-    target = load_model(cfg.target, device=device, dtype=torch.float32).eval()
-    target.requires_grad_(False)
-    train_data = [e for e in examples(own.records[: cfg.records], target, cfg.seq_len) if len(e.ids) >= 3]
-    valid_rows = [((r["prompt_ids"] + r["ids"])[-cfg.seq_len:],
-                   max(0, len(r["prompt_ids"]) - max(0, len(r["prompt_ids"]) + len(r["ids"]) - cfg.seq_len)))
-                  for r in own.valid if r["ids"]][: cfg.eval_records]
-    if not train_data:
-        raise ValueError(f"{cfg.data}: no record has 3 tokens or more; make new data with a larger --max-new-tokens")
+    parallel, device, log, out, cfg, own, layers, target, train_data, valid_rows = start_run(
+        cfg, out_dir, device, log, 3, "no record has 3 tokens or more")
     drafter = new_parallel_drafter(target, cfg.block_size, cfg.draft_layers, layers, own.fingerprint, cfg.target,
                                    cfg.seed).to(device)
     parallel.broadcast(drafter)
