@@ -107,8 +107,9 @@ def layer_config(config) -> dict:
     return layer
 
 
-def configs(config, fmt: str, target: str, dtype: str) -> dict:
-    """The ``config.json`` of ``fmt`` for a feature drafter of ``config`` (checked by ``refusal``)."""
+def configs(config, fmt: str, target: str, dtype: str, architectures: list[str] | None = None) -> dict:
+    """The ``config.json`` of ``fmt`` for a feature drafter of ``config`` (checked by ``refusal``); ``target`` and
+    its ``architectures``: the verifier the speculators layout names."""
     layer = layer_config(config)
     ids = layer_ids(config)
     torch_dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
@@ -126,7 +127,8 @@ def configs(config, fmt: str, target: str, dtype: str) -> dict:
             "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                    "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps,
                                                          "accept_tolerance": 0.0, "verifier_accept_k": 1}],
-                                   "verifier": {"name_or_path": target, "architectures": ["LlamaForCausalLM"]}}}
+                                   "verifier": {"name_or_path": target,
+                                                "architectures": architectures or ["LlamaForCausalLM"]}}}
 
 
 def weights(drafter, fmt: str) -> dict:
@@ -195,6 +197,7 @@ def export(drafter_path: str, fmt: str, out: str, target: str | None = None, dty
                .contiguous().clone() for k, v in weights(drafter, fmt).items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(configs(config, fmt, str(target), dtype), indent=2) + "\n")
+    written = configs(config, fmt, str(target), dtype, list(model.config.architectures or []) or None)
+    (out_dir / "config.json").write_text(json.dumps(written, indent=2) + "\n")
     return {"tensors": len(tensors), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
             "layer_ids": layer_ids(config)}

@@ -1,8 +1,9 @@
 """``specdec export`` (specdec/export.py): a feature drafter written in the EAGLE-3 layouts vLLM, SGLang and vLLM's
 ``speculators`` load.
 
-The reference here is the loaders' code, transcribed (``speculators`` does not install beside transformers 5.25 and
-torch 2.13 in this environment without its training stack; vLLM and SGLang do not install on this CPU machine):
+The reference here is the loaders' code, transcribed (vLLM and SGLang do not install on this CPU machine;
+``speculators`` pins transformers <= 5.19 and pulls its training stack, so it is no test dependency: run
+``tests/speculators_check.py`` in a throwaway venv to read the export back with its own model):
 
 - SGLang ``python/sglang/srt/models/llama_eagle3.py`` @ 03d5a7771f6082e7737a5f19cae7d1e863087013: ``LlamaModel``
   (``fc`` 3H -> H when the hidden input is not H wide; ``midlayer``: ``input_layernorm`` on the embedding,
@@ -125,6 +126,7 @@ def test_the_speculators_config_has_every_field_vllm_requires(folders):
     # vLLM SpeculatorsConfig.validate_speculators_config: these must exist
     spec = config["speculators_config"]
     assert spec["proposal_methods"][0]["speculative_tokens"] >= 1 and spec["verifier"]["name_or_path"]
+    assert spec["verifier"]["architectures"] == ["LlamaForCausalLM"]  # the target's own
     assert config["speculators_model_type"] == "eagle3" and spec["algorithm"] == "eagle3"
     assert spec["default_proposal_method"] == spec["proposal_methods"][0]["proposal_type"] == "greedy"
     assert isinstance(config["transformer_layer_config"], dict)
