@@ -20,11 +20,9 @@ vocabulary, architecture, and the target's fingerprint where the caller knows it
 
 Why one layer of the target's class: the drafter's inputs are the target's own features, so the
 target's layer already speaks their language, and every engine that runs the target runs this layer.
-Two layouts (``config.layout``). ``proj`` (the default): a projection 2H -> H feeds an unchanged layer of the
-target's class (its residual stream starts from the projection). ``eagle3``: EAGLE-3's own first layer, as vLLM,
-SGLang and ``speculators`` run it: no ``proj``; the layer's q/k/v read concat(embed_norm(e), hidden_norm(h)) (2H)
-and its residual stream starts from the fused feature h itself (its input_layernorm is ``embed_norm``). Only the
-``eagle3`` layout can be exported to those engines (``specdec.export``); the two compute different functions.
+Layouts (``config.layout``): ``proj`` (default) projects the pair 2H -> H into an unchanged layer of the target's
+class (residual from the projection); ``eagle3`` is EAGLE-3's layer as vLLM and SGLang run it (q/k/v read the 2H
+pair, residual from the fused feature h, ``embed_norm`` its input norm): the one ``specdec.export`` can write.
 
 The forward contract::
 
