@@ -58,6 +58,8 @@ SUBCOMMANDS: Mapping[str, Subcommand] = {
     "data": Subcommand("specdec.data.cli", "build corpora from text on this machine"),
     "quantize": Subcommand("specdec.quantize_cli", "write an int8 or int4 weight-only copy of a model that "
                            "from_pretrained loads, with its size and greedy agreement"),
+    "export": Subcommand("specdec.export", "write a feature drafter in the EAGLE-3 layout vLLM, SGLang and "
+                         "speculators load"),
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
