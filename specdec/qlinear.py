@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 LANES = 16  # output columns per block of the re-laid weight (``csrc/quantized_linear.c``'s QL)
-PACK_ROWS = 256 * LANES  # output rows packed at once (multiple of LANES): bounds the temporaries
+PACK_ROWS = 64 * LANES  # output rows packed at once (multiple of LANES): bounds the temporaries
 MAGIC = 2.0**23  # int4: the kernel reads a nibble v as the float 2^23 + v and subtracts 2^23 + z + 8 (exact)
 _INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> layers given the kernels
 _ACTIVE: list[Callable[[], bool]] = [lambda: False]  # kernels' own test of ``active()`` (``install`` sets it)
@@ -90,8 +90,8 @@ class Packed:
             shifts = torch.arange(0, 32, 4, dtype=torch.int32)
             self.weight = torch.empty(-(-out_features // LANES), width // 8, LANES, dtype=torch.int32)  # words
             for start in range(0, out_features, PACK_ROWS):  # a slice at a time: int32 temporaries of a whole head
-                shifted = _columns(q[start:start + PACK_ROWS].to(torch.int32) + 8, 8)  # 0 .. 15 (peak RSS)
-                nibbles = shifted.reshape(-1, LANES, width // 8, 8) << shifts
+                shifted = q[start:start + PACK_ROWS].to(torch.int32).add_(8)  # 0 .. 15
+                nibbles = _columns(shifted, 8).reshape(-1, LANES, width // 8, 8).bitwise_left_shift_(shifts)
                 block = start // LANES
                 self.weight[block:block + nibbles.shape[0]] = nibbles.sum(-1, dtype=torch.int32).transpose(1, 2)
             self.scales = _columns(weight.scale.detach().float(), 0.0).t().contiguous()  # [K / G, 16 B]
