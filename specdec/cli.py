@@ -215,7 +215,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     loading = time.perf_counter()
     session = Session(models)
     prompt_ids = session.encode(prompt, settings)
-    session.load(settings.mode)
+    session.load(settings.mode, settings.spec.speculate)
     stream = ShownStream(session.tokenizer(settings.mode), prompt_ids,
                          show_acceptance=settings.show_acceptance, echo=not args.json)
     if settings.show_acceptance and not args.json:

@@ -154,12 +154,12 @@ class Session:
             self.models = previous
             raise
 
-    def load(self, mode: str) -> None:
-        """Load what ``mode`` needs now rather than at the first prompt."""
+    def load(self, mode: str, speculate: str = SpecConfig.speculate) -> None:
+        """Load what ``mode`` needs now rather than at the first prompt (no drafter where ``speculate`` is "off")."""
         self.tokenizer(mode)
         if mode in ("target", "speculative", COMPARE):
             self.model(self.models.target)
-        if mode in ("drafter", "speculative", COMPARE):
+        if mode == "drafter" or (mode in ("speculative", COMPARE) and speculate != "off"):
             self.drafter()
 
     def encode(self, prompt: str, settings: Settings) -> list[int]:
@@ -195,7 +195,8 @@ class Session:
             kernels=self.models.kernels,
         )
         if settings.mode == "speculative":
-            return decode.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
+            drafter = None if settings.spec.speculate == "off" else self.drafter()  # plain: no drafter to load
+            return decode.speculative_generate(self.model(self.models.target), drafter, prompt_ids,
                                                gamma=settings.spec.gamma, speculate=settings.spec.speculate,
                                                verify=settings.verify, schedule=settings.schedule,
                                                tree=settings.spec.tree, **kwargs)
