@@ -2,10 +2,10 @@
 verified by the target in one forward, the longest accepted path committed.
 
 A ``Tree`` holds, per row, up to N nodes below a root (the row's newest committed token): each node's token, its
-parent (0 = the root, i = node i - 1, always earlier in the list: parents before children), its depth (1 below the
-root) and, optionally, the drafter distribution q at its parent from which it and its siblings were drawn in turn,
-without replacement. ``q`` None means the candidates are deterministic (chosen by any rule, e.g. top-k): then each
-is treated as drafted with a one-hot q, which is lossless whatever chose them (Leviathan et al. 2023, sec. 2.3).
+parent (0 = the root, i = node i - 1, always earlier: parents before children), its depth (1 below the root) and,
+optionally, the drafter's q at its parent from which it and its siblings were drawn in turn, without replacement.
+``q`` None: deterministic candidates (chosen by any rule, e.g. top-k), each treated as drafted with a one-hot q,
+which is lossless whatever chose them (Leviathan et al. 2023, sec. 2.3).
 
 Verification (``verify_tree``): tokens = [root, nodes...] at positions committed length - 1 + depth, each node
 attending to the row's cached context and its own ancestors only (``ancestors``; a 4D additive mask,
@@ -19,16 +19,16 @@ attending to the row's cached context and its own ancestors only (``ancestors``;
   the children were drawn from q in that order (or q is one-hot per candidate): proof by induction on the number of
   children, each rejection leaving a residual whose remaining procedure outputs it exactly.
 
-Commit: the target's cache keeps the accepted path's entries, in order (``RaggedCache.reorder_tail``, a gather of
-the just-written slots), the rest dropped: cached tokens == committed tokens - 1 again. The model drafter's cache
-likewise keeps the path nodes it forwarded (``draft_tree``, ``commit_tree``).
+Commit: the target's cache (and features, where a feature drafter reads them) keeps the accepted path's entries, in
+order (``RaggedCache.reorder_tail``), the rest dropped: cached tokens == committed tokens - 1 again. A model
+drafter keeps the path nodes it forwarded (``commit_tree``); a feature drafter drops every tree slot (they read its
+own states) and pairs the path's target features with the committed tokens, as after a chain.
 
-``draft_tree`` builds a ModelDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most probable nodes of the
-depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a tree mask again) and
-each gets its ``topk`` most probable children; the best ``nodes`` of all by cumulative probability form the tree
-(a child never beats its parent, so the kept set is closed under ancestors). Its candidates are chosen by their
-own probability, so they are deterministic (``q`` None): the q rule would need siblings sampled from q and kept
-whatever their own value.
+``draft_tree`` builds a ModelDrafter's or a FeatureDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most
+probable nodes of the depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a
+tree mask again; a feature drafter's node reads its parent's output state, the root's from the target's features)
+and each gets its ``topk`` most probable children; the best ``nodes`` of all form the tree (a child never beats
+its parent: closed under ancestors), its candidates deterministic (``q`` None: chosen by their own probability).
 """
 
 from __future__ import annotations

@@ -285,15 +285,17 @@ def _chi2(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), wanted.numpy()).pvalue)
 
 
-def test_sampled_tokens_with_feature_trees_follow_the_target(target):
-    """Temperature 1, trees of 6 nodes 3 wide and 2 deep: the first new token of 3000 seeded rows against the
-    target's exact distribution, and the second after the commonest first (chi-square)."""
+@pytest.mark.parametrize("tree", [TreeConfig(nodes=6, topk=3), None], ids=["tree", "chain"])
+def test_sampled_tokens_with_the_feature_drafter_follow_the_target(target, tree):
+    """Temperature 1, trees of 6 nodes 3 wide and 2 deep (and chains of 2, the drafter's warped q verified): the
+    first new token of 3000 seeded rows against the target's exact distribution, and the second after the commonest
+    first (chi-square)."""
     prompt = PROMPTS[0]
     with torch.inference_mode():
         p = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), 0)
     n = 3000
     outs = speculative_generate(target, _drafter(target), [prompt] * n, max_new_tokens=3, gamma=2, kernels="off",
-                                tree=TreeConfig(nodes=6, topk=3), temperature=1.0, seed=11, batch_size=250,
+                                tree=tree, temperature=1.0, seed=11, batch_size=250,
                                 stop_token_ids=[], ignore_generation_config=True)
     counts = torch.bincount(torch.tensor([o.tokens[0] for o in outs]), minlength=p.numel()).double()
     assert _chi2(counts, p) > 1e-3
