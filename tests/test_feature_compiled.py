@@ -93,8 +93,9 @@ def test_single_rows_decode_compiled_and_exactly(compiled_run, form):
 
 def test_the_plan_compiles_the_targets_features_and_no_drafter(tmp_path):
     """``mode_plan`` and ``drafter_features`` (no compiling): the target's buckets return the layers a feature
-    drafter reads, by folder, ``lookup+folder``, object, model or a lookup drafter around one; the feature drafter
-    gets no buckets; a model drafter's plan is unchanged; the chat's compare keeps the featureless buckets too."""
+    drafter reads, by folder, ``lookup+folder``, object, model or a lookup drafter around one (a parallel drafter's
+    too); the feature drafter gets no buckets; a model drafter's plan is unchanged; the chat's compare keeps the
+    featureless buckets too."""
     target = _target()
     model = _drafter_model(target)
     model.save_pretrained(tmp_path / "fd")
@@ -103,6 +104,10 @@ def test_the_plan_compiles_the_targets_features_and_no_drafter(tmp_path):
     for drafter in (str(tmp_path / "fd"), f"lookup+{tmp_path / 'fd'}", model, FeatureDrafter(model),
                     LookupDrafter(FeatureDrafter(model))):
         assert drafter_features(drafter) == layers, drafter
+    from specdec.drafters.parallel_model import new_parallel_drafter
+
+    new_parallel_drafter(target, feature_layers=[0, 2, 3]).save_pretrained(tmp_path / "pd")  # reads features too
+    assert drafter_features(str(tmp_path / "pd")) == (1, 3, 4)
     for drafter in ("code-drafter", "lookup+code-drafter", "ngram", "lookup+block", str(tmp_path / "missing"),
                     None, target):
         assert drafter_features(drafter) is None, drafter
