@@ -27,14 +27,14 @@ pair, residual from the fused feature h, ``embed_norm`` its input norm): the one
 The forward contract::
 
     out = model(input_ids [B, n], hidden [B, n, H], position_ids [B, n] | None,
-                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] bool (True = may attend),
+                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] bool (True = may attend)
+                               | [B, 1, n, past + n] float (additive: 0 = may attend),
                 past_key_values=None | Cache, use_cache=False)
     out.logits  # [B, n, V] the target's vocabulary
     out.hidden  # [B, n, H] the layer's output (before the final norm): the hidden state of the next step
 
-A 2D mask is causal over the cache's slots and the inputs (dead slots anywhere, each query sees itself);
-a 4D boolean mask is taken as given (training-time test builds one). The cache is a transformers
-``Cache`` (one layer), so it is cropped and rolled back like every other drafter's cache.
+A 2D mask is causal over the cache's slots and the inputs (dead slots anywhere, each query sees itself); a 4D
+mask is taken as given (training-time test's, a token tree's). The cache is a transformers ``Cache`` (one layer).
 """
 
 from __future__ import annotations
@@ -301,6 +301,8 @@ class FeatureDrafterModel(PreTrainedModel):
                 raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the cache holds {past} "
                                  f"slots and {n} inputs: pass a 2D mask [{batch}, {past + n}] (1 = live slot)")
             allowed = self.causal(attention_mask, n)
+        elif attention_mask.is_floating_point():  # additive (0 = may attend), as ``RaggedCache.tree_forward`` builds
+            allowed = attention_mask == 0
         else:
             allowed = attention_mask.bool()
         mask = self.additive_mask(allowed, x.dtype)
