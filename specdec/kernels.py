@@ -9,18 +9,20 @@ columns, streamed once for up to 14 rows, a bfloat16-exact weight read as bfloat
 ``STREAMED_BYTES`` or more) or ``onednn`` (oneDNN's prepacked linear). Which pays is the CPU's, so each range
 is decided apart (``pays``).
 
-Contract: the same numbers up to float summation order (as another batch size gives), so greedy decoding matches
-``generate`` up to near ties and sampling stays lossless; the tests compare against the stock kernel.
-``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model a forward that takes these kernels only
-inside ``active()`` (``Decoder.step``) and the stock ``F.linear`` everywhere else (``generate``, training, a trace,
-gradients); specdec's target and drafter handles install it unless the call or session says ``kernels="off"``. The
-blocked kernel is built once per machine, at first use, as the torch operator ``specdec::blocked_linear``
-(``blocked_op``), the one build eager and compiled steps call. ``off`` never installs, ``on`` always does, ``auto``
-takes a range's kernel where a probe at install, reading the weights from memory as decoding does (``evictor``), finds
-it at most ``PAYS`` of the stock time; the answer is kept in ``plans.json``, so a probe timed beside other work cannot
-flip a compiled model's kernels, and with them its graphs, from one process to the next. The helper
-(``SPECDEC_HELPER=auto|on|off``) shares the blocked operator's large products with one idle-priority thread: the same
-floats whichever thread computes them, and no share ever waited for. The measurements: docs/journal/kernels.md.
+Contract: the same numbers up to float summation order (as another batch size gives), so greedy decoding
+matches ``generate`` up to near ties and sampling stays lossless; the tests compare against the stock kernel.
+``install(model)`` gives each plain ``nn.Linear`` of a float32 CPU model a forward that takes these kernels
+only inside ``active()`` (``Decoder.step``) and the stock ``F.linear`` everywhere else (``generate``,
+training, a trace, gradients); specdec's target and drafter handles install it unless the call or session says
+``kernels="off"``. The blocked kernel is built once per machine, at first use, as the torch operator
+``specdec::blocked_linear`` (``blocked_op``), the one build eager and compiled steps call. ``off`` never
+installs, ``on`` always does, ``auto`` takes a range's kernel where a probe at install, reading the weights
+from memory as decoding does (``evictor``), finds it at most ``PAYS`` of the stock time; the answer is kept in
+``plans.json``, so a probe timed beside other work cannot flip a compiled model's kernels, and with them its
+graphs, from one process to the next. The helper
+(``SPECDEC_HELPER=auto|on|off``) shares the blocked operator's large products with one idle-priority thread:
+the same floats whichever thread computes them, and no share ever waited for. The measurements:
+docs/journal/kernels.md.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ BUILDING = f"specdec: building specdec's CPU kernels for this machine into {{roo
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
-_PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' shapes -> auto's plan (loaded again)
+_PLANS: dict[tuple, tuple[bool, str | None]] = {}  # threads and the layers' shapes ->
+                                                   # auto's plan (a model loaded again)
 PLANS_FILE = "plans.json"  # auto's plans kept between processes, in the kernels' cache folder
 
 
@@ -266,32 +269,24 @@ def _build_op() -> bool:
         return False
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
 
-    def commands(folder: Path, built: Path, omp: list[str]) -> list[list[tuple[list[str], int]]]:
+    def commands(folder: Path, built: Path) -> list[list[tuple[list[str], int]]]:
         objects = [folder / "blocked_linear.o", folder / "attention.o", folder / "quantized.o", folder / "op.o"]
         compiles = [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 300)
                     for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE, _QUANT_SOURCE), objects)]
-        compiles.append(([cxx, "-O2", "-std=c++20", "-fPIC", *omp, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
+        compiles.append(([cxx, "-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
                           f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-c", str(_OP_SOURCE), "-o",
                           str(objects[3])], 300))
-        link = [cxx, "-shared", *omp, *map(str, objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10",
-                "-o", str(built)]
+        link = [cxx, "-shared", *map(str, objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o",
+                str(built)]
         return [compiles, [(link, 120)]]
 
-    # -fopenmp: at::parallel_for (the quantized operator's columns over torch's threads) in torch's OpenMP (the
-    # libgomp.so.1 that torch loaded serves the library's); a compiler without OpenMP builds it serial
     try:
         sources = [s.read_text() for s in (_SOURCE, _ATTENTION_SOURCE, _QUANT_SOURCE, _OP_SOURCE)]
-        for omp in (["-fopenmp"], []):
-            try:
-                path = _cached_library("blocked_op", [*sources, torch.__version__, str(abi), *omp], [compiler, cxx],
-                                       lambda folder, built, omp=omp: commands(folder, built, omp))
-                break
-            except (OSError, subprocess.SubprocessError):
-                if not omp:
-                    raise
+        path = _cached_library("blocked_op", [*sources, torch.__version__, str(abi)],
+                               [compiler, cxx], commands)
         if not _OP_LOADED:  # an operator is registered once per process (a second library defining it aborts)
             torch.ops.load_library(str(path))
-            torch.library.register_fake("specdec::blocked_linear")(lambda x, *a: x.new_empty(x.shape[0], a[-1]))
+            torch.library.register_fake("specdec::blocked_linear")(_blocked_fake)
             torch.library.register_fake("specdec::decode_attention")(_attention_fake)
             torch.library.register_fake("specdec::quantized_linear")(lambda x, *a: x.new_empty(x.shape[0], a[-2]))
             _OP_LOADED.append(path)
@@ -300,6 +295,10 @@ def _build_op() -> bool:
     except (OSError, RuntimeError, subprocess.SubprocessError):
         return False
     return True
+
+
+def _blocked_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
 
 
 def _attention_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,

@@ -149,28 +149,3 @@ def test_without_the_kernel_the_tokens_are_the_same(form, monkeypatch):
         without = specdec.autoregressive_generate(slow, prompt, max_new_tokens=20, stop_token_ids=[]).tokens
         assert_same_greedy(fast, prompt, with_kernel, without)
     assert qlinear.installed(fast) > 0
-
-
-@pytest.mark.parametrize("form", ["int8", "int4"])
-def test_products_split_over_torchs_threads_are_the_one_thread_products(form, monkeypatch):
-    """With more than one torch thread (the helper off) the operator splits its columns over torch's threads
-    (``at::parallel_for``): each column summed as on one thread, so the same floats, bit for bit, at 1-16 rows, an
-    odd width included; and within float64's bound of the dequantised weights."""
-    monkeypatch.setenv("SPECDEC_HELPER", "off")
-    layer = _layer(1024, 1000, quantized.torchao_config(form, 64 if form == "int4" else None))  # >= 128 KiB packed
-    packed = qlinear.Packed(layer.weight)
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2, 5, 9, 16):
-            x = torch.randn(n, layer.in_features)
-            torch.set_num_threads(1)
-            assert not kernels.helper()
-            one = packed(x, layer.bias)
-            torch.set_num_threads(2)
-            assert not kernels.helper()
-            assert torch.equal(packed(x, layer.bias), one), n
-    finally:
-        torch.set_num_threads(threads)
-        monkeypatch.delenv("SPECDEC_HELPER")
-        kernels.helper()
-    _check(layer, [1, 16])

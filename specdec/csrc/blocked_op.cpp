@@ -14,7 +14,6 @@
 // descheduled by other work (another process, the server's clients) costs the owner nothing, never a scheduler's time
 // slice, unlike OpenMP's threads at the end of every parallel region (specdec/threads.py). The helper keeps its own
 // references to the tensors of the work it is on, so work the owner has finished and freed is never read freed. specdec::helper(on) starts or parks it (kernels.helper_mode).
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -97,24 +96,25 @@ struct Work {
             std::memcpy(to + offset(i) + m * stride(), helped + apart(i) + m * w, w * sizeof(float));
     }
 
-    // a linear's blocks b0 .. b1 into ``to`` (their first column), whose rows are ``ys`` floats apart
-    void columns(int64_t b0, int64_t b1, float *to, int64_t ys) const {
-        const float *b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-        if (bits == 8)
-            specdec_q8_range(in.const_data_ptr<float>(), static_cast<const int8_t *>(weight.const_data_ptr()),
-                             scales.const_data_ptr<float>(), b, to, M, N, K, b0, b1, ys);
-        else if (bits == 4)
-            specdec_q4_range(in.const_data_ptr<float>(), static_cast<const uint32_t *>(weight.const_data_ptr()),
-                             scales.const_data_ptr<float>(), zeros.defined() ? zeros.const_data_ptr<float>() : nullptr,
-                             b, to, M, N, K, group, scales.size(1), b0, b1, ys);
-        else
-            specdec_blocked_range(in.const_data_ptr<float>(), weight.const_data_ptr(), b, to, M, N, K, b0, b1, ys, half);
-    }
-
     // share i into ``to``, whose rows are ``ys`` floats apart (linear); ``scratch`` the attention's scores and runs
     void compute(int i, float *to, int64_t ys, std::vector<float> &scores, std::vector<int64_t> &runs) const {
+        if (kind == LINEAR && bits == 8) {
+            specdec_q8_range(in.const_data_ptr<float>(), static_cast<const int8_t *>(weight.const_data_ptr()),
+                             scales.const_data_ptr<float>(), bias.defined() ? bias.const_data_ptr<float>() : nullptr,
+                             to, M, N, K, bounds[i], bounds[i + 1], ys);
+            return;
+        }
+        if (kind == LINEAR && bits == 4) {
+            specdec_q4_range(in.const_data_ptr<float>(), static_cast<const uint32_t *>(weight.const_data_ptr()),
+                             scales.const_data_ptr<float>(), zeros.defined() ? zeros.const_data_ptr<float>() : nullptr,
+                             bias.defined() ? bias.const_data_ptr<float>() : nullptr, to, M, N, K, group,
+                             scales.size(1), bounds[i], bounds[i + 1], ys);
+            return;
+        }
         if (kind == LINEAR) {
-            columns(bounds[i], bounds[i + 1], to, ys);
+            specdec_blocked_range(in.const_data_ptr<float>(), weight.const_data_ptr(),
+                                  bias.defined() ? bias.const_data_ptr<float>() : nullptr, to, M, N, K, bounds[i],
+                                  bounds[i + 1], ys, half);
             return;
         }
         const int64_t r = bounds[i], rs = bounds[i + 1] - r;
@@ -334,8 +334,8 @@ static at::Tensor blocked_linear(const at::Tensor &x, const at::Tensor &packed, 
 // x [M, K] @ W.T (+ bias) -> [M, N] for a torchao weight-only weight re-laid by specdec/qlinear.py: int8 [ceil(N / 16),
 // K, 16] with scales [16 ceil(N / 16)] (zeros undefined), or int4 eight a 32-bit word, int32 [ceil(N / 16), K / 8, 16],
 // with scales and 2^23 + zero points + 8 [K / group, 16 ceil(N / 16)] (none where the zero points are all zero)
-// (quantized_linear.c); shared with the helper as blocked_linear's products are, else, where torch has more than one
-// thread (the helper is then off), its columns split over torch's threads (at::parallel_for)
+// (quantized_linear.c); shared with the helper as
+// blocked_linear's products are
 static at::Tensor quantized_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &scales,
                                    const std::optional<at::Tensor> &zeros, const std::optional<at::Tensor> &bias,
                                    int64_t out_features, int64_t group) {
@@ -367,19 +367,11 @@ static at::Tensor quantized_linear(const at::Tensor &x, const at::Tensor &packed
     if (four && zeroed) work.zeros = *zeros;
     work.M = rows.size(0), work.N = out_features, work.K = K, work.lanes = lanes;
     work.bits = four ? 4 : 8, work.group = group;
-    const bool large = packed.nbytes() >= static_cast<size_t>(kMinSharedBytes);
-    if (large && Helper::get().share(Work(work))) return y;
-    float *out = y.data_ptr<float>();
-    const int64_t units = (blocks + 1) / 2;  // pairs of blocks: the kernel's pass
-    if (large && units > 1 && at::get_num_threads() > 1 && !at::in_parallel_region()) {
-        // torch's threads (the helper is off where torch has more than one, kernels.helper_wanted): each takes one
-        // run of columns, summed by the same code in the same order as on one thread, so the same floats
-        at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-            work.columns(2 * u0, std::min(2 * u1, blocks), out + 2 * u0 * lanes, out_features);
-        });
-        return y;
-    }
-    work.columns(0, blocks, out, out_features);
+    if (packed.nbytes() >= static_cast<size_t>(kMinSharedBytes) && Helper::get().share(Work(work))) return y;
+    std::vector<float> scores;
+    std::vector<int64_t> runs;
+    work.cut();
+    for (int i = 0; i < work.shares; ++i) work.compute(i, y.data_ptr<float>() + work.offset(i), work.stride(), scores, runs);
     return y;
 }
 
