@@ -1,13 +1,13 @@
-"""specdec's int8 / int4 operator at 1 torch thread (its helper on) against 2 (its columns over torch's threads).
+"""specdec's int8 / int4 operator at 1 torch thread (its helper on) against 2 torch threads.
 
 Four layers of issue 71's 409M Llama shape (q, k, v, o 1536 x 1536; gate, up 1536 x 3328; down 3328 x 1536),
 quantized by torchao (int8 per channel, int4 in groups of 128) and packed for ``specdec::quantized_linear``
 (``qlinear.Packed``; about 100 MiB of int8, so the weights come from memory as in decoding), each product of one
 row; the time of all 28 products, the thread counts taking turns, ``--repeats`` times, medians. At 1 thread the
 operator shares its products with specdec's helper (``SPECDEC_HELPER`` auto: on where the process may use more cores
-than torch's threads); at 2 the helper is off and the operator splits its columns with ``at::parallel_for``. The
-load average is printed: OpenMP's threads wait for each other at the end of every product, so a second core that
-another process holds costs a scheduler's time slice (specdec/threads.py).
+than torch's threads); at 2 the helper is off and the operator runs on the calling thread (with the split over
+torch's threads of commit 47c507a, reverted: each product an OpenMP region, whose end waits for the second thread's
+time slice where another process holds that core; specdec/threads.py). The load average is printed.
 
     OMP_NUM_THREADS=2 python benchmarks/quantized_threads.py --repeats 5
 """

@@ -227,9 +227,10 @@ def kernel_key(module: torch.nn.Linear) -> tuple:
 
 def _relay(module: torch.nn.Linear, key: tuple) -> None:
     """Lay ``module``'s weight out for its operator into its buffers: in place where the layout is the one the
-    compiled graphs were traced for (they keep their inputs), else as new buffers (no longer, or now, bfloat16 pairs
-    or zero points: another layout, which the graphs are traced again for). A quantized layer's eager forward then
-    reads the same packed copy (``qlinear``'s ``_specdec_qpacked``)."""
+    compiled graphs were traced for (they keep their inputs), else as new buffers (no longer, or now, bfloat16 pairs:
+    another layout, which the graphs are traced again for); int4 zero points that were all zero when traced and are
+    not now raise (the graphs do not read them). A quantized layer's eager forward then reads the same packed copy
+    (``qlinear``'s ``_specdec_qpacked``)."""
     if qlinear.form(module.weight) is not None:
         packed = qlinear.Packed(module.weight)  # its own data, detached (not the subclass: inference mode)
         copies = {"_specdec_blocked": packed.weight, "_specdec_scales": packed.scales, "_specdec_zeros": packed.zeros}
