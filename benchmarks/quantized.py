@@ -24,7 +24,15 @@ of one pass over its linear layers with one-row inputs and its kernels (``bench.
 alone, no attention, norms or Python of the step), three a repeat, median. The load
 average is printed at each repeat. Every output is checked against that form's own ``generate``.
 
+``--compiled``: each form also decoded on the compiled path (``--compile on``: its plain step compiled for one row
+and one token, ``specdec.compiled.prepare``; its linears traced as ``specdec::blocked_linear`` or
+``specdec::quantized_linear``), taking its turn with the others. The same model object serves both (no second copy
+of the weights in memory): its compiled step is registered for the compiled turns and unregistered for the eager
+ones (``set_compiled``), where its layers run the same kernels eagerly (the blocked operator on the bf16 pairs, the
+quantized operator on the packed copy). The compiled step is kept in specdec's compile cache: a second run loads it.
+
     OMP_NUM_THREADS=2 python benchmarks/quantized.py --threads 2 --prompts 2 --tokens 17 --repeats 3
+    OMP_NUM_THREADS=1 python benchmarks/quantized.py --threads 1 --prompts 1 --tokens 9 --repeats 3 --compiled
 
 Needs torchao (``pip install 'specdec[quant]'``). The figures go in docs/journal/.
 """
@@ -51,13 +59,16 @@ def stored_and_read(model: torch.nn.Module) -> tuple[int, int]:
     stored = read = 0
     for m in {id(m): m for m in model.modules() if isinstance(m, torch.nn.Linear)}.values():
         w = m.weight
+        # a compiled step's layer reads its copy in its operator's layout (specdec.compiled.ops: _specdec_* buffers)
+        copies = sum(t.numel() * t.element_size() for n, t in m._buffers.items() if n.startswith("_specdec_")
+                     and t is not None)
         if type(w) in (torch.Tensor, torch.nn.Parameter):
             stored += w.numel() * 2
-            read += kernels.bytes_read(m) or w.numel() * w.element_size()
+            read += copies or kernels.bytes_read(m) or w.numel() * w.element_size()
         else:
             own = sum(getattr(w, n).numel() * getattr(w, n).element_size() for n in w.tensor_data_names)
             stored += own
-            read += qlinear.bytes_read(m) or own
+            read += copies or qlinear.bytes_read(m) or own
     return stored, read
 
 
@@ -88,6 +99,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=17)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--compiled", action="store_true", help="also time each form on the compiled path")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from torchao.quantization import quantize_
@@ -100,6 +112,17 @@ def main() -> None:
         model = copy.deepcopy(forms["bf16"])
         quantize_(model, quantized.torchao_config(to, group))
         forms[name] = model.eval()
+    steps = {}  # form -> its compiled step (``--compiled``)
+    if args.compiled:
+        from specdec.compiled import compiled_for, prepare, set_compiled
+
+        for name in list(forms):
+            started = time.perf_counter()
+            choice = prepare(forms[name], "on", tokens=(1,), rows=(1,))
+            assert choice.compiled, choice.reason
+            print(f"{name} compiled: {choice.reason} ({time.perf_counter() - started:.0f} s)", flush=True)
+            steps[name] = compiled_for(forms[name])
+            set_compiled(forms[name], None)  # eager until a compiled turn
     for name, model in forms.items():
         weights = sum(t.numel() * t.element_size() for m in model.modules() for t in m._parameters.values()
                       if t is not None and type(t) in (torch.Tensor, torch.nn.Parameter))
@@ -109,20 +132,34 @@ def main() -> None:
               flush=True)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 8192, (24,), generator=generator).tolist() for _ in range(args.prompts)]
-    times: dict[str, list[float]] = {name: [] for name in forms}
-    names = list(forms)
+    names = [*forms, *(f"{name} compiled" for name in steps)]
+    times: dict[str, list[float]] = {name: [] for name in names}
+
+    def use(name: str) -> torch.nn.Module:
+        """The model of ``name``, its compiled step registered for a compiled turn and unregistered for an eager one."""
+        form = name.removesuffix(" compiled")
+        if steps:
+            set_compiled(forms[form], steps[form] if name.endswith(" compiled") else None)
+        return forms[form]
+
+    references: dict[str, list[list[int]]] = {}
     for name in names:  # warm up, and the exactness check against each form's own generate
-        model = forms[name]
-        for prompt in prompts:
+        model = use(name)
+        for i, prompt in enumerate(prompts):
             ids = torch.tensor([prompt])
-            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.tokens,
-                                 min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)[0, len(prompt):].tolist()
+            if name in forms:
+                references.setdefault(name, []).append(model.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.tokens, min_new_tokens=args.tokens,
+                    do_sample=False, pad_token_id=0)[0, len(prompt):].tolist())
+            ref = references[name.removesuffix(" compiled")][i]
             ours = specdec.autoregressive_generate(model, prompt, max_new_tokens=args.tokens, stop_token_ids=[]).tokens
             assert ours == ref, f"{name}: plain decoding differs from generate\nours {ours}\nref  {ref}"
+        if name.endswith(" compiled"):
+            assert steps[name.removesuffix(" compiled")].calls["eager"] == 0
         print(f"{name}: plain decoding equals generate on {len(prompts)} prompts; kernels: {kernels.describe(model)}, "
               f"{qlinear.installed(model)} layers on specdec's int8/int4 kernel; helper {kernels.helper_on()}",
               flush=True)
-    sizes = {name: stored_and_read(model) for name, model in forms.items()}
+    sizes = {name: stored_and_read(forms[name.removesuffix(" compiled")]) for name in names}
     buffer = torch.ones(64 << 20)
     copy_to = torch.empty_like(buffer)
     rates: list[float] = []
@@ -130,7 +167,7 @@ def main() -> None:
 
     def run(name: str, prompt: list[int], tokens: int) -> float:
         start = time.perf_counter()
-        res = specdec.autoregressive_generate(forms[name], prompt, max_new_tokens=tokens, stop_token_ids=[])
+        res = specdec.autoregressive_generate(use(name), prompt, max_new_tokens=tokens, stop_token_ids=[])
         assert len(res.tokens) == tokens
         return time.perf_counter() - start
 
@@ -141,8 +178,9 @@ def main() -> None:
             for name in order:
                 spent[name] += run(name, prompt, args.tokens) - run(name, prompt, 1)
         rates.append(bandwidth(buffer, copy_to))
-        for name in order:
-            passes[name].append(weight_pass(forms[name], passes=3).seconds * 1e3)
+        for name in order:  # a compiled form's layers are its eager form's: one pass each
+            if name in forms:
+                passes[name].append(weight_pass(forms[name], passes=3).seconds * 1e3)
         for name in names:
             times[name].append(spent[name] * 1e3 / ((args.tokens - 1) * len(prompts)))
         print(f"repeat {repeat}: " + ", ".join(f"{n} {times[n][-1]:.1f}" for n in names)
@@ -154,10 +192,11 @@ def main() -> None:
         med = statistics.median(times[name])
         stored, read = sizes[name]
         each = ", ".join(f"{t:.1f}" for t in times[name])
-        print(f"{name:5s} median {med:7.1f} ms/token ({med / base:.2f}x bf16)  [{each}]"
+        linear = passes[name.removesuffix(" compiled")]
+        print(f"{name:14s} median {med:7.1f} ms/token ({med / base:.2f}x bf16)  [{each}]"
               f"  stored {stored / 2**20:.0f} MiB: {med / (stored / rate * 1e3):.2f}x one pass;"
               f"  read {read / 2**20:.0f} MiB: {med / (read / rate * 1e3):.2f}x one pass;"
-              f"  its linear layers' pass {statistics.median(passes[name]):.1f} ms")
+              f"  its linear layers' pass {statistics.median(linear):.1f} ms")
 
 
 if __name__ == "__main__":

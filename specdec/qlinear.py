@@ -8,7 +8,9 @@ docs/journal/2026-12-07-quantized-kernels.md). So specdec reads the quantized va
 gives each torchao-quantized ``nn.Linear`` whose form the kernel knows (``form``) a forward that, inside
 ``kernels.active()`` (``Decoder.step``), calls the operator ``specdec::quantized_linear`` (``csrc/quantized_linear.c``,
 built with the other kernels: ``kernels.blocked_op``) on a copy of ITS OWN quantized data re-laid for the kernel
-(``pack``); outside ``active()`` the layer's own torchao forward runs (``generate``, the reference).
+(``pack``); outside ``active()`` the layer's own torchao forward runs (``generate``, the reference). A compiled
+step (``specdec.compiled.ops``) traces the same layers as the same operator on the same packed copy, held there as
+the layer's buffers, so the graph reads the packed bytes and never torchao's tensor.
 
 - int8 (``Int8Tensor``, one scale per output channel, zero points all zero): the copy holds the same int8 values
   (the same bytes) and float32 scales;

@@ -74,7 +74,7 @@ def test_the_folder_loads_back_quantized_as_safetensors_with_its_card(folders, f
     assert f"{agree['equal_prompts']} of 2 prompts" in card
     assert quantized.describe(build_tiny("llama", seed=0)) is None
     assert quantized.compile_refusal(build_tiny("llama", seed=0)) is None
-    assert f"quantized models yet (torchao ({expected})): use --compile off" in quantized.compile_refusal(model)
+    assert quantized.compile_refusal(model) is None  # traced on specdec's operator: tests/test_quantized_compiled.py
 
 
 def test_quantized_weights_are_smaller_and_dequantise_close_to_the_float_ones(folders):
@@ -283,13 +283,16 @@ def test_quantize_help_and_flag_errors_import_no_torch(argv, status, tmp_path):
 
 
 @pytest.mark.parametrize("form", FORMS)
-def test_the_compiled_path_refuses_a_quantized_model_by_name_and_decodes_it_eagerly(folders, form):
+def test_without_specdecs_operators_the_compiled_path_refuses_a_quantized_model_by_name(folders, form, monkeypatch):
+    """The compiled path traces a quantized linear only as specdec's operator (tests/test_quantized_compiled.py):
+    with ``SPECDEC_LINEAR=off`` it refuses the model in one line naming its format, and the model decodes eagerly."""
     from specdec import compiled
 
     _, loaded = folders
     model, _ = loaded["target", form]
+    monkeypatch.setenv("SPECDEC_LINEAR", "off")
     reason = compiled.compile_refusal(model)
-    assert reason is not None and "quantized" in reason and "torchao" in reason and "--compile off" in reason
+    assert reason is not None and "quantized" in reason and "torchao" in reason and "SPECDEC_LINEAR=off" in reason
     with pytest.warns(UserWarning, match="quantized"):
         choice = compiled.prepare(model, "on")
     assert not choice.compiled and compiled.compiled_for(model) is None

@@ -38,11 +38,13 @@ from specdec.compiled.ops import (
     blocked_layers,
     blocked_traced,
     packed_linear,
+    quantized_traced,
     refresh_blocked,
     specdec_attention,
     trace_kernels,
     traced_attention,
     traced_linear,
+    traced_operators,
 )
 from specdec.compiled.policy import (
     CHECK_TOLERANCE,
@@ -91,7 +93,7 @@ __all__ = [
     "StaticSeq2SeqCache", "StepOutput", "Unsaved", "WindowLayer", "attended", "blocked_layers", "blocked_traced",
     "buckets", "cache_folder", "check_mode", "compile_refusal", "compiled_for", "compiler_missing", "compiles",
     "cross_attentions", "cross_states", "decoding_cache", "first_line", "graph_file", "model_digest", "moved_rows",
-    "no_hooks", "packed_linear", "prepare", "probed_isa", "refresh_blocked", "row_buckets", "saves_graphs",
-    "seq2seq_refusal", "set_compiled", "specdec_attention", "step_inputs", "token_buckets", "trace_kernels",
-    "traced_attention", "traced_linear", "use_cache_folder",
+    "no_hooks", "packed_linear", "prepare", "probed_isa", "quantized_traced", "refresh_blocked", "row_buckets",
+    "saves_graphs", "seq2seq_refusal", "set_compiled", "specdec_attention", "step_inputs", "token_buckets",
+    "trace_kernels", "traced_attention", "traced_linear", "traced_operators", "use_cache_folder",
 ]

@@ -60,7 +60,8 @@ def model_digest(model: PreTrainedModel, slots: int) -> str:
     import transformers
 
     traced = sorted((name, *((m._specdec_packed.few, m._specdec_packed.many) if hasattr(m, "_specdec_packed") else ()),
-                     hasattr(m, "_specdec_blocked")) for name, m in model.named_modules() if _traced(m))
+                     hasattr(m, "_specdec_blocked"), getattr(m, "_specdec_group", None))
+                    for name, m in model.named_modules() if _traced(m))
     tensors = [(name, tuple(t.shape), str(t.dtype), str(t.device))
                for name, t in [*model.named_parameters(), *model.named_buffers()]]
     config = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}  # not where it was read

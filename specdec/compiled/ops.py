@@ -3,10 +3,12 @@
 Contract: ``traced_attention(model)`` names the attention implementation a step of ``model`` is traced with
 ("specdec": ``specdec_attention``, the ``specdec::decode_attention`` operator that reads only the slots some
 query of a row sees, where it loads for a float32 CPU model; else the model's own). ``trace_kernels(model)``
-gives the model's linear layers the forward a graph traces (``_traced_forward``: the ``specdec::blocked_linear``
-operator on a blocked copy of the weight held as the non-persistent buffer ``_specdec_blocked``, or the kernels'
+gives the model's linear layers the forward a graph traces (``_traced_forward``: a specdec operator on the layer's
+copy of its weight in that operator's layout, held as the non-persistent buffer ``_specdec_blocked``:
+``specdec::blocked_linear`` for a float32 weight, ``specdec::quantized_linear`` for a torchao int8 / int4
+weight-only one (``specdec.qlinear``'s packed copy, its scales and zero points beside it); else the kernels'
 formulation of ``specdec.kernels``); ``refresh_blocked`` re-lays those copies when a weight changed. Eagerly,
-while specdec decodes, the same layers run the blocked operator on up to ``EAGER_BLOCKED_ROWS`` rows.
+while specdec decodes, the same layers run their operator (the blocked one on up to ``EAGER_BLOCKED_ROWS`` rows).
 
 Why: inductor's own linears (MKL's packed kernel after freezing) and SDPA's CPU kernel were the slow parts of
 a compiled step on this project's CPU; the figures are in docs/journal/compiled-path.md and docs/benchmarks.md.
@@ -20,7 +22,7 @@ import weakref
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 
-from specdec import attention, kernels
+from specdec import attention, kernels, qlinear
 from specdec.loading import input_device
 
 
@@ -124,17 +126,39 @@ def blocked_traced(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | 
 EAGER_BLOCKED_ROWS = 32
 
 
+def quantized_traced(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    """A torchao int8 / int4 weight-only ``layer`` of ``x`` [..., in] traced as ``specdec::quantized_linear`` on the
+    layer's packed copy (``_specdec_blocked``, ``_specdec_scales``, ``_specdec_zeros``: ``qlinear.Packed``'s tensors):
+    the graph reads the packed bytes, never torchao's tensor (whose product would dequantise the weight)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.ops.specdec.quantized_linear(rows, layer._specdec_blocked, layer._specdec_scales, layer._specdec_zeros,
+                                             layer.bias, layer.out_features, layer._specdec_group)
+    return out.reshape(*x.shape[:-1], layer.out_features)
+
+
+def _quantized(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds a packed copy of a torchao weight for ``specdec::quantized_linear``."""
+    return getattr(module, "_specdec_group", None) is not None
+
+
 def _traced_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """A compiled model's linear layer: traced as the blocked operator where the layer holds its copy
-    (``_specdec_blocked``), else as ``traced_linear``; run eagerly by that operator too while specdec decodes
-    (``kernels.active``) on up to ``EAGER_BLOCKED_ROWS`` rows while the copy is the weight's (``refresh_blocked``
-    re-lays it as each decoding call starts: a weight changed since then falls back), else as ``specdec.kernels``
-    says."""
+    """A compiled model's linear layer: traced as its operator where the layer holds its copy (``_specdec_blocked``:
+    ``quantized_traced`` for a torchao weight, whose tensor the trace never reads, else ``blocked_traced``), else as
+    ``traced_linear``; run eagerly by that operator too while specdec decodes (``kernels.active``): a quantized layer
+    by ``qlinear``'s forward (its packed copy is the buffers', re-packed there if the weight changed), a float one on
+    up to ``EAGER_BLOCKED_ROWS`` rows while the copy is the weight's (``refresh_blocked`` re-lays it as each decoding
+    call starts: a weight changed since then falls back), else as ``specdec.kernels`` says."""
     blocked = getattr(self, "_specdec_blocked", None)
-    if torch.compiler.is_compiling() and self.weight.dtype == x.dtype == torch.float32 and x.device.type == "cpu":
-        if blocked is not None:
-            return blocked_traced(x, blocked, self.bias, self.out_features)
-        return traced_linear(x, self.weight, self.bias, self._specdec_packed)
+    quantized = _quantized(self)
+    if torch.compiler.is_compiling() and x.dtype == torch.float32 and x.device.type == "cpu":
+        if quantized:
+            return quantized_traced(x, self)
+        if self.weight.dtype == torch.float32:
+            if blocked is not None:
+                return blocked_traced(x, blocked, self.bias, self.out_features)
+            return traced_linear(x, self.weight, self.bias, self._specdec_packed)
+    if quantized:
+        return qlinear._forward(self, x)
     if (blocked is not None and kernels._active() and x.dtype is torch.float32 and x.is_cpu
             and x.numel() <= EAGER_BLOCKED_ROWS * x.shape[-1] and x.numel() > 0
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
@@ -153,8 +177,10 @@ def trace_kernels(model: PreTrainedModel) -> bool:
     """Give ``model``'s linear layers the kernels its compiled step traces; whether any has one. Where the blocked
     operator loads (``kernels.blocked_op``; not with ``SPECDEC_LINEAR=off``), every eligible float32 CPU linear
     (``kernels._eligible``) is traced as it, for any number of rows, on a copy of its weight in the kernel's layout,
-    held as a non-persistent buffer (``_specdec_blocked``: not in the state dict, refreshed by ``refresh_blocked``);
-    else the layers that ``specdec.kernels`` installs on are traced in the kernels' formulation (``traced_linear``)."""
+    held as a non-persistent buffer (``_specdec_blocked``: not in the state dict, refreshed by ``refresh_blocked``),
+    and every torchao int8 / int4 weight-only linear that ``specdec.qlinear`` installed on is traced as
+    ``specdec::quantized_linear`` on its packed copy, held the same way (its scales and zero points beside it); else
+    the layers that ``specdec.kernels`` installs on are traced in the kernels' formulation (``traced_linear``)."""
     ours = kernels.install(model)
     blocked = (kernels.mode() != "off" and kernels.available()
                and any(kernels._eligible(module) for module in model.modules())  # no build for a GPU or bf16 model
@@ -162,13 +188,14 @@ def trace_kernels(model: PreTrainedModel) -> bool:
     found = False
     for module in model.modules():
         traced = _traced(module)  # e.g. a deep copy's
-        if blocked and not traced and kernels._eligible(module):
-            copy = kernels.blocked_copy(module.weight.detach(), kernels.blocked().lanes)
-            module.register_buffer("_specdec_blocked", copy, persistent=False)
-            module._specdec_blocked_key = kernels.weight_key(module.weight)
+        if not traced and qlinear._ours(module):  # installed only where the operators load (qlinear.install)
+            _relay(module, kernel_key(module))
+            traced = True
+        elif blocked and not traced and kernels._eligible(module):
+            _relay(module, kernel_key(module))
             packed = getattr(module, "_specdec_packed", None)
             if packed is not None and packed.many == "blocked":  # the eager kernel of many rows shares the copy
-                packed.weight, packed.key = copy, (*kernels.weight_key(module.weight), "blocked")
+                packed.weight, packed.key = module._specdec_blocked, (*kernels.weight_key(module.weight), "blocked")
             traced = True
         elif (ours and kernels._ours(module)) or traced:
             traced = True
@@ -181,21 +208,57 @@ def trace_kernels(model: PreTrainedModel) -> bool:
 
 
 def blocked_layers(model: PreTrainedModel) -> list[torch.nn.Linear]:
-    """The layers of ``model`` that hold a blocked copy of their weight (``trace_kernels``)."""
+    """The layers of ``model`` that hold a copy of their weight in their operator's layout (``trace_kernels``)."""
     return [m for m in model.modules() if "_specdec_blocked" in m._buffers]
+
+
+def traced_operators(layers: list[torch.nn.Linear]) -> list[str]:
+    """The operators ``layers`` (``blocked_layers``) are traced as, each named once, for the reports."""
+    return sorted({"specdec::quantized_linear" if _quantized(m) else "specdec::blocked_linear" for m in layers})
+
+
+def kernel_key(module: torch.nn.Linear) -> tuple:
+    """What a layer's copy of its weight is kept current by: its torchao tensor's data (``qlinear``) or its weight's
+    storage and version (``kernels.weight_key``)."""
+    if qlinear.form(module.weight) is not None:
+        return qlinear._key(module.weight)
+    return kernels.weight_key(module.weight)
+
+
+def _relay(module: torch.nn.Linear, key: tuple) -> None:
+    """Lay ``module``'s weight out for its operator into its buffers: in place where the layout is the one the
+    compiled graphs were traced for (they keep their inputs), else as new buffers (no longer, or now, bfloat16 pairs:
+    another layout, which the graphs are traced again for); int4 zero points that were all zero when traced and are
+    not now raise (the graphs do not read them). A quantized layer's eager forward then reads the same packed copy
+    (``qlinear``'s ``_specdec_qpacked``)."""
+    if qlinear.form(module.weight) is not None:
+        packed = qlinear.Packed(module.weight)  # its own data, detached (not the subclass: inference mode)
+        copies = {"_specdec_blocked": packed.weight, "_specdec_scales": packed.scales, "_specdec_zeros": packed.zeros}
+        module._specdec_group = packed.group
+    else:
+        packed = None
+        copies = {"_specdec_blocked": kernels.blocked_copy(module.weight.detach(), kernels.blocked().lanes)}
+    for name, copy in copies.items():
+        kept = module._buffers.get(name)
+        if name == "_specdec_zeros" and kept is None and copy is not None and name in module._buffers:
+            raise RuntimeError("an int4 weight's zero points are no longer all zero since its model was compiled, "
+                               "and its compiled steps were traced without them: load and compile it again")
+        if name not in module._buffers:
+            module.register_buffer(name, copy, persistent=False)
+        elif kept is not None and copy is not None and kept.shape == copy.shape and kept.dtype == copy.dtype:
+            kept.copy_(copy)
+        else:
+            setattr(module, name, copy)
+    if packed is not None:
+        packed.weight, packed.scales, packed.zeros = (module._buffers[n] for n in copies)
+        module._specdec_qpacked = (key, packed)
+    module._specdec_blocked_key = key
 
 
 @torch.inference_mode()
 def refresh_blocked(layers: list[torch.nn.Linear]) -> None:
-    """Re-lay the blocked copy of every layer of ``layers`` whose weight changed since (a new tensor or an in-place
-    write): called as each decoding call's static cache is made, so a call reads the weights as they are when it
-    starts."""
+    """Re-lay the copy of every layer of ``layers`` whose weight changed since (a new tensor or an in-place write):
+    called as each decoding call's static cache is made, so a call reads the weights as they are when it starts."""
     for module in layers:
-        if module._specdec_blocked_key != (key := kernels.weight_key(module.weight)):
-            copy = kernels.blocked_copy(module.weight.detach(), module._specdec_blocked.shape[2])
-            if copy.shape == module._specdec_blocked.shape and copy.dtype == module._specdec_blocked.dtype:
-                module._specdec_blocked.copy_(copy)  # in place: the compiled graphs keep their input
-            else:  # no longer (or now) bfloat16 numbers: another layout, which the graphs are traced again for
-                module._specdec_blocked = copy
-            module._specdec_blocked_key = key
-
+        if module._specdec_blocked_key != (key := kernel_key(module)):
+            _relay(module, key)

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 
 from specdec.cache import CacheHandle, register_cache, registered_cache
 from specdec.compiled.graphs import CompiledModel, NotCached, buckets
+from specdec.compiled.ops import traced_operators
 from specdec.compiled.policy import (
     INSTALL,
     RECOMPILE_LIMIT,
@@ -135,7 +136,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     if getattr(compiled, "encoder", None) is not None:
         how += "; the encoder compiled"
     if compiled.blocked:
-        how += "; linears traced as specdec::blocked_linear"
+        how += f"; linears traced as {' and '.join(traced_operators(compiled.blocked))}"
     return CompileChoice(True, f"on: {len(compiled.shapes)} shapes warmed in {time.perf_counter() - started:.1f} s "
                                f"({compiled.loaded - loaded} from the compile cache{how})", registered_cache(model))
 
