@@ -59,7 +59,7 @@ def resolve_model_path(path_or_name: str | Path | None) -> Path:
     if path.suffix.lower() == ".gguf" and path.is_file():  # llama.cpp's format: through transformers' GGUF loading
         from specdec.gguf import gguf_folder
 
-        return gguf_folder(path)
+        return gguf_folder(path, cache_root() / "gguf")
     if not path.exists():
         raise ValueError(
             f"model path {str(path)!r} does not exist: pass a folder with config.json and safetensors weights "

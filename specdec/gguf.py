@@ -18,18 +18,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec.folders import cache_root
-
 
 def _key(file: Path) -> str:
     stat = file.stat()
     return hashlib.sha256(f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-def gguf_folder(file: str | Path) -> Path:
-    """The cached transformers folder of the GGUF ``file``, written at the first call (said once on stderr)."""
+def gguf_folder(file: str | Path, cache: Path) -> Path:
+    """The transformers folder of the GGUF ``file`` under ``cache`` (``specdec.folders``: specdec's cache + "gguf"),
+    written at the first call (said once on stderr)."""
     file = Path(file).expanduser()
-    folder = cache_root() / "gguf" / f"{file.stem}-{_key(file)}"
+    folder = cache / f"{file.stem}-{_key(file)}"
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder
     try:
@@ -53,21 +52,25 @@ def gguf_folder(file: str | Path) -> Path:
                          f"{', '.join(sorted(readable))}): convert its original checkpoint")
     print(f"specdec: {file.name}: reading it through transformers' GGUF loader (weights dequantised to float32), "
           f"saved once as a model folder at {folder}", file=sys.stderr)
-    from specdec.loading import progress_bars
+    from transformers.utils import logging as hf_logging
 
-    with progress_bars(False):
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
         model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
-    # transformers marks the model "quantized with gguf" (its quantizer only dequantised at load) and will not save
-    # it: the weights are float32 now, saved as the float model they are
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".writing-") as tmp, progress_bars(False):
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(folder, ignore_errors=True)  # a half-written folder of an interrupted run
-        Path(tmp).rename(folder)
-        Path(tmp).mkdir()  # for the context manager's cleanup
+        # transformers marks the model "quantized with gguf" (its quantizer only dequantised at load) and will not
+        # save it: the weights are float32 now, saved as the float model they are
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".writing-") as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            shutil.rmtree(folder, ignore_errors=True)  # a half-written folder of an interrupted run
+            Path(tmp).rename(folder)
+            Path(tmp).mkdir()  # for the context manager's cleanup
+    finally:
+        (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
     return folder

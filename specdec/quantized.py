@@ -7,8 +7,8 @@ kernels (``specdec.kernels``) skip every linear whose weight is a quantized tens
 int8 / int4 linears get specdec's own kernel instead (``specdec.qlinear``: the same dequantised weights, read at the
 memory floor), and every other form runs transformers' forward.
 
-- ``describe(model)`` names a model's quantization format (None for a plain model), for messages, and
-  ``compile_refusal(model)`` the compiled path's one line refusing a form it does not trace (the eager path runs it);
+- ``describe(model)`` names a model's quantization format (None for a plain model), for messages (the compiled
+  path's refusal of a form it does not trace: ``specdec.compiled.policy.quantized_refusal``);
 - ``note(model)`` says once per process, in one line, where a format has no fast kernel on the model's device (it
   then runs as transformers runs it);
 - ``quantize(...)`` (``specdec quantize``) writes weight-only int8 (per output channel) or int4 (group-wise) copies
@@ -86,35 +86,6 @@ def missing_backend(config) -> str | None:
     if package is None or _installed(package):
         return None
     return f"this model is quantized with {method}, which is not installed: pip install {package}"
-
-
-def compile_refusal(model: torch.nn.Module) -> str | None:
-    """Why the compiled path refuses ``model``'s quantization, in one line (None where it has none, or where every
-    quantized weight is a torchao int8 / int4 weight-only linear that ``specdec.qlinear`` installs on: the compiled
-    step traces those as the operator ``specdec::quantized_linear`` on their packed copies, ``specdec.compiled.ops``).
-    Refused: a model quantized in another form (another format, a quantized embedding, an int4 group the kernel does
-    not take: their products would be traced as their own library computes them, dequantising in the graph, which is
-    untested), and any quantized model where specdec's operators are not there (``SPECDEC_LINEAR=off``, no compiler).
-    The eager path runs them all exactly (tests/test_quantized.py)."""
-    name = describe(model)
-    if name is None:
-        return None
-    from specdec import kernels, qlinear
-
-    if kernels.mode() == "off" or not kernels.blocked_op():
-        why = "SPECDEC_LINEAR=off" if kernels.mode() == "off" else "specdec's operators do not build here"
-        return f"the compiled path takes quantized models ({name}) on specdec's quantized operator only ({why})"
-    ours = {id(m.weight) for m in model.modules()  # a plain nn.Linear (its forward ours, or a compiled step's)
-            if isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
-            and qlinear.form(m.weight) is not None}
-    other = sorted({f"{type(t).__name__} in {type(m).__name__}" for m in model.modules()
-                    for t in m._parameters.values()
-                    if t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) and id(t) not in ours})
-    if not ours or other:
-        what = ", ".join(other) or "no torchao int8 / int4 weight-only linear"
-        return (f"the compiled path takes torchao int8 / int4 weight-only linears only ({name}: {what}): "
-                "use --compile off")
-    return None
 
 
 def slow_line(model: torch.nn.Module) -> str | None:

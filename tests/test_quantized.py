@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM
 import specdec
 from specdec import kernels, quantized
 from specdec.cli import main
+from specdec.compiled.policy import quantized_refusal
 
 FORMS = {"int8": ("int8", None), "int4": ("int4", 32)}  # the tiny models' width is 32: groups of 32
 PROMPTS = [[5, 17, 33, 5, 17], [3, 9], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7] * 6]
@@ -73,8 +74,8 @@ def test_the_folder_loads_back_quantized_as_safetensors_with_its_card(folders, f
     assert (agree["prompts"], agree["tokens"]) == (2, 4) and 0 <= agree["equal_prompts"] <= 2
     assert f"{agree['equal_prompts']} of 2 prompts" in card
     assert quantized.describe(build_tiny("llama", seed=0)) is None
-    assert quantized.compile_refusal(build_tiny("llama", seed=0)) is None
-    assert quantized.compile_refusal(model) is None  # traced on specdec's operator: tests/test_quantized_compiled.py
+    assert quantized_refusal(build_tiny("llama", seed=0)) is None
+    assert quantized_refusal(model) is None  # traced on specdec's operator: tests/test_quantized_compiled.py
 
 
 def test_quantized_weights_are_smaller_and_dequantise_close_to_the_float_ones(folders):

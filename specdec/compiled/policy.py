@@ -23,11 +23,11 @@ import torch
 from transformers import PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from specdec import kernels, qlinear
 from specdec.architectures import attention_chunk, local_window
 from specdec.config import check_mode, compiles  # noqa: F401 (the package re-exports them)
 from specdec.folders import cache_root
 from specdec.positions import positions_for
-from specdec.quantized import compile_refusal as quantized_refusal
 
 SLOTS = 512  # slots per row of a static cache (at most the model's context): attention cost vs room
 SLOT_STEP = 32  # a forward attends the first S slots: the pointer plus its new tokens, rounded up to this
@@ -103,6 +103,35 @@ def probed_isa(record: bool = False) -> bool:
 def first_line(error: BaseException) -> str:
     """The first line of ``error``'s message ('' if it has none)."""
     return str(error).splitlines()[0] if str(error) else ""
+
+def quantized_refusal(model: PreTrainedModel) -> str | None:
+    """Why the compiled path refuses ``model``'s quantization, in one line (None where it has none, or where every
+    quantized weight is a torchao int8 / int4 weight-only linear that ``specdec.qlinear`` installs on: the compiled
+    step traces those as the operator ``specdec::quantized_linear`` on their packed copies, ``specdec.compiled.ops``).
+    Refused: a model quantized in another form (another format, a quantized embedding, an int4 group the kernel does
+    not take: their products would be traced as their own library computes them, dequantising in the graph, which is
+    untested), and any quantized model where specdec's operators are not there (``SPECDEC_LINEAR=off``, no compiler).
+    The eager path runs them all exactly (tests/test_quantized.py)."""
+    from specdec.quantized import describe
+
+    name = describe(model)
+    if name is None:
+        return None
+    if kernels.mode() == "off" or not kernels.blocked_op():
+        why = "SPECDEC_LINEAR=off" if kernels.mode() == "off" else "specdec's operators do not build here"
+        return f"the compiled path takes quantized models ({name}) on specdec's quantized operator only ({why})"
+    ours = {id(m.weight) for m in model.modules()  # a plain nn.Linear (its forward ours, or a compiled step's)
+            if isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
+            and qlinear.form(m.weight) is not None}
+    other = sorted({f"{type(t).__name__} in {type(m).__name__}" for m in model.modules()
+                    for t in m._parameters.values()
+                    if t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter) and id(t) not in ours})
+    if not ours or other:
+        what = ", ".join(other) or "no torchao int8 / int4 weight-only linear"
+        return (f"the compiled path takes torchao int8 / int4 weight-only linears only ({name}: {what}): "
+                "use --compile off")
+    return None
+
 
 def compile_refusal(model: PreTrainedModel) -> str | None:
     """Why ``model`` decodes eagerly whatever ``--compile`` says, or None when it can be compiled."""
