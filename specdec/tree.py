@@ -12,23 +12,23 @@ attending to the row's cached context and its own ancestors only (``ancestors``;
 ``RaggedCache.tree_forward``). Acceptance (``accept_tree``), walking from the root:
 
 - greedy rows: accept the child equal to the target's argmax at the parent; the next token is the argmax at the
-  last accepted node. Equals the target's greedy decoding.
+  last accepted node. Equals the target's greedy decoding (SpecDec's top-beta/tau: ``relaxed_child``, lossy).
 - sampled rows: multi-candidate rejection sampling (``candidate_chain``): try the children in turn, accepting child
   x with probability min(1, p(x) / q(x)); after a rejection p <- norm(max(0, p - q)) and x is removed from q
   (renormalised); when every child fails, sample the residual p. The output is distributed exactly as p provided
   the children were drawn from q in that order (or q is one-hot per candidate): proof by induction on the number of
   children, each rejection leaving a residual whose remaining procedure outputs it exactly.
 
-Commit: the target's cache keeps the accepted path's entries, in order (``RaggedCache.reorder_tail``, a gather of
-the just-written slots), the rest dropped: cached tokens == committed tokens - 1 again. The model drafter's cache
-likewise keeps the path nodes it forwarded (``draft_tree``, ``commit_tree``).
+Commit: the target's cache (and its features, where a drafter reads them) keeps the accepted path's entries, in
+order (``RaggedCache.reorder_tail``), the rest dropped: cached tokens == committed tokens - 1 again. The model
+drafter's cache keeps the path nodes it forwarded (``commit_tree``); a drafter with ``draft_tree`` / ``commit_tree``
+methods of its own (the parallel drafter: a tree from one forward) grows and commits its trees itself.
 
 ``draft_tree`` builds a ModelDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most probable nodes of the
-depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a tree mask again) and
-each gets its ``topk`` most probable children; the best ``nodes`` of all by cumulative probability form the tree
-(a child never beats its parent, so the kept set is closed under ancestors). Its candidates are chosen by their
-own probability, so they are deterministic (``q`` None): the q rule would need siblings sampled from q and kept
-whatever their own value.
+depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a tree mask again) and each
+gets its ``topk`` most probable children; the best ``nodes`` of all by cumulative probability form the tree (a child
+never beats its parent, so the kept set is closed under ancestors). Its candidates are chosen by their probability,
+not sampled: deterministic (``q`` None).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.batch import left_mask, left_padded
+from specdec.features import features_of, selection
 from specdec.sampling import Sampler
 
 
@@ -166,9 +167,27 @@ def sample_node(p: torch.Tensor, q: torch.Tensor | None, tokens: list[int], samp
     return -1, int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True).clamp_max(len(cdf) - 1))
 
 
-def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[list[int]], list[int]]:
+def relaxed_child(scores: torch.Tensor, below: list[int], tokens: list[int], config) -> int | None:
+    """SpecDec's top-beta/tau rule (``specdec.acceptance.top_beta_tau``) at one node of a greedy row: of the children
+    ``below`` (node numbers; ``tokens[c - 1]`` their tokens) whose token is among the target's top ``config.beta``
+    (``scores`` [V] its logits: a stable descending rank) within ``config.tau`` of its best logit, the one the target
+    ranks highest, or None. Beta 1: the child of the target's argmax, as exact greedy verification."""
+    ids = torch.arange(scores.shape[0], device=scores.device)
+    top = float(scores.max())
+    passing = []
+    for c in below:
+        x = tokens[c - 1]
+        mine = scores[x]
+        rank = int(((scores > mine) | ((scores == mine) & (ids < x))).sum())
+        if rank < config.beta and (config.tau is None or top - float(mine) <= config.tau):
+            passing.append((rank, c))
+    return min(passing)[1] if passing else None
+
+
+def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler, relaxed=None) -> tuple[list[list[int]], list[int]]:
     """Walk each row's tree from the root: ``logits`` [B, 1+n, V] the target's at [root, nodes...]. Returns per row
-    the accepted path (node numbers, 1-based: node i - 1 of ``tree``) and the next token (recovered or bonus)."""
+    the accepted path (node numbers, 1-based: node i - 1 of ``tree``) and the next token (recovered or bonus).
+    ``relaxed`` (a ``VerifyConfig`` asking for top-beta/tau, or None): greedy rows take ``relaxed_child``, lossy."""
     kids = children(tree)
     tokens = tree.tokens.tolist()
     best = logits.argmax(dim=-1).tolist()  # [B, 1+n]
@@ -179,7 +198,10 @@ def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[lis
         node, path = 0, []
         while True:
             below = kids[b].get(node, [])
-            if greedy[b]:
+            if greedy[b] and relaxed is not None:
+                pick = relaxed_child(logits[b, node].float(), below, tokens[b], relaxed)
+                token = best[b][node]
+            elif greedy[b]:
                 pick = next((c for c in below if tokens[b][c - 1] == best[b][node]), None)
                 token = best[b][node]
             else:
@@ -215,7 +237,11 @@ def verify_tree(target, last: torch.Tensor, tree: Tree) -> torch.Tensor:
     depths = torch.cat([torch.zeros_like(last[:, None]), tree.depths], dim=1)
     target._mark = cache.live.clone()
     positions = cache.live[:, None] + depths  # the root at the row's committed length - 1
-    out = cache.tree_forward(tokens, valid, positions, ancestors(tree.parents))
+    layers = getattr(target, "feature_layers", None)  # a drafter reads the target's features: log them too
+    asked = {} if layers is None else {"output_hidden_states": selection(layers)}
+    out = cache.tree_forward(tokens, valid, positions, ancestors(tree.parents), **asked)
+    if layers is not None:
+        target._verified = features_of(out.hidden_states, layers, type(target.model).__name__)  # [B, 1+n, F]
     return out.logits
 
 
@@ -225,6 +251,10 @@ def commit_target(target, paths: list[list[int]], width: int) -> None:
     keep = torch.tensor([len(p) + 1 for p in paths], dtype=torch.long, device=target.device)
     target.cache.reorder_tail(order, target._mark + keep)
     target._mark = None
+    if getattr(target, "_verified", None) is not None:  # the kept path's features, as its cache entries
+        target.features.extend(target._verified.gather(1, order[:, :, None].expand(-1, -1, target._verified.shape[2])),
+                               keep)
+        target._verified = None
 
 
 def tree_refusal(target, drafter) -> str | None:
@@ -232,7 +262,7 @@ def tree_refusal(target, drafter) -> str | None:
     from specdec.cache import RaggedCache
     from specdec.drafters.model import ModelDrafter
 
-    if type(drafter) is not ModelDrafter:
+    if type(drafter) is not ModelDrafter and not callable(getattr(drafter, "draft_tree", None)):
         kinds = {"LookupDrafter": "prompt lookup with a model (the default, lookup+NAME)", "NgramDrafter":
                  "prompt lookup (ngram)", "FeatureDrafter": "a feature drafter", "ParallelDrafter":
                  "a parallel drafter", "BlockDrafter": "a block drafter"}
@@ -382,19 +412,25 @@ def tree_round(decoder) -> None:
         budget = decoder._budget(plan.width)
         depth = [0 if out else min(n, most) for n, most in zip(plan.limit.tolist(), budget)]
         if not out:
-            _, depth = decoder.drafter._within_room(torch.tensor(depth, dtype=torch.long, device=device))
-            tree = draft_tree(decoder.drafter, depth, decoder.tree)
+            if hasattr(decoder.drafter, "_within_room"):
+                _, depth = decoder.drafter._within_room(torch.tensor(depth, dtype=torch.long, device=device))
+            own = getattr(decoder.drafter, "draft_tree", None)  # a drafter that grows its own trees
+            tree = own(depth, decoder.tree) if own else draft_tree(decoder.drafter, depth, decoder.tree)
         else:
             empty = torch.zeros(len(decoder.rows), 0, dtype=torch.long, device=device)
             tree = Tree(empty, empty, empty, torch.zeros(len(decoder.rows), dtype=torch.long, device=device))
     with decoder.events.phase(VERIFY):
         logits = verify_tree(decoder.target, decoder.last, tree)  # [B, 1+n, V]
     with decoder.events.phase(ACCEPT):
-        paths, nexts = accept_tree(tree, logits, decoder.sampler)
+        rule = decoder.verifier.config  # SpecDec's top-beta/tau where asked (greedy rows only: refused otherwise)
+        paths, nexts = accept_tree(tree, logits, decoder.sampler, rule if rule.relaxed else None)
     with decoder.events.phase(COMMIT):
         commit_target(decoder.target, paths, tree.n + 1)
         if not out:
-            commit_tree(decoder.drafter, tree, paths, nexts)
+            if hasattr(decoder.drafter, "commit_tree"):
+                decoder.drafter.commit_tree(tree, paths, nexts)
+            else:
+                commit_tree(decoder.drafter, tree, paths, nexts)
         tokens = tree.tokens.tolist()
         lists = [[tokens[b][i - 1] for i in path] for b, path in enumerate(paths)]
         drafted = tree.depths.masked_fill(~tree.valid(), 0).amax(dim=1) if tree.n else tree.sizes
