@@ -119,9 +119,11 @@ class ParallelDrafterModel(ContextSlotsModel):
         return allowed
 
     def inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, mask_tokens: int,
-               block_positions: torch.Tensor | None = None) -> torch.Tensor:
+               block_positions: torch.Tensor | None = None, revealed: torch.Tensor | None = None) -> torch.Tensor:
         """The layers' input [B, n, H]: context pairs, then ``mask_tokens`` mask slots, slot i at block position
-        ``block_positions[i]`` (default: 0 .. mask_tokens - 1, one block; the trainer packs several blocks)."""
+        ``block_positions[i]`` (default: 0 .. mask_tokens - 1, one block; the trainer packs several blocks).
+        ``revealed`` [B, mask_tokens] bool (training's glancing only): such a slot reads its input id, the gold token,
+        as a context pair with no feature (``pairs(id, 0)``) plus its block-position embedding."""
         batch, n = input_ids.shape
         context = n - mask_tokens
         dtype = self.proj.weight.dtype
@@ -136,18 +138,24 @@ class ParallelDrafterModel(ContextSlotsModel):
                 raise ValueError("context slots need the target's fused features: pass hidden [B, n, H]")
             parts.append(self.pairs(input_ids[:, :context], hidden[:, :context]))
         if mask_tokens:
-            slots = self.mask_embed + self.block_embed(block_positions)  # [k, H]
-            parts.append(slots.to(dtype)[None].expand(batch, mask_tokens, -1))
+            slots = (self.mask_embed + self.block_embed(block_positions)).to(dtype)[None]  # [1, k, H]
+            slots = slots.expand(batch, mask_tokens, -1)
+            if revealed is not None:
+                ids = input_ids[:, context:]
+                gold = self.pairs(ids, slots.new_zeros(slots.shape)) + self.block_embed(block_positions).to(dtype)
+                slots = torch.where(revealed[..., None], gold, slots)
+            parts.append(slots)
         return torch.cat(parts, dim=1)
 
     def forward(self, input_ids: torch.LongTensor, hidden: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 past_key_values: DynamicCache | None = None, use_cache: bool = False, mask_tokens: int = 0,
                 block_positions: torch.Tensor | None = None, logits: bool = True, logits_to_keep: int = 0,
-                **kwargs: object) -> ParallelDrafterOutput:
-        """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (module docstring)."""
+                revealed: torch.Tensor | None = None, **kwargs: object) -> ParallelDrafterOutput:
+        """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (module docstring; ``revealed``:
+        ``inputs``)."""
         batch, n = input_ids.shape
-        x = self.inputs(input_ids, hidden, mask_tokens, block_positions)
+        x = self.inputs(input_ids, hidden, mask_tokens, block_positions, revealed)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
