@@ -12,23 +12,24 @@ attending to the row's cached context and its own ancestors only (``ancestors``;
 ``RaggedCache.tree_forward``). Acceptance (``accept_tree``), walking from the root:
 
 - greedy rows: accept the child equal to the target's argmax at the parent; the next token is the argmax at the
-  last accepted node. Equals the target's greedy decoding (SpecDec's top-beta/tau: ``relaxed_child``, lossy).
+  last accepted node. Equals the target's greedy decoding.
 - sampled rows: multi-candidate rejection sampling (``candidate_chain``): try the children in turn, accepting child
   x with probability min(1, p(x) / q(x)); after a rejection p <- norm(max(0, p - q)) and x is removed from q
   (renormalised); when every child fails, sample the residual p. The output is distributed exactly as p provided
   the children were drawn from q in that order (or q is one-hot per candidate): proof by induction on the number of
   children, each rejection leaving a residual whose remaining procedure outputs it exactly.
 
-Commit: the target's cache (and its features, where a drafter reads them) keeps the accepted path's entries, in
-order (``RaggedCache.reorder_tail``), the rest dropped: cached tokens == committed tokens - 1 again. The model
-drafter's cache keeps the path nodes it forwarded (``commit_tree``); a drafter with ``draft_tree`` / ``commit_tree``
-methods of its own (the parallel drafter: a tree from one forward) grows and commits its trees itself.
+Commit: the target's cache keeps the accepted path's entries, in order (``RaggedCache.reorder_tail``, a gather of
+the just-written slots), the rest dropped: cached tokens == committed tokens - 1 again. The model drafter's cache
+likewise keeps the path nodes it forwarded (``draft_tree``, ``commit_tree``); a drafter with those two methods
+of its own (the parallel drafter) grows and commits its trees itself. Top-beta/tau: ``relaxed_child``, lossy.
 
 ``draft_tree`` builds a ModelDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most probable nodes of the
-depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a tree mask again) and each
-gets its ``topk`` most probable children; the best ``nodes`` of all by cumulative probability form the tree (a child
-never beats its parent, so the kept set is closed under ancestors). Its candidates are chosen by their probability,
-not sampled: deterministic (``q`` None).
+depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a tree mask again) and
+each gets its ``topk`` most probable children; the best ``nodes`` of all by cumulative probability form the tree
+(a child never beats its parent, so the kept set is closed under ancestors). Its candidates are chosen by their
+own probability, so they are deterministic (``q`` None): the q rule would need siblings sampled from q and kept
+whatever their own value.
 """
 
 from __future__ import annotations
@@ -237,23 +238,24 @@ def verify_tree(target, last: torch.Tensor, tree: Tree) -> torch.Tensor:
     depths = torch.cat([torch.zeros_like(last[:, None]), tree.depths], dim=1)
     target._mark = cache.live.clone()
     positions = cache.live[:, None] + depths  # the root at the row's committed length - 1
-    layers = getattr(target, "feature_layers", None)  # a drafter reads the target's features: log them too
+    layers = getattr(target, "feature_layers", None)  # a feature drafter reads them (``ModelTarget.want_features``)
     asked = {} if layers is None else {"output_hidden_states": selection(layers)}
     out = cache.tree_forward(tokens, valid, positions, ancestors(tree.parents), **asked)
-    if layers is not None:
-        target._verified = features_of(out.hidden_states, layers, type(target.model).__name__)  # [B, 1+n, F]
+    if layers is not None:  # every node's, kept along the accepted path by ``commit_target``
+        target._verified = features_of(out.hidden_states, layers, type(target.model).__name__)
     return out.logits
 
 
 def commit_target(target, paths: list[list[int]], width: int) -> None:
-    """Keep the root and each row's accepted path in the target's cache, in order (``width`` = 1 + n slots)."""
+    """Keep the root and each row's accepted path in the target's cache, in order (``width`` = 1 + n slots), and,
+    where it captures features, the same positions' features in its log (as a chain's ``rollback`` keeps them)."""
     order = path_order([[0, *path] for path in paths], width, target.device)
     keep = torch.tensor([len(p) + 1 for p in paths], dtype=torch.long, device=target.device)
     target.cache.reorder_tail(order, target._mark + keep)
     target._mark = None
-    if getattr(target, "_verified", None) is not None:  # the kept path's features, as its cache entries
-        target.features.extend(target._verified.gather(1, order[:, :, None].expand(-1, -1, target._verified.shape[2])),
-                               keep)
+    verified = getattr(target, "_verified", None)
+    if verified is not None:
+        target.features.extend(verified.gather(1, order[:, :, None].expand(-1, -1, verified.shape[2])), keep)
         target._verified = None
 
 
