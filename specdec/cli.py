@@ -58,6 +58,8 @@ SUBCOMMANDS: Mapping[str, Subcommand] = {
     "data": Subcommand("specdec.data.cli", "build corpora from text on this machine"),
     "quantize": Subcommand("specdec.quantize_cli", "write an int8 or int4 weight-only copy of a model that "
                            "from_pretrained loads, with its size and greedy agreement"),
+    "export": Subcommand("specdec.export", "write a feature drafter in the EAGLE-3 layout vLLM, SGLang and "
+                         "speculators load"),
 }
 EXIT_USAGE = 2  # bad input: what argparse uses too
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
@@ -213,7 +215,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     loading = time.perf_counter()
     session = Session(models)
     prompt_ids = session.encode(prompt, settings)
-    session.load(settings.mode)
+    session.load(settings.mode, settings.spec.speculate)
     stream = ShownStream(session.tokenizer(settings.mode), prompt_ids,
                          show_acceptance=settings.show_acceptance, echo=not args.json)
     if settings.show_acceptance and not args.json:

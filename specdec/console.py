@@ -227,7 +227,7 @@ def _stream_lines(stream: TextIO) -> Iterator[str]:
 def _run_chat(args: argparse.Namespace) -> int:
     models, settings = settings_from(args)
     session = Session(models)
-    session.load(settings.mode)
+    session.load(settings.mode, settings.spec.speculate)
     drafter_model = models.drafter_model or ModelConfig().drafter_model
     chat = Chat(session, settings, drafter_model=drafter_model, echo_input=not sys.stdin.isatty())
     chat.banner()

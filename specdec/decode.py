@@ -553,7 +553,7 @@ def speculative_generate(
     handles for specdec's CPU linear kernels (``specdec.kernels``, as ``SPECDEC_LINEAR`` says: it may build them
     once per machine, probe their timings and set the float32 CPU linear layers' forwards, used only while specdec
     decodes); "off" leaves the models as they are. ``tree`` (a node count or a ``TreeConfig``; None: chains) drafts a
-    token tree per row instead of a chain, ``gamma`` deep (``specdec.tree``: a model drafter, eager caches).
+    token tree per row instead of a chain, ``gamma`` deep (``specdec.tree``: a model or feature drafter, eager caches).
     """
     spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, batch_size=batch_size, speculate=speculate,
                       tree=tree if tree is None or isinstance(tree, int) else tree.nodes)

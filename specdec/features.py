@@ -50,6 +50,18 @@ def resolve_layers(model: PreTrainedModel, layers: tuple[int, ...] | list[int] |
     return tuple(sorted(chosen))
 
 
+def drafter_layers(config: object) -> tuple[int, ...] | None:
+    """The ``hidden_states`` indices a drafter of ``config`` (a config object or its ``config.json`` as a dict) asks
+    the target for, once each in order, or None where it reads no features: a feature or parallel drafter's
+    ``feature_layers`` are the 0-based decoder layers whose outputs it reads, index ``i + 1`` each. What its
+    ``align`` asks (``want_features``) and what a compiled target's buckets return (``specdec.plan``) alike."""
+    get = config.get if isinstance(config, dict) else (lambda key, default=None: getattr(config, key, default))
+    layers, target = get("feature_layers"), get("target_config")
+    if not isinstance(layers, (list, tuple)) or not layers or target is None:
+        return None
+    return tuple(sorted({int(i) + 1 for i in layers}))
+
+
 def selection(layers: tuple[int, ...], last: int | None = None) -> list[int]:
     """What a forward passes as ``output_hidden_states`` to capture ``layers`` (and ``last``, the final hidden
     state's index, where the last hidden state is asked for too): each index once, in order."""

@@ -43,7 +43,8 @@ def default_model_path(name: str) -> Path:
 
 
 def resolve_model_path(path_or_name: str | Path | None) -> Path:
-    """A shipped name, None (the default target) or a folder -> an existing folder, else ValueError."""
+    """A shipped name, None (the default target), a folder or a ``.gguf`` file (``specdec.gguf``: its folder) -> an
+    existing folder, else ValueError."""
     if path_or_name is None:
         path_or_name = DEFAULT_TARGET
     if isinstance(path_or_name, str) and path_or_name in SHIPPED_MODELS:
@@ -55,6 +56,10 @@ def resolve_model_path(path_or_name: str | Path | None) -> Path:
             )
         return path
     path = Path(path_or_name).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():  # llama.cpp's format: through transformers' GGUF loading
+        from specdec.gguf import gguf_folder
+
+        return gguf_folder(path)
     if not path.exists():
         raise ValueError(
             f"model path {str(path)!r} does not exist: pass a folder with config.json and safetensors weights "

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 LANES = 16  # output columns per block of the re-laid weight (``csrc/quantized_linear.c``'s QL)
+PACK_ROWS = 64 * LANES  # output rows packed at once (multiple of LANES): bounds the temporaries
 MAGIC = 2.0**23  # int4: the kernel reads a nibble v as the float 2^23 + v and subtracts 2^23 + z + 8 (exact)
 _INSTALLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> layers given the kernels
 _ACTIVE: list[Callable[[], bool]] = [lambda: False]  # kernels' own test of ``active()`` (``install`` sets it)
@@ -86,9 +87,13 @@ class Packed:
             self.weight = _columns(q, 0).reshape(-1, LANES, width).transpose(1, 2).contiguous()  # [B, K, 16]
         else:
             self.group = int(weight.block_size[-1])
-            shifted = _columns(q.to(torch.int32) + 8, 8)  # 0 .. 15
-            nibbles = shifted.reshape(-1, LANES, width // 8, 8) << torch.arange(0, 32, 4, dtype=torch.int32)
-            self.weight = nibbles.sum(-1, dtype=torch.int32).transpose(1, 2).contiguous()  # [B, K / 8, 16] words
+            shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+            self.weight = torch.empty(-(-out_features // LANES), width // 8, LANES, dtype=torch.int32)  # words
+            for start in range(0, out_features, PACK_ROWS):  # a slice at a time: int32 temporaries of a whole head
+                shifted = q[start:start + PACK_ROWS].to(torch.int32).add_(8)  # 0 .. 15
+                nibbles = _columns(shifted, 8).reshape(-1, LANES, width // 8, 8).bitwise_left_shift_(shifts)
+                block = start // LANES
+                self.weight[block:block + nibbles.shape[0]] = nibbles.sum(-1, dtype=torch.int32).transpose(1, 2)
             self.scales = _columns(weight.scale.detach().float(), 0.0).t().contiguous()  # [K / G, 16 B]
             zero = weight.zero_point.detach()  # all zero (torchao's symmetric int4): none, a table lookup
             self.zeros = (_columns(zero.float(), 0.0) + (8 + MAGIC)).t().contiguous() if zero.any() else None

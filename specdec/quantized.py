@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +245,18 @@ def agreement(source, quantized, prompts: list[list[int]], tokens: int, where: s
     return Agreement(len(prompts), tokens, equal_prompts, equal_tokens, where)
 
 
+def _untie(model_path: Path, out: str) -> str:
+    """Write ``model_path``'s weights to ``out`` in their stored dtype with the LM head its own copy of the tied
+    input embeddings and ``tie_word_embeddings`` off: the same function, two matrices."""
+    model = _load(model_path, "auto")
+    model.get_output_embeddings().weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = False
+    with _quiet():
+        model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in Path(folder).iterdir() if f.is_file() and f.suffix == ".safetensors")
 
@@ -265,10 +278,13 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
     source = _load(model_path, dtype)
     tied = source.get_output_embeddings() is not None and (
         source.get_output_embeddings().weight is source.get_input_embeddings().weight)
-    head = embeddings = head or embeddings if tied else head  # a tied head is the input embeddings' matrix
+    head = head or embeddings  # transformers' quantizer takes the input embeddings with the head or not at all
     config = TorchAoConfig(torchao_config(to, group_size), include_input_output_embeddings=embeddings,
                            modules_to_not_convert=None if not head else [])
-    model = _load(model_path, dtype, config)
+    with tempfile.TemporaryDirectory(prefix="specdec-untied-") as untied:
+        # A tied head is the input embeddings' matrix, which transformers' quantizer leaves float: the head gets its
+        # own copy (tie_word_embeddings off), so that it is quantized and read as integers at every step.
+        model = _load(_untie(model_path, untied) if tied and head else model_path, dtype, config)
     if not any(True for _ in _weights(model)):
         raise ValueError(f"{model_path}: no linear layer could be quantized to {to}")
     if head and type(model.get_output_embeddings().weight) in (torch.Tensor, torch.nn.Parameter):
@@ -286,7 +302,8 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
         ids, where = _prompts(model_path, source.config.get_text_config().vocab_size, prompts, seed)
         agree = agreement(source, loaded, ids, tokens, where)
         figures = {"source": str(model_path), "to": to, "group_size": group_size, "embeddings": embeddings,
-                   "head": head, "dtype": str(dtype).removeprefix("torch."), "format": describe(loaded),
+                   "head": head, "untied": tied and head, "dtype": str(dtype).removeprefix("torch."),
+                   "format": describe(loaded),
                    "bytes": folder_bytes(out), "source_bytes": folder_bytes(model_path),
                    "source_dtype": stored,
                    "agreement": agree.__dict__}
@@ -301,13 +318,15 @@ def card(figures: dict) -> str:
     a = figures["agreement"]
     size, src = figures["bytes"], figures["source_bytes"]
     ratio = size / max(src, 1)
+    untied = "; the source's head was tied to its input embeddings: here it is a copy of its own" if figures.get(
+        "untied") else ""
     scheme = ("int8 weight-only, one scale per output channel" if figures["to"] == "int8"
               else f"int4 weight-only, symmetric, one scale per {figures['group_size']} input columns")
     return f"""# {Path(figures['source']).name}, {figures['to']}
 
 Written by `specdec quantize` from `{figures['source']}`: {scheme}, in torchao's format ({figures['format']}),
 saved as safetensors. Input embeddings {'quantized' if figures['embeddings'] else 'kept'}; LM head
-{'quantized' if figures['head'] else 'kept'} ({figures['dtype']} otherwise). Load it with
+{'quantized' if figures['head'] else 'kept'} ({figures['dtype']} otherwise){untied}. Load it with
 `AutoModelForCausalLM.from_pretrained(folder)` with torchao installed (`pip install 'specdec[quant]'`).
 
 | | bytes of weights on disk |

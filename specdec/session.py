@@ -101,21 +101,21 @@ class Session:
         how = how or self.models.compile
         if not compiles(how, resolve_device(self.models.device)):
             return []
-        plan = [(name, self.model(name), Shapes(tokens, rows, hidden, last))
-                for name, tokens, rows, hidden, last in self.compile_plan(mode, spec, schedule, prompts)]
+        plan = [(name, self.model(name), Shapes(*shapes))
+                for name, *shapes in self.compile_plan(mode, spec, schedule, prompts)]
         return compile_models(plan, how, cached_only=cached_only, say=_stderr)
 
     def compile_plan(self, mode: str, spec: SpecConfig, schedule: ScheduleConfig,
-                     prompts: int | None = None) -> list[tuple[str, tuple[int, ...], tuple[int, ...], bool, bool]]:
+                     prompts: int | None = None) -> list[tuple]:
         """What ``compile`` compiles (``specdec.plan.mode_plan``): (model name, tokens buckets, rows buckets, hidden
-        states, the last logits only) per model."""
+        states, the last logits only, the buckets without hidden states too) per model: ``Shapes``' fields."""
         plan = mode_plan(mode, spec.gamma, spec.speculate, self.models.drafter,
                          batch=min(spec.batch_size, prompts or spec.batch_size), schedule=schedule.schedule)
         first = self._name(mode) if mode == "drafter" else self.models.target
         entries = [(first, plan.target)]
         if plan.drafter is not None:
             entries.append((self.models.drafter_model, plan.drafter))
-        return [(name, s.tokens, s.rows, s.hidden, s.last) for name, s in entries]
+        return [(name, s.tokens, s.rows, s.hidden, s.last, s.bare) for name, s in entries]
 
     def tokenizer(self, mode: str) -> PreTrainedTokenizerBase:
         """The tokenizer of the model that decodes in ``mode``."""
@@ -154,12 +154,12 @@ class Session:
             self.models = previous
             raise
 
-    def load(self, mode: str) -> None:
-        """Load what ``mode`` needs now rather than at the first prompt."""
+    def load(self, mode: str, speculate: str = SpecConfig.speculate) -> None:
+        """Load what ``mode`` needs now rather than at the first prompt (no drafter where ``speculate`` is "off")."""
         self.tokenizer(mode)
         if mode in ("target", "speculative", COMPARE):
             self.model(self.models.target)
-        if mode in ("drafter", "speculative", COMPARE):
+        if mode == "drafter" or (mode in ("speculative", COMPARE) and speculate != "off"):
             self.drafter()
 
     def encode(self, prompt: str, settings: Settings) -> list[int]:
@@ -195,7 +195,8 @@ class Session:
             kernels=self.models.kernels,
         )
         if settings.mode == "speculative":
-            return decode.speculative_generate(self.model(self.models.target), self.drafter(), prompt_ids,
+            drafter = None if settings.spec.speculate == "off" else self.drafter()  # plain: no drafter to load
+            return decode.speculative_generate(self.model(self.models.target), drafter, prompt_ids,
                                                gamma=settings.spec.gamma, speculate=settings.spec.speculate,
                                                verify=settings.verify, schedule=settings.schedule,
                                                tree=settings.spec.tree, **kwargs)
@@ -254,7 +255,7 @@ def prepare_call(target: PreTrainedModel | Target, drafter: object, prompts: obj
     import torch
 
     from specdec.loading import input_device, load_model
-    from specdec.plan import decode_plan
+    from specdec.plan import decode_plan, drafter_features
     from specdec.target import Target, make_target
 
     model = target.model if isinstance(target, Target) else target
@@ -265,11 +266,12 @@ def prepare_call(target: PreTrainedModel | Target, drafter: object, prompts: obj
         return target, drafter, None
     speculating = drafter is not None and speculate != "off"
     lookup, drafter_model = _drafter_parts(drafter) if speculating else (False, False)
+    features = drafter_features(drafter) if drafter is not None else None  # the target's, from its graph
     count = _prompt_count(prompts)
     name = schedule if isinstance(schedule, str) else getattr(schedule, "schedule", None)
     plan = decode_plan(gamma, lookup=lookup, drafter_model=drafter_model, speculating=speculating,
                        plain=drafter is None or speculate != "on", batch=min(batch_size, count or batch_size),
-                       hidden=name == "ada")
+                       hidden=name == "ada", features=features)
     compile_models([("target", model, plan.target)], compile)
     if plan.drafter is None:
         return target, drafter, plan

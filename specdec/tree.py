@@ -2,10 +2,10 @@
 verified by the target in one forward, the longest accepted path committed.
 
 A ``Tree`` holds, per row, up to N nodes below a root (the row's newest committed token): each node's token, its
-parent (0 = the root, i = node i - 1, always earlier in the list: parents before children), its depth (1 below the
-root) and, optionally, the drafter distribution q at its parent from which it and its siblings were drawn in turn,
-without replacement. ``q`` None means the candidates are deterministic (chosen by any rule, e.g. top-k): then each
-is treated as drafted with a one-hot q, which is lossless whatever chose them (Leviathan et al. 2023, sec. 2.3).
+parent (0 = the root, i = node i - 1, always earlier: parents before children), its depth (1 below the root) and,
+optionally, the drafter's q at its parent from which it and its siblings were drawn in turn, without replacement.
+``q`` None: deterministic candidates (chosen by any rule, e.g. top-k), each treated as drafted with a one-hot q,
+which is lossless whatever chose them (Leviathan et al. 2023, sec. 2.3).
 
 Verification (``verify_tree``): tokens = [root, nodes...] at positions committed length - 1 + depth, each node
 attending to the row's cached context and its own ancestors only (``ancestors``; a 4D additive mask,
@@ -19,17 +19,18 @@ attending to the row's cached context and its own ancestors only (``ancestors``;
   the children were drawn from q in that order (or q is one-hot per candidate): proof by induction on the number of
   children, each rejection leaving a residual whose remaining procedure outputs it exactly.
 
-Commit: the target's cache keeps the accepted path's entries, in order (``RaggedCache.reorder_tail``, a gather of
-the just-written slots), the rest dropped: cached tokens == committed tokens - 1 again. The model drafter's cache
-likewise keeps the path nodes it forwarded (``draft_tree``, ``commit_tree``); a drafter with those two methods
-of its own (the parallel drafter) grows and commits its trees itself. Top-beta/tau: ``relaxed_child``, lossy.
+Commit: the target's cache (and features, where a feature drafter reads them) keeps the accepted path's entries, in
+order (``RaggedCache.reorder_tail``), the rest dropped: cached tokens == committed tokens - 1 again. A model
+drafter keeps the path nodes it forwarded (``commit_tree``); a feature drafter drops every tree slot (they read its
+own states) and pairs the path's target features with the committed tokens, as after a chain; a drafter with
+``draft_tree`` / ``commit_tree`` methods of its own (the parallel drafter) grows and commits its trees itself.
+Top-beta/tau: ``relaxed_child``, lossy.
 
-``draft_tree`` builds a ModelDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most probable nodes of the
-depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a tree mask again) and
-each gets its ``topk`` most probable children; the best ``nodes`` of all by cumulative probability form the tree
-(a child never beats its parent, so the kept set is closed under ancestors). Its candidates are chosen by their
-own probability, so they are deterministic (``q`` None): the q rule would need siblings sampled from q and kept
-whatever their own value.
+``draft_tree`` builds a ModelDrafter's or a FeatureDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most
+probable nodes of the depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a
+tree mask again; a feature drafter's node reads its parent's output state, the root's from the target's features)
+and each gets its ``topk`` most probable children; the best ``nodes`` of all form the tree (a child never beats
+its parent: closed under ancestors), its candidates deterministic (``q`` None: chosen by their own probability).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 
 from specdec.batch import left_mask, left_padded
 from specdec.features import features_of, selection
-from specdec.sampling import Sampler
+from specdec.sampling import Sampler, check_finite
 
 
 @dataclass(frozen=True)
@@ -262,15 +263,15 @@ def commit_target(target, paths: list[list[int]], width: int) -> None:
 def tree_refusal(target, drafter) -> str | None:
     """Why this pair cannot decode with trees here, or None."""
     from specdec.cache import RaggedCache
+    from specdec.drafters.feature import FeatureDrafter
     from specdec.drafters.model import ModelDrafter
 
-    if type(drafter) is not ModelDrafter and not callable(getattr(drafter, "draft_tree", None)):
+    if type(drafter) not in (ModelDrafter, FeatureDrafter) and not callable(getattr(drafter, "draft_tree", None)):
         kinds = {"LookupDrafter": "prompt lookup with a model (the default, lookup+NAME)", "NgramDrafter":
-                 "prompt lookup (ngram)", "FeatureDrafter": "a feature drafter", "ParallelDrafter":
-                 "a parallel drafter", "BlockDrafter": "a block drafter"}
+                 "prompt lookup (ngram)", "BlockDrafter": "a block drafter"}
         given = kinds.get(type(drafter).__name__, type(drafter).__name__)
-        return (f"trees are drafted by a drafter model alone, not {given}: pass --drafter code-drafter "
-                "(or a model folder)")
+        return (f"trees are drafted by a drafter model or a feature drafter alone, not {given}: pass --drafter "
+                "code-drafter (or a model or feature drafter folder)")
     for who, cache in (("target", getattr(target, "cache", None)), ("drafter", drafter.cache)):
         if type(cache) is not RaggedCache:
             return f"the {who}'s cache ({type(cache).__name__}) is not the eager RaggedCache trees need"
@@ -282,21 +283,35 @@ def tree_refusal(target, drafter) -> str | None:
 # ------------------------------------------------------------------------------------------------ the drafter
 
 
+def _reads_features(drafter) -> bool:
+    """Whether ``drafter`` is a feature drafter (EAGLE-3 style: its tree grows from the target's features)."""
+    from specdec.drafters.feature import FeatureDrafter
+
+    return isinstance(drafter, FeatureDrafter)
+
+
 def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
     """Grow each row's tree EAGLE-2's way (module docstring) to at most ``depth[b]`` levels, from the drafter's
     pending tokens (forwarded first, as a chain proposal does). The drafter remembers the forwarded nodes' slots for
     ``commit_tree``."""
-    rows, device, k = len(drafter.pending), drafter.device, config.topk
+    features = _reads_features(drafter)
+    if features:  # a row with no (feature, token) pair yet (a one-token prompt) drafts nothing this round
+        depth = [d if pairs else 0 for d, pairs in zip(depth, drafter.tokens)]
+    rows, device, k = len(depth), drafter.device, config.topk
     levels = max(depth, default=0)
     if levels == 0:
         drafter._tree = None
         drafter._drafts = [[] for _ in range(rows)]
         empty = torch.zeros(rows, 0, dtype=torch.long, device=device)
         return Tree(empty, empty, empty, torch.zeros(rows, dtype=torch.long, device=device))
-    ids, counts = left_padded(drafter.pending, device)
-    valid = None if len({len(p) for p in drafter.pending}) == 1 else left_mask(counts, ids.shape[1])
-    logits, _ = drafter._step(ids, valid, False)  # [B, V] at the root
-    drafter._mark, drafter.pending = drafter.cache.live.clone(), [[] for _ in range(rows)]
+    if features:  # the root's logits and output state [B, H], from the target's features of the committed prefix
+        logits, root = drafter.catch_up()
+        check_finite(logits, "drafter", torch.tensor(depth, device=device) > 0)
+    else:
+        ids, counts = left_padded(drafter.pending, device)
+        valid = None if len({len(p) for p in drafter.pending}) == 1 else left_mask(counts, ids.shape[1])
+        logits, _ = drafter._step(ids, valid, False)  # [B, V] at the root
+        drafter._mark, drafter.pending = drafter.cache.live.clone(), [[] for _ in range(rows)]
     allowed = torch.tensor(depth, device=device)  # [B] levels per row
     ninf = torch.tensor(float("-inf"), device=device)
     value, token = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # [B, k]
@@ -308,6 +323,8 @@ def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
     cap = k + (levels - 1) * k * k
     anc = torch.zeros(rows, cap, cap, dtype=torch.bool, device=device)  # node -> its ancestors and itself
     anc[:, torch.arange(k), torch.arange(k)] = True
+    if features:  # each forwarded node's output state, which its children's forward reads
+        states = root.new_zeros(rows, cap, root.shape[-1])
     start, calls = 0, 1
     for level in range(1, levels):
         here = torch.cat(values, dim=1)[:, start:]  # [B, c] the nodes of this level
@@ -322,11 +339,21 @@ def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
         sees = rows_of.gather(2, fed[:, None, :].expand(rows, f, fed.shape[1]))  # [B, f, W] its ancestors with slots
         fed_nodes.append(frontier)
         fed_live.append(live)
-        ids = drafter._ids(torch.cat(tokens, dim=1).gather(1, frontier))
-        positions = drafter._mark[:, None] + level - 1  # the root at live - 1: level 1 at live
-        out = drafter.cache.tree_forward(ids, live, positions.expand(rows, f), sees)
+        ids = torch.cat(tokens, dim=1).gather(1, frontier)
+        positions = (drafter._mark[:, None] + level - 1).expand(rows, f)  # the root at live - 1: level 1 at live
+        if features:  # a node reads its parent's output state (the root's: from the target's features)
+            up = torch.cat(parents, dim=1).gather(1, frontier)  # [B, f] global, -1 = the root
+            fed_states = torch.where((up < 0)[:, :, None], root[:, None, :],
+                                     states.gather(1, up.clamp_min(0)[:, :, None].expand(-1, -1, states.shape[2])))
+            out = drafter.cache.tree_forward(ids, live, positions, sees, hidden=fed_states)
+            states.scatter_(1, frontier[:, :, None].expand(-1, -1, states.shape[2]), out.hidden.to(states.dtype))
+            child = out.logits
+        else:
+            out = drafter.cache.tree_forward(drafter._ids(ids), live, positions, sees)
+            child = drafter._aligned(out.logits)
         calls += 1
-        child = torch.log_softmax(drafter._aligned(out.logits).float(), dim=-1)  # [B, f, V]
+        check_finite(child, "drafter", live)
+        child = torch.log_softmax(child.float(), dim=-1)  # [B, f, V]
         cv, ct = child.topk(k, dim=-1)  # [B, f, k]
         value = torch.where(live[:, :, None], fv[:, :, None] + cv, ninf).reshape(rows, f * k)
         start = sum(v.shape[1] for v in values)
@@ -370,6 +397,10 @@ def commit_tree(drafter, tree: Tree, paths: list[list[int]], next_tokens: list[i
     rest of the committed tokens (and the next token) wait as pending."""
     tokens = tree.tokens.tolist()
     committed = [[tokens[b][i - 1] for i in path] + [t] for b, (path, t) in enumerate(zip(paths, next_tokens))]
+    if _reads_features(drafter):  # every tree slot read the drafter's own states: dropped, as a chain's drafts are;
+        drafter._tree = None      # the path's target features pair with the committed tokens (``follow``)
+        drafter.follow(committed)
+        return
     reach = drafter._grown(committed)
     state, drafter._tree = drafter._tree, None
     if state is None:
@@ -414,7 +445,7 @@ def tree_round(decoder) -> None:
         budget = decoder._budget(plan.width)
         depth = [0 if out else min(n, most) for n, most in zip(plan.limit.tolist(), budget)]
         if not out:
-            if hasattr(decoder.drafter, "_within_room"):
+            if hasattr(decoder.drafter, "_within_room"):  # a feature drafter's positions are the target's, capped
                 _, depth = decoder.drafter._within_room(torch.tensor(depth, dtype=torch.long, device=device))
             own = getattr(decoder.drafter, "draft_tree", None)  # a drafter that grows its own trees
             tree = own(depth, decoder.tree) if own else draft_tree(decoder.drafter, depth, decoder.tree)

@@ -168,6 +168,11 @@ def test_another_target_without_a_drafter_is_told_the_default_drafter_and_ngram(
             and "--drafter ngram" in err)
     assert cli.main(["generate", PROMPT, "--target", str(pair.target), "--drafter", "ngram", "--max-new-tokens",
                      "2"]) == 0
+    capsys.readouterr()  # plain decoding drafts nothing: the default drafter is neither loaded nor refused
+    assert cli.main(["generate", PROMPT, "--target", str(pair.target), "--speculate", "off", "--max-new-tokens",
+                     "2", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["stats"]["rounds"] == 2 and "vocabulary" not in out.err
 
 
 def test_a_model_folder_without_a_tokenizer_is_named(pair: TinyPair, tmp_path: Path, capsys) -> None:

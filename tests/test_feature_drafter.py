@@ -31,10 +31,11 @@ def _llama(layers: int = 4, hidden: int = 64, vocab: int = 96, seed: int = 0) ->
     return LlamaForCausalLM(config).eval()
 
 
-@pytest.fixture(scope="module")
-def pair():
+@pytest.fixture(scope="module", params=["proj", "eagle3"])
+def pair(request):
     target = _llama()
-    drafter = new_feature_drafter(target, fingerprint="0123abcd", name="tiny-llama", seed=1).eval()
+    drafter = new_feature_drafter(target, fingerprint="0123abcd", name="tiny-llama", seed=1,
+                                  layout=request.param).eval()
     with torch.no_grad():  # a drafter whose layer matters: larger weights than the init's
         for p in drafter.parameters():
             if p.dim() == 2:
@@ -187,10 +188,26 @@ def test_bad_input_is_one_line(run, tmp_path):
     cfg = run["cfg"]
     for bad, needle in ((replace(cfg, data=str(tmp_path / "none.jsonl")), "no data at"),
                         (replace(cfg, feature_layers="1,2"), "--feature-layers"),
-                        (replace(cfg, ttt_steps=0), "--ttt-steps")):
+                        (replace(cfg, ttt_steps=0), "--ttt-steps"),
+                        (replace(cfg, layout="medusa"), "--layout")):
         with pytest.raises(ValueError, match=needle) as err:
             train_feature_drafter(bad, tmp_path / "out", progress=False, log=lambda m: None)
         assert "\n" not in str(err.value)
+
+
+def test_the_eagle3_layout_trains_and_exports(run, tmp_path):
+    """`--layout eagle3` end to end: trained (the held-out KL falls), then exported (its target found by its config)."""
+    from dataclasses import replace
+
+    from specdec import cli
+
+    final = _train(replace(run["cfg"], steps=16, eval_every=4, layout="eagle3"), tmp_path / "run")
+    assert json.loads((final / "config.json").read_text())["layout"] == "eagle3"
+    kl = [h["val_kl"][0] for h in json.loads((final / "training.json").read_text())["state"]["history"]
+          if "val_kl" in h]  # the held-out KL at depth 1, every 4 steps
+    assert len(kl) == 4 and kl[-1] < kl[0], kl
+    assert cli.main(["export", str(final), "--format", "eagle3", "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
 def test_features_of_reads_the_chosen_layers_outputs(pair):

@@ -55,6 +55,20 @@ def test_greedy_output_equals_the_targets_single_and_ragged(target, references, 
         assert 0 < accepted < drafted, (accepted, drafted)  # some accepted, some rejected: rollback ran
 
 
+def test_the_eagle3_layout_decodes_exactly(target, references, tmp_path):
+    """EAGLE-3's own layer (what `specdec export` writes) behind the same contract: by folder, single and ragged."""
+    from specdec.drafters.feature_model import new_feature_drafter
+
+    new_feature_drafter(target, seed=10, layout="eagle3").save_pretrained(tmp_path / "fd")
+    for batch_size in (1, 4):
+        results = specdec.speculative_generate(target, str(tmp_path / "fd"), PROMPTS, max_new_tokens=24, gamma=3,
+                                               stop_token_ids=[], batch_size=batch_size)
+        for prompt, result, reference in zip(PROMPTS, results, references):
+            assert_same_greedy(target, prompt, result.tokens, reference)
+        accepted, drafted = sum(r.stats.accepted for r in results), sum(r.stats.drafted for r in results)
+        assert 0 < accepted < drafted, (accepted, drafted)
+
+
 def test_a_folder_and_lookup_plus_folder_decode_exactly(target, references, tmp_path):
     _drafter_model(target, seed=4).save_pretrained(tmp_path / "fd")
     handle = make_target(target)

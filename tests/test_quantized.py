@@ -220,7 +220,7 @@ def test_a_format_whose_backend_is_missing_is_one_line_naming_the_package(folder
         specdec.load_model(folder)
 
 
-def test_the_head_by_choice_untied_quantized_and_tied_refused(folders, tmp_path, capsys):
+def test_the_head_by_choice_untied_quantized_and_tied_given_its_own_copy(folders, tmp_path, capsys):
     src, _ = folders  # the tiny Llama's head is its own matrix
     out = tmp_path / "head"
     assert main(["quantize", str(src["target"]), "--to", "int8", "--quantize-head", "--out", str(out),
@@ -231,10 +231,18 @@ def test_the_head_by_choice_untied_quantized_and_tied_refused(folders, tmp_path,
     for prompt in PROMPTS[:2]:
         res = specdec.speculative_generate(model, "ngram", prompt, max_new_tokens=16, stop_token_ids=[])
         assert_same_greedy(model, prompt, res.tokens, hf_greedy(model, prompt, 16, []))
-    status, err = _status(["quantize", "code-drafter", "--to", "int8", "--quantize-head", "--out",
-                           str(tmp_path / "tied")], capsys)  # tied: transformers' quantizer leaves it float
-    assert status == 2 and "LM head unquantized (it is tied to the input embeddings)" in err and err.count("\n") == 1
-    assert not (tmp_path / "tied").exists()
+    tied = tmp_path / "tied"  # code-drafter's head is its input embeddings' matrix: it gets its own copy, quantized
+    assert main(["quantize", "code-drafter", "--to", "int8", "--quantize-head", "--out", str(tied),
+                 "--prompts", "1", "--tokens", "4"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(tied).eval()
+    assert not model.config.tie_word_embeddings and "its own" in (tied / "README.md").read_text()
+    assert type(model.lm_head.weight).__name__ == "Int8Tensor"
+    assert type(model.model.embed_tokens.weight) is torch.nn.Parameter
+    source = AutoModelForCausalLM.from_pretrained(specdec.loading.resolve_model_path("code-drafter")).eval()
+    assert torch.equal(model.model.embed_tokens.weight, source.model.embed_tokens.weight.float())
+    assert torch.allclose(model.lm_head.weight.dequantize(), source.lm_head.weight.float(), atol=0.02)
+    res = specdec.speculative_generate(model, "ngram", PROMPTS[0], max_new_tokens=16, stop_token_ids=[])
+    assert_same_greedy(model, PROMPTS[0], res.tokens, hf_greedy(model, PROMPTS[0], 16, []))
 
 
 def test_the_clis_group_sizes_are_the_library_s() -> None:

@@ -73,6 +73,19 @@ def test_int4_products_equal_the_dequantised_weights_in_float64(group, mapping):
     _check(layer, [*range(1, 17), 29, 40])
 
 
+def test_int4_packs_a_head_wider_than_one_slice(monkeypatch):  # packed PACK_ROWS output rows at a time
+    monkeypatch.setattr(qlinear, "PACK_ROWS", 2 * qlinear.LANES)
+    layer = _layer(64, 5 * qlinear.LANES + 3, quantized.torchao_config("int4", 32), seed=1)
+    packed = qlinear.Packed(layer.weight)
+    q = layer.weight.qdata
+    for column in (0, 31, 32, 70, 82):  # in the first, second and last (padded) slices
+        block, lane = divmod(column, qlinear.LANES)
+        words = packed.weight[block, :, lane] & 0xFFFFFFFF
+        assert [(int(w) >> (4 * i)) & 15 for w in words for i in range(8)] == (q[column] + 8).tolist()
+    assert (packed.weight[5, :, 3:] == 0x88888888 - 2**32).all()  # padding columns: nibbles 8 (q 0)
+    _check(layer, [1, 5, 16])
+
+
 def test_int4_packs_two_values_a_byte_from_the_tensors_own_data(monkeypatch):
     monkeypatch.setenv("SPECDEC_LINEAR", "on")
     layer = _layer(128, 40, quantized.torchao_config("int4", 64))

@@ -255,6 +255,9 @@ def test_feature_buckets_name_each_layer_once_in_order():
     """``prepare(..., hidden=layers)`` warms the shape the target's verify asks for: its layers once each, sorted."""
     assert {s.hidden for s in buckets((4,), (1,), hidden=(3, 2, 3))} == {False, (2, 3)}
     assert {s.hidden for s in buckets((4,), (1,), hidden=True)} == {False, True}
+    # a target whose every verify asks for a drafter's features: those buckets only (``specdec.plan``'s bare=False)
+    assert {s.hidden for s in buckets((1, 4), (1, 2), hidden=(3, 2, 3), bare=False)} == {(2, 3)}
+    assert {s.hidden for s in buckets((4,), (1,), bare=False)} == {False}  # no hidden states asked: the plain ones
 
 
 def test_eagle3_rule():

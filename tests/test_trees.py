@@ -269,7 +269,8 @@ def test_shipped_pair_greedy_with_trees():
 def test_trees_refused_in_one_line_for_a_drafter_without_trees():
     target = build_tiny("llama", seed=0)
     with pytest.raises(ValueError, match=r"token trees are not available here: trees are drafted by a drafter model "
-                                         r"alone, not prompt lookup \(ngram\): pass --drafter code-drafter"):
+                                         r"or a feature drafter alone, not prompt lookup \(ngram\): pass --drafter "
+                                         r"code-drafter"):
         speculative_generate(target, "ngram", [1, 2, 3], max_new_tokens=4, kernels="off", tree=8)
 
 
@@ -332,7 +333,7 @@ def test_generate_tree_switch(tmp_path, capsys):
     for extra, message in ((["--tree", "0"], "tree must be an int >= 1"),
                            (["--tree", "8", "--compile", "on"], "--tree decodes on the eager path"),
                            (["--tree", "8", "--drafter", "ngram"],
-                            "trees are drafted by a drafter model alone, not prompt lookup")):
+                            "trees are drafted by a drafter model or a feature drafter alone, not prompt lookup")):
         assert cli.main(["generate", "def add(a, b):", *models, *extra]) == 2
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err

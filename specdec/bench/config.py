@@ -52,7 +52,7 @@ class BenchConfig:
     schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada)
                                      # as method spec-<name>; spec itself is the constant schedule (--gamma)
     trees: tuple[int, ...] = ()  # spec again drafting a token tree of each of these node counts, gamma deep, as
-                                 # method spec-tree<N> (specdec.tree: the drafter model alone, eager caches)
+                                 # method spec-tree<N> (specdec.tree: the drafter alone, eager caches)
     tokenizer: str | None = None  # folder of the tokenizer; None = the target's own folder
     methods: tuple[str, ...] = ()  # methods to run, by name or group (see --list); empty = all
     prompts: str | None = None  # a JSONL file with {"id", "prompt"} per line; None = built-in code prompts

@@ -135,11 +135,12 @@ def hidden_key(hidden: object) -> bool | tuple[int, ...]:
 
 
 def buckets(tokens: tuple[int, ...], rows: tuple[int, ...], hidden: bool | tuple[int, ...] = False,
-            last: bool = False) -> list[Shape]:
-    """The shapes ``prepare`` warms for these buckets: every rows x tokens, without the hidden states and, where
-    ``hidden`` (True: the last; layer indices: those layers', ``hidden_key``), with them too; where ``last``, the
+            last: bool = False, bare: bool = True) -> list[Shape]:
+    """The shapes ``prepare`` warms for these buckets: every rows x tokens, without the hidden states (unless not
+    ``bare``: every forward asks for them, as a target's verify does once a drafter reads its features) and, where
+    ``hidden`` (True: the last; layer indices: those layers', ``hidden_key``), with them; where ``last``, the
     forwards of more than one token keep the logits of their last real token only."""
-    kinds = dict.fromkeys([False, hidden_key(hidden)])  # each once, in order
+    kinds = dict.fromkeys(([False] if bare or not hidden else []) + [hidden_key(hidden)])  # each once, in order
     return [Shape(r, n, h, last and n > 1) for r in rows for n in tokens for h in kinds]
 
 

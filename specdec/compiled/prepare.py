@@ -54,7 +54,7 @@ class CompileChoice:
 
 
 def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...] = (1,), rows: tuple[int, ...] = (1,),
-            hidden: bool | tuple[int, ...] = False, last: bool = False, slots: int | None = None,
+            hidden: bool | tuple[int, ...] = False, last: bool = False, bare: bool = True, slots: int | None = None,
             cached_only: bool = False) -> CompileChoice:
     """Compile and warm ``model``'s decode step for every (rows, tokens) bucket (``mode`` on), or leave it
     eager (off, and auto: ``compiles``). Later caches of the model (``specdec.seq2seq.decoding_cache``, or the
@@ -67,7 +67,8 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
     catch-up, which reads no other: code-drafter's head is two thirds of its work a token; not on CUDA, whose graphs
     replay the buckets as they are); a forward that wants them all runs eagerly there.
     ``hidden``: the buckets are also warmed returning hidden states: True the last (an acceptance head's), a tuple of
-    layer indices those layers' (a target's features: ``ModelTarget.feature_layers``, ``specdec.features``)."""
+    layer indices those layers' (a target's features: ``ModelTarget.feature_layers``, ``specdec.features``); ``bare``
+    False: only so (``buckets``: a target whose every verify returns a drafter's features)."""
     device = input_device(model)
     cuda = device.type == "cuda"
     if not compiles(mode, device):
@@ -93,7 +94,7 @@ def prepare(model: PreTrainedModel, mode: str = "on", *, tokens: tuple[int, ...]
         if cuda and (missing is not None or switch("SPECDEC_CUDA_STEP") != "inductor"):
             compiled.inductor = False  # CUDA graphs of the eager step (inductor's: SPECDEC_CUDA_STEP=inductor)
     loaded = compiled.loaded
-    wanted = buckets(tokens, rows, hidden, last and not cuda)
+    wanted = buckets(tokens, rows, hidden, last and not cuda, bare)
 
     def warm_wanted() -> None:
         for shape in wanted:

@@ -28,6 +28,7 @@ from specdec.batch import PromptBatch
 from specdec.cache import RaggedCache
 from specdec.drafters.base import ENDED_LIMIT, ENDED_NONE, FollowingDrafter, Proposal, StopRule
 from specdec.drafters.feature_model import FeatureDrafterModel, is_feature_drafter
+from specdec.features import drafter_layers
 from specdec.fingerprint import fingerprint
 from specdec.sampling import Sampler, check_finite
 
@@ -61,7 +62,7 @@ class FeatureDrafter(FollowingDrafter):
         """Bind the model to ``target`` (refused in one line when made for another) and ask it for the features."""
         print_ = fingerprint(target.model.config, tokenizer) if tokenizer is not None else None
         self.model.bind(target.model, print_, name=getattr(target.model, "name_or_path", "") or "this target")
-        target.want_features(tuple(i + 1 for i in self.model.config.feature_layers))  # hidden_states indices
+        target.want_features(drafter_layers(self.model.config))  # hidden_states indices
         self.target = target
         self.vocab_size = target.vocab_size
         return self
@@ -100,27 +101,10 @@ class FeatureDrafter(FollowingDrafter):
         if steps <= 0:
             self._drafts = [[] for _ in range(rows)]
             return Proposal.empty(rows, self.device)
-        width = max(len(t) for t in self.tokens)
-        ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)
-        hidden = None
-        valid = torch.zeros(rows, width, dtype=torch.bool, device=self.device)
-        fused = []
-        for b, (toks, feats) in enumerate(zip(self.tokens, self.features)):
-            n = len(toks)
-            if n:
-                ids[b, width - n:] = torch.tensor(toks, device=self.device)
-                valid[b, width - n:] = True
-                fused.append((b, n, self.model.fuse_features(torch.cat(feats)[None])[0]))
-        for b, n, f in fused:
-            if hidden is None:
-                hidden = f.new_zeros(rows, width, f.shape[-1])
-            hidden[b, width - n:] = f
-        out = self.cache.forward(ids, None if bool(valid.all()) else valid, hidden=hidden)
-        self.tokens, self.features = [[] for _ in range(rows)], [[] for _ in range(rows)]
-        self._mark = self.cache.live.clone()
+        logits, state = self.catch_up()
+        state = state[:, None]
         limit_t = torch.tensor(limits, device=self.device)
         drafted, probs = [], []
-        logits, state = out.logits[:, -1], out.hidden[:, -1:]
         for i in range(steps):
             check_finite(logits, "drafter")
             active = None if min(limits) > i else limit_t > i
@@ -139,6 +123,32 @@ class FeatureDrafter(FollowingDrafter):
         proposal = Proposal(tokens, lengths, q, None, calls=len(drafted), ended=ended)
         self._drafts = proposal.knowing([row[:n] for row, n in zip(tokens.tolist(), limits)]).drafts()
         return proposal
+
+    def catch_up(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of every row's pending pairs (left-padded; a row with none has only dead slots), which empties
+        them and marks the live slots (``_mark``: what ``follow`` keeps): the last slot's (logits [B, V], output hidden
+        state [B, H]), the first draft's distribution and the state its next step reads. At least one row has a
+        pending pair (``propose`` and ``specdec.tree.draft_tree`` call it only then)."""
+        rows = len(self.tokens)
+        width = max(len(t) for t in self.tokens)
+        ids = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        hidden = None
+        valid = torch.zeros(rows, width, dtype=torch.bool, device=self.device)
+        fused = []
+        for b, (toks, feats) in enumerate(zip(self.tokens, self.features)):
+            n = len(toks)
+            if n:
+                ids[b, width - n:] = torch.tensor(toks, device=self.device)
+                valid[b, width - n:] = True
+                fused.append((b, n, self.model.fuse_features(torch.cat(feats)[None])[0]))
+        for b, n, f in fused:
+            if hidden is None:
+                hidden = f.new_zeros(rows, width, f.shape[-1])
+            hidden[b, width - n:] = f
+        out = self.cache.forward(ids, None if bool(valid.all()) else valid, hidden=hidden)
+        self.tokens, self.features = [[] for _ in range(rows)], [[] for _ in range(rows)]
+        self._mark = self.cache.live.clone()
+        return out.logits[:, -1], out.hidden[:, -1]
 
     def _fits(self, offset: int) -> torch.Tensor | None:
         """[B, 1] bool: whether the draft step ``offset`` still has a position in the drafter's context (None: all)."""

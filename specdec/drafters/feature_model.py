@@ -20,20 +20,21 @@ caller knows it).
 
 Why one layer of the target's class: the drafter's inputs are the target's own features, so the
 target's layer already speaks their language, and every engine that runs the target runs this layer.
-Departure from EAGLE-3: EAGLE-3 widens the layer's q/k/v projections to 2H; here a projection 2H -> H
-feeds an unchanged layer of the target's class (its residual stream starts from the projection).
+Layouts (``config.layout``): ``proj`` (default) projects the pair 2H -> H into an unchanged layer of the target's
+class (residual from the projection); ``eagle3`` is EAGLE-3's layer as vLLM and SGLang run it (q/k/v read the 2H
+pair, residual from the fused feature h, ``embed_norm`` its input norm): the one ``specdec.export`` can write.
 
 The forward contract::
 
     out = model(input_ids [B, n], hidden [B, n, H], position_ids [B, n] | None,
-                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] bool (True = may attend),
+                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] bool (True = may attend)
+                               | [B, 1, n, past + n] float (additive: 0 = may attend),
                 past_key_values=None | Cache, use_cache=False)
     out.logits  # [B, n, V] the target's vocabulary
     out.hidden  # [B, n, H] the layer's output (before the final norm): the hidden state of the next step
 
-A 2D mask is causal over the cache's slots and the inputs (dead slots anywhere, each query sees itself);
-a 4D boolean mask is taken as given (training-time test builds one). The cache is a transformers
-``Cache`` (one layer), so it is cropped and rolled back like every other drafter's cache.
+A 2D mask is causal over the cache's slots and the inputs (dead slots anywhere, each query sees itself); a 4D
+mask is taken as given (training-time test's, a token tree's). The cache is a transformers ``Cache`` (one layer).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import copy
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 
@@ -49,6 +51,7 @@ from specdec.compat import LAYER_KEYWORD
 from specdec.drafters.context_model import ContextSlotsModel
 
 MODEL_TYPE = "specdec-feature-drafter"
+LAYOUTS = ("proj", "eagle3")  # how the (embedding, feature) pair enters the layer: see the module docstring
 # config keys that say how the target was saved or loaded, not what it computes (as specdec.train.outputs)
 _VOLATILE = ("transformers_version", "_name_or_path", "dtype", "torch_dtype", "_commit_hash",
              "_attn_implementation_autoset", "use_cache", "architectures")
@@ -75,6 +78,7 @@ class FeatureDrafterConfig(PretrainedConfig):
     target_fingerprint: str = ""  # specdec.fingerprint.fingerprint of the target (config + tokenizer); "" = unknown
     target_name: str = ""  # the target as the trainer was given it (for messages)
     ttt_steps: int = 0  # drafting depth trained by training-time test (0 = unknown)
+    layout: str = "proj"  # LAYOUTS: "proj" (2H -> H projection, then the target's layer) or "eagle3" (EAGLE-3's)
 
     @classmethod
     def for_target(cls, target_config: PretrainedConfig, feature_layers: list[int] | None = None,
@@ -90,6 +94,8 @@ class FeatureDrafterConfig(PretrainedConfig):
         super().validate_architecture()
         if self.target_config is None:
             return  # a bare config (AutoConfig's registry builds one): nothing to check yet
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         n = self.target_config.get("num_hidden_layers")
         layers = self.feature_layers or []
         if len(layers) != 3 or len(set(layers)) != 3 or not all(0 <= i < (n or 0) for i in layers):
@@ -125,6 +131,26 @@ def features_of(hidden_states: tuple[torch.Tensor, ...], layers: list[int]) -> t
     return torch.cat([hidden_states[i + 1] for i in layers], dim=-1)
 
 
+_EAGLE3_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+
+
+def widen_for_eagle3(layer: nn.Module, width: int) -> None:
+    """Make ``layer`` EAGLE-3's first layer: q/k/v read 2 * ``width`` inputs (concat(embedding, feature)) and the
+    input norm goes (the drafter's ``embed_norm`` is it). Refused, one line, for a layer that is not Llama-shaped
+    (pre-norm attention and MLP, nothing else: e.g. Gemma's extra norms would have no place in EAGLE-3's layer)."""
+    parts = {name for name, _ in layer.named_children()}
+    attn = getattr(layer, "self_attn", None)
+    if parts != _EAGLE3_PARTS or not all(isinstance(getattr(attn, k, None), nn.Linear) for k in ("q_proj", "k_proj",
+                                                                                                 "v_proj")):
+        raise ValueError(f"the eagle3 layout needs a Llama-style decoder layer ({', '.join(sorted(_EAGLE3_PARTS))} "
+                         f"with q_proj/k_proj/v_proj); {type(layer).__name__} has {', '.join(sorted(parts))}: "
+                         "use --layout proj")
+    for name in ("q_proj", "k_proj", "v_proj"):
+        old = getattr(attn, name)
+        setattr(attn, name, nn.Linear(2 * width, old.out_features, bias=old.bias is not None))
+    layer.input_layernorm = nn.Identity()
+
+
 @dataclass
 class FeatureDrafterOutput(ModelOutput):
     """What the feature drafter returns."""
@@ -146,6 +172,8 @@ class FeatureDrafterModel(ContextSlotsModel):
 
     def build(self, layer_class: type, layer_config: PretrainedConfig) -> None:
         self.layer = layer_class(layer_config, layer_idx=0)
+        if self.config.layout == "eagle3":
+            widen_for_eagle3(self.layer, layer_config.hidden_size)
 
     # ------------------------------------------------------------------------------------ forward
 
@@ -171,7 +199,12 @@ class FeatureDrafterModel(ContextSlotsModel):
         """One drafting step over ``n`` slots (module docstring: the contract). ``logits=False`` skips the head;
         ``logits_to_keep`` > 0: the logits of the last that many slots only."""
         batch, n = input_ids.shape
-        x = self.pairs(input_ids, hidden)  # [B, n, H]
+        embed = self.shared()[0]
+        dtype = self.fuse.weight.dtype
+        h = hidden.to(dtype)
+        x = torch.cat([self.embed_norm(embed(input_ids).to(dtype)), self.hidden_norm(h)], dim=-1)  # [B, n, 2H]
+        if self.config.layout == "proj":
+            x = h = self.proj(x)  # [B, n, H]: the layer's input and residual stream
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -184,13 +217,21 @@ class FeatureDrafterModel(ContextSlotsModel):
                 raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the cache holds {past} "
                                  f"slots and {n} inputs: pass a 2D mask [{batch}, {past + n}] (1 = live slot)")
             allowed = self.causal(attention_mask, n)
+        elif attention_mask.is_floating_point():  # additive (0 = may attend), as ``RaggedCache.tree_forward`` builds
+            allowed = attention_mask == 0
         else:
             allowed = attention_mask.bool()
         mask = self.additive_mask(allowed, x.dtype)
-        out = self.layer(x, attention_mask=mask, position_ids=position_ids,
-                         position_embeddings=self.rotary_emb(x, position_ids=position_ids), use_cache=use_cache,
-                         **{LAYER_KEYWORD: past_key_values})
-        out = out[0] if isinstance(out, tuple) else out
+        layer_kwargs = dict(attention_mask=mask, position_ids=position_ids, use_cache=use_cache,
+                            position_embeddings=self.rotary_emb(h, position_ids=position_ids),
+                            **{LAYER_KEYWORD: past_key_values})
+        if self.config.layout == "proj":
+            out = self.layer(x, **layer_kwargs)
+            out = out[0] if isinstance(out, tuple) else out
+        else:  # EAGLE-3's first layer: attention reads the 2H pair, the residual stream starts from the feature h
+            attn = self.layer.self_attn(hidden_states=x, **layer_kwargs)
+            out = h + (attn[0] if isinstance(attn, tuple) else attn)
+            out = out + self.layer.mlp(self.layer.post_attention_layernorm(out))
         kept = out[:, -logits_to_keep:] if logits_to_keep else out
         return FeatureDrafterOutput(logits=self.head(kept) if logits else None, hidden=out,
                                     past_key_values=past_key_values if use_cache else None)
@@ -202,9 +243,9 @@ def is_feature_drafter(model: object) -> bool:
 
 
 def new_feature_drafter(target: PreTrainedModel, feature_layers: list[int] | None = None, fingerprint: str = "",
-                        name: str = "", seed: int = 0) -> FeatureDrafterModel:
+                        name: str = "", seed: int = 0, layout: str = "proj") -> FeatureDrafterModel:
     """A fresh feature drafter for ``target`` (float32, bound to it), its weights drawn from ``seed``."""
-    config = FeatureDrafterConfig.for_target(target.config, feature_layers, fingerprint, name)
+    config = FeatureDrafterConfig.for_target(target.config, feature_layers, fingerprint, name, layout=layout)
     torch.manual_seed(seed)
     drafter = FeatureDrafterModel(copy.deepcopy(config)).float()
     return drafter.bind(target, fingerprint or None, name or "the target")

@@ -57,9 +57,9 @@ def _compiled(session, plan) -> bool:
     """Whether every model of ``plan`` (``Session.compile_plan``) has every bucket compiled."""
     from specdec.compiled import buckets, compiled_for
 
-    for name, tokens, rows, hidden, last in plan:
+    for name, *shapes in plan:
         compiled = compiled_for(session.model(name))
-        if compiled is None or not set(buckets(tokens, rows, hidden, last)) <= compiled.shapes:
+        if compiled is None or not set(buckets(*shapes)) <= compiled.shapes:
             return False
     return True
 

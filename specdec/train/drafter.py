@@ -263,7 +263,7 @@ def _resumed_config(cfg: DrafterTrainConfig, out: Path) -> DrafterTrainConfig:
     if saved is None:
         return cfg
     for f in fields(cfg):
-        given, before = getattr(cfg, f.name), saved.get(f.name, f.default)  # a field added since: its default
+        given, before = getattr(cfg, f.name), saved.get(f.name, f.default)  # a field newer than the run: default
         if f.name == "records" and given is None:
             continue
         if given != before:

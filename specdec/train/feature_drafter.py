@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.drafters.feature_model import (
+    LAYOUTS,
     FeatureDrafterModel,
     default_feature_layers,
     features_of,
@@ -225,6 +226,8 @@ def _check(cfg: FeatureDrafterTrainConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.seq_len < 2:
         raise ValueError(f"--seq-len must be >= 2 (a token and the next), got {cfg.seq_len}")
+    if cfg.layout not in LAYOUTS:
+        raise ValueError(f"--layout {cfg.layout!r}: give one of {', '.join(LAYOUTS)}")
     if cfg.autocast not in ("", "bf16"):
         raise ValueError(f"--autocast {cfg.autocast!r}: give bf16, or leave it out for float32")
     if not 0 < cfg.step_decay <= 1:
@@ -269,7 +272,7 @@ def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *
     _check(cfg)
     parallel, device, log, out, cfg, own, layers, target, train_data, valid_rows = start_run(
         cfg, out_dir, device, log, 2, "every continuation is empty")
-    drafter = new_feature_drafter(target, layers, own.fingerprint, cfg.target, cfg.seed).to(device)
+    drafter = new_feature_drafter(target, layers, own.fingerprint, cfg.target, cfg.seed, cfg.layout).to(device)
     drafter.config.ttt_steps = cfg.ttt_steps
     if cfg.init_from:  # a new stage from an earlier run's drafter (fresh optimizer and schedule)
         from specdec.drafters.feature_model import load_feature_drafter
@@ -278,6 +281,9 @@ def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *
         if start.config.feature_layers != layers:
             raise ValueError(f"--init-from {cfg.init_from} reads layers {start.config.feature_layers}, not {layers}: "
                              f"give --feature-layers {','.join(map(str, start.config.feature_layers))}")
+        if start.config.layout != cfg.layout:
+            raise ValueError(f"--init-from {cfg.init_from} has the {start.config.layout} layout, not {cfg.layout}: "
+                             f"give --layout {start.config.layout}")
         drafter.load_state_dict(start.state_dict())
     parallel.broadcast(drafter)
     out.mkdir(parents=True, exist_ok=True)

@@ -171,6 +171,8 @@ class FeatureDrafterTrainConfig:
     target: str = ""  # the target model's folder
     data: str = ""  # a `specdec data outputs` file written with that target
     feature_layers: str = ""  # the target's 3 decoder layers read, e.g. 1,3,4 ("" = EAGLE-3's low, middle, high)
+    layout: str = "proj"  # "proj" (a 2H -> H projection feeds the target's layer) or "eagle3" (EAGLE-3's own layer:
+    # what `specdec export --format eagle3` writes for vLLM and SGLang; specdec.drafters.feature_model)
     ttt_steps: int = 4  # drafting steps unrolled by training-time test (>= 1; EAGLE-3 trains >= 3)
     step_decay: float = 0.8  # weight of unrolled step k is step_decay ** k (EAGLE-3's)
     autocast: str = ""  # "bf16": both models' forwards under bf16 autocast (CPUs with avx512_bf16, GPUs); "" = fp32
