@@ -82,7 +82,8 @@ class ContextSlotsModel(PreTrainedModel):
         self.fuse = nn.Linear(len(config.feature_layers) * width, width, bias=False)
         self.embed_norm = norm_class(width, eps=eps)
         self.hidden_norm = norm_class(width, eps=eps)
-        self.proj = nn.Linear(2 * width, width, bias=False)
+        if getattr(config, "layout", "proj") == "proj":  # the feature drafter's eagle3 layout has none
+            self.proj = nn.Linear(2 * width, width, bias=False)
         self.build(layer_class, layer_config)
         self.rotary_emb = rotary_class(config=layer_config)
         self.norm = norm_class(width, eps=eps)
@@ -159,8 +160,9 @@ class ContextSlotsModel(PreTrainedModel):
         return self.fuse(features.to(self.fuse.weight.dtype))
 
     def pairs(self, input_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """[B, n, H]: the slots' input, ``proj`` of concat(norm(embedding of ``input_ids``), norm(``hidden``))."""
-        dtype = self.proj.weight.dtype
+        """[B, n, H]: the slots' input, ``proj`` of concat(norm(embedding of ``input_ids``), norm(``hidden``)) (the
+        ``proj`` layout's; the feature drafter's eagle3 layout feeds the pair to its widened layer instead)."""
+        dtype = self.fuse.weight.dtype
         embed = self.shared()[0]
         return self.proj(torch.cat([self.embed_norm(embed(input_ids).to(dtype)), self.hidden_norm(hidden.to(dtype))],
                                    dim=-1))
