@@ -63,7 +63,7 @@ class SpecConfig:
     speculate: str = "on"  # on: draft every round; off: plain decoding; auto: per batch size,
                            # measure plain decoding and a few draft widths, keep the fastest
     tree: int | None = None  # draft a token tree of this many nodes per row, gamma deep, instead of a chain
-                             # (a model drafter; eager caches); none: chains
+                             # (a drafter model or a parallel drafter; eager caches); none: chains
 
     def __post_init__(self) -> None:
         if self.tree is not None and (not _is_int(self.tree) or self.tree < 1):

@@ -22,7 +22,9 @@ attending to the row's cached context and its own ancestors only (``ancestors``;
 Commit: the target's cache (and features, where a feature drafter reads them) keeps the accepted path's entries, in
 order (``RaggedCache.reorder_tail``), the rest dropped: cached tokens == committed tokens - 1 again. A model
 drafter keeps the path nodes it forwarded (``commit_tree``); a feature drafter drops every tree slot (they read its
-own states) and pairs the path's target features with the committed tokens, as after a chain.
+own states) and pairs the path's target features with the committed tokens, as after a chain; a drafter with
+``draft_tree`` / ``commit_tree`` methods of its own (the parallel drafter) grows and commits its trees itself.
+Top-beta/tau: ``relaxed_child``, lossy.
 
 ``draft_tree`` builds a ModelDrafter's or a FeatureDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most
 probable nodes of the depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a
@@ -167,9 +169,27 @@ def sample_node(p: torch.Tensor, q: torch.Tensor | None, tokens: list[int], samp
     return -1, int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True).clamp_max(len(cdf) - 1))
 
 
-def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[list[int]], list[int]]:
+def relaxed_child(scores: torch.Tensor, below: list[int], tokens: list[int], config) -> int | None:
+    """SpecDec's top-beta/tau rule (``specdec.acceptance.top_beta_tau``) at one node of a greedy row: of the children
+    ``below`` (node numbers; ``tokens[c - 1]`` their tokens) whose token is among the target's top ``config.beta``
+    (``scores`` [V] its logits: a stable descending rank) within ``config.tau`` of its best logit, the one the target
+    ranks highest, or None. Beta 1: the child of the target's argmax, as exact greedy verification."""
+    ids = torch.arange(scores.shape[0], device=scores.device)
+    top = float(scores.max())
+    passing = []
+    for c in below:
+        x = tokens[c - 1]
+        mine = scores[x]
+        rank = int(((scores > mine) | ((scores == mine) & (ids < x))).sum())
+        if rank < config.beta and (config.tau is None or top - float(mine) <= config.tau):
+            passing.append((rank, c))
+    return min(passing)[1] if passing else None
+
+
+def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler, relaxed=None) -> tuple[list[list[int]], list[int]]:
     """Walk each row's tree from the root: ``logits`` [B, 1+n, V] the target's at [root, nodes...]. Returns per row
-    the accepted path (node numbers, 1-based: node i - 1 of ``tree``) and the next token (recovered or bonus)."""
+    the accepted path (node numbers, 1-based: node i - 1 of ``tree``) and the next token (recovered or bonus).
+    ``relaxed`` (a ``VerifyConfig`` asking for top-beta/tau, or None): greedy rows take ``relaxed_child``, lossy."""
     kids = children(tree)
     tokens = tree.tokens.tolist()
     best = logits.argmax(dim=-1).tolist()  # [B, 1+n]
@@ -180,7 +200,10 @@ def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[lis
         node, path = 0, []
         while True:
             below = kids[b].get(node, [])
-            if greedy[b]:
+            if greedy[b] and relaxed is not None:
+                pick = relaxed_child(logits[b, node].float(), below, tokens[b], relaxed)
+                token = best[b][node]
+            elif greedy[b]:
                 pick = next((c for c in below if tokens[b][c - 1] == best[b][node]), None)
                 token = best[b][node]
             else:
@@ -243,9 +266,9 @@ def tree_refusal(target, drafter) -> str | None:
     from specdec.drafters.feature import FeatureDrafter
     from specdec.drafters.model import ModelDrafter
 
-    if type(drafter) not in (ModelDrafter, FeatureDrafter):
+    if type(drafter) not in (ModelDrafter, FeatureDrafter) and not callable(getattr(drafter, "draft_tree", None)):
         kinds = {"LookupDrafter": "prompt lookup with a model (the default, lookup+NAME)", "NgramDrafter":
-                 "prompt lookup (ngram)", "ParallelDrafter": "a parallel drafter", "BlockDrafter": "a block drafter"}
+                 "prompt lookup (ngram)", "BlockDrafter": "a block drafter"}
         given = kinds.get(type(drafter).__name__, type(drafter).__name__)
         return (f"trees are drafted by a drafter model or a feature drafter alone, not {given}: pass --drafter "
                 "code-drafter (or a model or feature drafter folder)")
@@ -424,18 +447,23 @@ def tree_round(decoder) -> None:
         if not out:
             if hasattr(decoder.drafter, "_within_room"):  # a feature drafter's positions are the target's, capped
                 _, depth = decoder.drafter._within_room(torch.tensor(depth, dtype=torch.long, device=device))
-            tree = draft_tree(decoder.drafter, depth, decoder.tree)
+            own = getattr(decoder.drafter, "draft_tree", None)  # a drafter that grows its own trees
+            tree = own(depth, decoder.tree) if own else draft_tree(decoder.drafter, depth, decoder.tree)
         else:
             empty = torch.zeros(len(decoder.rows), 0, dtype=torch.long, device=device)
             tree = Tree(empty, empty, empty, torch.zeros(len(decoder.rows), dtype=torch.long, device=device))
     with decoder.events.phase(VERIFY):
         logits = verify_tree(decoder.target, decoder.last, tree)  # [B, 1+n, V]
     with decoder.events.phase(ACCEPT):
-        paths, nexts = accept_tree(tree, logits, decoder.sampler)
+        rule = decoder.verifier.config  # SpecDec's top-beta/tau where asked (greedy rows only: refused otherwise)
+        paths, nexts = accept_tree(tree, logits, decoder.sampler, rule if rule.relaxed else None)
     with decoder.events.phase(COMMIT):
         commit_target(decoder.target, paths, tree.n + 1)
         if not out:
-            commit_tree(decoder.drafter, tree, paths, nexts)
+            if hasattr(decoder.drafter, "commit_tree"):
+                decoder.drafter.commit_tree(tree, paths, nexts)
+            else:
+                commit_tree(decoder.drafter, tree, paths, nexts)
         tokens = tree.tokens.tolist()
         lists = [[tokens[b][i - 1] for i in path] for b, path in enumerate(paths)]
         drafted = tree.depths.masked_fill(~tree.valid(), 0).amax(dim=1) if tree.n else tree.sizes

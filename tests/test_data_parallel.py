@@ -134,6 +134,39 @@ def test_two_processes_train_a_drafter_as_one_and_their_checkpoint_resumes_with_
     assert (tmp_path / "two" / "final" / "README.md").is_file()
 
 
+def test_two_processes_train_a_parallel_drafter_with_glancing_as_one(tmp_path):
+    """`specdec train parallel-drafter` with glancing under torchrun: each process guesses its rows' blocks and takes
+    its rows of the step's draws (one per global row and position), so the history and the drafter equal one
+    process's."""
+    from specdec.train.parallel_drafter import ParallelDrafterTrainConfig, train_parallel_drafter
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                                         initializer_range=0.3))
+    model.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    data = tmp_path / "data.jsonl"
+    user_outputs(str(tmp_path / "target"), tmp_path / "prompts.txt", data, max_new_tokens=8, batch_size=8,
+                 valid_share=0.25, progress=False, log=lambda m: None)
+    cfg = ParallelDrafterTrainConfig(target=str(tmp_path / "target"), data=str(data), block_size=4, steps=6,
+                                     batch_size=6, eval_every=3, save_every=3, lr=3e-3, warmup_steps=1,
+                                     glancing_start=0.9, glancing_end=0.5)
+    flags = [f"--{name.replace('_', '-')}={getattr(cfg, name)}" for name in
+             ("target", "data", "block_size", "steps", "batch_size", "eval_every", "save_every", "lr", "warmup_steps",
+              "glancing_start", "glancing_end")]
+    _launch("torchrun", "train", "parallel-drafter", "--out", str(tmp_path / "two"), *flags)
+    one = train_parallel_drafter(cfg, tmp_path / "one", progress=False, log=lambda m: None)
+    two = json.loads((tmp_path / "two" / "final" / "training.json").read_text())
+    history = json.loads((one / "training.json").read_text())["state"]["history"]
+    assert two["processes"] == 2 and "train_loss" in history[-1]
+    _same_history(history, two["state"]["history"])
+    _same_weights(one, tmp_path / "two" / "final")
+
+
 def test_two_processes_train_a_block_drafter_as_one(tmp_path):
     """`specdec train block-drafter` under accelerate launch: each process packs its rows of the step's
     batch, the glancing draws are the whole batch's, so the losses, figures and weights equal one process's."""

@@ -381,3 +381,104 @@ def test_sampling_with_it_matches_the_targets_distribution(target):
         drafted += res.stats.drafted
     assert 0 < accepted < drafted  # drafts were accepted and rejected
     assert chi2_pvalue(counts, np.array([exact.get(s, 0.0) for s in index])) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ glancing
+
+
+def test_reveal_takes_floor_ratio_times_the_wrong_guesses_of_each_block():
+    from specdec.train.parallel_drafter import reveal
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        rows, blocks, k = 3, 4, 5
+        gold = torch.randint(0, 4, (rows, blocks * k), generator=g)
+        guess = torch.randint(0, 4, (rows, blocks * k), generator=g)
+        known = torch.rand(rows, blocks * k, generator=g) > 0.2
+        ratio = float(torch.rand((), generator=g))
+        revealed = reveal(guess, gold, known, torch.rand(rows, blocks * k, generator=g), ratio, k)
+        assert not bool((revealed & ~known).any())
+        wrong = ((guess != gold) & known).view(rows, blocks, k).sum(-1)
+        assert torch.equal(revealed.view(rows, blocks, k).sum(-1), torch.floor(wrong * ratio).long())
+    assert not reveal(guess, gold, known, torch.rand(rows, blocks * k), 0.0, k).any()
+
+
+@torch.no_grad()
+def test_a_revealed_slot_reads_its_gold_token(target):
+    """A revealed mask slot's input is the gold token as a context pair with no feature plus its block position's
+    embedding; the others are the mask's; the output of a slot that is not revealed changes (it sees the gold)."""
+    model = _model(target, block=4)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 2, 0, 3, 0]])
+    hidden = torch.randn(1, 9, 64)
+    revealed = torch.tensor([[False, True, False, True]])
+    x = model.inputs(ids, hidden, 4, revealed=revealed)
+    plain = model.inputs(ids, hidden, 4)
+    for j in range(4):
+        if revealed[0, j]:
+            want = model.pairs(ids[:, 5 + j: 6 + j], torch.zeros(1, 1, 64))[0, 0] + model.block_embed.weight[j]
+            assert torch.allclose(x[0, 5 + j], want, atol=1e-6)
+        else:
+            assert torch.equal(x[0, 5 + j], plain[0, 5 + j])
+    assert torch.equal(x[:, :5], plain[:, :5])
+    out, alone = model(ids, hidden, mask_tokens=4, revealed=revealed), model(ids, hidden, mask_tokens=4)
+    assert not torch.allclose(out.logits[0, 0], alone.logits[0, 0], atol=1e-4)
+
+
+@torch.no_grad()
+def test_glancing_block_terms_reveal_and_leave_the_loss(target):
+    """Ratio 1: every known wrong guess is revealed; those slots leave ``valid``; a block with a revealed slot scores
+    its other slots differently, a block with none exactly as without glancing (blocks do not see each other)."""
+    from specdec.train.parallel_drafter import block_terms
+
+    model = _model(target, layers=2, block=4)
+    row = [3, 4, 5, 1, 2, 2, 1, 3, 5, 4, 4, 1, 2]
+    ids, live = torch.tensor([row, row[:9] + [0] * 4]), torch.tensor([[1] * 13, [1] * 9 + [0] * 4])
+    plain = block_terms(model, target, ids, live, 1)
+    glanced = block_terms(model, target, ids, live, 1, glancing=(1.0, torch.rand(2, 40)))
+    valid = torch.stack([t["valid"] for t in plain], -1)  # [B, M, k]
+    left = torch.stack([t["valid"] for t in glanced], -1)
+    revealed = valid & ~left
+    assert bool(revealed.any()) and not bool((left & ~valid).any())
+    kl, kl_glanced = torch.stack([t["kl"] for t in plain], -1), torch.stack([t["kl"] for t in glanced], -1)
+    touched = revealed.any(-1)  # [B, M]
+    assert torch.allclose(kl[~touched], kl_glanced[~touched], atol=1e-5)
+    assert not torch.allclose(kl[touched & left.any(-1)], kl_glanced[touched & left.any(-1)], atol=1e-4)
+
+
+def test_glancing_runs_resume_exactly(run, tmp_path):
+    """With glancing on (0.5 -> 0.3), a run stopped and resumed equals the uninterrupted one, and differs from the
+    run without glancing; the card says so; a ratio outside 0 .. 1 is refused in one line."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from specdec.train.parallel_drafter import train_parallel_drafter
+
+    cfg = replace(run["cfg"], steps=12, save_every=4, eval_every=6, lr=1e-2, glancing_start=0.5, glancing_end=0.3)
+    whole = _train(cfg, tmp_path / "whole")
+    assert _train(cfg, tmp_path / "split", stop_at_step=5) is None
+    torch.manual_seed(99)  # the resumed process's global random state is not the first one's
+    split = _train(cfg, tmp_path / "split")
+    plain = _train(replace(cfg, glancing_start=0.0, glancing_end=0.0), tmp_path / "plain")
+    a, b, c = (load_file(str(f / "model.safetensors")) for f in (whole, split, plain))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    assert "Glancing: 0.5" in (whole / "README.md").read_text()
+    with pytest.raises(ValueError, match="--glancing-start") as err:
+        train_parallel_drafter(replace(cfg, glancing_start=1.5), tmp_path / "bad", progress=False, log=lambda m: None)
+    assert "\n" not in str(err.value)
+
+
+def test_a_run_saved_before_glancing_existed_resumes(run, tmp_path, monkeypatch):
+    """A checkpoint whose config has no glancing fields (written before they existed) resumes with them at their
+    defaults (off); asking for glancing on it is refused by name."""
+    from dataclasses import asdict, replace
+
+    from specdec.train import drafter
+
+    cfg = replace(run["cfg"], records=10)
+    saved = {k: v for k, v in asdict(cfg).items() if not k.startswith("glancing")}
+    monkeypatch.setattr(drafter, "saved_config", lambda folder: saved)
+    assert drafter._resumed_config(run["cfg"], tmp_path) == cfg
+    with pytest.raises(ValueError, match="--glancing-start 0.0, not 0.5"):
+        drafter._resumed_config(replace(run["cfg"], glancing_start=0.5), tmp_path)

@@ -11,12 +11,12 @@ x_{t+1}; its output at slot t, at position id t, predicts the target's distribut
 (EAGLE-3 at inference), which training-time test trains for (``specdec.train.feature_drafter``).
 
 Parameters (the drafter's own, all saved): ``fuse`` Linear(3H -> H) on the concatenated target features;
-``embed_norm``, ``hidden_norm`` and ``proj`` Linear(2H -> H) on concat(norm(embedding), norm(hidden));
-one decoder ``layer`` of the target's own class (built from the target's config: its attention, MLP,
-norms and rotary embedding); a final ``norm``. The token embedding and the LM head are the target's,
-frozen and shared: not saved in the drafter's folder, bound at load (``bind``), so the folder is small
-and a drafter given another target is refused (``target_mismatch``: hidden size, layer count,
-vocabulary, architecture, and the target's fingerprint where the caller knows it).
+``embed_norm``, ``hidden_norm`` and ``proj`` Linear(2H -> H) on concat(norm(embedding), norm(hidden)); one decoder
+``layer`` of the target's own class; a final ``norm`` (all but the layer: ``specdec.drafters.context_model``, shared
+with the parallel drafter). The token embedding and the LM head are the target's, frozen and shared: not saved in
+the drafter's folder, bound at load (``bind``), so the folder is small and a drafter given another target is refused
+(``target_mismatch``: hidden size, layer count, vocabulary, architecture, and the target's fingerprint where the
+caller knows it).
 
 Why one layer of the target's class: the drafter's inputs are the target's own features, so the
 target's layer already speaks their language, and every engine that runs the target runs this layer.
@@ -40,10 +40,7 @@ mask is taken as given (training-time test's, a token tree's). The cache is a tr
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -51,6 +48,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCac
 from transformers.modeling_outputs import ModelOutput
 
 from specdec.compat import LAYER_KEYWORD
+from specdec.drafters.context_model import ContextSlotsModel
 
 MODEL_TYPE = "specdec-feature-drafter"
 LAYOUTS = ("proj", "eagle3")  # how the (embedding, feature) pair enters the layer: see the module docstring
@@ -67,12 +65,6 @@ def default_feature_layers(layers: int) -> list[int]:
     if layers < 5:
         return [0, 1, 2]
     return [1, layers // 2, layers - 2]
-
-
-def _describe(config: PretrainedConfig | dict) -> str:
-    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
-    return (f"{get('model_type')}, hidden {get('hidden_size')}, {get('num_hidden_layers')} layers, "
-            f"vocabulary {get('vocab_size')}")
 
 
 class FeatureDrafterConfig(PretrainedConfig):
@@ -129,28 +121,7 @@ def target_mismatch(config: FeatureDrafterConfig, target_config: PretrainedConfi
                     drafter: str = "the feature drafter", target: str = "this target") -> str | None:
     """Why a drafter of ``config`` cannot draft for a target of ``target_config`` (one line naming both), or None.
     ``fingerprint``: the target's ``specdec.fingerprint.fingerprint``, compared where both are known."""
-    saved = config.target_config or {}
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
-    differ = [k for k in keys if saved.get(k) != getattr(target_config, k, None)]
-    if not differ and fingerprint and config.target_fingerprint and fingerprint != config.target_fingerprint:
-        differ = ["fingerprint"]
-    if not differ:
-        return None
-    what = ("its tokenizer or config differs: fingerprint " + f"{config.target_fingerprint} != {fingerprint}"
-            if differ == ["fingerprint"] else f"{_describe(saved)} != {_describe(target_config)}")
-    return (f"{drafter} was trained for {config.target_name or 'another target'}, not for {target} ({what}): train one "
-            f"for it with `specdec train feature-drafter --target {target} --data OUTPUTS.jsonl --out DIR`")
-
-
-def _classes(config: PretrainedConfig) -> tuple[type, type, type]:
-    """(decoder layer, rotary embedding, final norm) classes of the architecture of ``config`` (one layer)."""
-    with torch.device("meta"):
-        base = AutoModel.from_config(config)
-    layers, rotary, norm = (getattr(base, k, None) for k in ("layers", "rotary_emb", "norm"))
-    if layers is None or rotary is None or norm is None:
-        raise ValueError(f"a feature drafter needs a target with rotary decoder layers (model.layers, "
-                         f"model.rotary_emb, model.norm, like Llama or Qwen2); {config.model_type} has none")
-    return type(layers[0]), type(rotary), type(norm)
+    return FeatureDrafterModel.mismatch(config, target_config, fingerprint, drafter, target)
 
 
 def features_of(hidden_states: tuple[torch.Tensor, ...], layers: list[int]) -> torch.Tensor:
@@ -189,75 +160,20 @@ class FeatureDrafterOutput(ModelOutput):
     past_key_values: DynamicCache | None = None  # the cache, with the inputs' slots appended (when use_cache)
 
 
-class FeatureDrafterModel(PreTrainedModel):
-    """One decoder layer of the target's class over the target's features (see the module docstring)."""
+class FeatureDrafterModel(ContextSlotsModel):
+    """One decoder layer of the target's class over the target's features (see the module docstring); the context
+    slots, the target's embedding and head are ``ContextSlotsModel``'s."""
 
     config: FeatureDrafterConfig
     config_class = FeatureDrafterConfig
-    base_model_prefix = "drafter"
-    _supports_sdpa = True
-    _supports_attention_backend = False
-    _no_split_modules: ClassVar[list[str]] = []
+    noun = "feature drafter"
+    command = "feature-drafter"
+    verb = "trained"
 
-    def __init__(self, config: FeatureDrafterConfig) -> None:
-        super().__init__(config)
-        layer_config = config.layer_config()
-        layer_class, rotary_class, norm_class = _classes(layer_config)
-        width = layer_config.hidden_size
-        eps = getattr(layer_config, "rms_norm_eps", 1e-6)
-        self.fuse = nn.Linear(len(config.feature_layers) * width, width, bias=False)
-        self.embed_norm = norm_class(width, eps=eps)
-        self.hidden_norm = norm_class(width, eps=eps)
-        if config.layout == "proj":
-            self.proj = nn.Linear(2 * width, width, bias=False)
+    def build(self, layer_class: type, layer_config: PretrainedConfig) -> None:
         self.layer = layer_class(layer_config, layer_idx=0)
-        if config.layout == "eagle3":
-            widen_for_eagle3(self.layer, width)
-        self.rotary_emb = rotary_class(config=layer_config)
-        self.norm = norm_class(width, eps=eps)
-        self._shared: tuple[nn.Module, nn.Module] | None = None  # the bound target's (embedding, LM head)
-        self.post_init()
-
-    def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=self.config.target_config.get("initializer_range", 0.02))
-
-    def get_input_embeddings(self) -> nn.Module | None:
-        return self._shared[0] if self._shared else None
-
-    def get_output_embeddings(self) -> None:
-        return None  # the LM head is the target's: this is not a language model of its own
-
-    # ------------------------------------------------------------------------------------ the target
-
-    def bind(self, target: PreTrainedModel, fingerprint: str | None = None, name: str = "this target"
-             ) -> FeatureDrafterModel:
-        """Draft for ``target``: read its token embedding and LM head (frozen, shared, not copied). A target of
-        another shape (or fingerprint, where given) is refused with one line naming both."""
-        why = target_mismatch(self.config, target.config, fingerprint, target=name,
-                              drafter=f"feature drafter {self.name_or_path or ''}".strip())
-        if why:
-            raise ValueError(why)
-        head = target.get_output_embeddings()
-        if head is None:
-            raise ValueError(f"{name} has no LM head (get_output_embeddings()): load it as a causal LM")
-        self._shared = (target.get_input_embeddings(), head)
-        return self
-
-    def shared(self) -> tuple[nn.Module, nn.Module]:
-        if self._shared is None:
-            raise ValueError("the feature drafter is not bound to its target: call drafter.bind(target) first")
-        return self._shared
-
-    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
-        """[B, n, 3H] target features -> [B, n, H], the hidden input of a first drafting step."""
-        return self.fuse(features.to(self.fuse.weight.dtype))
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [B, n, V] of output hidden states [B, n, H] (final norm, then the target's LM head)."""
-        lm_head = self.shared()[1]
-        return lm_head(self.norm(hidden).to(lm_head.weight.dtype))
+        if self.config.layout == "eagle3":
+            widen_for_eagle3(self.layer, layer_config.hidden_size)
 
     # ------------------------------------------------------------------------------------ forward
 
@@ -338,20 +254,7 @@ def new_feature_drafter(target: PreTrainedModel, feature_layers: list[int] | Non
 def load_feature_drafter(path: str, target: PreTrainedModel, fingerprint: str | None = None,
                          name: str = "this target", dtype: torch.dtype | None = None) -> FeatureDrafterModel:
     """The feature drafter saved in ``path``, bound to ``target`` (refused, one line, when made for another)."""
-    saved = Path(path) / "config.json"
-    if not saved.is_file():
-        raise ValueError(f"no feature drafter at {path}: give the folder `specdec train feature-drafter` wrote "
-                         "(its OUT/final)")
-    kind = json.loads(saved.read_text()).get("model_type")
-    if kind != MODEL_TYPE:
-        raise ValueError(f"{path} holds a {kind} model, not a feature drafter ({MODEL_TYPE}): train one with "
-                         "`specdec train feature-drafter`")
-    config = FeatureDrafterConfig.from_pretrained(path)
-    why = target_mismatch(config, target.config, fingerprint, drafter=f"feature drafter {path}", target=name)
-    if why:
-        raise ValueError(why)
-    drafter = FeatureDrafterModel.from_pretrained(path, dtype=dtype or torch.float32)
-    return drafter.bind(target, fingerprint, name)
+    return FeatureDrafterModel.load(path, target, fingerprint, name, dtype, hint=" (its OUT/final)")
 
 
 AutoConfig.register(MODEL_TYPE, FeatureDrafterConfig)

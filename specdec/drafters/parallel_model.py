@@ -14,11 +14,11 @@ Attention: context slots causally among themselves (they never see a mask slot);
 slot and every mask slot of their block (bidirectional). The mask slots' keys and values are dropped after the round
 (``specdec.drafters.parallel``).
 
-Parameters (the drafter's own, all saved): ``fuse``; ``embed_norm``, ``hidden_norm`` and ``proj`` Linear(2H -> H)
-on concat(norm(embedding of x_{t+1}), norm(f_t)), the feature drafter's pairing; ``mask_embed`` [H] and
-``block_embed`` [block_size, H]; ``config.draft_layers`` decoder layers of the target's own class; a final
-``norm``. The token embedding and LM head are the target's, frozen and shared: bound at load (``bind``), not saved,
-and a drafter given another target is refused in one line (``target_mismatch``).
+Parameters (the drafter's own, all saved): ``fuse``; ``embed_norm``, ``hidden_norm`` and ``proj`` Linear(2H -> H) on
+concat(norm(embedding of x_{t+1}), norm(f_t)); ``mask_embed`` [H] and ``block_embed`` [block_size, H];
+``config.draft_layers`` decoder layers of the target's class; a final ``norm`` (with ``bind``:
+``specdec.drafters.context_model``, as the feature drafter's). The token embedding and LM head are the target's,
+frozen, shared, bound at load, not saved, and another target refused in one line (``target_mismatch``).
 
 The forward contract::
 
@@ -37,10 +37,7 @@ pattern above (``pattern``); a 4D mask is taken as given.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -48,7 +45,8 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, DynamicCac
 from transformers.modeling_outputs import ModelOutput
 
 from specdec.compat import LAYER_KEYWORD
-from specdec.drafters.feature_model import FeatureDrafterConfig, FeatureDrafterModel, _classes, _describe
+from specdec.drafters.context_model import ContextSlotsModel
+from specdec.drafters.feature_model import FeatureDrafterConfig
 
 MODEL_TYPE = "specdec-parallel-drafter"
 
@@ -73,17 +71,7 @@ class ParallelDrafterConfig(FeatureDrafterConfig):
 def target_mismatch(config: ParallelDrafterConfig, target_config: PretrainedConfig, fingerprint: str | None = None,
                     drafter: str = "the parallel drafter", target: str = "this target") -> str | None:
     """Why a drafter of ``config`` cannot draft for a target of ``target_config`` (one line naming both), or None."""
-    saved = config.target_config or {}
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
-    differ = [k for k in keys if saved.get(k) != getattr(target_config, k, None)]
-    if not differ and fingerprint and config.target_fingerprint and fingerprint != config.target_fingerprint:
-        what = f"its tokenizer or config differs: fingerprint {config.target_fingerprint} != {fingerprint}"
-    elif differ:
-        what = f"{_describe(saved)} != {_describe(target_config)}"
-    else:
-        return None
-    return (f"{drafter} was made for {config.target_name or 'another target'}, not for {target} ({what}): train one "
-            f"for it with `specdec train parallel-drafter --target {target} --data OUTPUTS.jsonl --out DIR`")
+    return ParallelDrafterModel.mismatch(config, target_config, fingerprint, drafter, target)
 
 
 @dataclass
@@ -95,75 +83,35 @@ class ParallelDrafterOutput(ModelOutput):
     past_key_values: DynamicCache | None = None
 
 
-class ParallelDrafterModel(PreTrainedModel):
-    """Decoder layers of the target's class over cached context slots and a block of mask slots (module docstring)."""
+class ParallelDrafterModel(ContextSlotsModel):
+    """Decoder layers of the target's class over cached context slots and a block of mask slots (module docstring);
+    the context slots, the target's embedding and head are ``ContextSlotsModel``'s."""
 
     config: ParallelDrafterConfig
     config_class = ParallelDrafterConfig
-    base_model_prefix = "drafter"
-    _supports_sdpa = True
-    _supports_attention_backend = False
-    _no_split_modules: ClassVar[list[str]] = []
+    noun = "parallel drafter"
+    command = "parallel-drafter"
 
-    def __init__(self, config: ParallelDrafterConfig) -> None:
-        super().__init__(config)
-        layer_config = config.layer_config()
-        layer_class, rotary_class, norm_class = _classes(layer_config)
+    def build(self, layer_class: type, layer_config: PretrainedConfig) -> None:
         width = layer_config.hidden_size
-        eps = getattr(layer_config, "rms_norm_eps", 1e-6)
-        self.fuse = nn.Linear(len(config.feature_layers) * width, width, bias=False)
-        self.embed_norm = norm_class(width, eps=eps)
-        self.hidden_norm = norm_class(width, eps=eps)
-        self.proj = nn.Linear(2 * width, width, bias=False)
         self.mask_embed = nn.Parameter(torch.zeros(width))
-        self.block_embed = nn.Embedding(config.block_size, width)
-        self.layers = nn.ModuleList(layer_class(layer_config, layer_idx=i) for i in range(config.draft_layers))
-        self.rotary_emb = rotary_class(config=layer_config)
-        self.norm = norm_class(width, eps=eps)
-        self._shared: tuple[nn.Module, nn.Module] | None = None  # the bound target's (embedding, LM head)
-        self.post_init()
+        self.block_embed = nn.Embedding(self.config.block_size, width)
+        self.layers = nn.ModuleList(layer_class(layer_config, layer_idx=i) for i in range(self.config.draft_layers))
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         std = self.config.target_config.get("initializer_range", 0.02)
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=std)
         if module is self:
             nn.init.normal_(self.mask_embed, std=std)
-
-    def get_input_embeddings(self) -> nn.Module | None:
-        return self._shared[0] if self._shared else None
-
-    def get_output_embeddings(self) -> None:
-        return None  # the LM head is the target's: this is not a language model of its own
-
-    # the target's embedding and head: bound, shared, refused for another target (as the feature drafter's)
-    shared = FeatureDrafterModel.shared
-    fuse_features = FeatureDrafterModel.fuse_features
-    head = FeatureDrafterModel.head
-    additive_mask = staticmethod(FeatureDrafterModel.additive_mask)
-    causal = staticmethod(FeatureDrafterModel.causal)
-
-    def bind(self, target: PreTrainedModel, fingerprint: str | None = None, name: str = "this target"
-             ) -> ParallelDrafterModel:
-        """Draft for ``target``: read its token embedding and LM head (frozen, shared, not copied). A target of
-        another shape (or fingerprint, where given) is refused with one line naming both."""
-        why = target_mismatch(self.config, target.config, fingerprint, target=name,
-                              drafter=f"parallel drafter {self.name_or_path or ''}".strip())
-        if why:
-            raise ValueError(why)
-        head = target.get_output_embeddings()
-        if head is None:
-            raise ValueError(f"{name} has no LM head (get_output_embeddings()): load it as a causal LM")
-        self._shared = (target.get_input_embeddings(), head)
-        return self
 
     @staticmethod
     def pattern(live: torch.Tensor, n: int, mask_tokens: int) -> torch.Tensor:
         """Boolean [B, 1, n, S] over S = ``live.shape[1]`` slots whose last ``n`` are new, the last ``mask_tokens``
         of them mask slots: causal over live slots (each query sees itself), and each mask slot also sees every
         live mask slot of its block."""
-        allowed = FeatureDrafterModel.causal(live, n).clone()
+        allowed = ContextSlotsModel.causal(live, n).clone()
         if mask_tokens:
             total = live.shape[1]
             block = live[:, None, total - mask_tokens:].bool()  # [B, 1, k]
@@ -171,9 +119,11 @@ class ParallelDrafterModel(PreTrainedModel):
         return allowed
 
     def inputs(self, input_ids: torch.Tensor, hidden: torch.Tensor | None, mask_tokens: int,
-               block_positions: torch.Tensor | None = None) -> torch.Tensor:
+               block_positions: torch.Tensor | None = None, revealed: torch.Tensor | None = None) -> torch.Tensor:
         """The layers' input [B, n, H]: context pairs, then ``mask_tokens`` mask slots, slot i at block position
-        ``block_positions[i]`` (default: 0 .. mask_tokens - 1, one block; the trainer packs several blocks)."""
+        ``block_positions[i]`` (default: 0 .. mask_tokens - 1, one block; the trainer packs several blocks).
+        ``revealed`` [B, mask_tokens] bool (training's glancing only): such a slot reads its input id, the gold token,
+        as a context pair with no feature (``pairs(id, 0)``) plus its block-position embedding."""
         batch, n = input_ids.shape
         context = n - mask_tokens
         dtype = self.proj.weight.dtype
@@ -186,23 +136,26 @@ class ParallelDrafterModel(PreTrainedModel):
         if context:
             if hidden is None:
                 raise ValueError("context slots need the target's fused features: pass hidden [B, n, H]")
-            embed = self.shared()[0]
-            pairs = torch.cat([self.embed_norm(embed(input_ids[:, :context]).to(dtype)),
-                               self.hidden_norm(hidden[:, :context].to(dtype))], dim=-1)
-            parts.append(self.proj(pairs))
+            parts.append(self.pairs(input_ids[:, :context], hidden[:, :context]))
         if mask_tokens:
-            slots = self.mask_embed + self.block_embed(block_positions)  # [k, H]
-            parts.append(slots.to(dtype)[None].expand(batch, mask_tokens, -1))
+            slots = (self.mask_embed + self.block_embed(block_positions)).to(dtype)[None]  # [1, k, H]
+            slots = slots.expand(batch, mask_tokens, -1)
+            if revealed is not None:
+                ids = input_ids[:, context:]
+                gold = self.pairs(ids, slots.new_zeros(slots.shape)) + self.block_embed(block_positions).to(dtype)
+                slots = torch.where(revealed[..., None], gold, slots)
+            parts.append(slots)
         return torch.cat(parts, dim=1)
 
     def forward(self, input_ids: torch.LongTensor, hidden: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 past_key_values: DynamicCache | None = None, use_cache: bool = False, mask_tokens: int = 0,
                 block_positions: torch.Tensor | None = None, logits: bool = True, logits_to_keep: int = 0,
-                **kwargs: object) -> ParallelDrafterOutput:
-        """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (module docstring)."""
+                revealed: torch.Tensor | None = None, **kwargs: object) -> ParallelDrafterOutput:
+        """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (module docstring; ``revealed``:
+        ``inputs``)."""
         batch, n = input_ids.shape
-        x = self.inputs(input_ids, hidden, mask_tokens, block_positions)
+        x = self.inputs(input_ids, hidden, mask_tokens, block_positions, revealed)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache()
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -249,18 +202,7 @@ def new_parallel_drafter(target: PreTrainedModel, block_size: int = 8, draft_lay
 def load_parallel_drafter(path: str, target: PreTrainedModel, fingerprint: str | None = None,
                           name: str = "this target", dtype: torch.dtype | None = None) -> ParallelDrafterModel:
     """The parallel drafter saved in ``path``, bound to ``target`` (refused, one line, when made for another)."""
-    saved = Path(path) / "config.json"
-    if not saved.is_file():
-        raise ValueError(f"no parallel drafter at {path}: give the folder `specdec train parallel-drafter` wrote")
-    kind = json.loads(saved.read_text()).get("model_type")
-    if kind != MODEL_TYPE:
-        raise ValueError(f"{path} holds a {kind} model, not a parallel drafter ({MODEL_TYPE})")
-    config = ParallelDrafterConfig.from_pretrained(path)
-    why = target_mismatch(config, target.config, fingerprint, drafter=f"parallel drafter {path}", target=name)
-    if why:
-        raise ValueError(why)
-    drafter = ParallelDrafterModel.from_pretrained(path, dtype=dtype or torch.float32)
-    return drafter.bind(target, fingerprint, name)
+    return ParallelDrafterModel.load(path, target, fingerprint, name, dtype)
 
 
 AutoConfig.register(MODEL_TYPE, ParallelDrafterConfig)

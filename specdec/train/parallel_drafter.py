@@ -11,11 +11,14 @@ for the features of its chosen layers and its distribution at every position, th
   slots of their own block: exactly the round after committed x_0 .. x_a at inference (``block_pattern``).
 
 Mask slot j of anchor a predicts x_{a+j+1}: the loss is KL(p_target(position a + j) || q) at every mask slot whose
-position is live in the window, averaged over them. The batch of step ``s`` (records and offset) is a pure function
-of ``seed`` and ``s``; checkpoints every ``save_every`` steps and at Ctrl-C, resumed exactly (``seq2seq.run_steps``,
-shared with the other trainers); data parallel under ``torchrun`` / ``accelerate launch``. At the end ``out_dir/final``
-holds the drafter (its own weights only) and a model card with the held-out KL, agreement and greedy acceptance per
-block position (``feature_drafter.depth_figures``).
+position is live in the window, averaged over them. Glancing (GLAT, SpecDec's schedule; off unless ``glancing_start``
+/ ``glancing_end`` > 0): a no-grad forward first guesses every block, and in each block floor(ratio x its wrong
+guesses) slots, at random, read their gold token instead of the mask and leave the loss (``reveal``; the ratio linear
+over the run). The batch of step ``s`` (records, offset, glancing draws) is a pure function of ``seed`` and ``s``;
+checkpoints every ``save_every`` steps and at Ctrl-C, resumed exactly (``seq2seq.run_steps``, shared with the other
+trainers); data parallel under ``torchrun`` / ``accelerate launch``. At the end ``out_dir/final`` holds the drafter
+(its own weights only) and a model card with the held-out KL, agreement and greedy acceptance per block position
+(``feature_drafter.depth_figures``).
 """
 
 from __future__ import annotations
@@ -70,11 +73,28 @@ def block_pattern(live: torch.Tensor, anchors: Sequence[int], block: int) -> tup
     return allowed[:, None], valid
 
 
+def reveal(guess: torch.Tensor, gold: torch.Tensor, known: torch.Tensor, scores: torch.Tensor, ratio: float,
+           block: int) -> torch.Tensor:
+    """GLAT's choice (as the block drafter's ``block_data.glance``): in each block, ``floor(ratio * wrong)`` of its
+    slots whose gold token is ``known``, uniformly at random (``scores``: a uniform draw per slot), get revealed;
+    ``wrong`` counts the known slots whose ``guess`` is not the ``gold`` token. All [B, M * block]; returns bool."""
+    shape = (guess.shape[0], -1, block)
+    known = known.view(shape)
+    wrong = ((guess.view(shape) != gold.view(shape)) & known).sum(-1)  # [B, M]
+    count = torch.floor(wrong.float() * ratio).long()
+    rank = scores.view(shape).masked_fill(~known, 2.0).argsort(-1).argsort(-1)  # a slot's rank in its block
+    return ((rank < count[..., None]) & known).view(guess.shape[0], -1)
+
+
 def block_terms(drafter: ParallelDrafterModel, target: PreTrainedModel, ids: torch.Tensor, live: torch.Tensor,
-                offset: int, start: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
+                offset: int, start: torch.Tensor | None = None,
+                glancing: tuple[float, torch.Tensor] | None = None) -> list[dict[str, torch.Tensor]]:
     """Per block position j: ``kl`` [B, M] KL(p_target || q) at each anchor's slot j, ``valid`` [B, M], ``hit``
     (argmax q == argmax p), ``chain`` (the window's x_{a+j+1} is the target's argmax: a greedy round goes on through
-    it). ``start`` [B]: the first anchor scored per row (else every one)."""
+    it). ``start`` [B]: the first anchor scored per row (else every one). ``glancing`` (ratio, scores [B, >= L + k]
+    uniform draws by position): a no-grad forward guesses every block, ``reveal`` picks slots by the position of the
+    token they predict, and the scored forward reads those gold tokens there (``revealed``); a revealed slot is not
+    ``valid`` (no loss, no figure)."""
     block = drafter.config.block_size
     length = ids.shape[1]
     anchors = anchors_of(length, block, offset)
@@ -88,8 +108,20 @@ def block_terms(drafter: ParallelDrafterModel, target: PreTrainedModel, ids: tor
     inputs = torch.cat([ids[:, 1:], ids.new_zeros(ids.shape[0], m * block)], dim=1)
     fused = drafter.fuse_features(features[:, :n])
     hidden = torch.cat([fused, fused.new_zeros(ids.shape[0], m * block, fused.shape[-1])], dim=1)
-    out = drafter(inputs, hidden, position_ids=positions, attention_mask=allowed, mask_tokens=m * block,
-                  block_positions=torch.arange(block, device=ids.device).repeat(m))
+    kwargs = {"position_ids": positions, "attention_mask": allowed, "mask_tokens": m * block,
+              "block_positions": torch.arange(block, device=ids.device).repeat(m)}
+    revealed = None
+    if glancing is not None and glancing[0] > 0:
+        ratio, scores = glancing
+        after = (pos + 1).clamp(max=length - 1)  # slot (a, j) predicts x_{a+j+1}
+        known = valid & (pos + 1 < length)[None] & live[:, after].bool()
+        gold = ids[:, after]
+        with torch.no_grad():
+            guess = drafter(inputs, hidden, **kwargs).logits.argmax(-1)
+        revealed = reveal(guess, gold, known, scores[:, pos + 1], ratio, block)
+        inputs = torch.cat([inputs[:, :n], torch.where(revealed, gold, 0)], dim=1)
+        valid = valid & ~revealed
+    out = drafter(inputs, hidden, revealed=revealed, **kwargs)
     q_log = F.log_softmax(out.logits.float(), dim=-1)  # [B, M k, V]
     clamped = pos.clamp(max=length - 1)
     p = p_log[:, clamped]  # [B, M k, V]
@@ -133,14 +165,31 @@ def _check(cfg: ParallelDrafterTrainConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.draft_layers not in (1, 2):
         raise ValueError(f"--draft-layers must be 1 or 2, got {cfg.draft_layers}")
+    for name in ("glancing_start", "glancing_end"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"--{name.replace('_', '-')} is a share of a block's wrong slots: give 0 .. 1, got "
+                             f"{getattr(cfg, name)}")
     if cfg.seq_len < 3:
         raise ValueError(f"--seq-len must be >= 3 (a context, an anchor and a token to draft), got {cfg.seq_len}")
 
 
 def step_offset(cfg: ParallelDrafterTrainConfig, step: int) -> int:
     """The block offset of step ``step`` (1 .. block_size), a pure function of the seed and the step."""
+    return _step_draws(cfg, step)[0]
+
+
+def _step_draws(cfg: ParallelDrafterTrainConfig, step: int, rows: int = 0) -> tuple[int, torch.Tensor]:
+    """Step ``step``'s random draws, a pure function of the seed and the step: its block offset, then (glancing) a
+    uniform score for each of ``rows`` global batch rows and each window position [rows, seq_len + block_size]."""
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    return 1 + int(torch.randint(cfg.block_size, (1,), generator=generator))
+    offset = 1 + int(torch.randint(cfg.block_size, (1,), generator=generator))
+    return offset, torch.rand(rows, cfg.seq_len + cfg.block_size, generator=generator)
+
+
+def glancing_ratio(cfg: ParallelDrafterTrainConfig, step: int) -> float:
+    """The glancing ratio of step ``step``: linear from ``glancing_start`` at step 0 to ``glancing_end`` at the end."""
+    progress = min(1.0, step / max(1, cfg.steps))
+    return cfg.glancing_start + (cfg.glancing_end - cfg.glancing_start) * progress
 
 
 def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path, *, device: str = "cpu",
@@ -164,8 +213,12 @@ def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path,
     lengths = [len(e.ids) for e in train_data]
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
-        ids, live = collate([train_data[i] for i in parallel.shard(batch_indices(lengths, cfg, step))], device)
-        terms = block_terms(drafter, target, ids, live, step_offset(cfg, step))
+        chosen = batch_indices(lengths, cfg, step)
+        ids, live = collate([train_data[i] for i in parallel.shard(chosen)], device)
+        ratio = glancing_ratio(cfg, step)
+        offset, scores = _step_draws(cfg, step, len(chosen) if ratio > 0 else 0)
+        glancing = (ratio, scores[parallel.rows(len(chosen))].to(device)) if ratio > 0 else None
+        terms = block_terms(drafter, target, ids, live, offset, glancing=glancing)
         if not terms:  # windows too short for an anchor at this offset: a zero loss that still reaches the weights
             return parallel.share(sum(p.sum() for p in drafter.parameters()) * 0.0, 0), 0
         total = sum((t["kl"] * t["valid"]).sum() for t in terms)
@@ -201,7 +254,9 @@ def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path,
              f"layer(s) of the target's class, reading layers {layers}) made by `specdec train parallel-drafter`: "
              f"{cfg.steps} steps of {cfg.batch_size} records (at most {cfg.seq_len} tokens), AdamW at {cfg.lr}, seed "
              f"{cfg.seed}, on `{cfg.data}` ({len(train_data)} records; held out: `{valid_path(cfg.data).name}`); "
-             f"target fingerprint `{own.fingerprint}`. The target's embedding and LM head are bound at load."), "",
+             f"target fingerprint `{own.fingerprint}`. The target's embedding and LM head are bound at load."
+             + (f" Glancing: {cfg.glancing_start} of each block's wrong slots revealed at step 0, {cfg.glancing_end} "
+                "at the last." if cfg.glancing_start or cfg.glancing_end else "")), "",
             "Training loss (mean KL per mask slot) by step: " + (", ".join(curve) or "n/a") + ".", ""]
     card += figures_table(figures) if figures else ["Not measured (no held-out records)."]
     with writing(final):

@@ -218,6 +218,8 @@ class ParallelDrafterTrainConfig:
     save_every: int = 25  # steps between checkpoints (resume point)
     eval_records: int = 32  # held-out records measured each time
     seed: int = 0
+    glancing_start: float = 0.0  # glancing (GLAT): share of a block's wrong slots revealed at step 0 (0 and 0: off)
+    glancing_end: float = 0.0  # the share at the last step, linear in between (the block drafter's: 0.5 -> 0.3)
 
     @property
     def max_steps(self) -> int:  # the name the shared optimizer loop and schedule read
