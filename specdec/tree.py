@@ -25,12 +25,6 @@ drafter keeps the path nodes it forwarded (``commit_tree``); a feature drafter d
 own states) and pairs the path's target features with the committed tokens, as after a chain; a drafter with
 ``draft_tree`` / ``commit_tree`` methods of its own (the parallel drafter) grows and commits its trees itself.
 Top-beta/tau: ``relaxed_child``, lossy.
-
-``draft_tree`` builds a ModelDrafter's or a FeatureDrafter's tree EAGLE-2's way: depth by depth, the ``topk`` most
-probable nodes of the depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a
-tree mask again; a feature drafter's node reads its parent's output state, the root's from the target's features)
-and each gets its ``topk`` most probable children; the best ``nodes`` of all form the tree (a child never beats
-its parent: closed under ancestors), its candidates deterministic (``q`` None: chosen by their own probability).
 """
 
 from __future__ import annotations
@@ -291,9 +285,15 @@ def _reads_features(drafter) -> bool:
 
 
 def draft_tree(drafter, depth: list[int], config: TreeConfig) -> Tree:
-    """Grow each row's tree EAGLE-2's way (module docstring) to at most ``depth[b]`` levels, from the drafter's
-    pending tokens (forwarded first, as a chain proposal does). The drafter remembers the forwarded nodes' slots for
-    ``commit_tree``."""
+    """Grow each row's tree to at most ``depth[b]`` levels, from the drafter's pending tokens (forwarded first, as a
+    chain proposal does). The drafter remembers the forwarded nodes' slots for ``commit_tree``.
+
+    A ModelDrafter's or a FeatureDrafter's tree, EAGLE-2's way: depth by depth, the ``topk`` most
+    probable nodes of the depth (by cumulative drafter probability) are forwarded (one drafter forward per depth, a
+    tree mask again; a feature drafter's node reads its parent's output state, the root's from the target's features)
+    and each gets its ``topk`` most probable children; the best ``nodes`` of all form the tree (a child never beats
+    its parent: closed under ancestors), its candidates deterministic (``q`` None: chosen by their own probability).
+    """
     features = _reads_features(drafter)
     if features:  # a row with no (feature, token) pair yet (a one-token prompt) drafts nothing this round
         depth = [d if pairs else 0 for d, pairs in zip(depth, drafter.tokens)]

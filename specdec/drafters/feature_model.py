@@ -23,18 +23,6 @@ target's layer already speaks their language, and every engine that runs the tar
 Layouts (``config.layout``): ``proj`` (default) projects the pair 2H -> H into an unchanged layer of the target's
 class (residual from the projection); ``eagle3`` is EAGLE-3's layer as vLLM and SGLang run it (q/k/v read the 2H
 pair, residual from the fused feature h, ``embed_norm`` its input norm): the one ``specdec.export`` can write.
-
-The forward contract::
-
-    out = model(input_ids [B, n], hidden [B, n, H], position_ids [B, n] | None,
-                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] bool (True = may attend)
-                               | [B, 1, n, past + n] float (additive: 0 = may attend),
-                past_key_values=None | Cache, use_cache=False)
-    out.logits  # [B, n, V] the target's vocabulary
-    out.hidden  # [B, n, H] the layer's output (before the final norm): the hidden state of the next step
-
-A 2D mask is causal over the cache's slots and the inputs (dead slots anywhere, each query sees itself); a 4D
-mask is taken as given (training-time test's, a token tree's). The cache is a transformers ``Cache`` (one layer).
 """
 
 from __future__ import annotations
@@ -196,8 +184,23 @@ class FeatureDrafterModel(ContextSlotsModel):
                 attention_mask: torch.Tensor | None = None, past_key_values: DynamicCache | None = None,
                 use_cache: bool = False, logits: bool = True, logits_to_keep: int = 0,
                 **kwargs: object) -> FeatureDrafterOutput:
-        """One drafting step over ``n`` slots (module docstring: the contract). ``logits=False`` skips the head;
-        ``logits_to_keep`` > 0: the logits of the last that many slots only."""
+        """One drafting step over ``n`` slots. ``logits=False`` skips the head; ``logits_to_keep`` > 0: the logits of
+        the last that many slots only.
+
+        The forward contract::
+
+            out = model(input_ids [B, n], hidden [B, n, H], position_ids [B, n] | None,
+                        attention_mask=None | [B, past + n] (1 = live slot)
+                                       | [B, 1, n, past + n] bool (True = may attend)
+                                       | [B, 1, n, past + n] float (additive: 0 = may attend),
+                        past_key_values=None | Cache, use_cache=False)
+            out.logits  # [B, n, V] the target's vocabulary
+            out.hidden  # [B, n, H] the layer's output (before the final norm): the hidden state of the next step
+
+        A 2D mask is causal over the cache's slots and the inputs (dead slots anywhere, each query sees itself); a
+        4D mask is taken as given (training-time test's, a token tree's). The cache is a transformers ``Cache`` (one
+        layer).
+        """
         batch, n = input_ids.shape
         embed = self.shared()[0]
         dtype = self.fuse.weight.dtype

@@ -19,19 +19,6 @@ concat(norm(embedding of x_{t+1}), norm(f_t)); ``mask_embed`` [H] and ``block_em
 ``config.draft_layers`` decoder layers of the target's class; a final ``norm`` (with ``bind``:
 ``specdec.drafters.context_model``, as the feature drafter's). The token embedding and LM head are the target's,
 frozen, shared, bound at load, not saved, and another target refused in one line (``target_mismatch``).
-
-The forward contract::
-
-    out = model(input_ids [B, n], hidden [B, n, H] | None, position_ids [B, n] | None, mask_tokens=k,
-                attention_mask=None | [B, past + n] (1 = live slot) | [B, 1, n, past + n] (bool: True = may attend;
-                float: additive), past_key_values=None | Cache, use_cache=False)
-    out.logits  # [B, k, V] the mask slots' draft logits (k = 0: every slot's, or the last ``logits_to_keep``)
-
-``block_positions`` [k] (optional): each mask slot's block position (default 0 .. k - 1); a trainer packs several
-blocks after one context with a 4D mask.
-
-The last ``mask_tokens`` of the n inputs are mask slots (their ids and ``hidden`` are ignored); a 2D mask gives the
-pattern above (``pattern``); a 4D mask is taken as given.
 """
 
 from __future__ import annotations
@@ -152,8 +139,21 @@ class ParallelDrafterModel(ContextSlotsModel):
                 past_key_values: DynamicCache | None = None, use_cache: bool = False, mask_tokens: int = 0,
                 block_positions: torch.Tensor | None = None, logits: bool = True, logits_to_keep: int = 0,
                 revealed: torch.Tensor | None = None, **kwargs: object) -> ParallelDrafterOutput:
-        """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (module docstring; ``revealed``:
-        ``inputs``)."""
+        """One forward over ``n`` slots, the last ``mask_tokens`` of them mask slots (``revealed``: ``inputs``).
+
+        The forward contract::
+
+            out = model(input_ids [B, n], hidden [B, n, H] | None, position_ids [B, n] | None, mask_tokens=k,
+                        attention_mask=None | [B, past + n] (1 = live slot)
+                                       | [B, 1, n, past + n] (bool: True = may attend; float: additive),
+                        past_key_values=None | Cache, use_cache=False)
+            out.logits  # [B, k, V] the mask slots' draft logits (k = 0: every slot's, or the last logits_to_keep)
+
+        ``block_positions`` [k] (optional): each mask slot's block position (default 0 .. k - 1); a trainer packs
+        several blocks after one context with a 4D mask. The last ``mask_tokens`` of the n inputs are mask slots
+        (their ids and ``hidden`` are ignored); a 2D mask gives the pattern of the module docstring (``pattern``); a
+        4D mask is taken as given.
+        """
         batch, n = input_ids.shape
         x = self.inputs(input_ids, hidden, mask_tokens, block_positions, revealed)
         if use_cache and past_key_values is None:
