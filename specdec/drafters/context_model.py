@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+from transformers import AutoModel, DynamicCache, PretrainedConfig, PreTrainedModel
 
 
 def describe(config: PretrainedConfig | dict) -> str:
@@ -171,6 +171,33 @@ class ContextSlotsModel(PreTrainedModel):
         """Logits [B, n, V] of output hidden states [B, n, H] (final norm, then the target's LM head)."""
         lm_head = self.shared()[1]
         return lm_head(self.norm(hidden).to(lm_head.weight.dtype))
+
+    def step_inputs(self, batch: int, n: int, dtype: torch.dtype, device: torch.device,
+                    position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                    past_key_values: DynamicCache | None, use_cache: bool,
+                    pattern) -> tuple[DynamicCache | None, torch.Tensor, torch.Tensor]:
+        """The cache (a new one where one is wanted and none given), the position ids and the additive mask of one
+        forward over ``n`` slots after the cache's. ``position_ids`` None: the slots after the cache's. A 2D
+        ``attention_mask`` [B, past + n] (1 = live slot; None: all live) becomes ``pattern(mask)``'s boolean
+        [B, 1, n, S]; a 4D one is taken as given: boolean (True = may attend) or additive (0 = may attend, as
+        ``RaggedCache.tree_forward`` builds it)."""
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = (past + torch.arange(n, device=device)).expand(batch, n)
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, past + n, dtype=torch.long, device=device)
+        if attention_mask.dim() == 2:
+            if attention_mask.shape != (batch, past + n):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the cache holds {past} "
+                                 f"slots and {n} inputs: pass a 2D mask [{batch}, {past + n}] (1 = live slot)")
+            allowed = pattern(attention_mask)
+        elif attention_mask.is_floating_point():
+            allowed = attention_mask == 0
+        else:
+            allowed = attention_mask.bool()
+        return past_key_values, position_ids, self.additive_mask(allowed, dtype)
 
     @staticmethod
     def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

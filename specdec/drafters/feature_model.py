@@ -165,21 +165,6 @@ class FeatureDrafterModel(ContextSlotsModel):
 
     # ------------------------------------------------------------------------------------ forward
 
-    @staticmethod
-    def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """A boolean pattern [B, 1, n, S] as the additive mask eager and sdpa attention both read."""
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min)
-
-    @staticmethod
-    def causal(live: torch.Tensor, n: int) -> torch.Tensor:
-        """Boolean [B, 1, n, S]: query i (slot S - n + i) sees live slots up to itself, and always itself."""
-        total = live.shape[1]
-        slot = torch.arange(total, device=live.device)
-        query = (total - n + torch.arange(n, device=live.device))[:, None]  # [n, 1]
-        allowed = (slot[None, :] <= query) & live[:, None, :].bool()  # [B, n, S]
-        return (allowed | (slot[None, :] == query))[:, None]
-
     def forward(self, input_ids: torch.LongTensor, hidden: torch.Tensor, position_ids: torch.LongTensor | None = None,
                 attention_mask: torch.Tensor | None = None, past_key_values: DynamicCache | None = None,
                 use_cache: bool = False, logits: bool = True, logits_to_keep: int = 0,
@@ -208,23 +193,9 @@ class FeatureDrafterModel(ContextSlotsModel):
         x = torch.cat([self.embed_norm(embed(input_ids).to(dtype)), self.hidden_norm(h)], dim=-1)  # [B, n, 2H]
         if self.config.layout == "proj":
             x = h = self.proj(x)  # [B, n, H]: the layer's input and residual stream
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:
-            position_ids = (past + torch.arange(n, device=x.device)).expand(batch, n)
-        if attention_mask is None:
-            attention_mask = torch.ones(batch, past + n, dtype=torch.long, device=x.device)
-        if attention_mask.dim() == 2:
-            if attention_mask.shape != (batch, past + n):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the cache holds {past} "
-                                 f"slots and {n} inputs: pass a 2D mask [{batch}, {past + n}] (1 = live slot)")
-            allowed = self.causal(attention_mask, n)
-        elif attention_mask.is_floating_point():  # additive (0 = may attend), as ``RaggedCache.tree_forward`` builds
-            allowed = attention_mask == 0
-        else:
-            allowed = attention_mask.bool()
-        mask = self.additive_mask(allowed, x.dtype)
+        past_key_values, position_ids, mask = self.step_inputs(
+            batch, n, x.dtype, x.device, position_ids, attention_mask, past_key_values, use_cache,
+            lambda live: self.causal(live, n))
         layer_kwargs = dict(attention_mask=mask, position_ids=position_ids, use_cache=use_cache,
                             position_embeddings=self.rotary_emb(h, position_ids=position_ids),
                             **{LAYER_KEYWORD: past_key_values})

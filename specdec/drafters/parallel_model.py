@@ -156,22 +156,9 @@ class ParallelDrafterModel(ContextSlotsModel):
         """
         batch, n = input_ids.shape
         x = self.inputs(input_ids, hidden, mask_tokens, block_positions, revealed)
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:
-            position_ids = (past + torch.arange(n, device=x.device)).expand(batch, n)
-        if attention_mask is None:
-            attention_mask = torch.ones(batch, past + n, dtype=torch.long, device=x.device)
-        if attention_mask.dim() == 2:
-            if attention_mask.shape != (batch, past + n):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but the cache holds {past} "
-                                 f"slots and {n} inputs: pass a 2D mask [{batch}, {past + n}] (1 = live slot)")
-            mask = self.additive_mask(self.pattern(attention_mask, n, mask_tokens), x.dtype)
-        elif attention_mask.dtype == torch.bool:
-            mask = self.additive_mask(attention_mask, x.dtype)
-        else:
-            mask = attention_mask.to(x.dtype)  # additive, as given (``RaggedCache.tree_forward`` builds one)
+        past_key_values, position_ids, mask = self.step_inputs(
+            batch, n, x.dtype, x.device, position_ids, attention_mask, past_key_values, use_cache,
+            lambda live: self.pattern(live, n, mask_tokens))
         rotary = self.rotary_emb(x, position_ids=position_ids)
         for layer in self.layers:
             x = layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=rotary,
