@@ -273,6 +273,28 @@ def _resumed_config(cfg: DrafterTrainConfig, out: Path) -> DrafterTrainConfig:
     return replace(cfg, records=saved["records"])
 
 
+def train_steps(out: Path, drafter: PreTrainedModel, optimizer, state, cfg, lr_at: Callable, loss_at: Callable,
+                evaluate: Callable, parallel, *, progress: bool, stop_after_s: float | None, stop_at_step: int | None,
+                log: Callable[[str], None]) -> Path | None:
+    """A drafter trainer's steps (``seq2seq.run_steps``) under a progress bar, Ctrl-C writing a checkpoint: the final
+    folder ``out/final`` once every step is done and every process has passed the barrier (the main process has
+    written it), None where a time or step limit stopped the run first; KeyboardInterrupt, after saying how to
+    resume, where Ctrl-C did."""
+    bar = _TrainBar(cfg.steps, state.step, progress and parallel.main)
+    with _Interrupt() as interrupt, bar:
+        finished = run_steps(out, drafter, optimizer, state, cfg, lambda step: lr_at(step, cfg), loss_at, evaluate,
+                             stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=bar.log(log),
+                             stop=lambda: interrupt.hit, on_step=bar.update, unit="tokens", parallel=parallel)
+    if not finished:
+        if interrupt.hit:
+            log(f"interrupted at step {state.step}: checkpoint written to {out / 'checkpoint'}; run the same "
+                "command to resume")
+            raise KeyboardInterrupt
+        return None
+    parallel.barrier()  # the main process has written the last checkpoint
+    return out / "final"
+
+
 def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str = "cpu",
                   stop_at_step: int | None = None, stop_after_s: float | None = None, measure: bool = True,
                   measure_prompts: int = 20, measure_tokens: int = 64, progress: bool = True,
@@ -332,20 +354,10 @@ def train_drafter(cfg: DrafterTrainConfig, out_dir: str | Path, *, device: str =
     def evaluate() -> dict:
         return held_out(drafter, target, valid_data, device) if valid_data else {}
 
-    bar = _TrainBar(cfg.steps, state.step, progress and parallel.main)
-    with _Interrupt() as interrupt, bar:
-        finished = run_steps(out, drafter, optimizer, state, cfg, lambda step: lr_at(step, cfg), loss_at, evaluate,
-                             stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=bar.log(log),
-                             stop=lambda: interrupt.hit, on_step=bar.update, unit="tokens", parallel=parallel)
-    if not finished:
-        if interrupt.hit:
-            log(f"interrupted at step {state.step}: checkpoint written to {out / 'checkpoint'}; run the same "
-                "command to resume")
-            raise KeyboardInterrupt
-        return None
-    final = out / "final"
-    parallel.barrier()  # the main process has written the last checkpoint
-    if not parallel.main:  # it alone exports, measures and writes the card (minutes: nobody waits in a collective)
+    final = train_steps(out, drafter, optimizer, state, cfg, lr_at, loss_at, evaluate, parallel, progress=progress,
+                        stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log)
+    # the main process alone exports, measures and writes the card (minutes: nobody waits in a collective)
+    if final is None or not parallel.main:
         return final
     drafter.eval()
     with writing(final):

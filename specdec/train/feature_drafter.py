@@ -48,11 +48,11 @@ from specdec.drafters.feature_model import (
 )
 from specdec.loading import load_model
 from specdec.train.checkpoint import writing
-from specdec.train.drafter import Example, _Interrupt, _resumed_config, _TrainBar, examples
+from specdec.train.drafter import Example, _resumed_config, examples, train_steps
 from specdec.train.outputs import target_data, valid_path
 from specdec.train.parallel import DataParallel
 from specdec.train.presets import FeatureDrafterTrainConfig
-from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume, run_steps
+from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume
 
 GAMMAS = (1, 2, 4, 8)  # drafting depths whose teacher-forced tau the figures give
 
@@ -310,20 +310,9 @@ def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *
         m = measure(drafter, target, valid_rows, cfg.ttt_steps, device)
         return {"val_kl": m["kl"], "val_acceptance": m["acceptance"], "val_tau": m["tau"].get(4)}
 
-    bar = _TrainBar(cfg.steps, state.step, progress and parallel.main)
-    with _Interrupt() as interrupt, bar:
-        finished = run_steps(out, drafter, optimizer, state, cfg, lambda step: lr_at(step, cfg), loss_at, evaluate,
-                             stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=bar.log(log),
-                             stop=lambda: interrupt.hit, on_step=bar.update, unit="tokens", parallel=parallel)
-    if not finished:
-        if interrupt.hit:
-            log(f"interrupted at step {state.step}: checkpoint written to {out / 'checkpoint'}; run the same "
-                "command to resume")
-            raise KeyboardInterrupt
-        return None
-    final = out / "final"
-    parallel.barrier()
-    if not parallel.main:
+    final = train_steps(out, drafter, optimizer, state, cfg, lr_at, loss_at, evaluate, parallel, progress=progress,
+                        stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log)
+    if final is None or not parallel.main:
         return final
     drafter.eval()
     figures = measure(drafter, target, valid_rows, cfg.ttt_steps, device) if valid_rows else None

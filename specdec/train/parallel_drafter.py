@@ -34,11 +34,11 @@ from transformers import PreTrainedModel
 
 from specdec.drafters.parallel_model import ParallelDrafterModel, new_parallel_drafter
 from specdec.train.checkpoint import writing
-from specdec.train.drafter import Example, _Interrupt, _TrainBar
+from specdec.train.drafter import Example, train_steps
 from specdec.train.feature_drafter import collate, depth_figures, figures_table, start_run, target_pass
 from specdec.train.outputs import valid_path
 from specdec.train.presets import ParallelDrafterTrainConfig
-from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume, run_steps
+from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume
 
 __all__ = ["ParallelDrafterTrainConfig", "train_parallel_drafter"]
 
@@ -231,20 +231,9 @@ def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path,
         m = measure(drafter, target, valid_rows, device)
         return {"val_kl": m.get("kl"), "val_acceptance": m.get("acceptance"), "val_tau": m.get("tau", {}).get(4)}
 
-    bar = _TrainBar(cfg.steps, state.step, progress and parallel.main)
-    with _Interrupt() as interrupt, bar:
-        finished = run_steps(out, drafter, optimizer, state, cfg, lambda step: lr_at(step, cfg), loss_at, evaluate,
-                             stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=bar.log(log),
-                             stop=lambda: interrupt.hit, on_step=bar.update, unit="tokens", parallel=parallel)
-    if not finished:
-        if interrupt.hit:
-            log(f"interrupted at step {state.step}: checkpoint written to {out / 'checkpoint'}; run the same "
-                "command to resume")
-            raise KeyboardInterrupt
-        return None
-    final = out / "final"
-    parallel.barrier()
-    if not parallel.main:
+    final = train_steps(out, drafter, optimizer, state, cfg, lr_at, loss_at, evaluate, parallel, progress=progress,
+                        stop_after_s=stop_after_s, stop_at_step=stop_at_step, log=log)
+    if final is None or not parallel.main:
         return final
     drafter.eval()
     figures = (measure(drafter, target, valid_rows, device) or None) if valid_rows else None
