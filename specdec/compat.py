@@ -16,9 +16,12 @@ in specdec names a cache keyword: each asks this module, which reads the forward
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import logging as hf_logging
 
 RENAMED = "cache" in CausalLMOutputWithPast.__dataclass_fields__  # transformers >= 5.24
 LAYER_KEYWORD = "cache" if RENAMED else "past_key_values"
@@ -59,3 +62,14 @@ def cache_of(output: Any) -> Any:
         if name in fields:
             return getattr(output, name)
     return None
+
+
+@contextmanager
+def progress_bars(shown: bool) -> Iterator[None]:
+    """transformers' (and the Hub's) progress bars on or off inside the block, as they were after it."""
+    before = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specdec.compat import progress_bars
+
 
 def _key(file: Path) -> str:
     stat = file.stat()
@@ -52,11 +54,7 @@ def gguf_folder(file: str | Path, cache: Path) -> Path:
                          f"{', '.join(sorted(readable))}): convert its original checkpoint")
     print(f"specdec: {file.name}: reading it through transformers' GGUF loader (weights dequantised to float32), "
           f"saved once as a model folder at {folder}", file=sys.stderr)
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with progress_bars(False):
         model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
         # transformers marks the model "quantized with gguf" (its quantizer only dequantised at load) and will not
@@ -71,6 +69,4 @@ def gguf_folder(file: str | Path, cache: Path) -> Path:
             shutil.rmtree(folder, ignore_errors=True)  # a half-written folder of an interrupted run
             Path(tmp).rename(folder)
             Path(tmp).mkdir()  # for the context manager's cleanup
-    finally:
-        (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
     return folder

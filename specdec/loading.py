@@ -15,8 +15,6 @@ Dtypes: None = float32 on CPU (fast and exact there) and bfloat16 on CUDA; or "f
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,7 +26,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.utils import logging as hf_logging
+
+from specdec.compat import progress_bars
 
 # The folder rules live where no torch is imported; their names stay importable from here.
 from specdec.folders import (  # noqa: F401
@@ -76,17 +75,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: use one of bf16, fp16, fp32")
     return DTYPES[dtype]
-
-
-@contextmanager
-def progress_bars(shown: bool) -> Iterator[None]:
-    """transformers' (and the Hub's) progress bars on or off inside the block, as they were after it."""
-    before = hf_logging.is_progress_bar_enabled()
-    (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
-    try:
-        yield
-    finally:
-        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
 
 
 def load_model(

@@ -27,7 +27,6 @@ its ``mslk`` kernels, and its CPU layout (``Int4OpaqueTensor``) is not in its sa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import tempfile
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from specdec.compat import progress_bars
 
 GROUP_SIZES = (32, 64, 128)  # int4's input columns per scale (the CLI's choices: specdec.quantize_cli's own)
 PACKAGES = {"torchao": "torchao", "compressed-tensors": "compressed-tensors"}  # format -> package to install
@@ -180,24 +181,11 @@ def _method_of(config) -> str:
     return str(getattr(method, "value", method))
 
 
-@contextlib.contextmanager
-def _quiet():
-    """transformers' progress bars off inside the block (specdec.loading.progress_bars, which imports this module)."""
-    from transformers.utils import logging as hf_logging
-
-    before = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
-
-
 def _load(path, dtype, quantization_config=None):
     from transformers import AutoModelForCausalLM
 
     kwargs = {"quantization_config": quantization_config} if quantization_config is not None else {}
-    with _quiet():
+    with progress_bars(False):
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **kwargs).eval()
 
 
@@ -244,7 +232,7 @@ def _untie(model_path: Path, out: str) -> str:
     model.get_output_embeddings().weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
     for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
         config.tie_word_embeddings = False
-    with _quiet():
+    with progress_bars(False):
         model.save_pretrained(out, safe_serialization=True)
     return out
 
@@ -284,7 +272,7 @@ def quantize(model_path: str | Path, to: str, out: str | Path, group_size: int |
                          + (" (it is tied to the input embeddings)" if tied else "") + ": drop --quantize-head")
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with _quiet():
+        with progress_bars(False):
             model.save_pretrained(out, safe_serialization=True)
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                      "merges.txt", "tokenizer.model"):
