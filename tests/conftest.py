@@ -9,6 +9,8 @@ Helpers (import them in other tests with ``from conftest import ...``):
 - ``ToyLM``: a one-matrix "causal LM" whose logits depend on the whole prefix through its KV
   cache; a real ``PreTrainedModel`` that is fast enough for tens of thousands of generations.
 - ``char_tokenizer(vocab_size)``: a character-level fast tokenizer for stop-string tests.
+- ``target_with_outputs(root, build)``: a drafter trainer's inputs, a tiny target folder and the outputs file of
+  its own continuations (``root/target``, ``root/data.jsonl``).
 - ``assert_same_greedy(target, prompt, ours, reference)``: token equality, allowing a divergence
   only at a near tie of the target's top-2 logits (recomputed without a cache).
 - ``drive_alike(static, reference, slots, join)``: random ragged forwards, rollbacks, selects, joins and
@@ -205,6 +207,26 @@ def build_toy(vocab_size: int = 12, hidden_size: int = 8, seed: int = 0, scale: 
         nn.init.normal_(model.embed.weight)
         nn.init.normal_(model.lm_head.weight, std=scale)
     return model.eval()
+
+
+def target_with_outputs(root, build: Callable[[int], PreTrainedModel]):
+    """``build(vocab)``'s model saved to ``root/target`` with the tests' word tokenizer (``tiny_models``), its pad,
+    bos and eos the tokenizer's end token, and ``root/data.jsonl``: its continuations (12 new tokens) of 24 short code
+    prompts, a fifth held out, as ``specdec data outputs`` writes them. Returns ``root``."""
+    from tiny_models import build_tokenizer
+
+    from specdec.train.outputs import user_outputs
+
+    tok = build_tokenizer()
+    target = build(len(tok))
+    target.config.pad_token_id = target.config.bos_token_id = target.config.eos_token_id = tok.eos_token_id
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    prompts = [f"def f{i}(x{i}):" for i in range(12)] + [f"for i in range({i}):" for i in range(12)]
+    (root / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    user_outputs(str(root / "target"), root / "prompts.txt", root / "data.jsonl", max_new_tokens=12, batch_size=8,
+                 valid_share=0.2, progress=False, log=lambda m: None)
+    return root
 
 
 def char_tokenizer(chars: str = "abcdefghijklmnopqrstuvwxyz .,!?\n") -> PreTrainedTokenizerFast:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_same_greedy, hf_greedy
+from conftest import assert_same_greedy, hf_greedy, target_with_outputs
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdec
@@ -272,21 +272,9 @@ def test_each_trained_block_is_the_inference_round_at_its_anchor(target):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from tiny_models import build_tokenizer
-
-    from specdec.train.outputs import user_outputs
     from specdec.train.parallel_drafter import ParallelDrafterTrainConfig
 
-    root = tmp_path_factory.mktemp("parallel")
-    tok = build_tokenizer()
-    target = _llama(vocab=len(tok))
-    target.config.pad_token_id = target.config.bos_token_id = target.config.eos_token_id = tok.eos_token_id
-    target.save_pretrained(root / "target")
-    tok.save_pretrained(root / "target")
-    prompts = [f"def f{i}(x{i}):" for i in range(12)] + [f"for i in range({i}):" for i in range(12)]
-    (root / "prompts.txt").write_text("\n".join(prompts) + "\n")
-    user_outputs(str(root / "target"), root / "prompts.txt", root / "data.jsonl", max_new_tokens=12, batch_size=8,
-                 valid_share=0.2, progress=False, log=lambda m: None)
+    root = target_with_outputs(tmp_path_factory.mktemp("parallel"), lambda vocab: _llama(vocab=vocab))
     cfg = ParallelDrafterTrainConfig(target=str(root / "target"), data=str(root / "data.jsonl"), steps=8,
                                      batch_size=4, save_every=2, eval_every=4, block_size=4, lr=3e-3, warmup_steps=1)
     return {"root": root, "cfg": cfg}
