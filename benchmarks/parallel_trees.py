@@ -12,13 +12,11 @@ the rounds; every output is checked equal to plain decoding."""
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from trees import compare  # benchmarks/trees.py, beside this script
 
 import specdec
-from specdec.data.prompts import code_completion_prompts
 from specdec.drafters import ParallelDrafter
 from specdec.drafters.parallel_model import load_parallel_drafter
 from specdec.tree import TreeConfig
@@ -33,39 +31,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     target = specdec.load_model("code-target")
-    tok = specdec.load_tokenizer("code-target")
     model = load_parallel_drafter(args.drafter, target).eval()
     block = model.config.block_size
     methods = {f"chain g{block}": (block, None), f"tree 8x2 g{block}": (block, TreeConfig(8, 2)),
                f"tree 16x4 g{block}": (block, TreeConfig(16, 4)), f"tree 32x4 g{block}": (block, TreeConfig(32, 4))}
-    prompts = [tok(p["prompt"])["input_ids"] for p in code_completion_prompts(args.prompts, split="test", seed=3)]
-    plain = [specdec.autoregressive_generate(target, p, max_new_tokens=args.tokens).tokens for p in prompts]
-    names = list(methods)
-    seconds = {m: [[0.0] * len(prompts) for _ in range(args.repeats)] for m in names}
-    figures: dict[str, list[tuple[int, int]]] = {m: [(0, 0)] * len(prompts) for m in names}
-    turn = 0
-    for repeat in range(-1, args.repeats):  # repeat -1 is a warm-up
-        for i, prompt in enumerate(prompts):
-            turn += 1
-            for name in names[turn % len(names):] + names[: turn % len(names)]:
-                gamma, tree = methods[name]
-                start = time.perf_counter()
-                out = specdec.speculative_generate(target, ParallelDrafter(model), prompt, max_new_tokens=args.tokens,
-                                                   gamma=gamma, tree=tree)
-                elapsed = time.perf_counter() - start
-                assert out.tokens == plain[i], (name, i)
-                if repeat >= 0:
-                    seconds[name][repeat][i] = elapsed
-                figures[name][i] = (out.stats.new_tokens, out.stats.rounds)
-    base = names[0]
-    print(f"{'method':14} {'tok/s':>7} {'x ' + base:>10} {'tau':>5} {'rounds':>6}")
-    for name in names:
-        new = sum(n for n, _ in figures[name])
-        rounds = sum(r for _, r in figures[name])
-        total = statistics.median(sum(s) for s in seconds[name])
-        ratio = statistics.median(seconds[base][r][i] / seconds[name][r][i]
-                                  for r in range(args.repeats) for i in range(len(prompts)))
-        print(f"{name:14} {new / total:7.1f} {ratio:10.2f} {new / rounds:5.2f} {rounds:6d}")
+    compare(target, lambda: ParallelDrafter(model), methods, args.prompts, args.tokens, args.repeats)
 
 
 if __name__ == "__main__":

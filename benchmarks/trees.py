@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -32,28 +33,23 @@ METHODS = {  # name -> (gamma, tree); the first is the baseline of the ratios
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=6)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    target, drafter = specdec.load_model("code-target"), specdec.load_model("code-drafter")
+def compare(target, drafter: Callable[[], object], methods: dict, prompts: int, tokens: int, repeats: int) -> None:
+    """Run ``methods`` (name -> (gamma, tree); the first the ratios' baseline) with ``drafter()`` on ``prompts``
+    held-out code prompts × ``tokens``, interleaved as the module says, and print the table."""
     tok = specdec.load_tokenizer("code-target")
-    prompts = [tok(p["prompt"])["input_ids"] for p in code_completion_prompts(args.prompts, split="test", seed=3)]
-    plain = [specdec.autoregressive_generate(target, p, max_new_tokens=args.tokens).tokens for p in prompts]
-    names = list(METHODS)
-    seconds = {m: [[0.0] * len(prompts) for _ in range(args.repeats)] for m in names}
-    figures: dict[str, list[tuple[int, int]]] = {m: [(0, 0)] * len(prompts) for m in names}
+    ids = [tok(p["prompt"])["input_ids"] for p in code_completion_prompts(prompts, split="test", seed=3)]
+    plain = [specdec.autoregressive_generate(target, p, max_new_tokens=tokens).tokens for p in ids]
+    names = list(methods)
+    seconds = {m: [[0.0] * len(ids) for _ in range(repeats)] for m in names}
+    figures: dict[str, list[tuple[int, int]]] = {m: [(0, 0)] * len(ids) for m in names}
     turn = 0
-    for repeat in range(-1, args.repeats):  # repeat -1 is a warm-up
-        for i, prompt in enumerate(prompts):
+    for repeat in range(-1, repeats):  # repeat -1 is a warm-up
+        for i, prompt in enumerate(ids):
             turn += 1
             for name in names[turn % len(names):] + names[: turn % len(names)]:
-                gamma, tree = METHODS[name]
+                gamma, tree = methods[name]
                 start = time.perf_counter()
-                out = specdec.speculative_generate(target, drafter, prompt, max_new_tokens=args.tokens, gamma=gamma,
+                out = specdec.speculative_generate(target, drafter(), prompt, max_new_tokens=tokens, gamma=gamma,
                                                    tree=tree)
                 elapsed = time.perf_counter() - start
                 assert out.tokens == plain[i], (name, i)
@@ -67,8 +63,19 @@ def main() -> None:
         rounds = sum(r for _, r in figures[name])
         total = statistics.median(sum(s) for s in seconds[name])
         ratio = statistics.median(seconds[base][r][i] / seconds[name][r][i]
-                                  for r in range(args.repeats) for i in range(len(prompts)))
+                                  for r in range(repeats) for i in range(len(ids)))
         print(f"{name:14} {new / total:7.1f} {ratio:10.2f} {new / rounds:5.2f} {rounds:6d}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    target, drafter = specdec.load_model("code-target"), specdec.load_model("code-drafter")
+    compare(target, lambda: drafter, METHODS, args.prompts, args.tokens, args.repeats)
 
 
 if __name__ == "__main__":
