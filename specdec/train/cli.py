@@ -177,32 +177,29 @@ def _cmd_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_feature_drafter(args: argparse.Namespace) -> int:
+def _train_with(args: argparse.Namespace, config_class: type, train) -> int:
+    """Run ``train(config_class(**the flags given), args.out, ...)`` and say where the final model is."""
     import torch
 
-    from specdec.train.feature_drafter import train_feature_drafter
-
     torch.set_num_threads(args.threads)
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(FeatureDrafterTrainConfig)
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)
                  if getattr(args, f.name, None) is not None}
-    final = train_feature_drafter(FeatureDrafterTrainConfig(**overrides), args.out, device=args.device,
-                                  stop_at_step=args.stop_at_step, stop_after_s=args.stop_after)
+    final = train(config_class(**overrides), args.out, device=args.device, stop_at_step=args.stop_at_step,
+                  stop_after_s=args.stop_after)
     print(f"final model: {final}" if final else "stopped early; run the same command to resume")
     return 0
+
+
+def _cmd_feature_drafter(args: argparse.Namespace) -> int:
+    from specdec.train.feature_drafter import train_feature_drafter
+
+    return _train_with(args, FeatureDrafterTrainConfig, train_feature_drafter)
 
 
 def _cmd_parallel_drafter(args: argparse.Namespace) -> int:
-    import torch
-
     from specdec.train.parallel_drafter import train_parallel_drafter
 
-    torch.set_num_threads(args.threads)
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(ParallelDrafterTrainConfig)
-                 if getattr(args, f.name, None) is not None}
-    final = train_parallel_drafter(ParallelDrafterTrainConfig(**overrides), args.out, device=args.device,
-                                   stop_at_step=args.stop_at_step, stop_after_s=args.stop_after)
-    print(f"final model: {final}" if final else "stopped early; run the same command to resume")
-    return 0
+    return _train_with(args, ParallelDrafterTrainConfig, train_parallel_drafter)
 
 
 def _cmd_feature_eval(args: argparse.Namespace) -> int:
