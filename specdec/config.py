@@ -312,6 +312,13 @@ SWITCHES = {s.name: s for s in (
 )}
 
 
+def c_compiler() -> str | None:
+    """The C compiler specdec builds its kernels with: ``CC``, else ``cc``, ``gcc`` or ``clang`` on the PATH; None."""
+    import shutil
+
+    return os.environ.get("CC") or next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+
+
 def switch(name: str) -> str | None:
     """The environment switch ``name`` (declared in ``SWITCHES``): its value, a choice lower-cased and stripped, or its
     default where it is unset or blank; a ValueError in one line naming it, the value and what the values do where the

@@ -19,9 +19,10 @@ training, a trace, gradients); specdec's target and drafter handles install it u
 installs, ``on`` always does, ``auto`` takes a range's kernel where a probe at install, reading the weights
 from memory as decoding does (``evictor``), finds it at most ``PAYS`` of the stock time; the answer is kept in
 ``plans.json``, so a probe timed beside other work cannot flip a compiled model's kernels, and with them its
-graphs, from one process to the next. The helper
-(``SPECDEC_HELPER=auto|on|off``) shares the blocked operator's large products with one idle-priority thread:
-the same floats whichever thread computes them, and no share ever waited for. The measurements:
+graphs, from one process to the next. The helpers
+(``SPECDEC_HELPER=auto|on|off``) share the operators' large products with idle-priority threads, one for each
+core beyond torch's threads: the same floats whichever thread computes them, and no share ever waited for. The
+measurements:
 docs/journal/kernels.md.
 """
 
@@ -49,7 +50,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from specdec.config import SWITCHES, switch
+from specdec.config import SWITCHES, c_compiler, switch
 from specdec.folders import cache_root
 
 ENV = "SPECDEC_LINEAR"  # auto|on|off (declared in ``config.SWITCHES``)
@@ -93,39 +94,62 @@ def helper_mode() -> str:
     return switch(HELPER_ENV)
 
 
-def helper_wanted(threads: int | None = None, usable: int | None = None) -> bool:
-    """Whether the blocked operator's products are shared with its helper thread (``csrc/blocked_op.cpp``: a thread
-    at the scheduler's idle priority that takes shares of a product's columns, never waited for): ``SPECDEC_HELPER``
-    on or off, else (auto) where this process may use more cores than torch's ``threads`` (its count now)."""
+def helpers_wanted(threads: int | None = None, usable: int | None = None) -> int:
+    """How many helper threads share the operators' products (``csrc/blocked_op.cpp``: threads at the scheduler's idle
+    priority that take shares of a product's columns, never waited for): one for each core this process may use
+    beyond torch's ``threads`` (its count now); ``SPECDEC_HELPER`` off: none, on: at least one."""
     chosen = helper_mode()
-    if chosen != "auto":
-        return chosen == "on"
+    if chosen == "off":
+        return 0
     from specdec.threads import usable_cores
 
-    return (usable_cores() if usable is None else usable) > (torch.get_num_threads() if threads is None else threads)
+    spare = (usable_cores() if usable is None else usable) - (torch.get_num_threads() if threads is None else threads)
+    return max(spare, 1 if chosen == "on" else 0)
 
 
-_HELPER: list[bool] = [False]  # whether specdec set the helper on (``helper``, ``_build_op``)
+def helper_wanted(threads: int | None = None, usable: int | None = None) -> bool:
+    """Whether any helper thread shares the operators' products (``helpers_wanted``)."""
+    return helpers_wanted(threads, usable) > 0
+
+
+_HELPER: list[int] = [0]  # how many helpers specdec set working (``helper``, ``_build_op``)
 
 
 def helper() -> bool:
-    """Start or park the helper as ``helper_wanted`` says now (torch's thread count may have changed since the operator
-    loaded: ``install`` calls it for every model); whether it is on. False where the operator is not loaded."""
-    wanted = helper_wanted()  # a bad SPECDEC_HELPER is refused whether or not the operator is loaded
+    """Start or park the helpers as ``helpers_wanted`` says now (torch's thread count may have changed since the
+    operator loaded: ``install`` calls it for every model); whether any works. False where the operator is not
+    loaded."""
+    wanted = helpers_wanted()  # a bad SPECDEC_HELPER is refused whether or not the operator is loaded
     if not _BUILT.get("op"):
         return False
-    _set_helper(wanted)
-    return _HELPER[0]
+    _set_helpers(wanted)
+    return helper_on()
+
+
+def _set_helpers(count: int) -> None:
+    torch.ops.specdec.helpers(count)
+    _HELPER[0] = count
 
 
 def _set_helper(on: bool) -> None:
-    torch.ops.specdec.helper(on)
-    _HELPER[0] = on
+    """One helper at least (the count ``helpers_wanted`` gives, where more), or none."""
+    _set_helpers(max(1, helpers_wanted()) if on else 0)
+
+
+def helper_count() -> int:
+    """How many helper threads share the operators' products now."""
+    return _HELPER[0] if _BUILT.get("op") else 0
 
 
 def helper_on() -> bool:
-    """Whether the blocked operator shares its products with its helper thread now."""
-    return bool(_BUILT.get("op")) and _HELPER[0]
+    """Whether the operators share their products with helper threads now."""
+    return helper_count() > 0
+
+
+def decoding_cores() -> int:
+    """The cores specdec decodes on now: torch's threads, and the helpers where they share a decoded model's products
+    (``shares``); the bench gives a peer engine as many threads."""
+    return torch.get_num_threads() + (helper_count() if shares() else 0)
 
 
 def shares(model: torch.nn.Module | None = None) -> bool:
@@ -166,8 +190,6 @@ class Blocked(NamedTuple):
     path: Path
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
 
 
 def _cpu_flags() -> str:
@@ -263,7 +285,7 @@ def _run_together(commands: list[tuple[list[str], int]]) -> None:
 
 
 def _build_op() -> bool:
-    compiler, cxx = _compiler(), _cxx()
+    compiler, cxx = c_compiler(), _cxx()
     include = Path(torch.__file__).with_name("include")
     if compiler is None or cxx is None or platform.system() != "Linux" or not include.is_dir():
         return False
@@ -290,7 +312,7 @@ def _build_op() -> bool:
             torch.library.register_fake("specdec::decode_attention")(_attention_fake)
             torch.library.register_fake("specdec::quantized_linear")(lambda x, *a: x.new_empty(x.shape[0], a[-2]))
             _OP_LOADED.append(path)
-        _set_helper(helper_wanted())
+        _set_helpers(helpers_wanted())
         _BUILT["kernel"] = Blocked(int(torch.ops.specdec.lanes()), path)
     except (OSError, RuntimeError, subprocess.SubprocessError):
         return False

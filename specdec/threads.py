@@ -11,7 +11,10 @@ before any model runs:
 2. else ``OMP_NUM_THREADS`` when the user set it;
 3. else the default: one thread for a target below ``SMALL_MODEL_PARAMETERS`` parameters (one thread
    per concurrent forward: target and drafter run in turn, and the server decodes its batch in one
-   worker), else the physical cores (not hyperthreads) this process may use.
+   worker); for a larger target whose products specdec's operator computes with its helper threads (``helped``:
+   its kernels on, its helpers not off, a C compiler to build them), also one thread: the helpers take the other
+   cores, at idle priority and never waited for (``specdec.kernels``); else the physical cores (not hyperthreads)
+   this process may use. Why: docs/journal/2026-12-07-helpers-and-threads.md.
 
 Never more than the cores this process may use (``os.sched_getaffinity``, and a cgroup CPU quota).
 ``choose_threads`` is the decision as a pure function (the machine's figures are arguments: it
@@ -91,10 +94,11 @@ def _from_env(value: str, usable: int) -> int:
 
 
 def choose_threads(requested: int | None, *, parameters: int | None, usable: int, physical: int,
-                   environ: Mapping[str, str], flag: str = "threads=") -> ThreadChoice:
+                   environ: Mapping[str, str], flag: str = "threads=", helped: bool = False) -> ThreadChoice:
     """The thread count for a run: ``requested`` (named ``flag`` in errors and the source), else
     ``environ``'s OMP_NUM_THREADS, else the default for a target of ``parameters`` (None: unknown)
-    on a machine where this process may use ``usable`` cores, ``physical`` of them physical.
+    on a machine where this process may use ``usable`` cores, ``physical`` of them physical, and where
+    ``helped`` says specdec's operator and its helper threads compute the products.
 
     A pure function of its arguments: the machine's load is not one of them. Raises ValueError for a
     count below 1 or above ``usable``."""
@@ -105,9 +109,21 @@ def choose_threads(requested: int | None, *, parameters: int | None, usable: int
         return ThreadChoice(_from_env(value, usable), ENV)
     if parameters is not None and parameters < SMALL_MODEL_PARAMETERS:
         return ThreadChoice(1, f"default: target < {_millions(SMALL_MODEL_PARAMETERS)} params")
-    cores = max(1, min(physical, usable))
     size = "model size unknown" if parameters is None else f"target >= {_millions(SMALL_MODEL_PARAMETERS)} params"
+    if helped and usable > 1:
+        others = f"helpers on the other {usable - 1} cores" if usable > 2 else "a helper on the other core"
+        return ThreadChoice(1, f"default: {size}, {others}")
+    cores = max(1, min(physical, usable))
     return ThreadChoice(cores, f"default: {size}, {cores} physical core{'s' if cores != 1 else ''}")
+
+
+def helped(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether specdec's operator and its helper threads will compute a decoded model's products: its kernels and
+    helpers not switched off (``SPECDEC_LINEAR``, ``SPECDEC_HELPER``), Linux, and a C compiler to build them."""
+    from specdec.config import c_compiler
+
+    off = {environ.get(name, "").strip().lower() for name in ("SPECDEC_LINEAR", "SPECDEC_HELPER")}
+    return "off" not in off and sys.platform.startswith("linux") and c_compiler() is not None
 
 
 # ------------------------------------------------------------------------------------ the machine
@@ -184,7 +200,7 @@ def machine_choice(threads: int | None = None, *, model: str | Path | PreTrained
     """``choose_threads`` on this machine (its usable and physical cores, its environment) for the target ``model``,
     applying nothing and importing no torch: a bad count is refused here, before anything heavy is imported."""
     return choose_threads(threads, parameters=model_parameters(model), usable=usable_cores(),
-                          physical=physical_cores(), environ=os.environ, flag=flag)
+                          physical=physical_cores(), environ=os.environ, flag=flag, helped=helped())
 
 
 def use_threads(threads: int | None = None, *, model: str | Path | PreTrainedModel | None = None,
@@ -223,14 +239,17 @@ def current() -> ThreadChoice:
     return ThreadChoice(count, f"torch: {ENV}" if os.environ.get(ENV, "").strip() else "torch's default")
 
 
-HELPER_NOTE = " + a helper on idle cores"  # said after the thread count where the helper thread shares the products
+HELPER_NOTE = " + helpers on idle cores"  # said after the thread count where helper threads share the products
 
 
 def helper_note() -> str:
-    """``HELPER_NOTE`` where specdec's blocked operator shares a decoded model's products with its helper thread (a
-    thread at the scheduler's idle priority: ``specdec.kernels.shares``), else ""."""
+    """``HELPER_NOTE`` where specdec's operators share a decoded model's products with helper threads (threads at the
+    scheduler's idle priority: ``specdec.kernels.shares``), with their count, else ""."""
     kernels = sys.modules.get("specdec.kernels")  # not imported: no operator, no helper (and no torch imported here)
-    return HELPER_NOTE if kernels is not None and kernels.shares() else ""
+    if kernels is None or not kernels.shares():
+        return ""
+    count = kernels.helper_count()
+    return HELPER_NOTE.replace("helpers", f"{count} helper{'s' if count != 1 else ''}")
 
 
 def room_beside(threads: int | None = None, usable: int | None = None) -> bool:

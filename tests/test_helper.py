@@ -1,11 +1,11 @@
-"""The blocked operator's helper thread (``csrc/blocked_op.cpp``, ``kernels.helper``): a second thread, at the
-scheduler's idle priority, that takes shares of a linear product's columns or of an attention's rows.
+"""The operators' helper threads (``csrc/blocked_op.cpp``, ``kernels.helper``): one or more threads, at the
+scheduler's idle priority, that take shares of a linear product's columns or of an attention's rows.
 
 Checked: shared products and attentions equal the one-thread ones bit for bit (every row count, float32 and
 bfloat16-pair copies, biases, widths that are not whole blocks, grouped heads, several tokens a row); an owner whose
 helper stopped with a share in hand (as a descheduled one is) takes the share back and finishes without it; a stopped
-helper keeps the tensors of its share alive after the owner freed them; greedy decoding with the helper equals
-``generate``; ``SPECDEC_HELPER``'s rule and a bad value refused by name.
+helper keeps the tensors of its share alive after the owner freed them; each with one helper and with three;
+greedy decoding with the helper equals ``generate``; ``SPECDEC_HELPER``'s rule and a bad value refused by name.
 """
 
 from __future__ import annotations
@@ -24,23 +24,24 @@ from specdec import kernels
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture
-def helper():
-    """The operator loaded and its helper on (put back as it was after the test)."""
+@pytest.fixture(params=[1, 3], ids=["1 helper", "3 helpers"])
+def helper(request):
+    """The operator loaded and one or three helpers on (put back as it was after the test): three helpers on this
+    machine's cores share them with the owner, as on a larger machine's."""
     assert kernels.blocked_op(), "the blocked operator did not build: it needs a C and a C++ compiler (cc, c++)"
-    was = torch.ops.specdec.helper(True)
+    was = torch.ops.specdec.helpers(request.param)
     yield
     torch.ops.specdec.helper_hold(False)
-    torch.ops.specdec.helper(was)
+    torch.ops.specdec.helpers(was)
 
 
 def _alone(run):
-    """``run()`` with the helper off: the one-thread result."""
-    torch.ops.specdec.helper(False)
+    """``run()`` with the helpers off: the one-thread result."""
+    was = torch.ops.specdec.helpers(0)
     try:
         return run()
     finally:
-        torch.ops.specdec.helper(True)
+        torch.ops.specdec.helpers(was)
 
 
 def _counts() -> dict[str, int]:
@@ -165,6 +166,8 @@ def test_greedy_with_the_helper_equals_generate(drafting, helper, monkeypatch):
 
 def test_the_helper_is_on_where_a_core_is_left_beside_torchs_threads(monkeypatch):
     monkeypatch.delenv(kernels.HELPER_ENV, raising=False)
+    assert [kernels.helpers_wanted(threads=1, usable=n) for n in (1, 2, 16)] == [0, 1, 15]  # one a core left
+    assert kernels.helpers_wanted(threads=4, usable=16) == 12
     assert kernels.helper_wanted(threads=1, usable=2)
     assert not kernels.helper_wanted(threads=2, usable=2)
     assert not kernels.helper_wanted(threads=1, usable=1)
@@ -172,6 +175,7 @@ def test_the_helper_is_on_where_a_core_is_left_beside_torchs_threads(monkeypatch
     assert not kernels.helper_wanted(threads=1, usable=2)
     monkeypatch.setenv(kernels.HELPER_ENV, " ON ")
     assert kernels.helper_wanted(threads=1, usable=1)
+    assert kernels.helpers_wanted(threads=1, usable=1) == 1 and kernels.helpers_wanted(threads=1, usable=8) == 7
     monkeypatch.setenv(kernels.HELPER_ENV, "sometimes")
     with pytest.raises(ValueError, match="SPECDEC_HELPER='sometimes': use one of auto, on, off"):
         kernels.helper_wanted()

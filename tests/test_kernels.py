@@ -90,7 +90,7 @@ def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compi
     assert kernels.blocked().path == kernel.path and kernel.path.stat().st_mtime_ns == built  # loaded, not rebuilt
     assert capsys.readouterr().err == ""  # nothing built, nothing said
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_compiler", lambda: None)
+    monkeypatch.setattr(kernels, "c_compiler", lambda: None)
     assert kernels.blocked() is None and kernels.many_kernels() == ("onednn",)
     assert kernels._Packed().many == "onednn"
 

@@ -23,7 +23,7 @@ import specdec
 from specdec import cli, threads
 from specdec.bench.config import BenchConfig
 from specdec.config import ModelConfig
-from specdec.threads import SMALL_MODEL_PARAMETERS, ThreadChoice, choose_threads
+from specdec.threads import SMALL_MODEL_PARAMETERS, ThreadChoice, choose_threads, helped
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = SMALL_MODEL_PARAMETERS // 10  # a target well below the threshold
@@ -32,9 +32,9 @@ NO_ENV: dict[str, str] = {}
 
 
 def choose(requested: int | None = None, parameters: int | None = SMALL, usable: int = 16, physical: int = 8,
-           environ: dict[str, str] = NO_ENV, flag: str = "--threads") -> ThreadChoice:
+           environ: dict[str, str] = NO_ENV, flag: str = "--threads", helped: bool = False) -> ThreadChoice:
     return choose_threads(requested, parameters=parameters, usable=usable, physical=physical, environ=environ,
-                          flag=flag)
+                          flag=flag, helped=helped)
 
 
 # ------------------------------------------------------------------------------------ the decision
@@ -56,6 +56,26 @@ def test_a_large_target_gets_the_physical_cores_it_may_use() -> None:
         1, f"default: target >= {SMALL_MODEL_PARAMETERS / 1e6:g}M params, 1 physical core")
     assert choose(parameters=None, usable=6, physical=3) == ThreadChoice(
         3, "default: model size unknown, 3 physical cores")
+
+
+def test_a_large_target_on_specdecs_operator_gets_one_thread_and_helpers_on_the_other_cores() -> None:
+    assert choose(parameters=LARGE, usable=16, physical=8, helped=True) == ThreadChoice(
+        1, f"default: target >= {SMALL_MODEL_PARAMETERS / 1e6:g}M params, helpers on the other 15 cores")
+    assert choose(parameters=None, usable=2, physical=2, helped=True) == ThreadChoice(
+        1, "default: model size unknown, a helper on the other core")
+    assert choose(parameters=LARGE, usable=1, physical=1, helped=True).threads == 1
+    assert choose(2, parameters=LARGE, helped=True) == ThreadChoice(2, "--threads")  # asked for: as asked
+    assert choose(parameters=LARGE, environ={"OMP_NUM_THREADS": "4"}, helped=True).threads == 4
+
+
+def test_helped_reads_the_switches_and_the_compiler(monkeypatch) -> None:
+    from specdec import config
+
+    monkeypatch.setattr(config, "c_compiler", lambda: "/usr/bin/cc")
+    assert helped({}) is sys.platform.startswith("linux")
+    assert not helped({"SPECDEC_LINEAR": "off"}) and not helped({"SPECDEC_HELPER": " OFF"})
+    monkeypatch.setattr(config, "c_compiler", lambda: None)
+    assert not helped({})
 
 
 def test_a_count_asked_for_wins_then_omp_num_threads() -> None:

@@ -115,7 +115,7 @@ class Environment:
     @property
     def threads(self) -> str:
         """The thread count and its source, e.g. "1 thread (default: target < 200M params)", and the helper where it
-        was on (" + a helper on idle cores")."""
+        were on (" + helpers on idle cores")."""
         return ThreadChoice(self.torch_threads, self.threads_source).describe() + (HELPER_NOTE if self.helper else "")
 
 

@@ -2,16 +2,17 @@
 
 A peer is an engine a user could pick instead of specdec to decode the target: it runs as one more
 method of the comparison (a ``Runner``), greedy only, timed in the same interleaved order with the
-same clock and thread count, and its outputs are checked token for token against the target's own
-``generate`` like every method's. Peers are optional extras (``pip install 'specdec[peers]'``): a
-peer asked for but not installed is refused before anything loads, naming the package to install.
+same clock and cores (torch's threads and specdec's helpers: ``kernels.decoding_cores``), and its
+outputs are checked token for token against the target's own ``generate`` like every method's.
+Peers are optional extras (``pip install 'specdec[peers]'``): a peer asked for but not installed is
+refused before anything loads, naming the package to install.
 
 Registered (``PEERS``, ``register_peer``):
 
 - ``ctranslate2``: CTranslate2's ``Generator`` in float32, on the target converted by its
   transformers converter into a temporary folder at the first run (untimed, in the warm-up); its
-  ``intra_threads`` is torch's thread count. Its converters read the model as transformers loads it;
-  a model it cannot convert fails that method alone, with the converter's message.
+  ``intra_threads`` is the cores specdec decodes on (``decoding_cores``). Its converters read the model
+  as transformers loads it; a model it cannot convert fails that method alone, with the converter's message.
 - ``llamacpp`` (a group: the four below), through llama-cpp-python: llama.cpp's ``Llama`` on the
   target converted to GGUF by llama.cpp's own converter (``convert_hf_to_gguf.py``, run in its own
   process by ``gguf_driver``, which lets through a tokenizer whose pre-tokenizer is GPT-2's) into a
@@ -21,7 +22,7 @@ Registered (``PEERS``, ``register_peer``):
   quantized by llama.cpp's own ``llama_model_quantize``, in a child process), the first two also with its prompt
   lookup as its draft model (``-lookup``: the ``LlamaPromptLookupDecoding`` draft, n-grams of up to
   2 tokens, ``LOOKUP_TOKENS`` drafted, verified by the target in one batch: speculative).
-  ``n_threads`` and ``n_threads_batch`` are torch's thread count, ``n_ctx`` the target's positions
+  ``n_threads`` and ``n_threads_batch`` are the cores specdec decodes on, ``n_ctx`` the target's positions
   (at most ``CONTEXT``); each prompt is decoded from an empty cache (no prefix kept from the previous run).
   Each file is first decoded in a child process (``extra_buffers``): where llama.cpp crashes with its extra
   buffer types (q8_0 repacked for AMX int8 on an Intel Xeon here) the peer runs without them, said once. The converter

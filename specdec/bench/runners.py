@@ -50,6 +50,7 @@ from specdec.bench.peers import PEERS, Peer, PeerEngine, check_peers, expand_pee
 from specdec.config import LOOKUP, DrafterConfig
 from specdec.drafters import Drafter, drafter_in, make_drafter
 from specdec.drafters.hybrid import LOOKUP_NGRAM
+from specdec.kernels import decoding_cores
 from specdec.stats import GenerationStats
 from specdec.target import make_target
 
@@ -477,7 +478,7 @@ class PeerRunner:
         if not setting.greedy:
             raise ValueError(f"peer {self.name} runs greedy only")
         if self.engine is None:
-            self.engine = self.peer.build(models.target, torch.get_num_threads(),
+            self.engine = self.peer.build(models.target, decoding_cores(),
                                           *((self.drafter,) if self.peer.drafted else ()),
                                           **({"source": self.source} if self.peer.converts else {}))
             self.startup_s = getattr(self.engine, "startup_s", None)

@@ -4,16 +4,19 @@
 // compiled.py, ``specdec_attention``). Built at first use with the machine's C++ compiler against the installed
 // torch's headers (specdec/kernels.py, ``blocked_op``), linked with the two C files built -march=native.
 //
-// The helper: one more thread, at the scheduler's idle priority (SCHED_IDLE: it runs only on a core nothing else
-// wants), shares a product's output columns with the thread that asked for it (the owner). The columns are cut into
-// shares, large first and single pairs of blocks last; owner and helper take them in turn from one counter, and each
+// The helpers: more threads (one for each core the process may use beyond torch's threads: kernels.helpers_wanted), at
+// the scheduler's idle priority (SCHED_IDLE: each runs only on a core nothing else wants), share a product's output
+// columns with the thread that asked for it (the owner). The columns are cut into shares, large first and single
+// pairs of blocks last; owner and helpers take them in turn from one counter, and each
 // share's columns are summed by the same code in the same order whichever thread takes it, so the floats are the
-// one-thread product's. Nothing waits for the helper: it computes a share into a buffer of its own and marks it done
-// (a compare-and-swap), never writing the output; the owner, once it has taken every share it could, copies the
-// helper's done shares in and takes back (steals) any share the helper still holds, computing it itself. So a helper
+// one-thread product's. Nothing waits for a helper: it computes a share into a buffer of its own and marks it done
+// (a compare-and-swap, the buffer recorded for that share), never writing the output; the owner, once it has taken
+// every share it could, copies the helpers' done shares in and takes back (steals) any share a helper still holds,
+// computing it itself. So a helper
 // descheduled by other work (another process, the server's clients) costs the owner nothing, never a scheduler's time
 // slice, unlike OpenMP's threads at the end of every parallel region (specdec/threads.py). The helper keeps its own
-// references to the tensors of the work it is on, so work the owner has finished and freed is never read freed. specdec::helper(on) starts or parks it (kernels.helper_mode).
+// references to the tensors of the work it is on, so work the owner has finished and freed is never read freed.
+// specdec::helpers(n) starts or parks them (kernels.helper_mode).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -51,6 +54,7 @@ extern "C" int specdec_attention_max_acc(void);
 namespace {
 
 constexpr int kMaxShares = 64;
+constexpr int kMaxHelpers = 63;  // helper threads at most (one a core beyond the owner's)
 constexpr int64_t kMinSharedBytes = 128 << 10;  // a product of a smaller weight is not shared (too short for the hand-off)
 constexpr auto kSpin = std::chrono::microseconds(2000);  // the helper waits this long for the next work before sleeping
 // a share's state: the work's sequence number * 8 + one of these (a state of other work never matches)
@@ -127,15 +131,15 @@ struct Work {
     }
 
     // the shares: a linear's columns in units of two blocks (a pass's, or a bfloat16 pair's), an attention's rows;
-    // decreasing, a quarter of what is left each (owner and helper take turns), single units at the end, at most
-    // kMaxShares
-    void cut() {
+    // decreasing, 1 / (2 parties) of what is left each (owner and helpers take turns: a quarter for one helper), single
+    // units at the end, at most kMaxShares. Which thread sums a column, or how they are cut, never changes its floats
+    void cut(int parties = 2) {
         const int64_t blocks = (N + lanes - 1) / lanes, units = kind == LINEAR ? (blocks + 1) / 2 : R;
         int64_t at = 0, count = 0;
         bounds[0] = 0;
         while (at < units) {
             const int64_t left = units - at, room = kMaxShares - count;
-            at += std::min(left, std::max<int64_t>({1, left / 4, (left + room - 1) / room}));
+            at += std::min(left, std::max<int64_t>({1, left / (2 * parties), (left + room - 1) / room}));
             bounds[++count] = kind == LINEAR ? std::min(2 * at, blocks) : at;
         }
         shares = static_cast<int>(count);
@@ -149,17 +153,26 @@ class Helper {
         return *helper;
     }
 
-    void enable(bool on) {
-        on_.store(on);
-        if (on && !started_.exchange(true)) std::thread([this] { loop(); }).detach();
-        if (on) wake();
+    // n helpers work (0: none); threads are started as needed and the others park
+    void enable(int n) {
+        n = std::clamp(n, 0, kMaxHelpers);
+        {
+            std::lock_guard<std::mutex> guard(start_);
+            count_.store(n);
+            for (; started_ < n; ++started_) {
+                const int index = started_;
+                std::thread([this, index] { loop(index); }).detach();
+            }
+        }
+        if (n) wake();
     }
-    bool enabled() const { return on_.load(std::memory_order_relaxed); }
+    int enabled() const { return count_.load(std::memory_order_relaxed); }
 
-    // the work done, with the helper (its output written); false (nothing done) where it is not to be shared: the
-    // helper is off, or another thread is sharing work now
+    // the work done, with the helpers (its output written); false (nothing done) where it is not to be shared: the
+    // helpers are off, or another thread is sharing work now
     bool share(Work &&work) {
-        if (!on_.load(std::memory_order_relaxed)) return false;
+        const int helpers = count_.load(std::memory_order_relaxed);
+        if (helpers == 0) return false;
         bool free = false;
         if (!busy_.compare_exchange_strong(free, true, std::memory_order_acquire)) return false;
         std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);  // the helper holds it while copying work_: a
@@ -170,13 +183,13 @@ class Helper {
         }
         const uint64_t seq = seq_.load(std::memory_order_relaxed) + 1;
         work.seq = seq;
-        work.cut();
+        work.cut(helpers + 1);
         for (int i = 0; i < work.shares; ++i) state_[i].store(seq * 8 + FREE, std::memory_order_relaxed);
         next_.store(0, std::memory_order_relaxed);
         work_ = work;  // the helper's to copy, under the mutex
         lock.unlock();
-        seq_.store(seq);  // publishes the states and the work (seq_cst: paired with the helper's sleeping_)
-        if (sleeping_.load()) wake();
+        seq_.store(seq);  // publishes the states and the work (seq_cst: paired with the helpers' sleepers_)
+        if (sleepers_.load() > 0) wake();
         float *out = work.out.data_ptr<float>();
         for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < work.shares;) {
             uint64_t expected = seq * 8 + FREE;
@@ -194,7 +207,7 @@ class Helper {
                     if (what == HELPER) stolen_.fetch_add(1, std::memory_order_relaxed);
                     work.compute(i, out + work.offset(i), work.stride(), scores_, runs_);
                 } else if (what == READY) {  // its buffer seen by this acquire
-                    work.copy(i, helped_at_.load(std::memory_order_acquire), out);
+                    work.copy(i, where_[i].load(std::memory_order_relaxed), out);
                 }
                 break;  // OWNER, STOLEN: done
             }
@@ -215,13 +228,13 @@ class Helper {
     void hold(bool on) { hold_.store(on); }
 
   private:
-    void loop() {
+    void loop(int index) {
         struct sched_param idle = {};
         sched_setscheduler(0, SCHED_IDLE, &idle);  // this thread only; where refused, it runs at the normal priority
         std::vector<float> scratch, scores;
         std::vector<int64_t> runs;
         for (uint64_t seen = 0;;) {
-            wait_after(seen);
+            wait_after(index, seen);
             Work work;
             {
                 std::lock_guard<std::mutex> guard(mutex_);
@@ -232,26 +245,27 @@ class Helper {
         }  // work's references are dropped here
     }
 
-    bool wanted(uint64_t seen) const { return on_.load() && seq_.load() > seen; }
+    // whether helper ``index`` is to work on what is published after ``seen``
+    bool wanted(int index, uint64_t seen) const { return index < count_.load() && seq_.load() > seen; }
 
-    // returns once work after ``seen`` is published while on: spins kSpin, then sleeps until woken
-    void wait_after(uint64_t seen) {
+    // returns once work after ``seen`` is published while helper ``index`` is on: spins kSpin, then sleeps until woken
+    void wait_after(int index, uint64_t seen) {
         for (const auto until = std::chrono::steady_clock::now() + kSpin; std::chrono::steady_clock::now() < until;) {
-            if (wanted(seen)) return;
+            if (wanted(index, seen)) return;
             for (int spin = 0; spin < 64; ++spin) relax();
         }
+        sleepers_.fetch_add(1);
         for (;;) {
             const uint32_t woken = wake_.load();
-            sleeping_.store(true);
-            if (wanted(seen)) break;
+            if (wanted(index, seen)) break;
             wake_.wait(woken);  // returns once wake_ moved, whenever that was after the load
         }
-        sleeping_.store(false);
+        sleepers_.fetch_sub(1);
     }
 
     void wake() {
         wake_.fetch_add(1);
-        wake_.notify_one();
+        wake_.notify_all();
     }
 
     // the shares of the work the helper can take, each computed into its buffer and left there for the owner to copy
@@ -261,7 +275,6 @@ class Helper {
         if (work.shares == 0) return;
         const size_t need = static_cast<size_t>(work.out.numel());
         if (scratch.size() < need) scratch.resize(need);  // no owner reads it now: none of this work is READY yet
-        helped_at_.store(scratch.data(), std::memory_order_release);
         for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < work.shares;) {
             uint64_t expected = work.seq * 8 + FREE;
             if (!state_[i].compare_exchange_strong(expected, work.seq * 8 + HELPER, std::memory_order_acq_rel)) {
@@ -275,16 +288,20 @@ class Helper {
             }
             work.compute(i, scratch.data() + work.apart(i), work.width(i), scores, runs);
             uint64_t held = work.seq * 8 + HELPER;
+            where_[i].store(scratch.data(), std::memory_order_relaxed);  // published by the release below
             if (state_[i].compare_exchange_strong(held, work.seq * 8 + READY, std::memory_order_acq_rel))
                 helped_.fetch_add(1, std::memory_order_relaxed);  // else stolen: the owner computed it
         }
     }
 
-    std::atomic<bool> on_{false}, started_{false}, busy_{false}, sleeping_{false}, hold_{false}, holding_{false};
+    std::atomic<int> count_{0}, sleepers_{0};  // helpers to work; helpers asleep
+    int started_ = 0;                           // helper threads started (under start_)
+    std::mutex start_;
+    std::atomic<bool> busy_{false}, hold_{false}, holding_{false};
     std::atomic<uint64_t> seq_{0};
     std::atomic<uint32_t> wake_{0};  // moved to wake a sleeping helper
     std::atomic<uint64_t> state_[kMaxShares] = {};
-    std::atomic<float *> helped_at_{nullptr};  // the helper's buffer, where its READY shares lie
+    std::atomic<float *> where_[kMaxShares] = {};  // the buffer of the helper that made share i READY
     std::atomic<int> next_{0};
     std::atomic<int64_t> helped_{0}, shared_{0}, stolen_{0};  // (counts)
     std::mutex mutex_;  // guards work_; the owner only tries it
@@ -414,15 +431,17 @@ static at::Tensor decode_attention(const at::Tensor &q, const at::Tensor &k, con
     return out;
 }
 
-// the helper on or off (started at the first on); returns whether it was on. helper_counts, since the process started:
-// [works shared, shares the helper computed, shares taken back from it, 1 while it holds a share (helper_hold)].
-// helper_hold(true), for the tests: the helper stops with the next share it takes in hand until helper_hold(false), as
-// a helper descheduled by other work would
-static bool helper(bool on) {
-    const bool was = Helper::get().enabled();
-    Helper::get().enable(on);
+// helpers(n): n helpers work (0: none; threads started as needed); returns how many worked before. helper(on): one
+// or none, whether any worked. helper_counts, since the process started: [works shared, shares the helpers computed,
+// shares taken back from them, 1 while one holds a share (helper_hold)]. helper_hold(true), for the tests: a helper
+// stops with the next share it takes in hand until helper_hold(false), as a helper descheduled by other work would
+static int64_t helpers(int64_t n) {
+    const int was = Helper::get().enabled();
+    Helper::get().enable(static_cast<int>(n));
     return was;
 }
+
+static bool helper(bool on) { return helpers(on ? 1 : 0) > 0; }
 
 static std::vector<int64_t> helper_counts() { return Helper::get().counts(); }
 
@@ -433,6 +452,7 @@ static int64_t lanes() { return specdec_lanes(); }
 
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
     m.def("helper(bool on) -> bool");
+    m.def("helpers(int n) -> int");
     m.def("helper_counts() -> int[]");
     m.def("helper_hold(bool on) -> ()");
     m.def("lanes() -> int");
@@ -450,6 +470,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
 
 TORCH_LIBRARY_IMPL(specdec, CompositeExplicitAutograd, m) {
     m.impl("helper", &helper);
+    m.impl("helpers", &helpers);
     m.impl("helper_counts", &helper_counts);
     m.impl("helper_hold", &helper_hold);
     m.impl("lanes", &lanes);
