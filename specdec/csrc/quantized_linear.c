@@ -19,7 +19,8 @@
  *
  * Two blocks a pass (two weight streams, each prefetched ahead), up to ROWS (int8) or ROWS4 (int4) rows at a time:
  * more rows take the same two blocks again, read from the core's L2 (a pair of blocks is at most 32 K bytes of int8
- * per 1024 k), so the weight is read from memory once per product. AVX-512 intrinsics, and GCC/Clang vector
+ * per 1024 k), so the weight is read from memory once per product. int8 at up to ROWS_WIDE rows takes four blocks a
+ * pass (four streams: one core reads memory faster with more in flight); each column's sum is the same either way. AVX-512 intrinsics, and GCC/Clang vector
  * extensions for AVX2 and other CPUs (compiled, not timed here). Built into specdec's operator library
  * (kernels.blocked_op); the measurements: docs/journal/2026-12-07-quantized-kernels.md. */
 #include <stdint.h>
@@ -27,6 +28,7 @@
 
 #define QL 16
 #define ROWS 8 /* rows a pass: 2 blocks x 8 rows = 16 accumulators (AVX-512 has 32 registers) */
+#define ROWS_WIDE 4 /* up to this many rows, int8 takes 4 blocks a pass (4 x 4 = 16 accumulators) */
 #define ROWS4 6 /* int4: rows a pass: 2 blocks x 6 rows x (a group's sum + the total) = 24 accumulators */
 #define AHEAD 2048 /* bytes prefetched ahead on each stream */
 #define MAGIC 0x4B000000 /* the float 2^23: ORing an integer 0 .. 15 into its mantissa gives 2^23 + it, exactly */
@@ -119,25 +121,23 @@ static inline __attribute__((always_inline)) void put(float *y, int64_t ys, int6
     }
 }
 
-/* rows x[0 .. R) (K floats apart) against blocks b and b + 1 (NB of them, 1 or 2) of the int8 weight */
+/* rows x[0 .. R) (K floats apart) against blocks b .. b + NB (1 to 4 of them; 4 only for R <= ROWS_WIDE) of the int8
+ * weight */
 static inline __attribute__((always_inline)) void q8_pass(const float *x, const int8_t *w, const float *scale,
                                                           const float *bias, float *y, int64_t N, int64_t K, int64_t b,
                                                           const int NB, const int R, int64_t ys, int64_t c0, int fetch) {
-    qvec acc[2][ROWS];
+    qvec acc[4][ROWS];
     for (int i = 0; i < NB; ++i)
         for (int m = 0; m < R; ++m) acc[i][m] = vzero();
-    const int8_t *w0 = w + b * K * QL, *w1 = w0 + K * QL;
+    const int8_t *w0 = w + b * K * QL;
     for (int64_t k = 0; k < K; ++k) {
-        if (fetch && (k & 3) == 0) {
-            __builtin_prefetch(w0 + k * QL + AHEAD, 0, 0);
-            if (NB > 1) __builtin_prefetch(w1 + k * QL + AHEAD, 0, 0);
-        }
-        const qvec a = from_int8(w0 + k * QL);
-        const qvec c = NB > 1 ? from_int8(w1 + k * QL) : a;
+        if (fetch && (k & 3) == 0)
+            for (int i = 0; i < NB; ++i) __builtin_prefetch(w0 + i * K * QL + k * QL + AHEAD, 0, 0);
+        qvec a[4];
+        for (int i = 0; i < NB; ++i) a[i] = from_int8(w0 + i * K * QL + k * QL);
         for (int m = 0; m < R; ++m) {
             const float xm = x[m * K + k];
-            acc[0][m] = fma_x(xm, a, acc[0][m]);
-            if (NB > 1) acc[1][m] = fma_x(xm, c, acc[1][m]);
+            for (int i = 0; i < NB; ++i) acc[i][m] = fma_x(xm, a[i], acc[i][m]);
         }
     }
     for (int i = 0; i < NB; ++i) put(y, ys, c0, (b + i) * QL, N, acc[i], scale, bias, R);
@@ -214,6 +214,25 @@ static inline __attribute__((always_inline)) void q4_pass(const float *x, const 
 void specdec_q8_range(const float *x, const int8_t *w, const float *scale, const float *bias, float *y, int64_t M,
                       int64_t N, int64_t K, int64_t b0, int64_t b1, int64_t ys) {
     const int64_t c0 = b0 * QL;
+    if (M <= 0) return;
+    if (M <= ROWS_WIDE) { /* four streams; the last pass takes what is left (1 to 3 blocks) */
+        for (int64_t b = b0; b < b1; b += 4) {
+            const int64_t nb = b1 - b < 4 ? b1 - b : 4;
+#define Q8W(r) (nb == 4 ? q8_pass(x, w, scale, bias, y, N, K, b, 4, r, ys, c0, 1) \
+                : nb == 3 ? q8_pass(x, w, scale, bias, y, N, K, b, 3, r, ys, c0, 1) \
+                : nb == 2 ? q8_pass(x, w, scale, bias, y, N, K, b, 2, r, ys, c0, 1) \
+                          : q8_pass(x, w, scale, bias, y, N, K, b, 1, r, ys, c0, 1))
+            const int R = (int)M;
+            switch (R) {
+            case 1: Q8W(1); break;
+            case 2: Q8W(2); break;
+            case 3: Q8W(3); break;
+            default: Q8W(4); break;
+            }
+#undef Q8W
+        }
+        return;
+    }
     for (int64_t b = b0; b < b1; b += 2) {
         const int two = b + 1 < b1;
         for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
