@@ -154,11 +154,15 @@ def decoding_cores() -> int:
 
 def shares(model: torch.nn.Module | None = None) -> bool:
     """Whether ``model``'s eager linear products (None: any model's this process decodes), its prefill's among them,
-    are shared with the helper thread: the helper is on and the model's plan takes the blocked kernel (products of
-    128 KiB of weight or more). A compiled step traces every eligible linear as the operator whatever the plan
-    (``compiled.trace_kernels``), so its products are shared either way."""
+    are shared with the helper threads: a helper is on and the model's plan takes the blocked kernel (products of
+    128 KiB of weight or more), or its torchao layers the quantized one (``qlinear``). A compiled step traces every
+    eligible linear as the operator whatever the plan (``compiled.trace_kernels``), so its products are shared either
+    way."""
+    from specdec import qlinear
+
     plans = [_DECIDED.get(model, (False, None))] if model is not None else list(_DECIDED.values())
-    return helper_on() and any(many == "blocked" for _, many in plans)
+    quantized = qlinear.installed(model) > 0 if model is not None else qlinear.any_installed()
+    return helper_on() and (quantized or any(many == "blocked" for _, many in plans))
 
 
 def available() -> bool:

@@ -162,6 +162,11 @@ def installed(model: torch.nn.Module) -> int:
     return _INSTALLED.get(model, 0)
 
 
+def any_installed() -> bool:
+    """Whether a live model of this process has layers on the quantized kernel."""
+    return any(count > 0 for count in _INSTALLED.values())
+
+
 def bytes_read(module: torch.nn.Module) -> int | None:
     """The bytes an installed layer's kernel reads a product (its packed copy), None where it has none."""
     packed = vars(module).get("_specdec_qpacked")
