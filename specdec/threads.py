@@ -11,10 +11,11 @@ before any model runs:
 2. else ``OMP_NUM_THREADS`` when the user set it;
 3. else the default: one thread for a target below ``SMALL_MODEL_PARAMETERS`` parameters (one thread
    per concurrent forward: target and drafter run in turn, and the server decodes its batch in one
-   worker); for a larger target whose products specdec's operator computes with its helper threads (``helped``:
-   its kernels on, its helpers not off, a C compiler to build them), also one thread: the helpers take the other
-   cores, at idle priority and never waited for (``specdec.kernels``); else the physical cores (not hyperthreads)
-   this process may use. Why: docs/journal/2026-12-07-helpers-and-threads.md.
+   worker); for a larger target stored narrower than float32 (bfloat16, int8, int4: ``narrow_weights``) whose
+   products specdec's operator computes with its helper threads (``helped``: its kernels on, its helpers not off, a
+   C compiler to build them), also one thread: the helpers take the other cores, at idle priority and never waited
+   for (``specdec.kernels``); else the physical cores (not hyperthreads) this process may use. Why:
+   docs/journal/2026-12-07-helpers-and-threads.md.
 
 Never more than the cores this process may use (``os.sched_getaffinity``, and a cgroup CPU quota).
 ``choose_threads`` is the decision as a pure function (the machine's figures are arguments: it
@@ -169,12 +170,33 @@ def physical_cores() -> int:
     return min(len(cores), usable_cores())
 
 
-def _safetensors_parameters(file: Path) -> int:
-    """Elements stored in one safetensors file, from its JSON header (the weights are not read)."""
+def _safetensors_header(file: Path) -> dict:
+    """One safetensors file's tensors (name -> dtype, shape, offsets) from its JSON header (weights not read)."""
     with file.open("rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(size))
-    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    header.pop("__metadata__", None)
+    return header
+
+
+def _safetensors_parameters(file: Path) -> int:
+    """Elements stored in one safetensors file."""
+    return sum(math.prod(t["shape"]) for t in _safetensors_header(file).values())
+
+
+def narrow_weights(model: str | Path | PreTrainedModel | None) -> bool:
+    """Whether ``model``'s weights are stored narrower than float32 (bfloat16, float16, quantized): the forms whose
+    products specdec's kernels take at fewer bytes a weight (a folder's safetensors headers; a loaded model's
+    quantization config or parameter dtypes); False where unknown."""
+    if model is None:
+        return False
+    if not isinstance(model, (str, Path)):
+        return getattr(model.config, "quantization_config", None) is not None or any(
+            p.dtype.itemsize < 4 for p in model.parameters())
+    from specdec.folders import resolve_model_path
+
+    files = sorted(resolve_model_path(model).glob("*.safetensors"))
+    return any(t["dtype"] not in ("F32", "F64") for f in files for t in _safetensors_header(f).values())
 
 
 def model_parameters(model: str | Path | PreTrainedModel | None) -> int | None:
@@ -200,7 +222,8 @@ def machine_choice(threads: int | None = None, *, model: str | Path | PreTrained
     """``choose_threads`` on this machine (its usable and physical cores, its environment) for the target ``model``,
     applying nothing and importing no torch: a bad count is refused here, before anything heavy is imported."""
     return choose_threads(threads, parameters=model_parameters(model), usable=usable_cores(),
-                          physical=physical_cores(), environ=os.environ, flag=flag, helped=helped())
+                          physical=physical_cores(), environ=os.environ, flag=flag,
+                          helped=helped() and narrow_weights(model))
 
 
 def use_threads(threads: int | None = None, *, model: str | Path | PreTrainedModel | None = None,

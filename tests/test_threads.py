@@ -264,3 +264,24 @@ def test_the_bench_applies_threads_and_states_them_in_its_environment(pair: Tiny
     assert (env["torch_threads"], env["threads_source"]) == (1, "--threads")
     assert ", 1 thread (--threads)" in " ".join(capsys.readouterr().out.split())  # the environment line
     assert bench_main(["--threads", "0", "--no-progress"]) == cli.EXIT_USAGE
+
+
+def test_narrow_weights_reads_the_stored_dtypes(tmp_path) -> None:
+    """A large target gets one thread and the helpers only where its weights are stored narrower than float32 (the
+    forms specdec's kernels read at fewer bytes): read from the safetensors headers, or a loaded model's dtypes."""
+    from safetensors.torch import save_file
+
+    from specdec.threads import narrow_weights
+
+    for name, dtype, narrow in (("f32", torch.float32, False), ("bf16", torch.bfloat16, True),
+                                ("int8", torch.int8, True)):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file({"w": torch.zeros(4, 4, dtype=dtype), "norm": torch.ones(4)}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text("{}")
+        assert threads.narrow_weights(folder) is narrow
+    (tmp_path / "config.json").write_text("{}")
+    assert not narrow_weights(None) and not narrow_weights(tmp_path)  # unknown: no safetensors files
+    model = torch.nn.Linear(4, 4)
+    model.config = type("Config", (), {})()
+    assert not narrow_weights(model) and narrow_weights(model.to(torch.bfloat16))
