@@ -10,7 +10,7 @@
 // pairs of blocks last; owner and helpers take them in turn from one counter, and each
 // share's columns are summed by the same code in the same order whichever thread takes it, so the floats are the
 // one-thread product's. Nothing waits for a helper: it computes a share into a buffer of its own and marks it done
-// (a compare-and-swap, the buffer recorded for that share), never writing the output; the owner, once it has taken
+// (a compare-and-swap to a state naming that helper, whose buffer it lies in), never writing the output; the owner, once it has taken
 // every share it could, copies the helpers' done shares in and takes back (steals) any share a helper still holds,
 // computing it itself. So a helper
 // descheduled by other work (another process, the server's clients) costs the owner nothing, never a scheduler's time
@@ -54,11 +54,16 @@ extern "C" int specdec_attention_max_acc(void);
 namespace {
 
 constexpr int kMaxShares = 64;
-constexpr int kMaxHelpers = 63;  // helper threads at most (one a core beyond the owner's)
+constexpr int kMaxHelpers = 63;  // (a share's state holds a helper's index in 6 bits)  // helper threads at most (one a core beyond the owner's)
 constexpr int64_t kMinSharedBytes = 128 << 10;  // a product of a smaller weight is not shared (too short for the hand-off)
 constexpr auto kSpin = std::chrono::microseconds(2000);  // the helper waits this long for the next work before sleeping
-// a share's state: the work's sequence number * 8 + one of these (a state of other work never matches)
+// a share's state: the work's sequence number, the helper that holds it or made it READY (6 bits) and one of these
+// (3 bits): a state of other work never matches
 enum : uint64_t { FREE = 0, OWNER = 1, HELPER = 2, READY = 3, STOLEN = 4 };
+constexpr uint64_t state(uint64_t seq, uint64_t what, uint64_t helper = 0) { return seq << 9 | helper << 3 | what; }
+constexpr uint64_t seq_of(uint64_t state) { return state >> 9; }
+constexpr uint64_t what_of(uint64_t state) { return state & 7; }
+constexpr int helper_of(uint64_t state) { return static_cast<int>(state >> 3 & 63); }
 
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -184,7 +189,7 @@ class Helper {
         const uint64_t seq = seq_.load(std::memory_order_relaxed) + 1;
         work.seq = seq;
         work.cut(helpers + 1);
-        for (int i = 0; i < work.shares; ++i) state_[i].store(seq * 8 + FREE, std::memory_order_relaxed);
+        for (int i = 0; i < work.shares; ++i) state_[i].store(state(seq, FREE), std::memory_order_relaxed);
         next_.store(0, std::memory_order_relaxed);
         work_ = work;  // the helper's to copy, under the mutex
         lock.unlock();
@@ -192,22 +197,22 @@ class Helper {
         if (sleepers_.load() > 0) wake();
         float *out = work.out.data_ptr<float>();
         for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < work.shares;) {
-            uint64_t expected = seq * 8 + FREE;
-            if (state_[i].compare_exchange_strong(expected, seq * 8 + OWNER, std::memory_order_acq_rel))
+            uint64_t expected = state(seq, FREE);
+            if (state_[i].compare_exchange_strong(expected, state(seq, OWNER), std::memory_order_acq_rel))
                 work.compute(i, out + work.offset(i), work.stride(), scores_, runs_);
         }
         for (int i = 0; i < work.shares; ++i) {  // what is not done yet: a share skipped, one the helper holds or did
             for (;;) {
                 uint64_t now = state_[i].load(std::memory_order_acquire);
-                const uint64_t what = now - seq * 8;
+                const uint64_t what = what_of(now);
                 if (what == FREE || what == HELPER) {
-                    if (!state_[i].compare_exchange_strong(now, seq * 8 + (what == FREE ? OWNER : STOLEN),
+                    if (!state_[i].compare_exchange_strong(now, state(seq, what == FREE ? OWNER : STOLEN),
                                                            std::memory_order_acq_rel))
                         continue;  // the helper finished it meanwhile
                     if (what == HELPER) stolen_.fetch_add(1, std::memory_order_relaxed);
                     work.compute(i, out + work.offset(i), work.stride(), scores_, runs_);
-                } else if (what == READY) {  // its buffer seen by this acquire
-                    work.copy(i, where_[i].load(std::memory_order_relaxed), out);
+                } else if (what == READY) {  // the helper's buffer, set before its release, seen by this acquire
+                    work.copy(i, buffers_[helper_of(now)].load(std::memory_order_relaxed), out);
                 }
                 break;  // OWNER, STOLEN: done
             }
@@ -241,7 +246,7 @@ class Helper {
                 work = work_;
             }
             seen = work.seq;  // at least the sequence number seen published (work_ is written before it)
-            help(work, scratch, scores, runs);
+            help(index, work, scratch, scores, runs);
         }  // work's references are dropped here
     }
 
@@ -271,14 +276,17 @@ class Helper {
     // the shares of the work the helper can take, each computed into its buffer and left there for the owner to copy
     // (READY), unless the owner took it back meanwhile: the helper never writes the output, so the owner never waits
     // for it, not even for a copy
-    void help(const Work &work, std::vector<float> &scratch, std::vector<float> &scores, std::vector<int64_t> &runs) {
+    void help(int index, const Work &work, std::vector<float> &scratch, std::vector<float> &scores,
+              std::vector<int64_t> &runs) {
         if (work.shares == 0) return;
         const size_t need = static_cast<size_t>(work.out.numel());
         if (scratch.size() < need) scratch.resize(need);  // no owner reads it now: none of this work is READY yet
+        buffers_[index].store(scratch.data(), std::memory_order_relaxed);  // published by each READY's release
         for (int i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < work.shares;) {
-            uint64_t expected = work.seq * 8 + FREE;
-            if (!state_[i].compare_exchange_strong(expected, work.seq * 8 + HELPER, std::memory_order_acq_rel)) {
-                if (expected / 8 != work.seq) return;  // the owner has moved on to other work
+            uint64_t expected = state(work.seq, FREE);
+            if (!state_[i].compare_exchange_strong(expected, state(work.seq, HELPER, index),
+                                                   std::memory_order_acq_rel)) {
+                if (seq_of(expected) != work.seq) return;  // the owner has moved on to other work
                 continue;
             }
             if (hold_.load()) {  // tests: a helper stopped with a share in hand, as a descheduled one is
@@ -287,9 +295,8 @@ class Helper {
                 holding_.store(false);
             }
             work.compute(i, scratch.data() + work.apart(i), work.width(i), scores, runs);
-            uint64_t held = work.seq * 8 + HELPER;
-            where_[i].store(scratch.data(), std::memory_order_relaxed);  // published by the release below
-            if (state_[i].compare_exchange_strong(held, work.seq * 8 + READY, std::memory_order_acq_rel))
+            uint64_t held = state(work.seq, HELPER, index);
+            if (state_[i].compare_exchange_strong(held, state(work.seq, READY, index), std::memory_order_acq_rel))
                 helped_.fetch_add(1, std::memory_order_relaxed);  // else stolen: the owner computed it
         }
     }
@@ -301,7 +308,9 @@ class Helper {
     std::atomic<uint64_t> seq_{0};
     std::atomic<uint32_t> wake_{0};  // moved to wake a sleeping helper
     std::atomic<uint64_t> state_[kMaxShares] = {};
-    std::atomic<float *> where_[kMaxShares] = {};  // the buffer of the helper that made share i READY
+    // each helper's buffer for the work it is on, where its READY shares lie: set by that helper alone, before any
+    // share of that work is READY, and not again before the owner has published other work (so read unchanged)
+    std::atomic<float *> buffers_[kMaxHelpers] = {};
     std::atomic<int> next_{0};
     std::atomic<int64_t> helped_{0}, shared_{0}, stolen_{0};  // (counts)
     std::mutex mutex_;  // guards work_; the owner only tries it
