@@ -33,17 +33,15 @@ import json
 import math
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,6 +50,7 @@ import torch.nn.functional as F
 
 from specdec.config import SWITCHES, c_compiler, switch
 from specdec.folders import cache_root
+from specdec.native_build import cached_library, cpu_flags, cxx
 
 ENV = "SPECDEC_LINEAR"  # auto|on|off (declared in ``config.SWITCHES``)
 HELPER_ENV = "SPECDEC_HELPER"  # auto|on|off: the blocked operator's helper thread (``helper``; ``config.SWITCHES``)
@@ -73,9 +72,6 @@ EVICT_MAX_BYTES = 256 << 20  # and at most this (a VM reports its host's cache, 
 _CACHE_SIZES = "/sys/devices/system/cpu/cpu0/cache"
 _SOURCE = Path(__file__).with_name("csrc") / "blocked_linear.c"  # the blocked kernel (``blocked``)
 _BUILT: dict[str, object] = {}  # "op": whether the operator loaded, "kernel": its ``Blocked``; once per process
-_SAID: list[bool] = []  # whether this process has said that it builds the kernels (one line, the first time)
-BUILD_SECONDS = 25  # about how long the build takes (a C and a C++ compile; 23 s on a loaded 2-core AMD EPYC)
-BUILDING = f"specdec: building specdec's CPU kernels for this machine into {{root}} (once, ~{BUILD_SECONDS} s)"
 
 _ACTIVE = threading.local()  # .depth > 0 while this thread decodes (``active``)
 _DECIDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (few, many): which kernels it takes
@@ -196,46 +192,11 @@ class Blocked(NamedTuple):
 
 
 
-def _cpu_flags() -> str:
-    try:
-        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        return platform.processor()
-
-
 def blocked() -> Blocked | None:
     """The blocked kernel (``csrc/blocked_linear.c``), which specdec runs as the operator ``specdec::blocked_linear``
     (``blocked_op``: built at first use, loaded once per process); ``None`` where the operator cannot be built (no C
     or C++ compiler, torch without its headers, another OS), and oneDNN's kernel serves."""
     return _BUILT.get("kernel") if blocked_op() else None  # type: ignore[return-value]
-
-
-def _cached_library(stem: str, parts: list[str], compilers: list[str],
-                    commands: Callable[[Path, Path], list[list[tuple[list[str], int]]]]) -> Path:
-    """The library ``~/.cache/specdec/kernels/STEM-KEY.so``, built unless it is there: ``commands(folder, built)``, a
-    list of stages, are run in a temporary folder, stage by stage, the commands of a stage at once (each with its
-    timeout, s; the compiles of the sources side by side), the last writing ``built``, which is then renamed
-    into place (atomic: another process building the same file is harmless). KEY hashes ``parts`` (the sources, ...),
-    each compiler's name and version and the CPU's flags; a build is said on a terminal's stderr, once a process. Raises
-    OSError or SubprocessError where it cannot be built."""
-    named = []
-    for compiler in compilers:
-        named += [compiler, subprocess.run([compiler, "--version"], check=False, capture_output=True, text=True,
-                                           timeout=30).stdout]
-    key = hashlib.sha256("\n".join([*parts, *named, _cpu_flags()]).encode())
-    root = cache_root() / "kernels"
-    path = root / f"{stem}-{key.hexdigest()[:16]}.so"
-    if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        if not _SAID and sys.stderr.isatty():  # a first run at a terminal pauses here: said, not a hang
-            print(BUILDING.format(root=root), file=sys.stderr, flush=True)
-            _SAID.append(True)
-        with tempfile.TemporaryDirectory(dir=root) as folder:
-            built = Path(folder) / path.name
-            for stage in commands(Path(folder), built):
-                _run_together(stage)
-            os.replace(built, path)
-    return path
 
 
 _OP_SOURCE = Path(__file__).with_name("csrc") / "blocked_op.cpp"  # the blocked kernel as a torch operator
@@ -245,7 +206,7 @@ _OP_LOADED: list[Path] = []  # the operator's library, once loaded into this pro
 
 
 def _cxx() -> str | None:
-    return os.environ.get("CXX") or next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+    return cxx()
 
 
 def blocked_op() -> bool:
@@ -259,33 +220,6 @@ def blocked_op() -> bool:
     if "op" not in _BUILT:
         _BUILT["op"] = _build_op()
     return bool(_BUILT["op"])
-
-
-def _run_together(commands: list[tuple[list[str], int]]) -> None:
-    """Run ``commands`` (each with its timeout, s, from their start) at once and wait for all; a CalledProcessError
-    (with its output) or a TimeoutExpired for the first that fails, once none is left running."""
-    with ExitStack() as stack:
-        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in commands]  # not pipes: none waits on a reader
-        started = time.monotonic()
-        running = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-                   for (command, _), log in zip(commands, logs)]
-        failed: subprocess.SubprocessError | None = None
-        try:
-            for process, (command, timeout), log in zip(running, commands, logs):
-                try:
-                    process.wait(timeout=max(0.0, started + timeout - time.monotonic()))
-                except subprocess.TimeoutExpired as expired:
-                    failed = failed or expired
-                if process.returncode and failed is None:
-                    log.seek(0)
-                    failed = subprocess.CalledProcessError(process.returncode, command, log.read())
-        finally:  # none left running: timed out, or this process interrupted (Ctrl-C at the first command's pause)
-            for process in running:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-    if failed is not None:
-        raise failed
 
 
 def _build_op() -> bool:
@@ -308,7 +242,7 @@ def _build_op() -> bool:
 
     try:
         sources = [s.read_text() for s in (_SOURCE, _ATTENTION_SOURCE, _QUANT_SOURCE, _OP_SOURCE)]
-        path = _cached_library("blocked_op", [*sources, torch.__version__, str(abi)],
+        path = cached_library("blocked_op", [*sources, torch.__version__, str(abi)],
                                [compiler, cxx], commands)
         if not _OP_LOADED:  # an operator is registered once per process (a second library defining it aborts)
             torch.ops.load_library(str(path))
@@ -597,7 +531,7 @@ def _plan_key(shapes: tuple, offered: tuple[str, ...]) -> str:
     """What a probe's answer depends on: the machine (its CPU's flags), torch, the threads and the layers' shapes
     (``shapes``), the kernels offered for many rows, the blocked kernel's source where offered and the probe's rule."""
     source = _SOURCE.read_text() if "blocked" in offered else ""
-    parts = [torch.__version__, _cpu_flags(), shapes, offered, PAYS, PROBE_ROWS, source]
+    parts = [torch.__version__, cpu_flags(), shapes, offered, PAYS, PROBE_ROWS, source]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
 

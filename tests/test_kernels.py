@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from conftest import assert_same_greedy, build_tiny, hf_greedy, truncated_copy
 
 import specdec
-from specdec import kernels
+from specdec import kernels, native_build
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not kernels.available(), reason="this torch has no oneDNN linear")]
@@ -73,20 +73,20 @@ def test_the_blocked_kernel_is_built_once_per_machine_and_absent_without_a_compi
     oneDNN's serves many rows."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_SAID", [])
+    monkeypatch.setattr(native_build, "_SAID", [])
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # said at a terminal (not into a pipe or a log)
     kernel = kernels.blocked()
     _needs("blocked")
     said = capsys.readouterr().err.splitlines()
     folder = tmp_path / "specdec" / "kernels"
-    assert said == [kernels.BUILDING.format(root=folder)]
+    assert said == [native_build.BUILDING.format(root=folder)]
     assert said[0].startswith("specdec: building specdec's CPU kernels")
     assert kernel.path.parent == folder and list(folder.iterdir()) == [kernel.path]
     assert kernel.path.name.startswith("blocked_op-")
     assert kernel.lanes in (8, 16)
     built = kernel.path.stat().st_mtime_ns
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_SAID", [])
+    monkeypatch.setattr(native_build, "_SAID", [])
     assert kernels.blocked().path == kernel.path and kernel.path.stat().st_mtime_ns == built  # loaded, not rebuilt
     assert capsys.readouterr().err == ""  # nothing built, nothing said
     monkeypatch.setattr(kernels, "_BUILT", {})
