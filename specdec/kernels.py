@@ -205,10 +205,6 @@ _QUANT_SOURCE = Path(__file__).with_name("csrc") / "quantized_linear.c"  # specd
 _OP_LOADED: list[Path] = []  # the operator's library, once loaded into this process
 
 
-def _cxx() -> str | None:
-    return cxx()
-
-
 def blocked_op() -> bool:
     """Whether specdec's operators are loaded (``csrc/blocked_op.cpp``, which inductor's C++ wrapper calls
     through the dispatcher): ``torch.ops.specdec.blocked_linear`` (the blocked kernel) and
@@ -223,9 +219,9 @@ def blocked_op() -> bool:
 
 
 def _build_op() -> bool:
-    compiler, cxx = c_compiler(), _cxx()
+    compiler, cxx_path = c_compiler(), cxx()
     include = Path(torch.__file__).with_name("include")
-    if compiler is None or cxx is None or platform.system() != "Linux" or not include.is_dir():
+    if compiler is None or cxx_path is None or platform.system() != "Linux" or not include.is_dir():
         return False
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
 
@@ -233,17 +229,17 @@ def _build_op() -> bool:
         objects = [folder / "blocked_linear.o", folder / "attention.o", folder / "quantized.o", folder / "op.o"]
         compiles = [([compiler, "-O3", "-march=native", "-fPIC", "-c", str(source), "-o", str(built_object)], 300)
                     for source, built_object in zip((_SOURCE, _ATTENTION_SOURCE, _QUANT_SOURCE), objects)]
-        compiles.append(([cxx, "-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
+        compiles.append(([cxx_path, "-O2", "-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}",
                           f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-c", str(_OP_SOURCE), "-o",
                           str(objects[3])], 300))
-        link = [cxx, "-shared", *map(str, objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o",
+        link = [cxx_path, "-shared", *map(str, objects), f"-L{include.with_name('lib')}", "-ltorch_cpu", "-lc10", "-o",
                 str(built)]
         return [compiles, [(link, 120)]]
 
     try:
         sources = [s.read_text() for s in (_SOURCE, _ATTENTION_SOURCE, _QUANT_SOURCE, _OP_SOURCE)]
         path = cached_library("blocked_op", [*sources, torch.__version__, str(abi)],
-                               [compiler, cxx], commands)
+                               [compiler, cxx_path], commands)
         if not _OP_LOADED:  # an operator is registered once per process (a second library defining it aborts)
             torch.ops.load_library(str(path))
             torch.library.register_fake("specdec::blocked_linear")(_blocked_fake)

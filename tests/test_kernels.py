@@ -437,5 +437,5 @@ def test_the_blocked_operator_is_built_once_per_machine_and_absent_without_a_com
     monkeypatch.setattr(kernels, "_BUILT", {})
     assert kernels.blocked_op() and built[0].stat().st_mtime_ns == stamp
     monkeypatch.setattr(kernels, "_BUILT", {})
-    monkeypatch.setattr(kernels, "_cxx", lambda: None)
+    monkeypatch.setattr(kernels, "cxx", lambda: None)
     assert not kernels.blocked_op()
