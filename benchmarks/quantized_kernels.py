@@ -70,7 +70,17 @@ def kernels_for(K: int, N: int) -> dict[str, tuple[callable, int, dict]]:
         "torchao int4": (lambda: q4[0].weight, N * K, lambda s, x: F.linear(x, s)),
         "specdec int8": (lambda: qlinear.Packed(q8[0].weight), None, lambda s, x: s(x)),
         "specdec int4": (lambda: qlinear.Packed(q4[0].weight), None, lambda s, x: s(x)),
+        "specdec int4 fp": (lambda: qlinear.Packed(q4[0].weight), None, lambda s, x: _float_pass(s, x)),
     }
+
+
+def _float_pass(packed: qlinear.Packed, x: torch.Tensor) -> torch.Tensor:
+    """The int4 product by the kernel's float pass (nibbles converted to floats), not its integer (VNNI) pass."""
+    previous = qlinear.int4_pass(False)
+    try:
+        return packed(x)
+    finally:
+        qlinear.int4_pass(previous)
 
 
 def main() -> None:

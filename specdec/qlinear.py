@@ -22,7 +22,10 @@ the layer's buffers, so the graph reads the packed bytes and never torchao's ten
 Contract: activations stay float32 (the model is unchanged); the products are those of the dequantised weights
 (int8: ``x @ q.T * s``, as torchao's product; int4: ``(q - z) * s`` in float32, as torchao's ``dequantize_affine``)
 up to float summation order, so greedy decoding equals the quantized model's own ``generate`` up to near ties and
-sampling keeps its distribution (tests/test_quantized_kernels.py against float64). ``SPECDEC_LINEAR=off`` installs
+sampling keeps its distribution (tests/test_quantized_kernels.py against float64). On a CPU with AVX-512 VNNI, int4
+sums each group in integers: the group's activations rounded to fixed point (each moved by at most 2^-23 of the
+group's largest, the size of float32's own rounding of the products and sums), the products and sums then exact
+(``int4_pass``). ``SPECDEC_LINEAR=off`` installs
 nothing; another form keeps torchao's forward (``quantized.note`` says once where that is slow).
 """
 
@@ -109,6 +112,19 @@ class Packed:
         """``rows`` [n, K] float32 times the dequantised weight, transposed (+ bias): [n, out_features]."""
         return torch.ops.specdec.quantized_linear(rows, self.weight, self.scales, self.zeros, bias,
                                                   self.out_features, self.group)
+
+
+def int4_pass(integer: bool) -> bool:
+    """Choose int4's pass for this process: ``True`` the integer one (where the CPU has AVX-512 VNNI; elsewhere the
+    float one runs either way), ``False`` the float one (nibbles converted to floats); returns the previous choice.
+    For tests and benchmarks, which compare the two; the operators must be loaded (``kernels.blocked_op()``)."""
+    import ctypes
+
+    from specdec import kernels
+
+    flag = ctypes.c_int.in_dll(ctypes.CDLL(str(kernels._OP_LOADED[0])), "specdec_q4_integer")
+    previous, flag.value = bool(flag.value), int(integer)
+    return previous
 
 
 def _key(weight: torch.Tensor) -> tuple:

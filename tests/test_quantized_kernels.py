@@ -62,15 +62,50 @@ def test_int8_products_equal_the_dequantised_weights_in_float64(K, N):
     _check(layer, [*range(1, 17), 23, 40])
 
 
+@pytest.fixture(params=["integer", "float"])
+def int4_pass(request):
+    """int4's two passes (csrc/quantized_linear.c): integer sums of fixed-point activations (AVX-512 VNNI; where the
+    CPU lacks it, the float pass runs in both) and nibbles converted to floats."""
+    previous = qlinear.int4_pass(request.param == "integer")
+    yield request.param
+    qlinear.int4_pass(previous)
+
+
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("mapping", [MappingType.SYMMETRIC, MappingType.ASYMMETRIC])
-def test_int4_products_equal_the_dequantised_weights_in_float64(group, mapping):
+def test_int4_products_equal_the_dequantised_weights_in_float64(group, mapping, int4_pass):
     config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group), mapping_type=mapping)
     layer = _layer(3 * group, 37, config, bias=group != 64)
     assert qlinear.form(layer.weight) == "int4"
     assert bool(layer.weight.zero_point.any()) == (mapping == MappingType.ASYMMETRIC)  # both kernel paths
     assert (qlinear.Packed(layer.weight).zeros is None) == (mapping == MappingType.SYMMETRIC)
     _check(layer, [*range(1, 17), 29, 40])
+
+
+def test_int4_integer_pass_keeps_small_values_beside_large_ones_and_non_finite_rows(int4_pass):
+    """A group whose values span 2^40 (the integer pass's fixed point moves the small ones by up to 2^-23 of the
+    largest: within float32's own rounding), a row of zeros, a group whose largest values are just under a power of
+    two (the fixed point's widest), and rows holding inf / nan, which give what float products give (the integer
+    pass hands them to the float one)."""
+    asymmetric = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32),
+                                      mapping_type=MappingType.ASYMMETRIC)
+    layer = _layer(128, 40, asymmetric)
+    packed, reference_w = qlinear.Packed(layer.weight), _dequantised(layer.weight)
+    x = torch.randn(5, 128)
+    x[0, :16] *= 2.0**20
+    x[0, 16:32] *= 2.0**-20
+    x[1] = 0.0
+    x[4, :32] = 0.9999 * x[4, :32].sign()  # largest values just under a power of two: the widest fixed point
+    x[2, 5] = float("inf")
+    x[3, 70] = float("nan")
+    finite = [0, 1, 4]  # three products: a non-finite row sends its whole product to the float pass
+    got = torch.cat((packed(x[:2]), packed(x[2:4]), packed(x[4:]))).double()
+    want = x.double() @ reference_w.T
+    bound = 4 * 128 * torch.finfo(torch.float32).eps * (x[finite].double().abs() @ reference_w.abs().T)
+    assert ((got[finite] - want[finite]).abs() <= bound + 1e-30).all()
+    assert torch.equal(got[1], torch.zeros(40, dtype=torch.float64))
+    assert torch.equal(got[2:4].isnan(), want[2:4].isnan()) and torch.equal(got[2:4].isinf(), want[2:4].isinf())
+    assert got[3].isnan().all()
 
 
 def test_int4_packs_a_head_wider_than_one_slice(monkeypatch):  # packed PACK_ROWS output rows at a time
