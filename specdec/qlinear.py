@@ -34,6 +34,7 @@ from __future__ import annotations
 import types
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -120,9 +121,8 @@ def int4_pass(integer: bool) -> bool:
     For tests and benchmarks, which compare the two; the operators must be loaded (``kernels.blocked_op()``)."""
     import ctypes
 
-    from specdec import kernels
-
-    flag = ctypes.c_int.in_dll(ctypes.CDLL(str(kernels._OP_LOADED[0])), "specdec_q4_integer")
+    library = next(path for path in torch.ops.loaded_libraries if Path(path).name.startswith("blocked_op-"))
+    flag = ctypes.c_int.in_dll(ctypes.CDLL(library), "specdec_q4_integer")
     previous, flag.value = bool(flag.value), int(integer)
     return previous
 
