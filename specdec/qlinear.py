@@ -25,8 +25,8 @@ up to float summation order, so greedy decoding equals the quantized model's own
 sampling keeps its distribution (tests/test_quantized_kernels.py against float64). On a CPU with AVX-512 VNNI, int4
 sums each group in integers: the group's activations rounded to fixed point (each moved by at most 2^-23 of the
 group's largest, the size of float32's own rounding of the products and sums), the products and sums then exact
-(``int4_pass``). ``SPECDEC_LINEAR=off`` installs
-nothing; another form keeps torchao's forward (``quantized.note`` says once where that is slow).
+(``int4_pass``). ``SPECDEC_LINEAR=off`` installs nothing; another form keeps torchao's forward (``quantized.note``
+says once where that is slow).
 """
 
 from __future__ import annotations

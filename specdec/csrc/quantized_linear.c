@@ -219,6 +219,7 @@ static __thread size_t digit_bytes;
 
 /* the rows' digits into the thread's buffer; 0 where a value is not finite (the float pass then computes) */
 static int q4_digitise(const float *x, int64_t M, int64_t K, int64_t G, q4_digits *out) {
+    if (G % 16) return 0;
     const size_t need = (size_t)M * (3 * (K / 8) * 2 * sizeof(uint32_t) + (K / G) * 4 * sizeof(int32_t));
     if (need > digit_bytes) {
         free(digit_buffer);
@@ -228,7 +229,6 @@ static int q4_digitise(const float *x, int64_t M, int64_t K, int64_t G, q4_digit
     }
     out->digits = (uint32_t *)digit_buffer;
     out->groups = (int32_t *)(digit_buffer + (size_t)M * 3 * (K / 8) * 2 * sizeof(uint32_t));
-    if (G % 16) return 0;
     const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
     /* a plane's 16 digits (k = 8j .. 8j + 15, as bytes in k order) into the words' order: k = 8j + 0, 2, 4, 6, then
        8j + 1, 3, 5, 7, then the same for word j + 1 */
@@ -279,8 +279,8 @@ static inline __attribute__((always_inline)) void q4v_pass(const q4_digits *dg, 
     const __m512i low = _mm512_set1_epi32(0x0F0F0F0F), eight = _mm512_set1_epi32(8);
     const __m512 magic = _mm512_set1_ps((float)(1 << 23)), p16 = _mm512_set1_ps(65536.0f), p8 = _mm512_set1_ps(256.f);
     const int64_t eighths = K / 8, groups = K / G;
-    __m512 acc[4][ROWSV];
-    __m512i s[4][ROWSV][3];
+    __m512 acc[2][ROWSV];
+    __m512i s[2][ROWSV][3];
     for (int i = 0; i < NB; ++i)
         for (int m = 0; m < R; ++m) acc[i][m] = _mm512_setzero_ps();
     const uint32_t *w0 = w + b * eighths * QL;
@@ -289,7 +289,7 @@ static inline __attribute__((always_inline)) void q4v_pass(const q4_digits *dg, 
             for (int m = 0; m < R; ++m)
                 for (int p = 0; p < 3; ++p) s[i][m][p] = _mm512_setzero_si512();
         for (int64_t j = g0 / 8; j < (g0 + G) / 8; ++j) {
-            __m512i lo[4], hi[4];
+            __m512i lo[2], hi[2];
             for (int i = 0; i < NB; ++i) {
                 const uint32_t *at = w0 + i * eighths * QL + j * QL;
                 if (fetch) __builtin_prefetch((const char *)at + AHEAD, 0, 0);
@@ -396,20 +396,14 @@ void specdec_q4_range(const float *x, const uint32_t *w, const float *scales, co
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
     q4_digits dg;
     if (M > 0 && specdec_q4_integer && q4_digitise(x, M, K, G, &dg)) {
-        const int step = 2; /* two weight streams, rows ROWSV a pass */
-        for (int64_t b = b0; b < b1; b += step) {
-            const int nb = b1 - b < step ? (int)(b1 - b) : step;
+        for (int64_t b = b0; b < b1; b += 2) { /* two blocks (two weight streams) a pass, ROWSV rows */
+            const int two = b + 1 < b1;
             for (int64_t m0 = 0; m0 < M; m0 += ROWSV) {
                 const int R = M - m0 < ROWSV ? (int)(M - m0) : ROWSV, fetch = m0 == 0;
 #define Q4V(NB, r) (zeros ? q4v_pass(&dg, w, scales, zeros, bias, y, N, K, G, stride, b, NB, r, 0, m0, ys, c0, fetch) \
                           : q4v_pass(&dg, w, scales, zeros, bias, y, N, K, G, stride, b, NB, r, 1, m0, ys, c0, fetch))
-                if (R == 1) {
-                    if (nb == 4) Q4V(4, 1);
-                    else if (nb == 3) Q4V(3, 1);
-                    else if (nb == 2) Q4V(2, 1);
-                    else Q4V(1, 1);
-                } else if (nb == 2) Q4V(2, 2);
-                else Q4V(1, 2);
+                if (R == 1) two ? Q4V(2, 1) : Q4V(1, 1);
+                else two ? Q4V(2, 2) : Q4V(1, 2);
 #undef Q4V
             }
         }
