@@ -338,10 +338,26 @@ def test_bad_input_is_one_line(run, tmp_path):
     for bad, needle in ((replace(cfg, data=str(tmp_path / "none.jsonl")), "no data at"),
                         (replace(cfg, feature_layers="1,2"), "--feature-layers"),
                         (replace(cfg, draft_layers=3), "--draft-layers"),
-                        (replace(cfg, block_size=0), "--block-size")):
+                        (replace(cfg, block_size=0), "--block-size"),
+                        (replace(cfg, autocast="fp16"), "--autocast")):
         with pytest.raises(ValueError, match=needle) as err:
             train_parallel_drafter(bad, tmp_path / "out", progress=False, log=lambda m: None)
         assert "\n" not in str(err.value)
+
+
+def test_a_bf16_autocast_run_trains_and_rounds_differently_from_float32(run, tmp_path):
+    import json
+    from dataclasses import replace
+
+    def losses(autocast: str) -> list[float]:
+        cfg = replace(run["cfg"], steps=40, eval_every=20, save_every=40, lr=1e-2, autocast=autocast)
+        final = _train(cfg, tmp_path / (autocast or "fp32"))
+        history = json.loads((final / "training.json").read_text())["state"]["history"]
+        return [h["train_loss"] for h in history if "train_loss" in h]
+
+    bf16, fp32 = losses("bf16"), losses("")
+    assert bf16[-1] < 0.85 * bf16[0], bf16
+    assert bf16[0] != fp32[0] and abs(bf16[0] - fp32[0]) < 0.05 * fp32[0], (bf16, fp32)  # autocast engaged
 
 
 def test_sampling_with_it_matches_the_targets_distribution(target):

@@ -169,6 +169,8 @@ def _check(cfg: ParallelDrafterTrainConfig) -> None:
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ValueError(f"--{name.replace('_', '-')} is a share of a block's wrong slots: give 0 .. 1, got "
                              f"{getattr(cfg, name)}")
+    if cfg.autocast not in ("", "bf16"):
+        raise ValueError(f"--autocast {cfg.autocast!r}: give bf16, or leave it out for float32")
     if cfg.seq_len < 3:
         raise ValueError(f"--seq-len must be >= 3 (a context, an anchor and a token to draft), got {cfg.seq_len}")
 
@@ -211,6 +213,7 @@ def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path,
         f"out; {cfg.steps} steps of {cfg.batch_size}, device {device}, {torch.get_num_threads()} threads"
         + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     lengths = [len(e.ids) for e in train_data]
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         chosen = batch_indices(lengths, cfg, step)
@@ -218,7 +221,8 @@ def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path,
         ratio = glancing_ratio(cfg, step)
         offset, scores = _step_draws(cfg, step, len(chosen) if ratio > 0 else 0)
         glancing = (ratio, scores[parallel.rows(len(chosen))].to(device)) if ratio > 0 else None
-        terms = block_terms(drafter, target, ids, live, offset, glancing=glancing)
+        with autocast:
+            terms = block_terms(drafter, target, ids, live, offset, glancing=glancing)
         if not terms:  # windows too short for an anchor at this offset: a zero loss that still reaches the weights
             return parallel.share(sum(p.sum() for p in drafter.parameters()) * 0.0, 0), 0
         total = sum((t["kl"] * t["valid"]).sum() for t in terms)

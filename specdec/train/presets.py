@@ -220,6 +220,7 @@ class ParallelDrafterTrainConfig:
     seed: int = 0
     glancing_start: float = 0.0  # glancing (GLAT): share of a block's wrong slots revealed at step 0 (0 and 0: off)
     glancing_end: float = 0.0  # the share at the last step, linear in between (the block drafter's: 0.5 -> 0.3)
+    autocast: str = ""  # "bf16": both models' forwards under bf16 autocast (CPUs with avx512_bf16, GPUs); "" = fp32
 
     @property
     def max_steps(self) -> int:  # the name the shared optimizer loop and schedule read
