@@ -300,6 +300,28 @@ def test_compared_drafters_run_beside_spec(pair: tuple[Path, Path, Path], tmp_pa
     assert rival_record.drafter_calls > 0
 
 
+def test_drafters_reading_the_targets_features_run_as_spec_and_compared(pair: tuple[Path, Path, Path],
+                                                                        tmp_path: Path) -> None:
+    """A feature drafter and a parallel drafter (no step of their own: they read the target's features) run as
+    --drafter and as --compare, their cost ratio from the drafting time the runs measure, every output exact."""
+    from specdec.drafters.feature_model import new_feature_drafter
+    from specdec.drafters.parallel_model import new_parallel_drafter
+
+    target = load_model(str(pair[0]), device="cpu")
+    new_feature_drafter(target).save_pretrained(tmp_path / "feature")
+    new_parallel_drafter(target, block_size=3).save_pretrained(tmp_path / "parallel")
+    config = _config(pair, methods=("plain-hf", "spec"), drafter=str(tmp_path / "feature"),
+                     compare=(str(tmp_path / "parallel"),), gamma=(3,))
+    report = build_report(run_benchmark(config))
+    rows = {r.method: r for r in report.rows}
+    assert set(rows) == {BASELINE, "spec", "spec@parallel"}
+    assert all(r.greedy_equal == r.greedy_total == 2 for r in rows.values())
+    assert rows["spec"].cost_ratio is not None and rows["spec@parallel"].cost_ratio is not None
+    assert report.run.drafter_step_s is None and report.run.compared_step_s == {}
+    print_report(report, Console(file=open(tmp_path / "report.txt", "w"), width=300))
+    assert "drafts from the target's features" in (tmp_path / "report.txt").read_text()
+
+
 def test_trees_run_beside_spec(pair: tuple[Path, Path, Path]) -> None:
     """--trees: spec again with a token tree of each size, as spec-tree<N>, every greedy output equal."""
     config = _config(pair, methods=("plain-hf", "spec"), trees=(1, 6), gamma=(3,))

@@ -334,6 +334,14 @@ def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, P
     return "; ".join(done)
 
 
+def steps_alone(model: torch.nn.Module) -> bool:
+    """Whether a drafter model takes a step on its own tokens (a language model), not on the target's features."""
+    from specdec.drafters.feature_model import is_feature_drafter
+    from specdec.drafters.parallel_model import is_parallel_drafter
+
+    return not (is_feature_drafter(model) or is_parallel_drafter(model))
+
+
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
@@ -385,11 +393,15 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
                 harness.measure_memory(block)
         # step times after the warm-up (a fresh process's first forwards can be many times slower), sampled
         # again with the floor after each prompt (or block): their medians, over the same spells as the methods
-        drafters = [m for m in (drafter, *compared.values()) if m is not None]
+        # a drafter reading the target's features (feature, parallel) has no step of its own: its cost is the
+        # drafting time the runs measure (summary's cost ratio)
+        stepped = drafter if drafter is not None and steps_alone(drafter) else None
+        stepped_compared = [label for label, m in compared.items() if steps_alone(m)]
+        drafters = [m for m in (stepped, *(compared[label] for label in stepped_compared)) if m is not None]
         context = prompts[0].input_ids[None].to(target.device)  # [1, T]
-        round_pass = [pass_over(drafter)[0]] if drafter is not None else []  # also timed after the target's steps
+        round_pass = [pass_over(stepped)[0]] if stepped is not None else []  # also timed after the target's steps
         samples = [step_times([target, *drafters], context, _STEP_TIME_STEPS, clock, passes=round_pass)]
-        floors = [PassMeter(m, clock) for m in (target, drafter) if m is not None]
+        floors = [PassMeter(m, clock) for m in (target, stepped) if m is not None]
 
         def sample() -> None:
             for floor in floors:
@@ -408,9 +420,9 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
                     harness.timed_pass(block, repeat, task)
                     sample()
         target_step, *steps = [statistics.median(column) for column in zip(*samples, strict=True)]
-        drafter_round_pass = steps.pop() if drafter is not None else None  # the pass timed after the target's steps
-        drafter_step = steps.pop(0) if drafter is not None else None
-        compared_step = dict(zip(compared, steps, strict=True))
+        drafter_round_pass = steps.pop() if stepped is not None else None  # the pass timed after the target's steps
+        drafter_step = steps.pop(0) if stepped is not None else None
+        compared_step = dict(zip(stepped_compared, steps, strict=True))
         target_pass, *rest = [floor.reading() for floor in floors]
         drafter_pass = rest[0] if rest else None
     compare_greedy(blocks, target, prompts)

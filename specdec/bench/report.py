@@ -77,8 +77,9 @@ def describe_environment(run: BenchRun) -> str:
         + (f", drafter {run.drafter_step_s * 1e3:.2f} ms ({_path(run, 'drafter')})" if run.drafter_step_s is not None
            else "")
         + "".join(
-            f"; compared drafter {label}: {info.parameters / 1e6:.2f}M params, step "
-            f"{run.compared_step_s[label] * 1e3:.2f} ms"
+            f"; compared drafter {label}: {info.parameters / 1e6:.2f}M params, "
+            + (f"step {run.compared_step_s[label] * 1e3:.2f} ms" if label in run.compared_step_s
+               else "drafts from the target's features (its cost: the measured drafting time)")
             for label, info in env.compared.items()
         )
     )

@@ -133,7 +133,9 @@ class _Summarizer:
         step = run.drafter_step_s if label is None else run.compared_step_s.get(label)
         if block.runner.cost is DrafterCost.MODEL_STEP and step is not None:
             return step / run.target_step_s
-        if block.runner.cost is DrafterCost.MEASURED_DRAFT:  # drafting time per round / (gamma target steps)
+        # drafting time per round / (gamma target steps); also a drafter model with no step of its own (one reading
+        # the target's features: harness.steps_alone)
+        if block.runner.cost is DrafterCost.MEASURED_DRAFT or block.runner.cost is DrafterCost.MODEL_STEP:
             rounds = sum(r.rounds for r in block.records)
             per_round = sum(r.drafter_time_s for r in block.records) / rounds if rounds else None
             return per_round / (block.setting.gamma or 1) / run.target_step_s if per_round is not None else None
