@@ -303,18 +303,18 @@ def test_compared_drafters_run_beside_spec(pair: tuple[Path, Path, Path], tmp_pa
 def test_drafters_reading_the_targets_features_run_as_spec_and_compared(pair: tuple[Path, Path, Path],
                                                                         tmp_path: Path) -> None:
     """A feature drafter and a parallel drafter (no step of their own: they read the target's features) run as
-    --drafter and as --compare, their cost ratio from the drafting time the runs measure, every output exact."""
+    --drafter and as --compare (behind prompt lookup too), their cost ratio from the drafting time the runs measure, every output exact."""
     from specdec.drafters.feature_model import new_feature_drafter
     from specdec.drafters.parallel_model import new_parallel_drafter
 
     target = load_model(str(pair[0]), device="cpu")
     new_feature_drafter(target).save_pretrained(tmp_path / "feature")
     new_parallel_drafter(target, block_size=3).save_pretrained(tmp_path / "parallel")
-    config = _config(pair, methods=("plain-hf", "spec"), drafter=str(tmp_path / "feature"),
+    config = _config(pair, methods=("plain-hf", "spec", "spec-lookup"), drafter=str(tmp_path / "feature"),
                      compare=(str(tmp_path / "parallel"),), gamma=(3,))
     report = build_report(run_benchmark(config))
     rows = {r.method: r for r in report.rows}
-    assert set(rows) == {BASELINE, "spec", "spec@parallel"}
+    assert set(rows) == {BASELINE, "spec", "spec-lookup", "spec@parallel", "spec-lookup@parallel"}
     assert all(r.greedy_equal == r.greedy_total == 2 for r in rows.values())
     assert rows["spec"].cost_ratio is not None and rows["spec@parallel"].cost_ratio is not None
     assert report.run.drafter_step_s is None and report.run.compared_step_s == {}

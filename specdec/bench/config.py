@@ -48,7 +48,7 @@ class BenchConfig:
                                  # with --serve the only peers taken, as servers driven by the same clients, greedy)
     peer_source: str | None = None  # the folder the converting peers (llama.cpp, CTranslate2) convert; None = the
                                     # target's own (give a quantized target's float source: llama.cpp quantizes it)
-    compare: tuple[str, ...] = ()  # more drafter models, each run as method spec@<folder name> beside spec
+    compare: tuple[str, ...] = ()  # more drafter models, each run as spec@<folder name> (and spec-lookup@<folder name>)
     schedules: tuple[str, ...] = ()  # spec again with each of these schedules (heuristic, confidence, ada)
                                      # as method spec-<name>; spec itself is the constant schedule (--gamma)
     trees: tuple[int, ...] = ()  # spec again drafting a token tree of each of these node counts, gamma deep, as

@@ -300,7 +300,7 @@ def run_benchmark(
     """Run every selected method on the same prompts; return all records and measurements."""
     labels = compare_labels(config.compare)
     selected = select_runners(config.methods, registry)
-    runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels)
+    runners = (selected + form_runners(config.drafter_dtype, selected) + compared_runners(labels, selected)
                + scheduled_runners(config.schedules) + tree_runners(config.trees)
                + peer_runners(config.peers, config.drafter, config.peer_source))
     try:

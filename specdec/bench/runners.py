@@ -10,7 +10,8 @@ Methods (``RUNNERS``; ``group`` lets ``--methods hf-assisted`` pick both assiste
 - ``plain``: our ``autoregressive_generate``.
 - ``spec``: our ``speculative_generate`` with the drafter model.
 - ``spec@<label>``: the same with another drafter model (``--compare``), so drafters are compared
-  in one run, prompt by prompt (:func:`compared_runners`).
+  in one run, prompt by prompt (:func:`compared_runners`); ``spec-lookup@<label>`` likewise where
+  ``spec-lookup`` runs.
 - ``ngram``: our ``speculative_generate`` with the prompt-lookup drafter.
 - ``spec-lookup``: ours with ``LookupDrafter``: prompt lookup first (up to 12 copied tokens),
   the drafter model (gamma tokens) when lookup finds nothing; no theoretical speedup (no fixed gamma).
@@ -415,9 +416,13 @@ def compare_labels(paths: tuple[str, ...]) -> list[str]:
     return labels
 
 
-def compared_runners(labels: list[str]) -> list[Runner]:
-    """``spec@<label>`` for each compared drafter: ``spec``'s method with that drafter model."""
-    return [Speculative(f"spec@{label}", "model", drafter_label=label) for label in labels]
+def compared_runners(labels: list[str], selected: list[Runner] = ()) -> list[Runner]:
+    """``spec@<label>`` for each compared drafter: ``spec``'s method with that drafter model; and
+    ``spec-lookup@<label>`` (prompt lookup first, that drafter model behind it) where ``spec-lookup`` is selected."""
+    lookup = any(r.name == "spec-lookup" for r in selected)
+    return [Speculative(f"{name}@{label}", kind, drafter_label=label) for label in labels
+            for name, kind in (("spec", "model"), ("spec-lookup", "lookup+model"))
+            if name == "spec" or lookup]
 
 
 def form_label(form: str) -> str:
