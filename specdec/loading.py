@@ -142,5 +142,7 @@ def context_limit(model: PreTrainedModel) -> int | None:
 
 
 def input_device(model: PreTrainedModel) -> torch.device:
-    """Where the model's input ids must live (its input embedding's device)."""
-    return model.get_input_embeddings().weight.device
+    """Where the model's input ids must live (its input embedding's device; a drafter whose embedding is the
+    target's, not yet bound: its own weights' device)."""
+    embeddings = model.get_input_embeddings()
+    return embeddings.weight.device if embeddings is not None else next(model.parameters()).device

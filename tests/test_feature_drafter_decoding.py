@@ -146,3 +146,29 @@ def test_sampled_rounds_carry_the_drafters_q(target):
     assert proposal.q is not None and proposal.q.shape == (3, 3, 6)
     assert torch.allclose(proposal.q.sum(-1), torch.ones(3, 3), atol=1e-5)
     assert bool((proposal.q.gather(-1, proposal.tokens[..., None]) > 0).all())
+
+
+def test_int8_forms_draft_with_an_int8_head_copy_and_stay_exact(target, references):
+    """``--drafter-dtype int8`` (auto on a CPU with int8 kernels, not behind lookup) for the drafters reading the
+    target's features: their own linears and a copy of the target's head, made once per head, drafted in int8; the
+    target's head is left as it is and the output is still the target's own."""
+    from specdec.drafters.model import drafter_form, drafter_in, int8_available, is_int8
+    from specdec.drafters.parallel_model import new_parallel_drafter
+
+    if not int8_available():
+        pytest.skip("this torch build has no int8 CPU kernels")
+    head = target.get_output_embeddings()
+    for model in (_drafter_model(target), new_parallel_drafter(target, block_size=4, seed=10).eval()):
+        assert drafter_form(model, "auto") == "int8" and drafter_form(model, "auto", lookup=True) == "float32"
+        int8 = drafter_in(model, "int8")
+        assert is_int8(int8) and not is_int8(model)
+        for batch_size in (1, 4):
+            results = specdec.speculative_generate(target, int8, PROMPTS, max_new_tokens=24, gamma=3,
+                                                   stop_token_ids=[], batch_size=batch_size)
+            for prompt, result, reference in zip(PROMPTS, results, references):
+                assert_same_greedy(target, prompt, result.tokens, reference)
+            assert sum(r.stats.accepted for r in results) > 0
+        drafting = int8.shared()[1]
+        assert drafting is not head and "quantized" in type(drafting).__module__ and type(head) is torch.nn.Linear
+        assert int8.bind(target).shared()[1] is drafting  # made once per head and weight
+        assert model.bind(target).shared()[1] is head  # a float drafter shares the target's head itself

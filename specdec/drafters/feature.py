@@ -30,6 +30,7 @@ from specdec.drafters.base import ENDED_LIMIT, ENDED_NONE, FollowingDrafter, Pro
 from specdec.drafters.feature_model import FeatureDrafterModel, is_feature_drafter
 from specdec.features import drafter_layers
 from specdec.fingerprint import fingerprint
+from specdec.kernels import install
 from specdec.sampling import Sampler, check_finite
 
 
@@ -41,6 +42,8 @@ class FeatureDrafter(FollowingDrafter):
             raise TypeError(f"FeatureDrafter drafts with a feature drafter model, not {type(model).__name__}")
         self.model = model.eval()
         self.device = next(model.parameters()).device
+        if kernels:
+            install(model)  # its own linear layers' fast kernels while specdec decodes, as a draft model's (kernels)
         self.context_limit = (model.config.target_config or {}).get("max_position_embeddings")
         self.target = None
         self.vocab_size: int | None = None

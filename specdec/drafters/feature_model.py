@@ -188,7 +188,7 @@ class FeatureDrafterModel(ContextSlotsModel):
         """
         batch, n = input_ids.shape
         embed = self.shared()[0]
-        dtype = self.fuse.weight.dtype
+        dtype = self.compute_dtype
         h = hidden.to(dtype)
         x = torch.cat([self.embed_norm(embed(input_ids).to(dtype)), self.hidden_norm(h)], dim=-1)  # [B, n, 2H]
         if self.config.layout == "proj":

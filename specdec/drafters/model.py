@@ -175,9 +175,6 @@ def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = Fal
         return dtype
     if is_int8(model):
         return "int8"
-    if getattr(model.config, "model_type", "") in ("specdec-feature-drafter", "specdec-parallel-drafter"):
-        return _own_form(model)  # their cost is the target's LM head, which int8 conversion of their own layers
-        # leaves alone: not measured, kept as loaded
     if (not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available()
             and registered_cache(model) is None and describe(model) is None):  # torchao's: kept as loaded
         return "int8"

@@ -33,6 +33,7 @@ import torch
 from specdec.drafters.base import ENDED_LIMIT, ENDED_NONE, Proposal, StopRule
 from specdec.drafters.feature import FeatureDrafter
 from specdec.drafters.parallel_model import ParallelDrafterModel, is_parallel_drafter
+from specdec.kernels import install
 from specdec.sampling import Sampler, check_finite
 from specdec.tree import Tree, TreeConfig
 
@@ -46,6 +47,8 @@ class ParallelDrafter(FeatureDrafter):
             raise TypeError(f"ParallelDrafter drafts with a parallel drafter model, not {type(model).__name__}")
         self.model = model.eval()
         self.device = next(model.parameters()).device
+        if kernels:
+            install(model)  # its own linear layers' fast kernels while specdec decodes, as a draft model's (kernels)
         self.block_size = model.config.block_size
         self.context_limit = None
         self.target = None
@@ -72,7 +75,7 @@ class ParallelDrafter(FeatureDrafter):
         # row b's block is its first limits[b] mask slots, the others dead: a row drafts as it would alone, whatever
         # the rows beside it ask for
         valid[:, width:] = torch.arange(k, device=self.device)[None, :] < limit_t[:, None]
-        hidden = torch.zeros(rows, n, self.model.config.hidden_size, dtype=self.model.proj.weight.dtype,
+        hidden = torch.zeros(rows, n, self.model.config.hidden_size, dtype=self.model.compute_dtype,
                              device=self.device)
         for b, (toks, feats) in enumerate(zip(self.tokens, self.features)):
             m = len(toks)

@@ -113,7 +113,7 @@ class ParallelDrafterModel(ContextSlotsModel):
         as a context pair with no feature (``pairs(id, 0)``) plus its block-position embedding."""
         batch, n = input_ids.shape
         context = n - mask_tokens
-        dtype = self.proj.weight.dtype
+        dtype = self.compute_dtype
         if block_positions is None:
             block_positions = torch.arange(mask_tokens, device=input_ids.device)
         if mask_tokens and int(block_positions.max()) >= self.config.block_size:
