@@ -322,6 +322,22 @@ def test_drafters_reading_the_targets_features_run_as_spec_and_compared(pair: tu
     assert "drafts from the target's features" in (tmp_path / "report.txt").read_text()
 
 
+def test_a_compared_drafter_behind_lookup_takes_autos_form_there(pair: tuple[Path, Path, Path]) -> None:
+    """spec@LABEL drafts with the compared drafter in the run's form (auto: int8 on a CPU with int8 kernels), and
+    spec-lookup@LABEL with the form auto gives behind prompt lookup (the model as loaded), as for the run's own."""
+    from specdec.bench.runners import compared_runners
+    from specdec.drafters.model import drafter_in, int8_available
+
+    if not int8_available():
+        pytest.skip("this torch build has no int8 CPU kernels")
+    model = load_model(str(pair[1]), device="cpu")
+    spec, lookup = compared_runners(["x"], select_runners(("spec", "spec-lookup")))
+    models = BenchModels(target=model, drafter=None, stop_token_ids=[], compared={"x": drafter_in(model, "auto")},
+                         forms={"x": "auto"}, compared_sources={"x": model})
+    assert (spec.name, lookup.name) == ("spec@x", "spec-lookup@x")
+    assert models.drafter_for(spec) is models.compared["x"] is not model and models.drafter_for(lookup) is model
+
+
 def test_trees_run_beside_spec(pair: tuple[Path, Path, Path]) -> None:
     """--trees: spec again with a token tree of each size, as spec-tree<N>, every greedy output equal."""
     config = _config(pair, methods=("plain-hf", "spec"), trees=(1, 6), gamma=(3,))

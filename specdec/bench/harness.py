@@ -355,8 +355,8 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     # every drafter model in its form before any run, so the meters and step times see the model that drafts
     drafter = drafter_in(loaded, form) if loaded is not None and any(
         r.needs_drafter_model and drafter_label(r) is None for r in runners) else None
-    compared = {label: drafter_in(load_model(path, device=target.device, dtype=target.dtype), form)
-                for label, path in compare.items()}
+    sources = {label: load_model(path, device=target.device, dtype=target.dtype) for label, path in compare.items()}
+    compared = {label: drafter_in(model, form) for label, model in sources.items()}
     forms = dict.fromkeys(compare, form)
     for other in dict.fromkeys(others):
         if loaded is not None and any(drafter_label(r) == form_label(other) for r in runners):
@@ -370,7 +370,7 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
     tokenizer = load_tokenizer(config.tokenizer or config.target)
     prompts = load_prompts(config.prompts, config.num_prompts, config.seed, tokenizer)
     models = BenchModels(target=target, drafter=drafter, stop_token_ids=_stop_token_ids(target), compared=compared,
-                         forms=forms, form=form, source=loaded)
+                         forms=forms, form=form, source=loaded, compared_sources=sources)
     clock = Clock(target.device)
 
     blocks = _blocks(config, runners)

@@ -84,13 +84,18 @@ class BenchModels:
     forms: dict[str, str] = field(default_factory=dict)  # label -> the form its drafter is in (drafter_dtype)
     form: str = "auto"  # the form the drafter is in (specdec.drafters.model.drafter_in)
     source: PreTrainedModel | None = None  # the drafter as loaded: behind lookup, auto may keep this form
+    compared_sources: dict[str, PreTrainedModel] = field(default_factory=dict)  # label -> its drafter as loaded
 
     def drafter_for(self, runner: Runner) -> PreTrainedModel | None:
-        """The drafter model a runner drafts with: its compared drafter, else the drafter."""
+        """The drafter model a runner drafts with: its compared drafter, else the drafter (each behind prompt lookup
+        in the form auto's rule gives there)."""
         label = drafter_label(runner)
+        lookup = getattr(runner, "kind", None) == "lookup+model"
         if label is not None:
+            if lookup and label in self.compared_sources:
+                return drafter_in(self.compared_sources[label], self.forms.get(label, "auto"), lookup=True)
             return self.compared[label]
-        if self.source is not None and getattr(runner, "kind", None) == "lookup+model":  # auto's rule behind lookup
+        if self.source is not None and lookup:  # auto's rule behind lookup
             return drafter_in(self.source, self.form, lookup=True)
         return self.drafter
 
