@@ -170,7 +170,8 @@ LOOKUP = "lookup+"  # drafter "lookup+NAME": prompt lookup first, the drafter NA
 COMPILE_MODES = ("auto", "on", "off")  # --compile (see specdec.compiled)
 BLOCK = "block"  # "block" = the shipped block drafter for the target's kind, "block:PATH" = a block drafter folder
 SHIPPED_TARGETS = ("code-target", "translate-target")  # shipped names resolved to models/<name> (specdec.loading)
-SHIPPED_DRAFTERS = ("code-drafter", "code-block-drafter", "translate-drafter", "translate-block-drafter")
+SHIPPED_DRAFTERS = ("code-drafter", "code-feature-drafter", "code-block-drafter", "translate-drafter",
+                    "translate-block-drafter")
 # the forms a drafter model may run in (specdec.drafters.model.drafter_in): auto (int8 for a model drafting alone
 # on a CPU where its quantised kernels run, else as loaded), float32, bf16, int8 (dynamic quantisation)
 DRAFTER_DTYPES = ("auto", "float32", "bf16", "int8")

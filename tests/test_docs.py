@@ -170,8 +170,8 @@ def test_site_builds_strictly(tmp_path):
 
     missing = [name for name in specdec.__all__ if f'id="specdec.{name}"' not in reference]
     assert not missing, f"the API reference lacks {missing}"
-    for card in ("code-target", "code-drafter", "code-block-drafter", "translate-target", "translate-drafter",
-                 "translate-block-drafter"):
+    for card in ("code-target", "code-drafter", "code-feature-drafter", "code-block-drafter", "translate-target",
+                 "translate-drafter", "translate-block-drafter"):
         first_line = (ROOT / "models" / card / "README.md").read_text(encoding="utf-8").splitlines()[2]
         page = (site / "models" / card / "index.html").read_text(encoding="utf-8")
         assert first_line.split()[0] in page, f"the {card} page does not include its model card"

@@ -149,7 +149,7 @@ def test_sampled_rounds_carry_the_drafters_q(target):
 
 
 def test_int8_forms_draft_with_an_int8_head_copy_and_stay_exact(target, references):
-    """``--drafter-dtype int8`` (auto on a CPU with int8 kernels, not behind lookup) for the drafters reading the
+    """``--drafter-dtype int8`` (auto on a CPU with int8 kernels, behind lookup too) for the drafters reading the
     target's features: their own linears and a copy of the target's head, made once per head, drafted in int8; the
     target's head is left as it is and the output is still the target's own."""
     from specdec.drafters.model import drafter_form, drafter_in, int8_available, is_int8
@@ -159,7 +159,7 @@ def test_int8_forms_draft_with_an_int8_head_copy_and_stay_exact(target, referenc
         pytest.skip("this torch build has no int8 CPU kernels")
     head = target.get_output_embeddings()
     for model in (_drafter_model(target), new_parallel_drafter(target, block_size=4, seed=10).eval()):
-        assert drafter_form(model, "auto") == "int8" and drafter_form(model, "auto", lookup=True) == "float32"
+        assert drafter_form(model, "auto") == drafter_form(model, "auto", lookup=True) == "int8"  # lookup too
         int8 = drafter_in(model, "int8")
         assert is_int8(int8) and not is_int8(model)
         for batch_size in (1, 4):
@@ -172,3 +172,21 @@ def test_int8_forms_draft_with_an_int8_head_copy_and_stay_exact(target, referenc
         assert drafting is not head and "quantized" in type(drafting).__module__ and type(head) is torch.nn.Linear
         assert int8.bind(target).shared()[1] is drafting  # made once per head and weight
         assert model.bind(target).shared()[1] is head  # a float drafter shares the target's head itself
+
+
+def test_the_shipped_code_feature_drafter_decodes_exactly_and_drafts_well():
+    """``code-feature-drafter`` by name, alone and behind prompt lookup, single and batched: the target's own greedy
+    output (its ``generate``), and most drafts accepted (it was trained for this target; an untrained one is not)."""
+    from specdec.loading import load_tokenizer
+
+    target, tokenizer = specdec.load_model("code-target"), load_tokenizer("code-target")
+    prompts = ["def add(a, b):\n    return", "class Stack:\n    def __init__(self):\n        self.", "import os\n"]
+    references = [hf_greedy(target, tokenizer(p).input_ids, 32, [tokenizer.eos_token_id]) for p in prompts]
+    for name in ("code-feature-drafter", "lookup+code-feature-drafter"):
+        for batch_size in (1, 3):
+            results = specdec.speculative_generate(target, name, prompts, max_new_tokens=32, gamma=4,
+                                                   tokenizer=tokenizer, batch_size=batch_size)
+            for prompt, result, reference in zip(prompts, results, references):
+                assert_same_greedy(target, tokenizer(prompt).input_ids, result.tokens, reference)
+            if name == "code-feature-drafter":
+                assert sum(r.stats.accepted for r in results) > 0.5 * sum(r.stats.drafted for r in results)

@@ -167,7 +167,8 @@ def int8_available() -> bool:
 
 def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = False) -> str:
     """The form ``dtype`` means for ``model``: auto resolved to int8 (a float32 model drafting every round,
-    not behind prompt lookup (``lookup``), on a CPU with int8 kernels, not compiled) or the model's own form
+    not behind prompt lookup (``lookup``) unless it reads the target's features, on a CPU with int8 kernels, not
+    compiled) or the model's own form
     ("int8", "bf16", "float32", or its dtype's name). A model compiled by ``--compile on``
     (``specdec.compiled.prepare``) keeps its float32 form: an int8 copy cannot be compiled and runs eagerly,
     slower than the compiled step (docs/journal/drafter-form.md)."""
@@ -175,8 +176,11 @@ def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = Fal
         return dtype
     if is_int8(model):
         return "int8"
-    if (not lookup and input_device(model).type == "cpu" and model.dtype == torch.float32 and int8_available()
-            and registered_cache(model) is None and describe(model) is None):  # torchao's: kept as loaded
+    # a drafter reading the target's features drafts in int8 behind prompt lookup too: its float32 layer and head
+    # cost more of a round than a small draft model's (docs/journal/2026-12-07-code-feature-drafter.md)
+    reads_features = getattr(model.config, "model_type", "") in ("specdec-feature-drafter", "specdec-parallel-drafter")
+    if ((not lookup or reads_features) and input_device(model).type == "cpu" and model.dtype == torch.float32
+            and int8_available() and registered_cache(model) is None and describe(model) is None):  # torchao's: kept
         return "int8"
     return _own_form(model)
 
