@@ -303,7 +303,8 @@ def test_compared_drafters_run_beside_spec(pair: tuple[Path, Path, Path], tmp_pa
 def test_drafters_reading_the_targets_features_run_as_spec_and_compared(pair: tuple[Path, Path, Path],
                                                                         tmp_path: Path) -> None:
     """A feature drafter and a parallel drafter (no step of their own: they read the target's features) run as
-    --drafter and as --compare (behind prompt lookup too), their cost ratio from the drafting time the runs measure, every output exact."""
+    --drafter and as --compare (behind prompt lookup too), their cost ratio from the drafting time the runs measure,
+    every output exact."""
     from specdec.drafters.feature_model import new_feature_drafter
     from specdec.drafters.parallel_model import new_parallel_drafter
 
