@@ -8,6 +8,7 @@ The greedy-equality check must be able to fail: a runner whose output differs is
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -319,8 +320,9 @@ def test_drafters_reading_the_targets_features_run_as_spec_and_compared(pair: tu
     assert all(r.greedy_equal == r.greedy_total == 2 for r in rows.values())
     assert rows["spec"].cost_ratio is not None and rows["spec@parallel"].cost_ratio is not None
     assert report.run.drafter_step_s is None and report.run.compared_step_s == {}
-    print_report(report, Console(file=open(tmp_path / "report.txt", "w"), width=300))
-    assert "drafts from the target's features" in (tmp_path / "report.txt").read_text()
+    text = io.StringIO()
+    print_report(report, Console(file=text, width=300))
+    assert "drafts from the target's features" in text.getvalue()
 
 
 def test_a_compared_drafter_behind_lookup_takes_autos_form_there(pair: tuple[Path, Path, Path]) -> None:
