@@ -62,7 +62,7 @@ from specdec.bench.runners import (
     select_runners,
     tree_runners,
 )
-from specdec.drafters.model import drafter_form, drafter_in
+from specdec.drafters.model import drafter_form, drafter_in, reads_features
 from specdec.kernels import install
 from specdec.loading import load_model, load_tokenizer
 
@@ -334,14 +334,6 @@ def _compile(config: BenchConfig, target: PreTrainedModel, drafters: dict[str, P
     return "; ".join(done)
 
 
-def steps_alone(model: torch.nn.Module) -> bool:
-    """Whether a drafter model takes a step on its own tokens (a language model), not on the target's features."""
-    from specdec.drafters.feature_model import is_feature_drafter
-    from specdec.drafters.parallel_model import is_parallel_drafter
-
-    return not (is_feature_drafter(model) or is_parallel_drafter(model))
-
-
 def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], console: Console | None) -> BenchRun:
     load_start = load_average()
     target = load_model(config.target, device=config.device, dtype=config.dtype)
@@ -395,8 +387,8 @@ def _run(config: BenchConfig, runners: list[Runner], compare: dict[str, str], co
         # again with the floor after each prompt (or block): their medians, over the same spells as the methods
         # a drafter reading the target's features (feature, parallel) has no step of its own: its cost is the
         # drafting time the runs measure (summary's cost ratio)
-        stepped = drafter if drafter is not None and steps_alone(drafter) else None
-        stepped_compared = [label for label, m in compared.items() if steps_alone(m)]
+        stepped = drafter if drafter is not None and not reads_features(drafter) else None
+        stepped_compared = [label for label, m in compared.items() if not reads_features(m)]
         drafters = [m for m in (stepped, *(compared[label] for label in stepped_compared)) if m is not None]
         context = prompts[0].input_ids[None].to(target.device)  # [1, T]
         round_pass = [pass_over(stepped)[0]] if stepped is not None else []  # also timed after the target's steps

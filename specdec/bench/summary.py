@@ -134,7 +134,7 @@ class _Summarizer:
         if block.runner.cost is DrafterCost.MODEL_STEP and step is not None:
             return step / run.target_step_s
         # drafting time per round / (gamma target steps); also a drafter model with no step of its own (one reading
-        # the target's features: harness.steps_alone)
+        # the target's features: drafters.model.reads_features)
         if block.runner.cost is DrafterCost.MEASURED_DRAFT or block.runner.cost is DrafterCost.MODEL_STEP:
             rounds = sum(r.rounds for r in block.records)
             per_round = sum(r.drafter_time_s for r in block.records) / rounds if rounds else None

@@ -19,7 +19,6 @@ given seed are unchanged) and names itself (``noun``, ``command``: the words of 
 from __future__ import annotations
 
 import json
-import weakref
 from pathlib import Path
 from typing import ClassVar
 
@@ -126,8 +125,10 @@ class ContextSlotsModel(PreTrainedModel):
         head = target.get_output_embeddings()
         if head is None:
             raise ValueError(f"{name} has no LM head (get_output_embeddings()): load it as a causal LM")
-        if _int8(self):  # its own layers draft in int8: so does a copy of the head, the larger half of a step
-            head = _int8_copy(head)
+        from specdec.drafters.model import int8_head, is_int8
+
+        if is_int8(self):  # its own layers draft in int8: so does a copy of the head, the larger half of a step
+            head = int8_head(head)
         self._shared = (target.get_input_embeddings(), head)
         return self
 
@@ -223,36 +224,3 @@ class ContextSlotsModel(PreTrainedModel):
         query = (total - n + torch.arange(n, device=live.device))[:, None]  # [n, 1]
         allowed = (slot[None, :] <= query) & live[:, None, :].bool()  # [B, n, S]
         return (allowed | (slot[None, :] == query))[:, None]
-
-
-def _int8(model: nn.Module) -> bool:
-    """Whether ``model``'s linear layers are dynamically quantized (``--drafter-dtype int8``, ``drafters.model``)."""
-    return any(type(m).__module__.startswith("torch.ao.nn.quantized.dynamic") for m in model.modules())
-
-
-_INT8_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target head -> (its weight's key, int8 copy)
-
-
-def _int8_copy(head: nn.Module) -> nn.Module:
-    """An int8 dynamically quantized copy of the target's LM head (a plain float ``nn.Linear``; anything else is
-    shared as it is), made once per head and weight (a drafter is bound again by every ``speculative_generate``
-    call). Drafts only: verification reads the target's own head, so the output stays exact."""
-    if type(head) is not nn.Linear or head.weight.dtype != torch.float32:
-        return head
-    key = (head.weight.data_ptr(), head.weight._version)
-    made = _INT8_HEADS.get(head)
-    if made is not None and made[0] == key:
-        return made[1]
-    import warnings
-
-    plain = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
-    with torch.no_grad():  # a plain Linear of the same weights: the target's may carry specdec's kernel forward
-        plain.weight.copy_(head.weight)
-        if head.bias is not None:
-            plain.bias.copy_(head.bias)
-    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices: the API is what this torch ships
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        int8 = torch.ao.quantization.quantize_dynamic(nn.Sequential(plain), {nn.Linear}, dtype=torch.qint8)[0]
-    _INT8_HEADS[head] = (key, int8)
-    return int8

@@ -178,8 +178,7 @@ def drafter_form(model: PreTrainedModel, dtype: str = "auto", lookup: bool = Fal
         return "int8"
     # a drafter reading the target's features drafts in int8 behind prompt lookup too: its float32 layer and head
     # cost more of a round than a small draft model's (docs/journal/2026-12-07-code-feature-drafter.md)
-    reads_features = getattr(model.config, "model_type", "") in ("specdec-feature-drafter", "specdec-parallel-drafter")
-    if ((not lookup or reads_features) and input_device(model).type == "cpu" and model.dtype == torch.float32
+    if ((not lookup or reads_features(model)) and input_device(model).type == "cpu" and model.dtype == torch.float32
             and int8_available() and registered_cache(model) is None and describe(model) is None):  # torchao's: kept
         return "int8"
     return _own_form(model)
@@ -213,13 +212,47 @@ def _convert(model: PreTrainedModel, form: str) -> PreTrainedModel:
         raise ValueError(f"this torch ({torch.__version__}, quantised engine {torch.backends.quantized.engine!r}) "
                          "has no int8 dynamic quantisation: use --drafter-dtype float32 or bf16")
     source = model if model.dtype == torch.float32 else copy.deepcopy(model).to(torch.float32)
-    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices: the API is what this torch ships
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        int8 = quantize(source, {torch.nn.Linear}, dtype=torch.qint8, inplace=False).eval()
+    int8 = _int8_linears(source)
     # the float model is what the self-check of the cached path checks (specdec.selfcheck.checked_as)
     checked_for(int8, model)
     return int8
+
+
+def _int8_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` with its linear layers dynamically quantized to int8 (torch's ``quantize_dynamic``)."""
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices: the API is what this torch ships
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return _quantize_dynamic()(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=False).eval()
+
+
+_INT8_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target head -> (its weight's key, int8 copy)
+
+
+def int8_head(head: torch.nn.Module) -> torch.nn.Module:
+    """An int8 copy of a target's LM head for an int8 drafter that drafts through it (``ContextSlotsModel.bind``): a
+    plain float32 ``nn.Linear`` quantized once per head and weight (such a drafter is bound again by every
+    ``speculative_generate`` call); any other head is returned as it is. Drafts only: verification reads the
+    target's own head, so the output stays exact."""
+    if type(head) is not torch.nn.Linear or head.weight.dtype != torch.float32:
+        return head
+    key = (head.weight.data_ptr(), head.weight._version)
+    made = _INT8_HEADS.get(head)
+    if made is None or made[0] != key:
+        plain = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+        with torch.no_grad():  # a plain Linear of the same weights: the target's may carry specdec's kernel forward
+            plain.weight.copy_(head.weight)
+            if head.bias is not None:
+                plain.bias.copy_(head.bias)
+        made = _INT8_HEADS[head] = (key, _int8_linears(torch.nn.Sequential(plain))[0])
+    return made[1]
+
+
+def reads_features(model: torch.nn.Module) -> bool:
+    """Whether ``model`` drafts from the target's features (a feature or parallel drafter), not from a step of its
+    own on its own tokens."""
+    return getattr(getattr(model, "config", None), "model_type", "") in ("specdec-feature-drafter",
+                                                                         "specdec-parallel-drafter")
 
 
 def drafter_in(model: PreTrainedModel, dtype: str = "auto", lookup: bool = False) -> PreTrainedModel:
