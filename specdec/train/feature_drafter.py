@@ -228,10 +228,20 @@ def _check(cfg: FeatureDrafterTrainConfig) -> None:
         raise ValueError(f"--seq-len must be >= 2 (a token and the next), got {cfg.seq_len}")
     if cfg.layout not in LAYOUTS:
         raise ValueError(f"--layout {cfg.layout!r}: give one of {', '.join(LAYOUTS)}")
-    if cfg.autocast not in ("", "bf16"):
-        raise ValueError(f"--autocast {cfg.autocast!r}: give bf16, or leave it out for float32")
+    check_autocast(cfg)
     if not 0 < cfg.step_decay <= 1:
         raise ValueError(f"--step-decay must lie in (0, 1], got {cfg.step_decay}")
+
+
+def check_autocast(cfg) -> None:
+    """Refuse an ``--autocast`` other than bf16 or none (this trainer's and the parallel drafter's)."""
+    if cfg.autocast not in ("", "bf16"):
+        raise ValueError(f"--autocast {cfg.autocast!r}: give bf16, or leave it out for float32")
+
+
+def autocast_for(cfg, device: str) -> torch.autocast:
+    """The context both models' forwards run in: bf16 autocast where ``cfg.autocast`` is "bf16", else a no-op."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
 
 
 def start_run(cfg, out_dir: str | Path, device: str, log: Callable[[str], None], shortest: int, empty: str):
@@ -295,7 +305,7 @@ def train_feature_drafter(cfg: FeatureDrafterTrainConfig, out_dir: str | Path, *
         f"{cfg.batch_size}, {cfg.ttt_steps} unrolled steps, device {device}, {torch.get_num_threads()} threads"
         + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     lengths = [len(e.ids) for e in train_data]
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
+    autocast = autocast_for(cfg, device)
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         ids, live = collate([train_data[i] for i in parallel.shard(batch_indices(lengths, cfg, step))], device)

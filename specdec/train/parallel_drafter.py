@@ -35,7 +35,15 @@ from transformers import PreTrainedModel
 from specdec.drafters.parallel_model import ParallelDrafterModel, new_parallel_drafter
 from specdec.train.checkpoint import writing
 from specdec.train.drafter import Example, train_steps
-from specdec.train.feature_drafter import collate, depth_figures, figures_table, start_run, target_pass
+from specdec.train.feature_drafter import (
+    autocast_for,
+    check_autocast,
+    collate,
+    depth_figures,
+    figures_table,
+    start_run,
+    target_pass,
+)
 from specdec.train.outputs import valid_path
 from specdec.train.presets import ParallelDrafterTrainConfig
 from specdec.train.seq2seq import adamw, batch_indices, lr_at, resume
@@ -169,8 +177,7 @@ def _check(cfg: ParallelDrafterTrainConfig) -> None:
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ValueError(f"--{name.replace('_', '-')} is a share of a block's wrong slots: give 0 .. 1, got "
                              f"{getattr(cfg, name)}")
-    if cfg.autocast not in ("", "bf16"):
-        raise ValueError(f"--autocast {cfg.autocast!r}: give bf16, or leave it out for float32")
+    check_autocast(cfg)
     if cfg.seq_len < 3:
         raise ValueError(f"--seq-len must be >= 3 (a context, an anchor and a token to draft), got {cfg.seq_len}")
 
@@ -213,7 +220,7 @@ def train_parallel_drafter(cfg: ParallelDrafterTrainConfig, out_dir: str | Path,
         f"out; {cfg.steps} steps of {cfg.batch_size}, device {device}, {torch.get_num_threads()} threads"
         + (f", {parallel.world} processes" if parallel.world > 1 else ""))
     lengths = [len(e.ids) for e in train_data]
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
+    autocast = autocast_for(cfg, device)
 
     def loss_at(step: int) -> tuple[torch.Tensor, int]:
         chosen = batch_indices(lengths, cfg, step)
