@@ -37,9 +37,12 @@ from specdec.sampling import Sampler, check_finite
 class FeatureDrafter(FollowingDrafter):
     """Drafts with a ``FeatureDrafterModel`` from the target's features (module docstring)."""
 
+    accepts = staticmethod(is_feature_drafter)  # the models it drafts with
+    kind = "a feature drafter model"
+
     def __init__(self, model: FeatureDrafterModel, kernels: bool = True) -> None:
-        if not is_feature_drafter(model):
-            raise TypeError(f"FeatureDrafter drafts with a feature drafter model, not {type(model).__name__}")
+        if not self.accepts(model):
+            raise TypeError(f"{type(self).__name__} drafts with {self.kind}, not {type(model).__name__}")
         self.model = model.eval()
         self.device = next(model.parameters()).device
         if kernels:

@@ -33,7 +33,6 @@ import torch
 from specdec.drafters.base import ENDED_LIMIT, ENDED_NONE, Proposal, StopRule
 from specdec.drafters.feature import FeatureDrafter
 from specdec.drafters.parallel_model import ParallelDrafterModel, is_parallel_drafter
-from specdec.kernels import install
 from specdec.sampling import Sampler, check_finite
 from specdec.tree import Tree, TreeConfig
 
@@ -42,18 +41,13 @@ class ParallelDrafter(FeatureDrafter):
     """Drafts a block with a ``ParallelDrafterModel`` from the target's features (module docstring). Shares the
     feature drafter's bookkeeping (pending pairs, ``align``, ``follow``, ``select``); only ``propose`` differs."""
 
+    accepts = staticmethod(is_parallel_drafter)
+    kind = "a parallel drafter model"
+
     def __init__(self, model: ParallelDrafterModel, kernels: bool = True) -> None:
-        if not is_parallel_drafter(model):
-            raise TypeError(f"ParallelDrafter drafts with a parallel drafter model, not {type(model).__name__}")
-        self.model = model.eval()
-        self.device = next(model.parameters()).device
-        if kernels:
-            install(model)  # its own linear layers' fast kernels while specdec decodes, as a draft model's (kernels)
+        super().__init__(model, kernels)
         self.block_size = model.config.block_size
         self.context_limit = None
-        self.target = None
-        self.vocab_size: int | None = None
-        self.reset()
         if (why := self.cache.tree_refusal()) is not None:
             raise TypeError(f"a parallel drafter needs a cache that takes a block's 4D mask: {why}")
 
